@@ -1,0 +1,235 @@
+"""`gpt2ladder bench`: climb the ladder on this machine and time every rung the same way.
+
+Each rung gets a fresh model from the same seed and the same batches. A step is timed as the seed
+does, made strict: synchronize, read the clock, zero_grad + forward + backward + optimizer step,
+synchronize, read the clock. Warm-up steps (compile, autotuning, graph capture, allocator growth) are
+left out; the median and the spread of the timed steps are reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt2ladder import data as data_mod
+from gpt2ladder.config import ModelConfig, preset
+from gpt2ladder.engine import Engine
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.hardware import Capabilities, detect
+from gpt2ladder.metrics import TimingStats, flops_per_token, mfu, peak_flops
+from gpt2ladder.rungs import RUNGS_BY_NAME, setup_for, why_unavailable
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    preset: str = "tiny"
+    rungs: tuple[str, ...] = ()
+    batch_size: int = 4
+    seq_len: int = 128
+    steps: int = 10
+    warmup: int = 3
+    seed: int = 0
+    data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
+    compile_backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "seq_len", "steps"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be zero or more, got {self.warmup}")
+        block = preset(self.preset).block_size
+        if self.seq_len > block:
+            raise UsageError(f"--seq-len {self.seq_len} exceeds the {self.preset} block size of {block}")
+
+
+def load_bench_tokens(cfg: BenchConfig, notify=print) -> data_mod.TokenData:
+    """The text to train on; step time does not depend on it, so random tokens stand in if needed."""
+    if cfg.data is not None:
+        return data_mod.load_tokens(Path(cfg.data))
+    try:
+        return data_mod.load_tokens(None)
+    except data_mod.DataUnavailable as err:
+        notify(f"notice: {err} -- timing on random tokens instead; the loss column is not meaningful.")
+        return data_mod.random_tokens(400_000, seed=cfg.seed)
+
+
+def run_bench(cfg: BenchConfig, device: torch.device, *, progress: bool = True, notify=print) -> dict:
+    """Measure every rung in `cfg.rungs` (cumulatively) and return the self-describing record."""
+    caps = detect(device)
+    tokens = load_bench_tokens(cfg, notify)
+    model_cfg = preset(cfg.preset)
+    rows = []
+    applied = []  # rung k = every rung up to k that this machine can run ("go straight to compile")
+    for name in cfg.rungs:
+        if why_unavailable(name, caps) is None:
+            applied.append(name)
+        rows.append(measure_rung(name, list(applied), model_cfg, cfg, tokens, device, caps, progress))
+    add_speedups(rows)
+    from gpt2ladder.report import record_header
+
+    return {**record_header(caps, device), "command": "bench", "config": dataclasses.asdict(cfg),
+            "model": model_cfg.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
+            "peak_flops": peak_flops(caps.name), "rungs": rows}
+
+
+def measure_rung(name, applied, model_cfg: ModelConfig, cfg: BenchConfig, tokens, device,
+                 caps: Capabilities, progress: bool) -> dict:
+    rung = RUNGS_BY_NAME[name]
+    row = {"name": name, "summary": rung.summary, "kind": rung.kind}
+    reason = why_unavailable(name, caps)
+    if reason:
+        return {**row, "status": "skipped", "reason": reason}
+    setup = setup_for(applied)
+    try:
+        result = _time_setup(setup, model_cfg, cfg, tokens, device, progress, label=name)
+    except torch.OutOfMemoryError:
+        _free(device)
+        return {**row, "status": "oom", "reason": f"out of memory at batch size {cfg.batch_size}; "
+                "try a smaller --batch-size or --batch-size auto"}
+    except LadderError:
+        raise
+    except Exception as err:  # a rung that breaks is a finding, not a reason to lose the others
+        _free(device)
+        return {**row, "status": "failed", "reason": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+    flops = flops_per_token(result.pop("model_config"), cfg.seq_len, result.pop("n_params"))
+    tok_s = result["tokens_per_s"]
+    return {**row, "status": "ok", "setup": setup.to_dict(), **result, "flops_per_token": flops,
+            "mfu": mfu(tok_s, flops, peak_flops(caps.name))}
+
+
+def _time_setup(setup, model_cfg, cfg: BenchConfig, tokens, device, progress: bool, label: str) -> dict:
+    engine = Engine(model_cfg, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend)
+    batches = data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
+    samples, losses = [], []
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    bar = _progress(cfg.warmup + cfg.steps, label, progress)
+    for i in range(cfg.warmup + cfg.steps):
+        x, y = data_mod.to_device(*batches.next(), device)
+        _sync(device)
+        t0 = time.perf_counter()
+        loss = engine.step(x, y)
+        _sync(device)
+        dt = time.perf_counter() - t0
+        if i >= cfg.warmup:
+            samples.append(dt * 1000)
+            losses.append(loss)
+        bar.update(1)
+        bar.set_postfix_str(f"{dt * 1000:.1f} ms")
+    bar.close()
+    stats = TimingStats.of(samples)
+    logits_dtype, weight_dtype = _dtypes(engine, x)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    result = {
+        "ms_per_step": stats.median, "ms_p10": stats.p10, "ms_p90": stats.p90, "ms_min": stats.min,
+        "ms_max": stats.max, "n_timed": stats.n, "samples_ms": [round(s, 4) for s in samples],
+        "tokens_per_s": cfg.batch_size * cfg.seq_len / (stats.median / 1000),
+        "peak_mem_bytes": peak, "loss": float(losses[-1]), "logits_dtype": logits_dtype,
+        "weight_dtype": weight_dtype, "model_config": engine.raw_model.config,
+        "n_params": engine.raw_model.num_params(),
+    }
+    del engine
+    _free(device)
+    return result
+
+
+@torch.no_grad()
+def _dtypes(engine: Engine, x: torch.Tensor) -> tuple[str, str]:
+    """What the seed prints: the logits' dtype inside the step, and the weights' dtype."""
+    with engine.precision(), engine.autocast():
+        logits = engine.raw_model.lm_head(engine.raw_model.hidden(x[:1, :16]))
+    weight = engine.raw_model.transformer.wte.weight.dtype
+    head = "float8_e4m3fn" if engine.setup.fp8_head else str(logits.dtype).replace("torch.", "")
+    return head, str(weight).replace("torch.", "")
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Speed-up against the baseline (first measured rung) and against the previous measured rung."""
+    measured = [r for r in rows if r["status"] == "ok"]
+    if not measured:
+        return
+    base = measured[0]["ms_per_step"]
+    prev = None
+    for r in measured:
+        r["speedup_vs_baseline"] = base / r["ms_per_step"]
+        r["speedup_vs_prev"] = prev / r["ms_per_step"] if prev else None
+        prev = r["ms_per_step"]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _free(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _progress(total: int, label: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"{label:>11}", unit="step", leave=False, disable=not enabled)
+
+
+def defaults_for(device: torch.device) -> dict:
+    """GPU: the seed's GPT-2 124M at B=16, T=1024. CPU: the tiny preset, done in about a minute."""
+    if device.type == "cuda":
+        return {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 20, "warmup": 5}
+    return {"preset": "tiny", "batch_size": 4, "seq_len": 128, "steps": 10, "warmup": 3}
+
+
+def resolve_rungs(spec: str, caps: Capabilities) -> list[str]:
+    """`auto` = every rung this machine supports; the others are parsed by `rungs.parse_rungs`."""
+    from gpt2ladder.rungs import LADDER, parse_rungs
+
+    if spec in ("auto", "best"):
+        return [r.name for r in LADDER if r.unavailable(caps) is None]
+    return parse_rungs(spec)
+
+
+def bench_command(args) -> int:
+    from gpt2ladder.hardware import resolve_device
+    from gpt2ladder.plots import ladder_chart
+    from gpt2ladder.report import format_markdown, format_table, prepare_out_dir, write_json
+
+    device = resolve_device(args.device)
+    caps = detect(device)
+    d = defaults_for(device)
+    name = args.preset or d["preset"]
+    cfg = BenchConfig(
+        preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
+        batch_size=1 if args.batch_size == "auto" else (args.batch_size or d["batch_size"]),
+        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size,
+        steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,
+        seed=args.seed, data=args.data,
+    )
+    out = prepare_out_dir(args.out)
+    if args.batch_size == "auto":
+        from gpt2ladder.autobatch import largest_batch
+
+        cfg = dataclasses.replace(cfg, batch_size=largest_batch(cfg, device, caps))
+    print(f"gpt2ladder bench: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
+          f"{cfg.steps} timed steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
+    record = run_bench(cfg, device, progress=not args.no_progress)
+    if args.rungs == "best":
+        from gpt2ladder.best import add_best
+
+        add_best(record, cfg, device, caps, progress=not args.no_progress)
+    write_json(out / "ladder.json", record)
+    (out / "ladder.md").write_text(format_markdown(record))
+    ladder_chart(record, out / "ladder.png")
+    print(format_table(record))
+    print(f"wrote {out / 'ladder.json'}, {out / 'ladder.md'}, {out / 'ladder.png'}")
+    return 0

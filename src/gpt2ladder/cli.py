@@ -1,0 +1,220 @@
+"""The command line: parse, build a config, call the library. Nothing else lives here.
+
+Every user mistake ends in one line on stderr and a non-zero exit (2 for usage errors); `--debug`
+shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpt2ladder.errors import LadderError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage, so bad flags read like every other error."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _batch_size(text: str):
+    return "auto" if text == "auto" else _positive_int(text)
+
+
+def _common(p: argparse.ArgumentParser, preset: bool = True) -> None:
+    if preset:
+        p.add_argument("--preset", help="model size: tiny, gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl "
+                       "(default: gpt2 on a GPU, tiny on CPU)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="climb the speed ladder and time every rung",
+                       description="Time one training step per rung of the ladder, each rung on a fresh "
+                       "model from the same seed and the same batches; write ladder.json, ladder.md and ladder.png.")
+    _common(p)
+    p.add_argument("--rungs", default="seed",
+                   help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports), "
+                   "'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed)")
+    p.add_argument("--batch-size", type=_batch_size, help="sequences per step, or 'auto' for the largest that "
+                   "fits (default: 16 on a GPU, 4 on CPU)")
+    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the block size on a GPU, 128 on CPU)")
+    p.add_argument("--steps", type=_positive_int, help="timed steps per rung (default: 20 on a GPU, 10 on CPU)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default: 5 on a GPU, 3 on CPU)")
+    p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="ladder-results", help="output directory (default: ./ladder-results)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(handler=_bench)
+
+
+def _bench(args) -> int:
+    from gpt2ladder.bench import bench_command
+
+    return bench_command(args)
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train GPT-2 on Tiny Shakespeare or any text",
+                       description="Train at the fastest setting this machine allows, with validation, "
+                       "atomic checkpoints that resume exactly, a log and a loss-curve plot.")
+    _common(p)
+    p.add_argument("--rungs", default="auto", help="'auto' (everything this machine supports), 'seed', 'all' or names")
+    p.add_argument("--data", help="a text file (default: Tiny Shakespeare)")
+    p.add_argument("--out", default="runs/train", help="run directory: log.jsonl, checkpoints, plots")
+    p.add_argument("--steps", type=_positive_int, help="optimizer steps (default: 1000 on a GPU, 200 on CPU)")
+    p.add_argument("--batch-size", type=_batch_size, help="micro-batch, sequences (default: 16 on a GPU, 8 on CPU)")
+    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: block size on a GPU, 128 on CPU)")
+    p.add_argument("--tokens-per-step", type=_positive_int,
+                   help="tokens per optimizer step; gradient accumulation makes up the difference (default: one micro-batch)")
+    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
+    p.add_argument("--min-lr", type=float, help="final learning rate of the cosine decay (default: lr/10)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up steps (default: 5%% of --steps)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
+    p.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: steps/10)")
+    p.add_argument("--eval-batches", type=_positive_int, default=20)
+    p.add_argument("--ckpt-every", type=int, default=None, help="checkpoint every N steps (default: steps/5)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
+    p.add_argument("--init-from", help="a Hugging Face-format GPT-2 model.safetensors to start from")
+    p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=_train)
+
+
+def _train(args) -> int:
+    from gpt2ladder.train import train_command
+
+    return train_command(args)
+
+
+def _add_sample(sub) -> None:
+    p = sub.add_parser("sample", help="generate text from a checkpoint")
+    p.add_argument("checkpoint", help="a checkpoint file or a run directory holding ckpt.pt")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    p.add_argument("--num-tokens", type=_positive_int, default=200)
+    p.add_argument("--num-samples", type=_positive_int, default=1)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=200, help="keep the k most likely tokens (0 = all)")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--compile", action="store_true", help="generate with the torch.compile'd model")
+    p.set_defaults(handler=_sample)
+
+
+def _sample(args) -> int:
+    from gpt2ladder.sample import sample_command
+
+    return sample_command(args)
+
+
+def _add_parity(sub) -> None:
+    p = sub.add_parser("parity", help="show that every rung keeps the loss",
+                       description="Train every rung for N steps from the same weights and batches and "
+                       "compare train and validation loss with the fp32 baseline's seed-to-seed spread.")
+    _common(p)
+    p.add_argument("--rungs", default="seed")
+    p.add_argument("--steps", type=_positive_int, help="steps per rung (default: 300 on a GPU, 60 on CPU)")
+    p.add_argument("--batch-size", type=_positive_int)
+    p.add_argument("--seq-len", type=_positive_int)
+    p.add_argument("--seeds", type=_positive_int, default=2, help="baseline runs with different data order, for the spread")
+    p.add_argument("--tolerance", type=float, default=0.02, help="largest relative loss gap accepted (default: 0.02 = 2%%)")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--data")
+    p.add_argument("--out", default="parity-results")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=_parity)
+
+
+def _parity(args) -> int:
+    from gpt2ladder.parity import parity_command
+
+    return parity_command(args)
+
+
+def _add_profile(sub) -> None:
+    p = sub.add_parser("profile", help="where one step's time goes, by category, per rung")
+    _common(p)
+    p.add_argument("--rungs", default="all")
+    p.add_argument("--batch-size", type=_positive_int)
+    p.add_argument("--seq-len", type=_positive_int)
+    p.add_argument("--steps", type=_positive_int, default=5, help="profiled steps per rung")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--out", default="profile-results")
+    p.set_defaults(handler=_profile)
+
+
+def _profile(args) -> int:
+    from gpt2ladder.profile import profile_command
+
+    return profile_command(args)
+
+
+def _add_doctor(sub) -> None:
+    p = sub.add_parser("doctor", help="which rungs this machine can use, and why not")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_doctor)
+
+
+def _doctor(args) -> int:
+    from gpt2ladder.doctor import doctor_command
+
+    return doctor_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gpt2ladder import __version__
+
+    parser = _Parser(prog="gpt2ladder", description="Train GPT-2 as fast as the hardware allows, and "
+                     "measure where every millisecond went.")
+    parser.add_argument("--version", action="version", version=f"gpt2ladder {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for add in (_add_bench, _add_train, _add_sample, _add_parity, _add_profile, _add_doctor):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            build_parser().print_help()
+            return 2
+        return args.handler(args) or 0
+    except LadderError as err:
+        if debug:
+            raise
+        print(f"gpt2ladder: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("gpt2ladder: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if debug or not _is_oom(err):
+            raise
+        print("gpt2ladder: error: out of memory at this batch size; use a smaller --batch-size or "
+              "--batch-size auto", file=sys.stderr)
+        return 1
+
+
+def _is_oom(err: Exception) -> bool:
+    import torch
+
+    return isinstance(err, torch.OutOfMemoryError)

@@ -1,0 +1,16 @@
+"""The two kinds of failure a user can see: their mistake (exit 2) and a run that cannot go on (exit 1).
+
+The CLI turns either into one line on stderr; anything else is a bug and keeps its traceback.
+"""
+
+
+class LadderError(Exception):
+    """A run cannot go on for a reason the user can act on; printed as one line, exit 1."""
+
+    exit_code = 1
+
+
+class UsageError(LadderError):
+    """The command line or its inputs are wrong; printed as one line, exit 2."""
+
+    exit_code = 2

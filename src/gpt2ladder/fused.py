@@ -1,0 +1,102 @@
+"""The classifier and its loss as one autograd node, optionally with float8 matmuls.
+
+Written by hand because it is the point of two rungs. The ordinary path writes the (N, V) logits,
+reads them for the loss, reads them again in backward to form softmax - onehot, and writes that
+gradient. Here the gradient is formed in the same pass that computes the loss (the logits are read
+once), and the two gradient matmuls run right away, so backward only scales saved tensors.
+
+With `fp8=True` the three classifier matmuls use float8 (`torch._scaled_mm`). The scaling passes
+that made off-the-shelf float8 slower at this size are avoided where the range is known ahead: the
+logit gradient softmax - onehot always lies in [-1, 1], so it needs no amax pass at all; the
+activations and the weight are small (N x 768, V x 768) and their amax fuses into the cast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+GRAD_SCALE = 2.0**15  # |softmax - onehot| <= 1, so x 2^15 stays under e5m2's max of 57344
+
+
+def make_loss_fn(vocab_size: int, fp8: bool = False):
+    """A `loss_fn(hidden (B, T, C), weight (Vp, C), targets (B, T)) -> mean loss` for `GPT`."""
+
+    def loss_fn(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        dtype = _compute_dtype(x)
+        x2 = x.reshape(-1, x.size(-1))
+        use_fp8 = fp8 and all(n % 16 == 0 for n in (*x2.shape, weight.shape[0]))  # _scaled_mm needs it
+        return LossAndGrad.apply(x2, weight, targets.reshape(-1), vocab_size, dtype, use_fp8)
+
+    return loss_fn
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The matmul dtype autocast would pick here; this node runs with autocast off and casts itself."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+class LossAndGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, targets, vocab_size: int, dtype: torch.dtype, fp8: bool):
+        with torch.autocast(x.device.type, enabled=False):
+            if fp8:
+                loss, grad_x, grad_w = _fp8_loss_and_grads(x, weight, targets, vocab_size)
+            else:
+                loss, grad_x, grad_w = _loss_and_grads(x.to(dtype), weight.to(dtype), targets, vocab_size)
+        ctx.save_for_backward(grad_x, grad_w)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None
+
+
+def _softmax_minus_onehot(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int):
+    """Mean cross-entropy over the real vocabulary and its logit gradient times N, both in fp32."""
+    lf = logits.float()
+    if lf.shape[1] > vocab_size:  # padded columns take no part in the softmax
+        cols = torch.arange(lf.shape[1], device=lf.device)
+        lf = lf.masked_fill(cols >= vocab_size, float("-inf"))
+    lse = torch.logsumexp(lf, dim=1, keepdim=True)  # (N, 1)
+    loss = (lse.squeeze(1) - lf.gather(1, targets[:, None]).squeeze(1)).mean()
+    grad = torch.exp(lf - lse).scatter_add(1, targets[:, None], -torch.ones_like(lse))  # (N, Vp)
+    return loss, grad
+
+
+def _loss_and_grads(x, w, targets, vocab_size):
+    logits = x @ w.t()  # (N, Vp)
+    loss, grad = _softmax_minus_onehot(logits, targets, vocab_size)
+    grad = (grad / x.shape[0]).to(x.dtype)
+    return loss, grad @ w, grad.t() @ x  # loss, (N, C), (Vp, C)
+
+
+def _to_fp8(t: torch.Tensor, dtype: torch.dtype):
+    """Per-tensor scaled cast: returns (t / scale in float8, scale) with amax mapped to the format's max."""
+    amax = t.detach().abs().amax().float().clamp(min=1e-12)
+    scale = amax / torch.finfo(dtype).max
+    return (t.float() / scale).to(dtype), scale
+
+
+def _col_major(t: torch.Tensor) -> torch.Tensor:
+    """Same values, column-major storage: the layout `_scaled_mm` wants for its second operand."""
+    return t.t().contiguous().t()
+
+
+def _fp8_loss_and_grads(x, w, targets, vocab_size):
+    n = x.shape[0]
+    x8, sx = _to_fp8(x, E4M3)  # (N, C)
+    w8, sw = _to_fp8(w, E4M3)  # (Vp, C)
+    logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
+                              use_fast_accum=True)  # (N, Vp)
+    loss, grad = _softmax_minus_onehot(logits, targets, vocab_size)
+    g8 = (grad * GRAD_SCALE).to(E5M2)  # no amax needed: the range is known
+    g_scale = torch.tensor(1.0 / (GRAD_SCALE * n), device=x.device)
+    grad_x = torch._scaled_mm(g8, _col_major(w8), scale_a=g_scale, scale_b=sw,
+                              out_dtype=torch.bfloat16)  # (N, C)
+    grad_w = torch._scaled_mm(g8.t().contiguous(), _col_major(x8), scale_a=g_scale, scale_b=sx,
+                              out_dtype=torch.float32)  # (Vp, C)
+    return loss, grad_x, grad_w

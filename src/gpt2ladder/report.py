@@ -1,0 +1,133 @@
+"""Results that describe themselves: the header every record carries, and the ladder as JSON, Markdown
+and a terminal table.
+
+A record holds the config, versions, device and git SHA, so one file reproduces the run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from gpt2ladder.errors import UsageError
+
+
+def record_header(caps, device: torch.device) -> dict:
+    from gpt2ladder import __version__
+
+    return {
+        "gpt2ladder": __version__,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": git_sha(),
+        "device": {"type": device.type, "name": caps.name, "capability": list(caps.capability),
+                   "memory_bytes": caps.total_memory, "count": torch.cuda.device_count() if device.type == "cuda" else 0},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "cuda": torch.version.cuda, "triton": caps.triton_version,
+                     "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None},
+        "host": {"os": platform.system(), "machine": platform.machine(), "cpus": os.cpu_count()},
+    }
+
+
+def git_sha() -> str | None:
+    """The commit of the source tree this package was run from, when it is a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                           capture_output=True, text=True, timeout=5).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def prepare_out_dir(path: str | Path) -> Path:
+    """Create the output directory, or fail in one line before any work is done."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        raise UsageError(f"cannot write to output directory {out}: {err.strerror or err}") from None
+    return out
+
+
+def write_json(path: Path, record: dict) -> None:
+    """Atomic: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _fmt(value, spec: str, none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def ladder_rows(record: dict) -> list[list[str]]:
+    """The table the terminal and Markdown share: one row per rung."""
+    rows = []
+    for r in record["rungs"]:
+        if r["status"] != "ok":
+            rows.append([r["name"], r["status"], r.get("reason", "")] + [""] * 8)
+            continue
+        spread = f"{r['ms_p10']:.1f}-{r['ms_p90']:.1f}"
+        mem = _fmt(r["peak_mem_bytes"] and r["peak_mem_bytes"] / 2**30, ".2f")
+        rows.append([
+            r["name"], f"{r['ms_per_step']:.1f}", spread, f"{r['speedup_vs_baseline']:.2f}x",
+            _fmt(r["speedup_vs_prev"], ".2f", "-") + ("x" if r["speedup_vs_prev"] else ""),
+            f"{r['tokens_per_s']:,.0f}", _fmt(r["mfu"] and 100 * r["mfu"], ".1f"), mem,
+            f"{r['loss']:.4f}", r["logits_dtype"], r["weight_dtype"],
+        ])
+    return rows
+
+
+HEADERS = ["rung", "ms/step", "p10-p90", "vs base", "vs prev", "tokens/s", "MFU %", "peak GiB",
+           "loss", "logits", "weights"]
+
+
+def format_table(record: dict) -> str:
+    rows = ladder_rows(record)
+    measured = [r for r in rows if r[1] not in ("skipped", "failed", "oom")]
+    widths = [max([len(h)] + [len(r[i]) for r in measured]) for i, h in enumerate(HEADERS)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADERS, widths))]
+    for r in rows:
+        if r[1] in ("skipped", "failed", "oom"):
+            lines.append(f"{r[0].ljust(widths[0])}  {r[1]}: {r[2]}")
+        else:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    return "\n".join(lines)
+
+
+def format_markdown(record: dict) -> str:
+    dev = record["device"]
+    cfg = record["config"]
+    head = [
+        f"# gpt2ladder bench: {cfg['preset']} on {dev['name']}",
+        "",
+        f"- batch {cfg['batch_size']} x seq {cfg['seq_len']}, {cfg['steps']} timed steps after "
+        f"{cfg['warmup']} warm-up; data: {record['data']['source']}",
+        f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}, "
+        f"Triton {record['versions']['triton']}; gpt2ladder {record['gpt2ladder']} at {record['git_sha']}",
+        f"- MFU against {_fmt(record['peak_flops'] and record['peak_flops'] / 1e12, '.0f', 'no known')} "
+        "TFLOP/s dense bf16 peak" + ("" if record["peak_flops"] else f" (device {dev['name']} not in the table)"),
+        f"- {record['date']}",
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "---|" * len(HEADERS),
+    ]
+    body = []
+    for r in ladder_rows(record):
+        if r[1] in ("skipped", "failed", "oom"):
+            body.append(f"| {r[0]} | {r[1]}: {r[2]} |" + " |" * (len(HEADERS) - 2))
+        else:
+            body.append("| " + " | ".join(r) + " |")
+    return "\n".join(head + body) + "\n"

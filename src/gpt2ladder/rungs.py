@@ -1,0 +1,133 @@
+"""The ladder: each speed-up as a named rung that changes one field of a `Setup`.
+
+A rung is a name, one sentence of what it changes and why that is faster, the smallest function that
+applies it, and a check that says why it cannot apply on this machine. Rung k of the ladder is rungs
+0..k applied in order to the baseline setup. Adding a rung = one `Rung(...)` entry below plus, if it
+needs new machinery, one field in `Setup` that `engine.py` honours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpt2ladder.errors import UsageError
+from gpt2ladder.hardware import Capabilities
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How one training step runs. The baseline is the seed's starting point: fp32 everything, eager."""
+
+    matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: highest=fp32, high=TF32
+    autocast: str | None = None  # None, "bfloat16" or "float16" (fp16 brings a GradScaler)
+    compile: bool = False
+    compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune-no-cudagraphs"
+    attention: str = "manual"  # "manual" or "sdpa"
+    vocab_multiple: int = 1
+    fused_adamw: bool = False
+    cuda_graph: bool = False  # capture the whole step (forward, backward, optimizer) and replay it
+    fused_loss: bool = False  # classifier + cross-entropy + its gradient in one pass over the logits
+    fp8_head: bool = False  # classifier matmuls in float8 (Hopper and newer)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    summary: str  # one sentence: what it changes and why it is faster
+    kind: str  # "precision", "memory" or "overhead": the colour of its bar
+    apply: Callable[[Setup], Setup] = field(repr=False)
+    # Returns None when the rung can run here, else the reason it cannot.
+    unavailable: Callable[[Capabilities], str | None] = field(repr=False, default=lambda caps: None)
+    seed: bool = False  # one of the write-up's five
+
+
+def _needs_ampere(what: str) -> Callable[[Capabilities], str | None]:
+    def check(caps: Capabilities) -> str | None:
+        if caps.device_type != "cuda":
+            return f"{what} needs a CUDA GPU of compute capability 8.0 (Ampere) or newer; this is {caps.device_type}"
+        if caps.capability < (8, 0):
+            cc = "%d.%d" % caps.capability
+            return f"{what} needs compute capability 8.0 (Ampere) or newer; {caps.name} is {cc}"
+        return None
+
+    return check
+
+
+def _needs_compile(caps: Capabilities) -> str | None:
+    return caps.compile_problem
+
+
+def _needs_cuda(what: str) -> Callable[[Capabilities], str | None]:
+    return lambda caps: None if caps.device_type == "cuda" else f"{what} needs a CUDA GPU; this is {caps.device_type}"
+
+
+def _needs_fp8(caps: Capabilities) -> str | None:
+    if caps.device_type != "cuda":
+        return f"float8 matmuls need a CUDA GPU of compute capability 8.9 or newer; this is {caps.device_type}"
+    if caps.capability < (8, 9):
+        return f"float8 matmuls need compute capability 8.9 (Ada/Hopper) or newer; {caps.name} is %d.%d" % caps.capability
+    return caps.compile_problem  # the casts are only cheap when compile fuses them into neighbours
+
+
+def _replace(**changes) -> Callable[[Setup], Setup]:
+    return lambda setup: dataclasses.replace(setup, **changes)
+
+
+LADDER: tuple[Rung, ...] = (
+    Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
+         "precision", lambda s: s, seed=True),
+    Rung("tf32", "Matmuls run on the tensor cores in TF32 (10-bit mantissa inside the multiply, fp32 in and out).",
+         "precision", _replace(matmul_precision="high"), _needs_ampere("TF32"), seed=True),
+    Rung("bf16", "Autocast runs matmuls in bfloat16, halving the bytes every activation moves; weights stay fp32.",
+         "precision", _replace(autocast="bfloat16"), _needs_ampere("bfloat16 autocast"), seed=True),
+    Rung("compile", "torch.compile removes the Python interpreter and fuses elementwise chains into single kernels.",
+         "memory", _replace(compile=True), _needs_compile, seed=True),
+    Rung("flash", "scaled_dot_product_attention(is_causal=True) never writes the T x T score matrix to memory.",
+         "memory", _replace(attention="sdpa"), seed=True),
+    Rung("vocab", "The classifier gets 50304 rows (a multiple of 128), so its matmul tiles evenly.",
+         "memory", _replace(vocab_multiple=128), seed=True),
+    Rung("fused_adamw", "AdamW updates every parameter in a few fused kernels instead of a loop of small ones.",
+         "overhead", _replace(fused_adamw=True)),
+    Rung("fused_loss", "The classifier's cross-entropy and its gradient come from one pass over the logits.",
+         "memory", _replace(fused_loss=True), _needs_compile),
+    Rung("fp8_head", "The classifier's three matmuls run in float8 inside the fused loss (which it turns on, "
+         "with the 50304-row vocabulary it needs), at twice the bf16 tensor-core rate.",
+         "precision", _replace(fp8_head=True, fused_loss=True, vocab_multiple=128), _needs_fp8),
+    Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
+         "overhead", _replace(cuda_graph=True), _needs_cuda("CUDA graphs")),
+)
+
+RUNGS_BY_NAME = {r.name: r for r in LADDER}
+SEED_RUNGS = tuple(r.name for r in LADDER if r.seed)
+
+
+def parse_rungs(spec: str) -> list[str]:
+    """`seed` (the write-up's five), `all`, or comma-separated names in ladder order."""
+    if spec == "seed":
+        return list(SEED_RUNGS)
+    if spec == "all":
+        return [r.name for r in LADDER]
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RUNGS_BY_NAME]
+    if unknown or not names:
+        valid = ", ".join(["seed", "all", "auto", "best"] + list(RUNGS_BY_NAME))
+        raise UsageError(f"unknown rung {', '.join(unknown) or repr(spec)}; choose from: {valid}")
+    order = {r.name: i for i, r in enumerate(LADDER)}
+    return sorted(dict.fromkeys(names), key=order.__getitem__)
+
+
+def setup_for(names: list[str]) -> Setup:
+    """The setup after applying the named rungs, in ladder order, to the baseline."""
+    setup = Setup()
+    for name in names:
+        setup = RUNGS_BY_NAME[name].apply(setup)
+    return setup
+
+
+def why_unavailable(name: str, caps: Capabilities) -> str | None:
+    return RUNGS_BY_NAME[name].unavailable(caps)
