@@ -192,10 +192,10 @@ def defaults_for(device: torch.device) -> dict:
 
 def resolve_rungs(spec: str, caps: Capabilities) -> list[str]:
     """`auto` = every rung this machine supports; the others are parsed by `rungs.parse_rungs`."""
-    from gpt2ladder.rungs import LADDER, parse_rungs
+    from gpt2ladder.rungs import available_rungs, parse_rungs
 
     if spec in ("auto", "best"):
-        return [r.name for r in LADDER if r.unavailable(caps) is None]
+        return available_rungs(caps)  # the same list `gpt2ladder doctor` recommends
     return parse_rungs(spec)
 
 

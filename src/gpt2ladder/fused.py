@@ -29,6 +29,7 @@ def make_loss_fn(vocab_size: int, fp8: bool = False):
         use_fp8 = fp8 and all(n % 16 == 0 for n in (*x2.shape, weight.shape[0]))  # _scaled_mm needs it
         return LossAndGrad.apply(x2, weight, targets.reshape(-1), vocab_size, dtype, use_fp8)
 
+    loss_fn.fp8 = fp8
     return loss_fn
 
 

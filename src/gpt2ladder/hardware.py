@@ -1,19 +1,29 @@
 """What this machine can do: one `Capabilities` record that every rung check and `doctor` reads.
 
-Detection is kept apart from decisions so the decisions can be tested with simulated machines
-(pre-Ampere, Hopper, no Triton, Windows) on a CPU.
+Detection (this module) is kept apart from decisions (`rungs.py`, `doctor.py`), so the decisions are
+pure functions of a `Capabilities` record and can be tested with simulated machines (CPU only,
+pre-Ampere, Hopper, no Triton, Windows, Apple MPS) on a CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import platform
 import shutil
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from gpt2ladder.errors import UsageError
+
+# The kernels behind F.scaled_dot_product_attention, in the names of torch.backends.cuda's flags
+# (flash_sdp_enabled, mem_efficient_sdp_enabled, ...) mapped to torch.nn.attention.SDPBackend.
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "mem_efficient": "EFFICIENT_ATTENTION",
+                 "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
+WINDOWS_TRITON_INSTALL = 'pip install -U "triton-windows>=3.8,<3.9"'
 
 
 @dataclass(frozen=True)
@@ -25,6 +35,25 @@ class Capabilities:
     compile_problem: str | None = None  # why torch.compile cannot run here, None when it can
     os: str = "Linux"
     triton_version: str | None = None
+    cxx_compiler: str | None = None  # what Inductor's CPU backend would compile with
+    host_memory: int = 0  # bytes of RAM; 0 when unknown
+    torch_version: str = ""
+    cuda_version: str | None = None  # the CUDA this PyTorch was built with
+    cudnn_version: int | None = None
+    python_version: str = ""
+    # (backend, None if a causal attention forward+backward ran with it here, else why not);
+    # empty until `probe_sdpa` has run, which only `doctor` asks for (it costs a few kernel launches).
+    sdpa: tuple[tuple[str, str | None], ...] = ()
+    sdpa_probe: str = ""  # the shapes and dtype the probe used, e.g. "bfloat16, head size 64"
+
+    @property
+    def bf16_supported(self) -> bool:
+        """bfloat16 on tensor cores: CUDA compute capability 8.0 (Ampere) or newer."""
+        return self.device_type == "cuda" and self.capability >= (8, 0)
+
+    @property
+    def capability_text(self) -> str:
+        return "%d.%d" % self.capability
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -32,53 +61,132 @@ def resolve_device(spec: str) -> torch.device:
     if spec == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
     if spec not in ("cpu", "cuda", "mps") and not spec.startswith("cuda:"):
-        raise UsageError(f"unknown device {spec!r}; choose auto, cpu, cuda or mps")
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for, but PyTorch sees no CUDA GPU (try --device auto)")
-    if spec == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UsageError("--device mps was asked for, but this PyTorch has no usable Apple GPU")
+        raise UsageError(f"unknown device {spec!r}; choose auto, cpu, cuda, cuda:N or mps")
+    if spec.startswith("cuda"):
+        return _cuda_device(spec)
+    if spec == "mps" and not _mps_available():
+        raise UsageError("--device mps was asked for, but this PyTorch has no usable Apple GPU (try --device auto)")
     return torch.device(spec)
 
 
-def detect(device: torch.device) -> Capabilities:
+def _cuda_device(spec: str) -> torch.device:
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {spec} was asked for, but PyTorch sees no CUDA GPU (try --device auto)")
+    index = spec.partition(":")[2]
+    if index and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+        raise UsageError(f"--device {spec}: no such GPU; this machine has {torch.cuda.device_count()} "
+                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return torch.device(spec)
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps and mps.is_available())
+
+
+def detect(device: torch.device, probe: bool = False) -> Capabilities:
+    """Read this machine's facts; with `probe`, also try each attention kernel on the device."""
     os_name = platform.system()
-    triton = _triton_version()
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return Capabilities(
-            device_type="cuda",
-            name=props.name,
-            capability=(props.major, props.minor),
-            total_memory=props.total_memory,
-            compile_problem=compile_problem("cuda", os_name, triton),
-            os=os_name,
-            triton_version=triton,
-        )
-    name = platform.machine() or "cpu"
-    return Capabilities(
-        device_type=device.type,
-        name=f"{device.type} ({name})",
-        compile_problem=compile_problem(device.type, os_name, triton),
-        os=os_name,
-        triton_version=triton,
+    triton, cxx = _triton_version(), _cxx_compiler()
+    facts = _cuda_facts(device) if device.type == "cuda" else _other_facts(device)
+    caps = Capabilities(
+        **facts,
+        compile_problem=compile_problem(device.type, os_name, triton, cxx, capability=facts.get("capability")),
+        os=os_name, triton_version=triton, cxx_compiler=cxx, host_memory=_host_memory(),
+        torch_version=torch.__version__, cuda_version=torch.version.cuda,
+        cudnn_version=_cudnn_version(), python_version=platform.python_version(),
     )
+    if not probe:
+        return caps
+    import dataclasses
+
+    dtype = sdpa_probe_dtype(caps)
+    return dataclasses.replace(caps, sdpa=probe_sdpa(device, dtype),
+                               sdpa_probe=f"causal, {str(dtype).replace('torch.', '')}, head size 64")
 
 
-def compile_problem(device_type: str, os_name: str, triton: str | None, cxx: str | None = "detect") -> str | None:
+def _cuda_facts(device: torch.device) -> dict:
+    props = torch.cuda.get_device_properties(device)
+    return {"device_type": "cuda", "name": props.name, "capability": (props.major, props.minor),
+            "total_memory": props.total_memory}
+
+
+def _other_facts(device: torch.device) -> dict:
+    arch = platform.machine() or "unknown"
+    if device.type != "mps":
+        return {"device_type": device.type, "name": f"{device.type} ({arch})"}
+    memory = 0
+    with contextlib.suppress(Exception):  # older PyTorch, or no Metal device to ask
+        memory = int(torch.mps.recommended_max_memory())
+    return {"device_type": "mps", "name": f"Apple GPU, mps ({arch})", "total_memory": memory}
+
+
+def compile_problem(device_type: str, os_name: str, triton: str | None, cxx: str | None = "detect",
+                    capability: tuple[int, int] | None = None) -> str | None:
     """Why torch.compile's default backend (Inductor) cannot generate code here, or None."""
     if device_type == "cuda" and triton is None:
         if os_name == "Windows":
-            return 'torch.compile on Windows needs Triton: pip install -U "triton-windows>=3.8,<3.9"'
+            return f"torch.compile on Windows needs Triton, which is not installed: {WINDOWS_TRITON_INSTALL}"
         return "torch.compile on CUDA needs Triton, which is not installed (pip install triton)"
+    if device_type == "cuda" and capability is not None and capability < (7, 0):
+        return "torch.compile's Triton kernels need compute capability 7.0 or newer; this GPU is %d.%d" % capability
     if device_type == "cpu":
         cxx = _cxx_compiler() if cxx == "detect" else cxx
         if cxx is None:
             return "torch.compile on CPU needs a C++ compiler (g++, clang++ or cl) on PATH"
     return None
+
+
+def sdpa_probe_dtype(caps: Capabilities) -> torch.dtype:
+    """The dtype attention runs in when training here: bf16, else fp16 on an older GPU, else fp32."""
+    if caps.device_type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if caps.bf16_supported else torch.float16
+
+
+def probe_sdpa(device: torch.device, dtype: torch.dtype, head_size: int = 64) -> tuple[tuple[str, str | None], ...]:
+    """Run a tiny causal attention forward+backward with each kernel alone; record why one cannot run.
+
+    GPT-2's heads are 64 wide in every preset but `tiny`; the kernels' limits are on head size,
+    dtype and architecture, so a short sequence answers for the model's shapes.
+    """
+    return tuple((name, _sdpa_problem(name, device, dtype, head_size)) for name in SDPA_BACKENDS)
+
+
+def _sdpa_problem(name: str, device: torch.device, dtype: torch.dtype, head_size: int) -> str | None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    flag = getattr(torch.backends.cuda, f"{name}_sdp_enabled", None)
+    if flag is not None and not flag():
+        return f"turned off in this process (torch.backends.cuda.enable_{name}_sdp(False))"
+    if name in ("mem_efficient", "cudnn") and device.type != "cuda":
+        return f"a CUDA-only kernel; this is {device.type}"
+    backend = getattr(SDPBackend, SDPA_BACKENDS[name], None)
+    if backend is None:
+        return f"PyTorch {torch.__version__} has no {name} attention backend"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # the kernels say why they decline as warnings
+        try:
+            q = torch.randn(1, 2, 64, head_size, device=device, dtype=dtype, requires_grad=True)
+            with sdpa_kernel([backend]):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return None
+        except Exception as err:  # any failure is the answer we are after, as one line
+            return _one_line_reason([str(w.message) for w in caught], err)
+
+
+def _one_line_reason(messages: list[str], err: Exception) -> str:
+    """The kernel's own complaint (a warning) if it gave one, else the error, on one short line."""
+    useful = [m for m in messages if "not used because" not in m]  # skip the header, keep the cause
+    text = useful[0] if useful else (str(err) or type(err).__name__)
+    text = text.split("(Triggered internally")[0]
+    return " ".join(text.split())[:240]
 
 
 def _triton_version() -> str | None:
@@ -97,3 +205,17 @@ def _cxx_compiler() -> str | None:
         if shutil.which(exe):
             return exe
     return None
+
+
+def _cudnn_version() -> int | None:
+    try:
+        return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:  # a CPU build or a broken cuDNN: report it as absent
+        return None
+
+
+def _host_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return 0

@@ -107,7 +107,8 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """Returns (logits over the padded vocabulary, mean cross-entropy over the real one)."""
         x = self.hidden(idx)
-        if targets is not None and self.loss_fn is not None:
+        if targets is not None and self.loss_fn is not None and torch.is_grad_enabled():
+            # The fused loss forms its gradients in the forward pass: only worth it when training.
             return None, self.loss_fn(x, self.lm_head.weight, targets)
         logits = self.lm_head(x)  # (B, T, padded_vocab)
         if targets is None:

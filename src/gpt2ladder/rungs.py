@@ -40,10 +40,13 @@ class Rung:
     name: str
     summary: str  # one sentence: what it changes and why it is faster
     kind: str  # "precision", "memory" or "overhead": the colour of its bar
-    apply: Callable[[Setup], Setup] = field(repr=False)
+    changes: dict = field(default_factory=dict)  # the Setup fields this rung sets, and to what
     # Returns None when the rung can run here, else the reason it cannot.
     unavailable: Callable[[Capabilities], str | None] = field(repr=False, default=lambda caps: None)
     seed: bool = False  # one of the write-up's five
+
+    def apply(self, setup: Setup) -> Setup:
+        return dataclasses.replace(setup, **self.changes)
 
 
 def _needs_ampere(what: str) -> Callable[[Capabilities], str | None]:
@@ -66,6 +69,15 @@ def _needs_cuda(what: str) -> Callable[[Capabilities], str | None]:
     return lambda caps: None if caps.device_type == "cuda" else f"{what} needs a CUDA GPU; this is {caps.device_type}"
 
 
+def _needs_no_bf16(caps: Capabilities) -> str | None:
+    """fp16 + GradScaler stands in for bf16 only on GPUs that lack bf16 (before Ampere)."""
+    if caps.device_type != "cuda":
+        return f"float16 autocast with a GradScaler needs a CUDA GPU; this is {caps.device_type}"
+    if caps.bf16_supported:
+        return f"only for GPUs without bfloat16; {caps.name} runs the bf16 rung, which needs no GradScaler"
+    return None
+
+
 def _needs_fp8(caps: Capabilities) -> str | None:
     if caps.device_type != "cuda":
         return f"float8 matmuls need a CUDA GPU of compute capability 8.9 or newer; this is {caps.device_type}"
@@ -74,32 +86,31 @@ def _needs_fp8(caps: Capabilities) -> str | None:
     return caps.compile_problem  # the casts are only cheap when compile fuses them into neighbours
 
 
-def _replace(**changes) -> Callable[[Setup], Setup]:
-    return lambda setup: dataclasses.replace(setup, **changes)
-
-
 LADDER: tuple[Rung, ...] = (
     Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
-         "precision", lambda s: s, seed=True),
+         "precision", {}, seed=True),
     Rung("tf32", "Matmuls run on the tensor cores in TF32 (10-bit mantissa inside the multiply, fp32 in and out).",
-         "precision", _replace(matmul_precision="high"), _needs_ampere("TF32"), seed=True),
+         "precision", {"matmul_precision": "high"}, _needs_ampere("TF32"), seed=True),
     Rung("bf16", "Autocast runs matmuls in bfloat16, halving the bytes every activation moves; weights stay fp32.",
-         "precision", _replace(autocast="bfloat16"), _needs_ampere("bfloat16 autocast"), seed=True),
+         "precision", {"autocast": "bfloat16"}, _needs_ampere("bfloat16 autocast"), seed=True),
+    Rung("fp16", "Where bf16 is missing (before Ampere), autocast runs matmuls in float16 on the tensor cores; "
+         "a GradScaler keeps small gradients from rounding to zero.",
+         "precision", {"autocast": "float16"}, _needs_no_bf16),
     Rung("compile", "torch.compile removes the Python interpreter and fuses elementwise chains into single kernels.",
-         "memory", _replace(compile=True), _needs_compile, seed=True),
+         "memory", {"compile": True}, _needs_compile, seed=True),
     Rung("flash", "scaled_dot_product_attention(is_causal=True) never writes the T x T score matrix to memory.",
-         "memory", _replace(attention="sdpa"), seed=True),
+         "memory", {"attention": "sdpa"}, seed=True),
     Rung("vocab", "The classifier gets 50304 rows (a multiple of 128), so its matmul tiles evenly.",
-         "memory", _replace(vocab_multiple=128), seed=True),
+         "memory", {"vocab_multiple": 128}, seed=True),
     Rung("fused_adamw", "AdamW updates every parameter in a few fused kernels instead of a loop of small ones.",
-         "overhead", _replace(fused_adamw=True)),
+         "overhead", {"fused_adamw": True}),
     Rung("fused_loss", "The classifier's cross-entropy and its gradient come from one pass over the logits.",
-         "memory", _replace(fused_loss=True), _needs_compile),
+         "memory", {"fused_loss": True}, _needs_compile),
     Rung("fp8_head", "The classifier's three matmuls run in float8 inside the fused loss (which it turns on, "
          "with the 50304-row vocabulary it needs), at twice the bf16 tensor-core rate.",
-         "precision", _replace(fp8_head=True, fused_loss=True, vocab_multiple=128), _needs_fp8),
+         "precision", {"fp8_head": True, "fused_loss": True, "vocab_multiple": 128}, _needs_fp8),
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
-         "overhead", _replace(cuda_graph=True), _needs_cuda("CUDA graphs")),
+         "overhead", {"cuda_graph": True}, _needs_cuda("CUDA graphs")),
 )
 
 RUNGS_BY_NAME = {r.name: r for r in LADDER}
@@ -131,3 +142,8 @@ def setup_for(names: list[str]) -> Setup:
 
 def why_unavailable(name: str, caps: Capabilities) -> str | None:
     return RUNGS_BY_NAME[name].unavailable(caps)
+
+
+def available_rungs(caps: Capabilities) -> list[str]:
+    """Every rung this machine can run, in ladder order: what `--rungs auto` climbs and `doctor` recommends."""
+    return [r.name for r in LADDER if r.unavailable(caps) is None]

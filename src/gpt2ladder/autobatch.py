@@ -1,0 +1,67 @@
+"""`--batch-size auto`: the largest micro-batch that fits this GPU's memory for the chosen rungs.
+
+The probe runs eager steps (no compile, no graph capture: compiled steps use less memory, so the answer
+errs on the safe side and costs seconds, not a compile per size). It doubles the batch until a step
+runs out of memory or passes the headroom limit, then bisects between the last fit and the first
+failure. Out-of-memory is caught and freed on the way; it never ends the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import torch
+
+from gpt2ladder.config import preset
+from gpt2ladder.engine import Engine
+from gpt2ladder.rungs import setup_for, why_unavailable
+
+HEADROOM = 0.90  # never plan past 90% of device memory: the allocator and compile need slack
+LIMIT = 4096
+
+
+def largest_batch(cfg, device: torch.device, caps, notify=print) -> int:
+    if device.type != "cuda":
+        notify(f"notice: --batch-size auto sizes to GPU memory; on {device.type} using {cfg.batch_size or 4}")
+        return cfg.batch_size if cfg.batch_size > 1 else 4
+    names = [n for n in cfg.rungs if why_unavailable(n, caps) is None]
+    setup = dataclasses.replace(setup_for(names), compile=False, cuda_graph=False)
+    engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed)
+    fits = lambda b: _fits(engine, b, cfg.seq_len, device, caps.total_memory)
+    good, bad = 0, None
+    b = 1
+    while b <= LIMIT and fits(b):
+        good, b = b, b * 2
+    bad = b
+    while bad - good > max(1, good // 16):  # bisect to within about 6%
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    del engine
+    _free()
+    if good == 0:
+        from gpt2ladder.errors import LadderError
+
+        raise LadderError("out of memory even at batch size 1 for these rungs and sequence length")
+    notify(f"--batch-size auto: {good} sequences of {cfg.seq_len} fit (first failure at {bad})")
+    return good
+
+
+def _fits(engine: Engine, batch: int, seq_len: int, device, total_memory: int) -> bool:
+    gen = torch.Generator().manual_seed(batch)
+    x = torch.randint(0, 50257, (batch, seq_len), generator=gen).to(device)
+    try:
+        torch.cuda.reset_peak_memory_stats(device)
+        engine.step(x, x)
+        torch.cuda.synchronize(device)
+        ok = torch.cuda.max_memory_reserved(device) <= HEADROOM * total_memory
+    except torch.OutOfMemoryError:
+        ok = False
+    engine.optimizer.zero_grad(set_to_none=True)
+    _free()
+    return ok
+
+
+def _free() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()

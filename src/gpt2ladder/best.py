@@ -1,0 +1,43 @@
+"""`--rungs best`: keep only the rungs that pay on this machine, and measure that combination.
+
+Every rung of the full ladder has been timed (rung k = rungs 0..k); a rung beyond the baseline is kept
+when its step is at least `MIN_GAIN` faster than the one before it. The kept combination is then timed
+for real, as one more row, so the record never claims a figure it did not measure.
+"""
+
+from __future__ import annotations
+
+from gpt2ladder.bench import add_speedups, measure_rung
+from gpt2ladder.config import preset
+
+MIN_GAIN = 1.01  # a 1% faster median; smaller differences are within run-to-run noise
+
+
+def decide(rows: list[dict]) -> tuple[list[str], list[dict]]:
+    """Which measured rungs to keep, and why, from a bench record's rows (pure; tested on numbers)."""
+    kept, decisions, prev = [], [], None
+    for r in rows:
+        if r["status"] != "ok":
+            decisions.append({"rung": r["name"], "kept": False, "why": f"{r['status']}: {r.get('reason', '')}"})
+            continue
+        gain = prev / r["ms_per_step"] if prev else None
+        keep = gain is None or gain >= MIN_GAIN
+        why = "baseline" if gain is None else f"{gain:.3f}x vs the rung before it (need {MIN_GAIN:.2f}x)"
+        decisions.append({"rung": r["name"], "kept": keep, "why": why})
+        if keep:
+            kept.append(r["name"])
+        prev = r["ms_per_step"]
+    return kept, decisions
+
+
+def add_best(record: dict, cfg, device, caps, progress: bool = True) -> None:
+    kept, decisions = decide(record["rungs"])
+    record["best"] = {"rungs": kept, "decisions": decisions, "rule": f"keep a rung when it is >= {MIN_GAIN}x faster"
+                      " than the rung before it; the kept set is then measured as the row 'best'"}
+    from gpt2ladder.bench import load_bench_tokens
+
+    tokens = load_bench_tokens(cfg, notify=lambda *_: None)
+    row = measure_rung(kept[-1], kept, preset(cfg.preset), cfg, tokens, device, caps, progress)
+    row.update(name="best", summary="The rungs that paid here: " + ", ".join(kept) + ".", kind="best")
+    record["rungs"].append(row)
+    add_speedups(record["rungs"])

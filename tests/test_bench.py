@@ -1,0 +1,106 @@
+"""The bench climbs the ladder end to end and writes a sane table, JSON, Markdown and chart."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from gpt2ladder.bench import BenchConfig, add_speedups, run_bench
+from gpt2ladder.best import decide
+from gpt2ladder.cli import main
+from gpt2ladder.errors import UsageError
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def record(shakespeare_cache):
+    cfg = BenchConfig(preset="tiny", rungs=("baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw",
+                                            "fused_loss", "fp8_head", "cuda_graph"),
+                      batch_size=2, seq_len=32, steps=3, warmup=1, compile_backend="eager")
+    return run_bench(cfg, CPU, progress=False)
+
+
+def test_record_describes_itself(record):
+    assert record["device"]["type"] == "cpu"
+    assert record["versions"]["torch"] == torch.__version__
+    assert record["config"]["batch_size"] == 2 and record["model"]["n_layer"] == 2
+    assert record["data"]["source"] == "tinyshakespeare" and record["data"]["n_tokens"] == 338_025
+    assert "git_sha" in record and record["date"]
+
+
+def test_cpu_rows_are_measured_or_skipped_with_a_reason(record):
+    status = {r["name"]: r["status"] for r in record["rungs"]}
+    assert status == {"baseline": "ok", "tf32": "skipped", "bf16": "skipped", "compile": "ok", "flash": "ok",
+                      "vocab": "ok", "fused_adamw": "ok", "fused_loss": "ok", "fp8_head": "skipped",
+                      "cuda_graph": "skipped"}
+    for r in record["rungs"]:
+        if r["status"] == "skipped":
+            assert "CUDA" in r["reason"] or "cuda" in r["reason"]
+
+
+def test_measured_rows_have_sane_numbers(record):
+    for r in (r for r in record["rungs"] if r["status"] == "ok"):
+        assert 0 < r["ms_p10"] <= r["ms_per_step"] <= r["ms_p90"]
+        assert r["ms_min"] <= r["ms_p10"] and r["ms_p90"] <= r["ms_max"]
+        assert r["n_timed"] == 3 and len(r["samples_ms"]) == 3
+        assert r["tokens_per_s"] == pytest.approx(2 * 32 / (r["ms_per_step"] / 1000))
+        assert 9.0 < r["loss"] < 11.5  # a few steps from ln(50257) = 10.8
+        assert r["mfu"] is None  # no known peak for a CPU
+        assert r["weight_dtype"] == "float32" and r["logits_dtype"] == "float32"
+
+
+def test_every_fp32_rung_trains_the_same_model(record):
+    """Same seed, same batches, same function: on CPU in fp32 every measured rung ends at the same loss."""
+    losses = [r["loss"] for r in record["rungs"] if r["status"] == "ok"]
+    assert max(losses) - min(losses) < 1e-3
+
+
+def test_speedups():
+    rows = [{"status": "ok", "ms_per_step": 100.0}, {"status": "skipped"}, {"status": "ok", "ms_per_step": 50.0},
+            {"status": "ok", "ms_per_step": 40.0}]
+    add_speedups(rows)
+    assert rows[0]["speedup_vs_baseline"] == 1 and rows[0]["speedup_vs_prev"] is None
+    assert rows[2]["speedup_vs_prev"] == 2 and rows[3]["speedup_vs_baseline"] == 2.5
+
+
+def test_best_keeps_only_rungs_that_pay():
+    rows = [{"name": "a", "status": "ok", "ms_per_step": 40.0}, {"name": "b", "status": "ok", "ms_per_step": 30.0},
+            {"name": "c", "status": "ok", "ms_per_step": 30.5}, {"name": "d", "status": "skipped", "reason": "x"},
+            {"name": "e", "status": "ok", "ms_per_step": 25.0}]
+    kept, decisions = decide(rows)
+    assert kept == ["a", "b", "e"]
+    assert [d["kept"] for d in decisions] == [True, True, False, False, True]
+
+
+def test_cli_writes_table_json_markdown_and_png(shakespeare_cache, tmp_path, capsys):
+    out = tmp_path / "res"
+    code = main(["bench", "--rungs", "baseline,flash,vocab", "--batch-size", "2", "--seq-len", "32", "--steps", "2",
+                 "--warmup", "1", "--out", str(out), "--no-progress"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "ms/step" in text and "baseline" in text and "vocab" in text
+    record = json.loads((out / "ladder.json").read_text())
+    assert [r["name"] for r in record["rungs"]] == ["baseline", "flash", "vocab"]
+    assert all(r["status"] == "ok" and r["ms_per_step"] > 0 for r in record["rungs"])
+    md = (out / "ladder.md").read_text()
+    assert "| baseline |" in md and "| vocab |" in md
+    assert (out / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_bench_config():
+    with pytest.raises(UsageError, match="block size"):
+        BenchConfig(preset="tiny", seq_len=257)
+    with pytest.raises(UsageError, match="positive"):
+        BenchConfig(preset="tiny", steps=0)
+
+
+@pytest.mark.slow
+def test_default_bench_finishes_in_three_minutes(shakespeare_cache, tmp_path):
+    """The README's main job, as a user runs it on a two-core laptop: real inductor compile included."""
+    t0 = time.perf_counter()
+    assert main(["bench", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert time.perf_counter() - t0 < 180
+    record = json.loads((tmp_path / "ladder.json").read_text())
+    assert [r["name"] for r in record["rungs"] if r["status"] == "ok"] == ["baseline", "compile", "flash", "vocab"]

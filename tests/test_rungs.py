@@ -1,0 +1,105 @@
+"""Each rung changes only what it declares, and the ladder composes as rung k = rungs 0..k."""
+
+import pytest
+import torch
+
+from gpt2ladder.config import PRESETS
+from gpt2ladder.engine import Engine
+from gpt2ladder.errors import UsageError
+from gpt2ladder.hardware import Capabilities
+from gpt2ladder.rungs import LADDER, SEED_RUNGS, Setup, parse_rungs, setup_for, why_unavailable
+
+CPU = torch.device("cpu")
+
+
+def observe(engine: Engine) -> dict:
+    """What a step actually runs with, read from the built objects rather than from the Setup."""
+    with engine.precision():
+        precision = torch.get_float32_matmul_precision()
+    with engine.autocast():
+        autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    model = engine.raw_model
+    return {
+        "precision": precision,
+        "autocast": autocast,
+        "compiled": engine.forward is not engine.model,
+        "attention": model.config.attention,
+        "rows": model.lm_head.weight.shape[0],
+        "fused_adamw": bool(engine.optimizer.defaults.get("fused")),
+        "loss_fn": model.loss_fn is not None,
+        "fp8": getattr(model.loss_fn, "fp8", False),
+        "graph": engine.setup.cuda_graph,
+    }
+
+
+EXPECTED = {  # rung -> the observable properties it may change
+    "baseline": set(),
+    "tf32": {"precision"},
+    "bf16": {"autocast"},
+    "compile": {"compiled"},
+    "flash": {"attention"},
+    "vocab": {"rows"},
+    "fused_adamw": {"fused_adamw"},
+    "fused_loss": {"loss_fn"},
+    "fp8_head": {"fp8"},
+    "cuda_graph": {"graph"},
+}
+
+
+def test_every_rung_has_an_expectation():
+    assert [r.name for r in LADDER if r.name in EXPECTED] == list(EXPECTED)
+
+
+@pytest.mark.parametrize("k", range(1, len(EXPECTED)))
+def test_each_rung_changes_only_what_it_declares(k):
+    names = list(EXPECTED)
+    before = Engine(PRESETS["tiny"], setup_for(names[:k]), CPU, compile_backend="eager")
+    after = Engine(PRESETS["tiny"], setup_for(names[: k + 1]), CPU, compile_backend="eager")
+    a, b = observe(before), observe(after)
+    changed = {key for key in a if a[key] != b[key]}
+    assert changed == EXPECTED[names[k]]
+    assert torch.get_float32_matmul_precision() == "highest"  # nothing leaks out of the step
+
+
+def test_rungs_have_a_reason_sentence_and_a_kind():
+    for rung in LADDER:
+        assert rung.summary.endswith(".") and len(rung.summary) > 30
+        assert rung.kind in ("precision", "memory", "overhead")
+
+
+def test_seed_rungs_are_the_write_ups_five_plus_baseline():
+    assert SEED_RUNGS == ("baseline", "tf32", "bf16", "compile", "flash", "vocab")
+
+
+def test_parse_rungs():
+    assert parse_rungs("seed") == list(SEED_RUNGS)
+    assert parse_rungs("all") == [r.name for r in LADDER]
+    assert parse_rungs("vocab, baseline") == ["baseline", "vocab"]  # ladder order
+    with pytest.raises(UsageError, match="unknown rung warp"):
+        parse_rungs("baseline,warp")
+
+
+def test_setup_for_is_cumulative():
+    s = setup_for(["baseline", "tf32", "bf16", "compile", "flash", "vocab"])
+    assert s == Setup(matmul_precision="high", autocast="bfloat16", compile=True, attention="sdpa", vocab_multiple=128)
+
+
+CPU_CAPS = Capabilities("cpu", "cpu (x86_64)")
+T4 = Capabilities("cuda", "Tesla T4", (7, 5))
+A100 = Capabilities("cuda", "NVIDIA A100-SXM4-80GB", (8, 0))
+H200 = Capabilities("cuda", "NVIDIA H200", (9, 0))
+NO_TRITON = Capabilities("cuda", "NVIDIA H200", (9, 0), compile_problem="torch.compile on CUDA needs Triton")
+
+
+@pytest.mark.parametrize("caps,rung,available", [
+    (CPU_CAPS, "tf32", False), (CPU_CAPS, "bf16", False), (CPU_CAPS, "compile", True), (CPU_CAPS, "cuda_graph", False),
+    (T4, "tf32", False), (T4, "bf16", False), (T4, "fp8_head", False),
+    (A100, "tf32", True), (A100, "bf16", True), (A100, "fp8_head", False),
+    (H200, "fp8_head", True), (H200, "cuda_graph", True),
+    (NO_TRITON, "compile", False), (NO_TRITON, "flash", True),
+])
+def test_availability(caps, rung, available):
+    reason = why_unavailable(rung, caps)
+    assert (reason is None) == available
+    if reason:
+        assert len(reason.splitlines()) == 1
