@@ -4,6 +4,12 @@ Each rung gets a fresh model from the same seed and the same batches. A step is 
 does, made strict: synchronize, read the clock, zero_grad + forward + backward + optimizer step,
 synchronize, read the clock. Warm-up steps (compile, autotuning, graph capture, allocator growth) are
 left out; the median and the spread of the timed steps are reported.
+
+Under torchrun (`torchrun --nproc_per_node=N -m gpt2ladder bench ...`) every rank runs every rung
+under DDP (FSDP2 for gpt2-large/xl, or as --strategy says). --batch-size is then per GPU, so the
+global batch is N times larger and each GPU does the work of a one-GPU run: tokens/s total and per
+GPU compare directly with a one-GPU ladder.json, passed as --baseline-json for a scaling efficiency.
+A step's time is the slowest rank's; rank 0 alone prints and writes.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import distributed
 from gpt2ladder.config import ModelConfig, preset
 from gpt2ladder.engine import Engine
 from gpt2ladder.errors import LadderError, UsageError
@@ -35,6 +42,7 @@ class BenchConfig:
     seed: int = 0
     data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
     compile_backend: str = "inductor"
+    strategy: str = "auto"  # under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl); else unused
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "steps"):
@@ -58,21 +66,26 @@ def load_bench_tokens(cfg: BenchConfig, notify=print) -> data_mod.TokenData:
         return data_mod.random_tokens(400_000, seed=cfg.seed)
 
 
-def run_bench(cfg: BenchConfig, device: torch.device, *, progress: bool = True, notify=print) -> dict:
+def run_bench(cfg: BenchConfig, device: torch.device, *, progress: bool = True, notify=print,
+              tokens: data_mod.TokenData | None = None) -> dict:
     """Measure every rung in `cfg.rungs` (cumulatively) and return the self-describing record."""
     caps = detect(device)
-    tokens = load_bench_tokens(cfg, notify)
+    tokens = load_bench_tokens(cfg, notify) if tokens is None else tokens
     model_cfg = preset(cfg.preset)
     rows = []
     applied = []  # rung k = every rung up to k that this machine can run ("go straight to compile")
     for name in cfg.rungs:
-        if why_unavailable(name, caps) is None:
+        if _why_not(name, caps, cfg) is None:
             applied.append(name)
         rows.append(measure_rung(name, list(applied), model_cfg, cfg, tokens, device, caps, progress))
     add_speedups(rows)
     from gpt2ladder.report import record_header
 
-    return {**record_header(caps, device), "command": "bench", "config": dataclasses.asdict(cfg),
+    dist = distributed.current()
+    parallel = {"world_size": dist.world_size, "backend": dist.backend,
+                "strategy": distributed.resolve_strategy(cfg.strategy, cfg.preset, dist),
+                "global_batch_size": cfg.batch_size * dist.world_size}
+    return {**record_header(caps, device), "command": "bench", "config": dataclasses.asdict(cfg), **parallel,
             "model": model_cfg.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
             "peak_flops": peak_flops(caps.name), "rungs": rows}
 
@@ -81,7 +94,7 @@ def measure_rung(name, applied, model_cfg: ModelConfig, cfg: BenchConfig, tokens
                  caps: Capabilities, progress: bool) -> dict:
     rung = RUNGS_BY_NAME[name]
     row = {"name": name, "summary": rung.summary, "kind": rung.kind}
-    reason = why_unavailable(name, caps)
+    reason = _why_not(name, caps, cfg)
     if reason:
         return {**row, "status": "skipped", "reason": reason}
     setup = setup_for(applied)
@@ -102,14 +115,25 @@ def measure_rung(name, applied, model_cfg: ModelConfig, cfg: BenchConfig, tokens
             "mfu": mfu(tok_s, flops, peak_flops(caps.name))}
 
 
+def _why_not(name: str, caps: Capabilities, cfg: BenchConfig) -> str | None:
+    """Why a rung cannot run on this machine, or (under torchrun) with this data-parallel strategy."""
+    dist = distributed.current()
+    return why_unavailable(name, caps) or distributed.rung_problem(
+        name, distributed.resolve_strategy(cfg.strategy, cfg.preset, dist))
+
+
 def _time_setup(setup, model_cfg, cfg: BenchConfig, tokens, device, progress: bool, label: str) -> dict:
-    engine = Engine(model_cfg, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend)
-    batches = data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
+    dist = distributed.current()  # a single process unless bench_command joined torchrun's group
+    engine = Engine(model_cfg, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
+                    parallelize=distributed.parallelize_for(dist, cfg.strategy, cfg.preset))
+    # --batch-size is per GPU: this rank reads its share of a global batch W times larger.
+    batches = data_mod.Batches(tokens.train, cfg.batch_size * dist.world_size, cfg.seq_len, seed=cfg.seed,
+                               rank=dist.rank, world_size=dist.world_size)
     samples, losses = [], []
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    bar = _progress(cfg.warmup + cfg.steps, label, progress)
+    bar = _progress(cfg.warmup + cfg.steps, label, progress and dist.is_main)
     for i in range(cfg.warmup + cfg.steps):
         x, y = data_mod.to_device(*batches.next(), device)
         _sync(device)
@@ -123,14 +147,21 @@ def _time_setup(setup, model_cfg, cfg: BenchConfig, tokens, device, progress: bo
         bar.update(1)
         bar.set_postfix_str(f"{dt * 1000:.1f} ms")
     bar.close()
+    # The group steps together, so a step lasts as long as its slowest rank; every rank gets the same
+    # numbers, and so makes the same decisions (--rungs best) afterwards.
+    samples = distributed.reduce_floats(samples, dist, "max")
     stats = TimingStats.of(samples)
     logits_dtype, weight_dtype = _dtypes(engine, x)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    if peak is not None:
+        peak = int(distributed.reduce_floats([peak], dist, "max")[0])  # per GPU: the fullest one
+    tokens_per_s = cfg.batch_size * dist.world_size * cfg.seq_len / (stats.median / 1000)
     result = {
         "ms_per_step": stats.median, "ms_p10": stats.p10, "ms_p90": stats.p90, "ms_min": stats.min,
         "ms_max": stats.max, "n_timed": stats.n, "samples_ms": [round(s, 4) for s in samples],
-        "tokens_per_s": cfg.batch_size * cfg.seq_len / (stats.median / 1000),
-        "peak_mem_bytes": peak, "loss": float(losses[-1]), "logits_dtype": logits_dtype,
+        "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / dist.world_size,
+        "peak_mem_bytes": peak, "loss": float(distributed.all_reduce_mean(losses[-1], dist)),
+        "logits_dtype": logits_dtype,
         "weight_dtype": weight_dtype, "model_config": engine.raw_model.config,
         "n_params": engine.raw_model.num_params(),
     }
@@ -143,7 +174,8 @@ def _time_setup(setup, model_cfg, cfg: BenchConfig, tokens, device, progress: bo
 def _dtypes(engine: Engine, x: torch.Tensor) -> tuple[str, str]:
     """What the seed prints: the logits' dtype inside the step, and the weights' dtype."""
     with engine.precision(), engine.autocast():
-        logits = engine.raw_model.lm_head(engine.raw_model.hidden(x[:1, :16]))
+        # The whole forward (not hidden + lm_head): under FSDP2 only it gathers the sharded weights.
+        logits, _ = engine.raw_model(x[:1, :16])
     weight = engine.raw_model.transformer.wte.weight.dtype
     head = "float8_e4m3fn" if engine.setup.fp8_head else str(logits.dtype).replace("torch.", "")
     return head, str(weight).replace("torch.", "")
@@ -200,36 +232,79 @@ def resolve_rungs(spec: str, caps: Capabilities) -> list[str]:
 
 
 def bench_command(args) -> int:
-    from gpt2ladder.hardware import resolve_device
+    with distributed.launched(args.device) as dist:  # a plain single process without torchrun
+        return _bench(args, dist)
+
+
+def _bench(args, dist: distributed.Dist) -> int:
     from gpt2ladder.plots import ladder_chart
     from gpt2ladder.report import format_markdown, format_table, prepare_out_dir, write_json
+    from gpt2ladder.scaling import add_scaling, format_scaling, load_baseline
 
-    device = resolve_device(args.device)
+    device = distributed.local_device(dist, args.device)
     caps = detect(device)
-    d = defaults_for(device)
-    name = args.preset or d["preset"]
-    cfg = BenchConfig(
-        preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
-        batch_size=1 if args.batch_size == "auto" else (args.batch_size or d["batch_size"]),
-        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size,
-        steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,
-        seed=args.seed, data=args.data,
-    )
+    cfg = _bench_config(args, device, caps, dist)
+    baseline = load_baseline(args.baseline_json, dataclasses.asdict(cfg)) if args.baseline_json else None
+    say = print if dist.is_main else (lambda *a, **k: None)
+    tokens = load_bench_tokens(cfg, notify=say)  # a bad --data fails here, in one line, before any work
+    data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len)  # as does a text too short for one sequence
     out = prepare_out_dir(args.out)
     if args.batch_size == "auto":
         from gpt2ladder.autobatch import largest_batch
 
         cfg = dataclasses.replace(cfg, batch_size=largest_batch(cfg, device, caps))
-    print(f"gpt2ladder bench: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
-          f"{cfg.steps} timed steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
-    record = run_bench(cfg, device, progress=not args.no_progress)
-    if args.rungs == "best":
+    say(f"gpt2ladder bench: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
+        f"{cfg.steps} timed steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
+    if dist.enabled:
+        say(f"{dist.world_size} processes ({dist.backend}, {distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)}):"
+            f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
+    record = run_bench(cfg, device, progress=not args.no_progress, notify=say, tokens=tokens)
+    failure = nothing_measured(record, out / "ladder.json")
+    if args.rungs == "best" and failure is None:
         from gpt2ladder.best import add_best
 
         add_best(record, cfg, device, caps, progress=not args.no_progress)
+    scaled = dist.enabled or baseline is not None
+    if scaled:
+        add_scaling(record, baseline)
+    if not dist.is_main:
+        return 0
     write_json(out / "ladder.json", record)
-    (out / "ladder.md").write_text(format_markdown(record))
+    (out / "ladder.md").write_text(format_markdown(record) + ("\n" + format_scaling(record) if scaled else ""))
     ladder_chart(record, out / "ladder.png")
     print(format_table(record))
+    if scaled:
+        print("\n" + format_scaling(record), end="")
     print(f"wrote {out / 'ladder.json'}, {out / 'ladder.md'}, {out / 'ladder.png'}")
+    if failure:
+        raise LadderError(failure)
     return 0
+
+
+def _bench_config(args, device: torch.device, caps: Capabilities, dist: distributed.Dist) -> BenchConfig:
+    d = defaults_for(device)
+    name = args.preset or d["preset"]
+    distributed.resolve_strategy(args.strategy, name, dist)  # a bad --strategy fails before any work
+    if args.batch_size == "auto" and dist.enabled:
+        raise UsageError("--batch-size auto probes memory on one GPU; under torchrun pass a number "
+                         "(find it with a one-GPU `gpt2ladder bench --batch-size auto`)")
+    return BenchConfig(
+        preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
+        batch_size=1 if args.batch_size == "auto" else (args.batch_size or d["batch_size"]),
+        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size,
+        steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,
+        seed=args.seed, data=args.data, strategy=args.strategy,
+    )
+
+
+def nothing_measured(record: dict, where: Path) -> str | None:
+    """Why a bench measured no rung at all (exit 1, its files still written), or None when one ran."""
+    rows = record["rungs"]
+    if any(r["status"] == "ok" for r in rows):
+        return None
+    tried = [r for r in rows if r["status"] != "skipped"]
+    if tried and all(r["status"] == "oom" for r in tried):
+        return (f"every rung ran out of memory at batch size {record['config']['batch_size']}; use a smaller "
+                f"--batch-size or --batch-size auto (rows in {where})")
+    first = (tried or rows)[0]
+    return f"no rung could be measured: {first['name']} {first['status']}: {first['reason']} (rows in {where})"

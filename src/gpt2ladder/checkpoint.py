@@ -71,6 +71,7 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
     payload["sha256"] = state_digest(payload)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make checkpoints private to this user
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
             f.flush()
@@ -86,6 +87,12 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
                               "the previous checkpoint (if any) is kept") from err
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(folder: Path) -> None:

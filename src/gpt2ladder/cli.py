@@ -48,14 +48,17 @@ def _add_bench(sub) -> None:
     p.add_argument("--rungs", default="seed",
                    help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports), "
                    "'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed)")
-    p.add_argument("--batch-size", type=_batch_size, help="sequences per step, or 'auto' for the largest that "
-                   "fits (default: 16 on a GPU, 4 on CPU)")
+    p.add_argument("--batch-size", type=_batch_size, help="sequences per step (per GPU under torchrun, so the "
+                   "global batch grows with the GPUs), or 'auto' for the largest that fits (default: 16 on a GPU, 4 on CPU)")
     p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the block size on a GPU, 128 on CPU)")
     p.add_argument("--steps", type=_positive_int, help="timed steps per rung (default: 20 on a GPU, 10 on CPU)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: 5 on a GPU, 3 on CPU)")
     p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the weights and batches every rung shares (default: 0)")
     p.add_argument("--out", default="ladder-results", help="output directory (default: ./ladder-results)")
+    p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
+    p.add_argument("--baseline-json", help="a one-GPU ladder.json of the same preset, batch and seq-len: report "
+                   "the scaling efficiency of this (torchrun) run against it")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_bench)
 
@@ -69,29 +72,31 @@ def _bench(args) -> int:
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train GPT-2 on Tiny Shakespeare or any text",
                        description="Train at the fastest setting this machine allows, with validation, "
-                       "atomic checkpoints that resume exactly, a log and a loss-curve plot.")
+                       "atomic checkpoints that resume exactly, a log and a loss-curve plot. Ctrl-C or SIGTERM "
+                       "finishes the current step, saves a checkpoint and exits (status 130 or 143).")
     _common(p)
     p.add_argument("--rungs", default="auto", help="'auto' (everything this machine supports), 'seed', 'all' or names")
     p.add_argument("--data", help="a text file (default: Tiny Shakespeare)")
     p.add_argument("--out", default="runs/train", help="run directory: log.jsonl, checkpoints, plots")
     p.add_argument("--steps", type=_positive_int, help="optimizer steps (default: 1000 on a GPU, 200 on CPU)")
-    p.add_argument("--batch-size", type=_batch_size, help="micro-batch, sequences (default: 16 on a GPU, 8 on CPU)")
+    p.add_argument("--batch-size", type=_positive_int, help="micro-batch, sequences (default: 16 on a GPU, 8 on CPU)")
     p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: block size on a GPU, 128 on CPU)")
     p.add_argument("--tokens-per-step", type=_positive_int,
                    help="tokens per optimizer step; gradient accumulation makes up the difference (default: one micro-batch)")
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
     p.add_argument("--min-lr", type=float, help="final learning rate of the cosine decay (default: lr/10)")
     p.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up steps (default: 5%% of --steps)")
-    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices (default: 0.1)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
-    p.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: steps/10)")
-    p.add_argument("--eval-batches", type=_positive_int, default=20)
-    p.add_argument("--ckpt-every", type=int, default=None, help="checkpoint every N steps (default: steps/5)")
+    p.add_argument("--eval-every", type=int, default=None, help="validate every N steps, 0 = never (default: steps/10)")
+    p.add_argument("--eval-batches", type=_positive_int, default=20, help="validation batches (default: 20)")
+    p.add_argument("--ckpt-every", type=int, default=None, help="checkpoint every N steps, 0 = only at the end "
+                   "(default: steps/5)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
     p.add_argument("--init-from", help="a Hugging Face-format GPT-2 model.safetensors to start from")
     p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="initial weights and batch order (default: 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_train)
 
 
@@ -104,13 +109,13 @@ def _train(args) -> int:
 def _add_sample(sub) -> None:
     p = sub.add_parser("sample", help="generate text from a checkpoint")
     p.add_argument("checkpoint", help="a checkpoint file or a run directory holding ckpt.pt")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    p.add_argument("--num-tokens", type=_positive_int, default=200)
-    p.add_argument("--num-samples", type=_positive_int, default=1)
-    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--num-tokens", type=_positive_int, default=200, help="tokens to generate per sample (default: 200)")
+    p.add_argument("--num-samples", type=_positive_int, default=1, help="independent samples (default: 1)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default: 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="keep the k most likely tokens (0 = all)")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, default=1337, help="the same seed gives the same text (default: 1337)")
     p.add_argument("--compile", action="store_true", help="generate with the torch.compile'd model")
     p.set_defaults(handler=_sample)
 
@@ -124,18 +129,24 @@ def _sample(args) -> int:
 def _add_parity(sub) -> None:
     p = sub.add_parser("parity", help="show that every rung keeps the loss",
                        description="Train every rung for N steps from the same weights and batches and "
-                       "compare train and validation loss with the fp32 baseline's seed-to-seed spread.")
+                       "compare train and validation loss with the fp32 baseline's seed-to-seed spread. "
+                       "Writes parity.json, parity.md and parity.png; exits 1 when a rung fails.")
     _common(p)
-    p.add_argument("--rungs", default="seed")
+    p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
+                   "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
     p.add_argument("--steps", type=_positive_int, help="steps per rung (default: 300 on a GPU, 60 on CPU)")
-    p.add_argument("--batch-size", type=_positive_int)
-    p.add_argument("--seq-len", type=_positive_int)
-    p.add_argument("--seeds", type=_positive_int, default=2, help="baseline runs with different data order, for the spread")
+    p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: 16 on a GPU, 4 on CPU)")
+    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the block size on a GPU, 64 on CPU)")
+    p.add_argument("--seeds", type=_positive_int, default=2,
+                   help="fp32 baseline runs with different initial weights and data order, for the spread (default: 2)")
     p.add_argument("--tolerance", type=float, default=0.02, help="largest relative loss gap accepted (default: 0.02 = 2%%)")
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--data")
-    p.add_argument("--out", default="parity-results")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
+    p.add_argument("--eval-every", type=_positive_int, help="validate every N steps (default: steps/10)")
+    p.add_argument("--eval-batches", type=_positive_int, default=10, help="validation batches (default: 10)")
+    p.add_argument("--seed", type=int, default=0, help="the weights and batches every rung shares (default: 0)")
+    p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
+    p.add_argument("--out", default="parity-results", help="output directory (default: ./parity-results)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_parity)
 
 
@@ -146,14 +157,22 @@ def _parity(args) -> int:
 
 
 def _add_profile(sub) -> None:
-    p = sub.add_parser("profile", help="where one step's time goes, by category, per rung")
+    p = sub.add_parser("profile", help="where one step's time goes, by category, per rung",
+                       description="Profile a few training steps of every rung with torch.profiler and split "
+                       "the step time into matmul, attention, elementwise & norms, loss, optimizer, copies, "
+                       "other and idle; write profile.json, profile.md and profile.png.")
     _common(p)
-    p.add_argument("--rungs", default="all")
-    p.add_argument("--batch-size", type=_positive_int)
-    p.add_argument("--seq-len", type=_positive_int)
-    p.add_argument("--steps", type=_positive_int, default=5, help="profiled steps per rung")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--out", default="profile-results")
+    p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
+                   "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
+    p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: 16 on a GPU, 4 on CPU)")
+    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the block size on a GPU, 128 on CPU)")
+    p.add_argument("--steps", type=_positive_int, default=5, help="profiled steps per rung (default: 5)")
+    p.add_argument("--warmup", type=int, default=5, help="unprofiled steps first (default: 5)")
+    p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", action="store_true", help="also write a Chrome trace per rung (OUT/trace-<rung>.json)")
+    p.add_argument("--out", default="profile-results", help="output directory (default: ./profile-results)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_profile)
 
 
@@ -164,9 +183,12 @@ def _profile(args) -> int:
 
 
 def _add_doctor(sub) -> None:
-    p = sub.add_parser("doctor", help="which rungs this machine can use, and why not")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("doctor", help="which rungs this machine can use, and why not",
+                       description="Report the device, memory and versions; whether TF32, bf16, fp16 + GradScaler, "
+                       "FP8, torch.compile, CUDA graphs and each attention kernel can run here, each with a "
+                       "one-line reason; and the rungs --rungs auto will climb.")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    p.add_argument("--json", action="store_true", help="print one JSON object, for scripts")
     p.set_defaults(handler=_doctor)
 
 
@@ -176,16 +198,61 @@ def _doctor(args) -> int:
     return doctor_command(args)
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Wraps prose as argparse does, but keeps indented example lines exactly as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        fill = super()._fill_text
+        return "\n".join(indent + line if line.startswith("  ") else fill(line, width, indent)
+                         for line in text.splitlines())
+
+
+_EXAMPLES = {  # shown under each command's --help
+    "": """start here:
+  gpt2ladder doctor                what this machine can run, and why not
+  gpt2ladder bench                 time the ladder, rung by rung
+  gpt2ladder train                 train at the fastest setting this machine allows
+Each command has its own --help with examples. Errors are one line; --debug shows the traceback.""",
+    "bench": """examples:
+  gpt2ladder bench                      the write-up's five rungs, defaults for this machine
+  gpt2ladder bench --rungs auto         every rung this machine supports (see gpt2ladder doctor)
+  gpt2ladder bench --rungs baseline,tf32,bf16 --steps 50
+  gpt2ladder bench --preset gpt2 --batch-size auto --out results/h200
+  torchrun --nproc_per_node=2 -m gpt2ladder bench --rungs auto""",
+    "train": """examples:
+  gpt2ladder train --steps 2000 --out runs/shakespeare
+  gpt2ladder train --out runs/shakespeare --resume     continue from runs/shakespeare/ckpt.pt
+  gpt2ladder train --data my.txt --preset tiny --device cpu""",
+    "sample": """examples:
+  gpt2ladder sample runs/shakespeare --prompt "ROMEO:" --num-tokens 300
+  gpt2ladder sample runs/shakespeare/ckpt.pt --num-samples 3 --temperature 0.9""",
+    "parity": """examples:
+  gpt2ladder parity --rungs seed --steps 300
+  gpt2ladder parity --device cpu --steps 60""",
+    "profile": """examples:
+  gpt2ladder profile --rungs baseline,compile,flash""",
+    "doctor": """examples:
+  gpt2ladder doctor
+  gpt2ladder doctor --device cuda:1
+  gpt2ladder doctor --json > machine.json""",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gpt2ladder import __version__
 
     parser = _Parser(prog="gpt2ladder", description="Train GPT-2 as fast as the hardware allows, and "
-                     "measure where every millisecond went.")
+                     "measure where every millisecond went.", epilog=_EXAMPLES[""], formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"gpt2ladder {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for add in (_add_bench, _add_train, _add_sample, _add_parity, _add_profile, _add_doctor):
         add(sub)
+    for name, p in sub.choices.items():
+        p.formatter_class, p.epilog = _Formatter, _EXAMPLES.get(name)
+        # SUPPRESS: a --debug given before the command is not overwritten by this one's default.
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks instead of one-line errors")
     return parser
 
 
@@ -201,17 +268,48 @@ def main(argv: list[str] | None = None) -> int:
     except LadderError as err:
         if debug:
             raise
-        print(f"gpt2ladder: error: {err}", file=sys.stderr)
+        if not (isinstance(err, UsageError) and _is_other_rank()):  # every rank finds the same usage error
+            print(f"gpt2ladder: error: {_one_line(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("gpt2ladder: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        _quiet_stdout()  # the reader went away (`gpt2ladder doctor | head`): stop as other tools do
+        return 141
+    except OSError as err:  # the disk, not the code: full, read-only, permissions
+        if debug:
+            raise
+        where = f": {err.filename}" if err.filename else ""
+        print(f"gpt2ladder: error: {_one_line(err.strerror or str(err))}{where}", file=sys.stderr)
+        return 1
     except Exception as err:
         if debug or not _is_oom(err):
             raise
         print("gpt2ladder: error: out of memory at this batch size; use a smaller --batch-size or "
               "--batch-size auto", file=sys.stderr)
         return 1
+
+
+def _is_other_rank() -> bool:
+    """A torchrun process other than rank 0 (rank 0 alone reports usage errors)."""
+    import os
+
+    return os.environ.get("RANK", "0") != "0"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at devnull so Python's flush at exit does not fail a second time."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a real file (tests capture it)
+        pass
 
 
 def _is_oom(err: Exception) -> bool:

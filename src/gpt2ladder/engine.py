@@ -1,9 +1,14 @@
 """One training step for a given `Setup`: the model, its optimizer and how the step runs.
 
-Optional speed-ups are applied in one fixed order, the one torchtitan uses:
+Optional speed-ups are applied in one fixed order, after torchtitan's:
 build the model (its config carries attention and vocabulary padding) -> move it to the device ->
-swap the classifier's loss (fused, float8) -> compile -> wrap for data parallelism (done by the
-caller, `distributed.py`) -> optimizer -> CUDA graph capture on the first step.
+swap the classifier's loss (fused, float8) -> `parallelize` for data parallelism (`distributed.py`:
+FSDP2 shards every Block, then the root; DDP wraps) -> compile -> optimizer -> CUDA graph capture on
+the first step. The optimizer comes last because FSDP2 replaces every parameter by a sharded DTensor.
+Compile takes the whole (sharded or wrapped) model: under DDP that is torch.compile(DDP(model)), so
+dynamo's DDPOptimizer cuts the graph at gradient buckets and the all-reduces overlap backward
+(compiling first and wrapping after would leave one backward graph whose gradients all arrive at
+its end); under FSDP2 dynamo breaks the graph at each Block's all-gather and compiles the rest.
 Precision (TF32, autocast) is not a property of the model but of the region the step runs in.
 """
 
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -51,9 +57,11 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     extra = {}
-    if setup.fused_adamw:
+    # Under graph capture a GradScaler (fp16) may not read its inf check back to the CPU; the fused
+    # optimizer takes the check on the GPU instead.
+    if setup.fused_adamw or (setup.cuda_graph and setup.autocast == "float16"):
         extra["fused"] = True
-    elif setup.cuda_graph:
+    if setup.cuda_graph:
         extra["capturable"] = True  # the step counter stays on the GPU, so the step can be replayed
     # A tensor learning rate can change between graph replays without a new capture.
     lr = torch.tensor(cfg.lr, device=device) if setup.cuda_graph else cfg.lr
@@ -65,12 +73,15 @@ class Engine:
 
     def __init__(self, model_cfg: ModelConfig, setup: Setup, device: torch.device, *, seed: int = 0,
                  optim: OptimConfig = OptimConfig(), compile_backend: str = "inductor",
-                 model: torch.nn.Module | None = None):
+                 model: torch.nn.Module | None = None,
+                 parallelize: Callable[[torch.nn.Module], torch.nn.Module] | None = None):
         self.setup = setup
         self.device = device
         self.optim_cfg = optim
+        self.compile_backend = compile_backend
         self.raw_model = model if model is not None else build_model(model_cfg, setup, device, seed)
-        self.model = self.raw_model  # what forward calls; distributed.py may wrap it
+        # What forward calls: the raw model, a DDP wrapper, or (FSDP2) the raw model sharded in place.
+        self.model = parallelize(self.raw_model) if parallelize else self.raw_model
         self.forward = self._compiled(self.model, compile_backend)
         self.optimizer = make_optimizer(self.raw_model, optim, setup, device)
         self.scaler = torch.amp.GradScaler(device.type) if setup.autocast == "float16" else None
@@ -87,7 +98,7 @@ class Engine:
     def wrap(self, wrapper) -> None:
         """Replace the model forward calls (e.g. with a DDP wrapper), keeping the optimizer's params."""
         self.model = wrapper(self.model)
-        self.forward = self.model if not self.setup.compile else self._compiled(self.model, "inductor")
+        self.forward = self._compiled(self.model, self.compile_backend)
 
     @contextlib.contextmanager
     def precision(self):

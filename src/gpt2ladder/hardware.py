@@ -8,6 +8,7 @@ pre-Ampere, Hopper, no Triton, Windows, Apple MPS) on a CPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import platform
@@ -23,6 +24,10 @@ from gpt2ladder.errors import UsageError
 # (flash_sdp_enabled, mem_efficient_sdp_enabled, ...) mapped to torch.nn.attention.SDPBackend.
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "mem_efficient": "EFFICIENT_ATTENTION",
                  "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
+# How PyTorch's "<kernel> kernel not used because:" warnings name each kernel, lower-cased.
+SDPA_WARNING_NAMES = {"flash": "flash attention", "mem_efficient": "memory efficient", "cudnn": "cudnn",
+                      "math": "math"}
+GPT2_HEAD_SIZE = 64  # n_embd / n_head in every GPT-2 size (768/12 ... 1600/25)
 WINDOWS_TRITON_INSTALL = 'pip install -U "triton-windows>=3.8,<3.9"'
 
 
@@ -102,11 +107,9 @@ def detect(device: torch.device, probe: bool = False) -> Capabilities:
     )
     if not probe:
         return caps
-    import dataclasses
-
     dtype = sdpa_probe_dtype(caps)
-    return dataclasses.replace(caps, sdpa=probe_sdpa(device, dtype),
-                               sdpa_probe=f"causal, {str(dtype).replace('torch.', '')}, head size 64")
+    return dataclasses.replace(caps, sdpa=probe_sdpa(device, dtype, GPT2_HEAD_SIZE),
+                               sdpa_probe=f"causal, {str(dtype).replace('torch.', '')}, head size {GPT2_HEAD_SIZE}")
 
 
 def _cuda_facts(device: torch.device) -> dict:
@@ -126,7 +129,7 @@ def _other_facts(device: torch.device) -> dict:
 
 
 def compile_problem(device_type: str, os_name: str, triton: str | None, cxx: str | None = "detect",
-                    capability: tuple[int, int] | None = None) -> str | None:
+                    capability: tuple[int, int] | None = None, cc: str | None = "detect") -> str | None:
     """Why torch.compile's default backend (Inductor) cannot generate code here, or None."""
     if device_type == "cuda" and triton is None:
         if os_name == "Windows":
@@ -134,6 +137,9 @@ def compile_problem(device_type: str, os_name: str, triton: str | None, cxx: str
         return "torch.compile on CUDA needs Triton, which is not installed (pip install triton)"
     if device_type == "cuda" and capability is not None and capability < (7, 0):
         return "torch.compile's Triton kernels need compute capability 7.0 or newer; this GPU is %d.%d" % capability
+    # Triton builds a small C launcher per kernel with the system compiler (triton-windows ships its own).
+    if device_type == "cuda" and os_name != "Windows" and (_c_compiler() if cc == "detect" else cc) is None:
+        return "Triton needs a C compiler to build its kernel launchers: install gcc or clang, or set $CC"
     if device_type == "cpu":
         cxx = _cxx_compiler() if cxx == "detect" else cxx
         if cxx is None:
@@ -148,7 +154,8 @@ def sdpa_probe_dtype(caps: Capabilities) -> torch.dtype:
     return torch.bfloat16 if caps.bf16_supported else torch.float16
 
 
-def probe_sdpa(device: torch.device, dtype: torch.dtype, head_size: int = 64) -> tuple[tuple[str, str | None], ...]:
+def probe_sdpa(device: torch.device, dtype: torch.dtype,
+               head_size: int = GPT2_HEAD_SIZE) -> tuple[tuple[str, str | None], ...]:
     """Run a tiny causal attention forward+backward with each kernel alone; record why one cannot run.
 
     GPT-2's heads are 64 wide in every preset but `tiny`; the kernels' limits are on head size,
@@ -171,20 +178,32 @@ def _sdpa_problem(name: str, device: torch.device, dtype: torch.dtype, head_size
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # the kernels say why they decline as warnings
         try:
-            q = torch.randn(1, 2, 64, head_size, device=device, dtype=dtype, requires_grad=True)
+            # constant inputs: the kernels' limits are on shape and dtype, and the global RNG stays untouched
+            q = torch.full((1, 2, 64, head_size), 0.5, device=device, dtype=dtype, requires_grad=True)
             with sdpa_kernel([backend]):
                 torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             return None
         except Exception as err:  # any failure is the answer we are after, as one line
-            return _one_line_reason([str(w.message) for w in caught], err)
+            return _one_line_reason(name, [str(w.message) for w in caught], err)
 
 
-def _one_line_reason(messages: list[str], err: Exception) -> str:
-    """The kernel's own complaint (a warning) if it gave one, else the error, on one short line."""
-    useful = [m for m in messages if "not used because" not in m]  # skip the header, keep the cause
-    text = useful[0] if useful else (str(err) or type(err).__name__)
+def _one_line_reason(name: str, messages: list[str], err: Exception) -> str:
+    """The kernel's own complaint if it gave one, else the error, on one short line.
+
+    PyTorch warns in groups, "<kernel> kernel not used because:" then the causes, for every kernel it
+    considered, and "<kernel> has been runtime disabled" for the ones sdpa_kernel switched off; keep
+    the causes under this kernel's own header.
+    """
+    mine, ours = [], None  # ours: whether the last header named this kernel (None before any header)
+    for message in messages:
+        low = message.lower()
+        if "not used because" in low:
+            ours = SDPA_WARNING_NAMES[name] in low
+        elif "runtime disabled" not in low and ours is not False:
+            mine.append(message)
+    text = mine[0] if mine else (str(err) or type(err).__name__)
     text = text.split("(Triggered internally")[0]
     return " ".join(text.split())[:240]
 
@@ -198,6 +217,11 @@ def _triton_version() -> str | None:
         return triton.__version__
     except Exception:  # a broken install is as good as none for compile
         return None
+
+
+def _c_compiler() -> str | None:
+    """The compiler Triton would pick: $CC, else gcc, else clang."""
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
 
 
 def _cxx_compiler() -> str | None:

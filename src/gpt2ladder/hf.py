@@ -19,8 +19,9 @@ from gpt2ladder.errors import LadderError, UsageError
 
 # HF Conv1D layers, stored (in, out): transposed into nn.Linear's (out, in).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# Buffers some HF checkpoints carry (attention masks) and the tied classifier: not parameters of ours.
-SKIPPED_SUFFIXES = ("attn.bias", "attn.masked_bias", "lm_head.weight")
+# Buffers some HF checkpoints carry (h.N.attn.bias and .masked_bias, the attention masks, not to be
+# confused with h.N.attn.c_attn.bias) and the classifier, which is tied to wte: not parameters of ours.
+SKIPPED_TAILS = (("attn", "bias"), ("attn", "masked_bias"), ("lm_head", "weight"))
 
 
 def weights_file(path: str | Path) -> Path:
@@ -61,7 +62,7 @@ def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
     state = {}
     for key, value in tensors.items():
         name = key.removeprefix("transformer.")
-        if name.endswith(SKIPPED_SUFFIXES):
+        if tuple(name.split(".")[-2:]) in SKIPPED_TAILS:
             continue
         if name.endswith(CONV1D_SUFFIXES):
             value = value.t()

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-KIND_COLOURS = {"precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452", "best": "#8172B3"}
-KIND_LABELS = {"precision": "precision", "memory": "memory traffic", "overhead": "launch / optimizer overhead",
+KIND_COLOURS = {"baseline": "#8C8C8C", "precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452", "best": "#8172B3"}
+KIND_LABELS = {"baseline": "baseline", "precision": "precision", "memory": "memory traffic", "overhead": "launch / optimizer overhead",
                "best": "the rungs that pay, together"}
 
 
@@ -33,16 +33,16 @@ def ladder_chart(record: dict, path: Path) -> Path:
             ax.text(i, top * 0.06, r["status"], ha="center", va="bottom", fontsize=8, color="#777777", rotation=90)
             continue
         err = [[r["ms_per_step"] - r["ms_p10"]], [r["ms_p90"] - r["ms_per_step"]]]
-        ax.bar(i, r["ms_per_step"], color=KIND_COLOURS.get(r["kind"], "#888888"), yerr=err, capsize=3,
+        ax.bar(i, r["ms_per_step"], color=KIND_COLOURS[_kind(i, r)], yerr=err, capsize=3,
                error_kw={"elinewidth": 0.8, "ecolor": "#333333"})
-        ax.text(i, r["ms_per_step"] + top * 0.015, f"{r['ms_per_step']:.1f}", ha="center", va="bottom", fontsize=9)
+        ax.text(i, r["ms_p90"] + top * 0.015, f"{r['ms_per_step']:.1f}", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(range(len(rungs)), [("+ " if i else "") + r["name"] for i, r in enumerate(rungs)],
                   rotation=30, ha="right")
     ax.set_ylabel("ms per training step (median)")
     cfg = record["config"]
     ax.set_title(f"{cfg['preset']}, batch {cfg['batch_size']} x {cfg['seq_len']} on {record['device']['name']}",
                  fontsize=10)
-    kinds = dict.fromkeys(r["kind"] for r in rungs if r["status"] == "ok")
+    kinds = dict.fromkeys(_kind(i, r) for i, r in enumerate(rungs) if r["status"] == "ok")
     handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLOURS[k]) for k in kinds]
     ax.legend(handles, [KIND_LABELS[k] for k in kinds], frameon=False, fontsize=8)
     ax.set_ylim(0, top * 1.15)
@@ -51,6 +51,11 @@ def ladder_chart(record: dict, path: Path) -> Path:
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
+
+
+def _kind(i: int, row: dict) -> str:
+    """The first bar is the reference whatever its rung; the others take their rung's colour."""
+    return "baseline" if i == 0 else row["kind"]
 
 
 def loss_curves(curves: dict[str, tuple[list[int], list[float]]], path: Path, title: str,

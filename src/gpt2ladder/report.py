@@ -37,6 +37,8 @@ def record_header(caps, device: torch.device) -> dict:
 
 def git_sha() -> str | None:
     """The commit of the source tree this package was run from, when it is a git checkout."""
+    if os.environ.get("GPT2LADDER_GIT_SHA"):  # a copy of the tree without .git (e.g. shipped to a GPU host)
+        return os.environ["GPT2LADDER_GIT_SHA"]
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)

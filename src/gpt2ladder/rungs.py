@@ -78,6 +78,15 @@ def _needs_no_bf16(caps: Capabilities) -> str | None:
     return None
 
 
+def _needs_fused_loss(caps: Capabilities) -> str | None:
+    """The fused loss forms its gradient in the forward pass, where fp16's GradScaler cannot reach it."""
+    if caps.device_type == "cuda" and not caps.bf16_supported:
+        return ("the fused loss computes its gradient before the fp16 GradScaler scales it, so float16 "
+                f"would overflow or flush it; it needs bfloat16 (compute capability 8.0+), {caps.name} is "
+                f"{caps.capability_text}")
+    return caps.compile_problem
+
+
 def _needs_fp8(caps: Capabilities) -> str | None:
     if caps.device_type != "cuda":
         return f"float8 matmuls need a CUDA GPU of compute capability 8.9 or newer; this is {caps.device_type}"
@@ -105,7 +114,7 @@ LADDER: tuple[Rung, ...] = (
     Rung("fused_adamw", "AdamW updates every parameter in a few fused kernels instead of a loop of small ones.",
          "overhead", {"fused_adamw": True}),
     Rung("fused_loss", "The classifier's cross-entropy and its gradient come from one pass over the logits.",
-         "memory", {"fused_loss": True}, _needs_compile),
+         "memory", {"fused_loss": True}, _needs_fused_loss),
     Rung("fp8_head", "The classifier's three matmuls run in float8 inside the fused loss (which it turns on, "
          "with the 50304-row vocabulary it needs), at twice the bf16 tensor-core rate.",
          "precision", {"fp8_head": True, "fused_loss": True, "vocab_multiple": 128}, _needs_fp8),

@@ -65,6 +65,15 @@ def _check_args(args) -> None:
         raise UsageError(f"--top-k must be zero (all tokens) or positive, got {args.top_k}")
 
 
+def _compiled(model: GPT, device: torch.device):
+    from gpt2ladder.hardware import detect
+
+    problem = detect(device).compile_problem
+    if problem:
+        raise UsageError(f"--compile cannot run here: {problem}")
+    return torch.compile(model)
+
+
 def sample_command(args) -> int:
     from gpt2ladder.checkpoint import load_checkpoint
     from gpt2ladder.data import GPT2_EOT, get_tokenizer
@@ -74,7 +83,7 @@ def sample_command(args) -> int:
     device = resolve_device(args.device)
     state = load_checkpoint(args.checkpoint)
     model = model_from_checkpoint(state, device)
-    forward = torch.compile(model) if args.compile else model
+    forward = _compiled(model, device) if args.compile else model
     enc = get_tokenizer()
     prompt = enc.encode_ordinary(args.prompt) or [GPT2_EOT]
     gen = torch.Generator(device=device).manual_seed(args.seed)

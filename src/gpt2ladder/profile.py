@@ -1,0 +1,479 @@
+"""`gpt2ladder profile`: where one training step's time goes, by category, for each rung of the ladder.
+
+Each rung (cumulative, as in `bench`) runs its warm-up steps, then `steps` steps under torch.profiler,
+each step inside a marked range that ends after a synchronize. The time inside those ranges is split
+into categories:
+
+- on a GPU, by CUDA kernel time: every kernel (clipped to the step ranges) goes to the category of its
+  name, and idle = step wall time minus the union of the busy kernel intervals (launch gaps, host
+  overhead, the final synchronize);
+- on a CPU, by the self time of each operator (time in the op, not in the ops it calls), and idle =
+  step wall time minus those self times (Python and dispatch between operators).
+
+Decisions about categories (the names are the rule table `RULES` below):
+- A kernel counts as "matmul" by what it is, wherever it runs: the manual attention's two batched
+  matmuls (QK^T and AV) are matmul, and its mask and softmax over the (T, T) scores are attention. A
+  fused attention kernel (flash, memory-efficient, cuDNN) is all attention. So baseline -> flash moves
+  time out of matmul *and* attention.
+- Everything launched inside `optimizer.step()` (and zero_grad) is optimizer, whatever its name: on a
+  CPU, AdamW is a loop of plain `aten::mul_`/`lerp_`/`sqrt` ops only its context identifies.
+- Inductor's Triton kernels are classified by the fused op names in their generated names; a kernel
+  that fuses only data movement (`_to_copy`, `clone`, `permute`...) is a copy, any other is elementwise
+  unless it fuses a loss op (`_log_softmax`, `nll_loss`...) or attention's softmax.
+- On a CPU, Inductor's C++ kernels are not recorded one by one; their time is the self time of the
+  compiled graph's call, counted as elementwise (fused kernels; matmuls stay separate `aten::mm` calls).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import re
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+
+from gpt2ladder import data as data_mod
+from gpt2ladder.config import preset
+from gpt2ladder.engine import Engine
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.rungs import RUNGS_BY_NAME, setup_for, why_unavailable
+
+CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "copies", "other", "idle")
+CATEGORY_LABELS = {"matmul": "matmul", "attention": "attention", "elementwise": "elementwise & norms",
+                   "loss": "loss", "optimizer": "optimizer", "copies": "copies & transposes",
+                   "other": "other", "idle": "idle"}
+COLOURS = {"matmul": "#4C72B0", "attention": "#8172B3", "elementwise": "#55A868", "loss": "#C44E52",
+           "optimizer": "#DD8452", "copies": "#937860", "other": "#8C8C8C", "idle": "#E5E5E5"}
+STEP_MARK = "gpt2ladder.step"
+TOP_KERNELS = 15
+_RUNTIME_CALL = re.compile(r"cu(da)?[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...
+
+# Ops that only move or re-view data; a fused Triton kernel made of nothing else is a copy.
+_DATA_OPS = ("embedding_dense_backward|embedding|_to_copy|copy|clone|transpose|permute|view|cat|stack|slice|"
+             "select|index|expand|unsqueeze|squeeze|constant_pad_nd|split|\\d+")
+
+# The first rule whose pattern occurs in the lower-cased name wins, so order matters: a fused kernel
+# holding a loss op is loss before it is elementwise, fmha_cutlass is attention before cutlass is matmul.
+RULES: tuple[tuple[str, str], ...] = (
+    ("other", r"^autograd::|^[a-z0-9_]+backward\d*$"),  # autograd's own bookkeeping around each op
+    ("loss", r"log_?softmax|nll_?loss|cross_?entropy|logsumexp"),
+    ("attention", r"flash|fmha|sdpa|attention|softmax|masked_fill"),
+    ("matmul", r"gemm|gemv|cutlass|cublas|xmma|nvjet|wgmma|triton_tem_|scaled_mm|"
+               r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear)$"),
+    ("optimizer", r"adam|multi_tensor_apply|_foreach|^optimizer\.|lpnorm"),
+    ("copies", rf"^triton_[a-z]+_fused(_+({_DATA_OPS}))+$"),
+    ("elementwise", r"^triton_|cpp_fused|compiledfxgraph"),  # every other fused kernel computes
+    ("copies", r"copy|memcpy|memset|transpose|permute|clone|contiguous|catarray|gather|scatter|index|embedding|"
+               r"^aten::(cat|stack|t|view|reshape|_unsafe_view|as_strided|expand|slice|select|split|unbind|"
+               r"unsqueeze|squeeze|narrow|detach|alias)$"),
+    ("other", r"^aten::(empty|empty_strided|empty_like|resize_|item|_local_scalar_dense)$"),
+    ("elementwise", r"layer_?norm|gelu|tanh|elementwise|reduce_kernel|gammabeta|^aten::"),
+)
+_COMPILED_RULES = tuple((category, re.compile(pattern)) for category, pattern in RULES)
+
+
+def categorize(kernel_name: str) -> str:
+    """The category of a kernel or operator name, by the first matching rule; "other" if none."""
+    name = kernel_name.lower()
+    for category, pattern in _COMPILED_RULES:
+        if pattern.search(name):
+            return category
+    return "other"
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    preset: str = "tiny"
+    rungs: tuple[str, ...] = ("baseline",)
+    batch_size: int = 4
+    seq_len: int = 128
+    steps: int = 5  # profiled steps per rung
+    warmup: int = 3  # unprofiled steps first: compile, autotuning, allocator growth
+    seed: int = 0
+    data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
+    compile_backend: str = "inductor"
+    trace_dir: str | None = None  # write a Chrome trace per rung here (trace-<rung>.json)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "seq_len", "steps"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be zero or more, got {self.warmup}")
+        block = preset(self.preset).block_size
+        if self.seq_len > block:
+            raise UsageError(f"--seq-len {self.seq_len} exceeds the {self.preset} block size of {block}")
+
+
+# --- attributing a profile --------------------------------------------------------------------------
+
+
+def _under_optimizer(op) -> bool:
+    """Whether a CPU op is, or runs inside, `optimizer.step()` / `zero_grad()`."""
+    while op is not None:
+        if op.name.startswith("Optimizer."):
+            return True
+        op = op.cpu_parent
+    return False
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping intervals (kernels on several streams overlap)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def _in_window(start: float, windows: list[tuple[float, float]]):
+    for w in windows:
+        if w[0] <= start <= w[1]:
+            return w
+    return None
+
+
+def launch_links(prof) -> dict[int, int]:
+    """Device event id -> id of the CPU op that launched it, from the raw Kineto events.
+
+    Read there because `FunctionEvent` only carries the link from torch 2.12 on.
+    """
+    results = getattr(prof.profiler, "kineto_results", None)
+    if results is None:
+        return {}
+    return {k.correlation_id(): k.linked_correlation_id() for k in results.events()
+            if k.device_type() == DeviceType.CUDA and k.linked_correlation_id() > 0}
+
+
+def _is_annotation(event, links: dict[int, int]) -> bool:
+    """A record_function range mirrored on the GPU timeline (the step marker, optimizer.step): not work.
+
+    Older torch lacks the flag; there a device event that no CPU call launched is an annotation.
+    """
+    flag = getattr(event, "is_user_annotation", None)
+    if flag is not None:
+        return bool(flag)
+    return bool(links) and event.id not in links
+
+
+def device_items(events, windows, links: dict[int, int]) -> list[tuple[str, str, float, float]]:
+    """(name, category, start, end) of every GPU kernel, memcpy and memset, clipped to the step ranges."""
+    # CUDA runtime calls (cudaLaunchKernel...) number their events in another id space: ops only.
+    ops = {e.id: e for e in events if e.device_type == DeviceType.CPU and not _RUNTIME_CALL.match(e.name)}
+    items = []
+    for e in events:
+        if e.device_type != DeviceType.CUDA or _is_annotation(e, links):
+            continue
+        for w0, w1 in windows:
+            s, t = max(e.time_range.start, w0), min(e.time_range.end, w1)
+            if t > s:
+                optim = e.id in links and _under_optimizer(ops.get(links[e.id]))
+                items.append((e.name, "optimizer" if optim else categorize(e.name), s, t))
+    return items
+
+
+def host_items(events, windows) -> list[tuple[str, str, float]]:
+    """(name, category, self time) of every CPU operator inside the step ranges, the marker excluded."""
+    items = []
+    for e in events:
+        if e.device_type != DeviceType.CPU or e.name == STEP_MARK or e.is_async:
+            continue
+        if _in_window(e.time_range.start, windows):
+            category = "optimizer" if _under_optimizer(e) else categorize(e.name)
+            items.append((e.name, category, e.self_cpu_time_total))
+    return items
+
+
+def attribute(events, on_gpu: bool, steps: int, links: dict[int, int] | None = None) -> dict:
+    """Milliseconds per step by category (idle included), and the kernels that took the most time."""
+    # The marker's CPU ranges; it also appears on the GPU timeline, which must not count twice.
+    windows = sorted((e.time_range.start, e.time_range.end) for e in events
+                     if e.name == STEP_MARK and e.device_type == DeviceType.CPU)
+    if not windows:
+        raise LadderError("the profiler recorded no steps; is another profiler running?")
+    wall = sum(w1 - w0 for w0, w1 in windows)
+    if on_gpu:
+        spans = device_items(events, windows, links or {})
+        items = [(n, c, t - s) for n, c, s, t in spans]
+        busy = _union_length([(s, t) for _, _, s, t in spans])
+    else:
+        items = host_items(events, windows)
+        busy = sum(us for _, _, us in items)
+    per_cat = dict.fromkeys(CATEGORIES, 0.0)
+    for _, category, us in items:
+        per_cat[category] += us
+    per_cat["idle"] = max(0.0, wall - busy)
+    ms = {c: v / 1000 / steps for c, v in per_cat.items()}
+    return {"ms_per_step": wall / 1000 / steps, "categories_ms": ms, "busy_ms": busy / 1000 / steps,
+            "top_kernels": top_kernels(items, wall, steps), "timed_by": "CUDA kernel time" if on_gpu
+            else "CPU operator self time"}
+
+
+def top_kernels(items, wall_us: float, steps: int, n: int = TOP_KERNELS) -> list[dict]:
+    """The n (name, category) pairs that took the most time; one name can be optimizer and elsewhere."""
+    totals: dict[tuple[str, str], list] = defaultdict(lambda: [0.0, 0])
+    for name, category, us in items:
+        totals[name, category][0] += us
+        totals[name, category][1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:n]
+    return [{"name": name, "category": cat, "ms_per_step": us / 1000 / steps, "calls_per_step": count / steps,
+             "share": us / wall_us if wall_us else 0.0} for (name, cat), (us, count) in ranked]
+
+
+# --- profiling the rungs ----------------------------------------------------------------------------
+
+
+def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label: str, progress: bool) -> dict:
+    """Warm up, then profile `cfg.steps` steps of one setup; the attribution of their time."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend)
+    batches = data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
+    bar = _progress(cfg.warmup + cfg.steps, label, progress)
+    warm_ms = []
+    for _ in range(cfg.warmup):
+        x, y = data_mod.to_device(*batches.next(), device)
+        _sync(device)
+        t0 = time.perf_counter()
+        engine.step(x, y)
+        _sync(device)
+        warm_ms.append((time.perf_counter() - t0) * 1000)
+        bar.update(1)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    clock_ms = []  # the same steps by the wall clock: an independent check of the profiler's total
+    with profile(activities=activities) as prof:
+        for _ in range(cfg.steps):
+            x, y = data_mod.to_device(*batches.next(), device)  # outside the step, as bench times it
+            _sync(device)
+            t0 = time.perf_counter()
+            with record_function(STEP_MARK):
+                engine.step(x, y)
+                _sync(device)  # the step ends when the device is done
+            clock_ms.append((time.perf_counter() - t0) * 1000)
+            bar.update(1)
+    bar.close()
+    del engine
+    if cfg.trace_dir:
+        prof.export_chrome_trace(str(Path(cfg.trace_dir) / f"trace-{label}.json"))
+    result = attribute(prof.events(), device.type == "cuda", cfg.steps, launch_links(prof))
+    # The profiler's own overhead inflates launch-bound steps; the last warm-up steps show by how much.
+    tail = warm_ms[len(warm_ms) // 2:]
+    result["unprofiled_ms_per_step"] = statistics.median(tail) if tail else None
+    result["clock_ms_per_step"] = statistics.fmean(clock_ms)
+    return result
+
+
+def profile_rung(name: str, applied: list[str], cfg: ProfileConfig, tokens, device, caps, progress: bool) -> dict:
+    rung = RUNGS_BY_NAME[name]
+    row = {"name": name, "summary": rung.summary, "kind": rung.kind}
+    reason = why_unavailable(name, caps)
+    if reason:
+        return {**row, "status": "skipped", "reason": reason}
+    setup = setup_for(applied)
+    try:
+        result = {"status": "ok", **profile_setup(setup, cfg, tokens, device, name, progress)}
+    except LadderError:
+        raise
+    except Exception as err:  # a rung that breaks is a finding, not a reason to lose the others
+        result = {"status": "failed", "reason": _one_line(err)}
+    _free(device)  # after the except block, so the traceback no longer holds the failed step's tensors
+    return {**row, "applied": list(applied), "setup": setup.to_dict(), **result}
+
+
+def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print) -> dict:
+    """Profile every rung in `cfg.rungs` (cumulatively) and return the self-describing record."""
+    from gpt2ladder.bench import load_bench_tokens
+    from gpt2ladder.hardware import detect
+    from gpt2ladder.report import record_header
+
+    caps = detect(device)
+    tokens = load_bench_tokens(cfg, notify)
+    rows, applied = [], []
+    for name in cfg.rungs:
+        if why_unavailable(name, caps) is None:
+            applied.append(name)
+        rows.append(profile_rung(name, list(applied), cfg, tokens, device, caps, progress))
+    return {**record_header(caps, device), "command": "profile", "config": dataclasses.asdict(cfg),
+            "model": preset(cfg.preset).to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
+            "categories": {c: CATEGORY_LABELS[c] for c in CATEGORIES}, "rules": [list(r) for r in RULES],
+            "rungs": rows}
+
+
+def _one_line(err: Exception) -> str:
+    if isinstance(err, torch.OutOfMemoryError):
+        return "out of memory; try a smaller --batch-size or --seq-len"
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first[:300]}"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _progress(total: int, label: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"{label:>11}", unit="step", leave=False, disable=not enabled)
+
+
+# --- output -----------------------------------------------------------------------------------------
+
+HEADERS = ["rung", "ms/step"] + [CATEGORY_LABELS[c] for c in CATEGORIES] + ["unprofiled"]
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def table_rows(record: dict) -> list[list[str]]:
+    rows = []
+    for r in record["rungs"]:
+        if r["status"] != "ok":
+            rows.append([r["name"], f"{r['status']}: {r['reason']}"])
+            continue
+        cats = [_ms(r["categories_ms"][c]) for c in CATEGORIES]
+        rows.append([r["name"], _ms(r["ms_per_step"])] + cats + [_ms(r["unprofiled_ms_per_step"])])
+    return rows
+
+
+def format_table(record: dict) -> str:
+    rows = table_rows(record)
+    full = [r for r in rows if len(r) == len(HEADERS)]
+    widths = [max([len(h)] + [len(r[i]) for r in full]) for i, h in enumerate(HEADERS)]
+    lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADERS, widths)))]
+    for r in rows:
+        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     if len(r) == len(HEADERS) else f"{r[0].ljust(widths[0])}  {r[1]}")
+    lines.append(f"(ms per step by category; {_timed_by(record)}; 'unprofiled' = median of the last "
+                 "warm-up steps without the profiler)")
+    return "\n".join(lines)
+
+
+def _timed_by(record: dict) -> str:
+    return next((r["timed_by"] for r in record["rungs"] if r["status"] == "ok"), "nothing ran")
+
+
+def format_markdown(record: dict) -> str:
+    cfg, dev = record["config"], record["device"]
+    lines = [f"# gpt2ladder profile: {cfg['preset']} on {dev['name']}", "",
+             f"- batch {cfg['batch_size']} x {cfg['seq_len']}, {cfg['steps']} profiled steps after "
+             f"{cfg['warmup']} warm-up; categories by {_timed_by(record)}; idle = step time not covered",
+             f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; "
+             f"gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; {record['date']}", "",
+             "ms per step:", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(r + [""] * (len(HEADERS) - len(r))) + " |" for r in table_rows(record)]
+    for r in record["rungs"]:
+        if r["status"] == "ok":
+            lines += ["", f"## {r['name']}: top kernels", "", "| ms/step | calls | category | kernel |",
+                      "|---|---|---|---|"]
+            lines += [f"| {_ms(k['ms_per_step'])} | {k['calls_per_step']:g} | {k['category']} | "
+                      f"`{_short(k['name'])}` |" for k in r["top_kernels"][:5]]
+    return "\n".join(lines) + "\n"
+
+
+def _short(name: str, n: int = 90) -> str:
+    return (name[:n] + "...") if len(name) > n else name
+
+
+def plot_profile(record: dict, path: Path) -> Path:
+    """One stacked horizontal bar per rung, a segment per category, the step's total at its end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rungs = record["rungs"]
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.45 * len(rungs)))
+    top = max([r["ms_per_step"] for r in rungs if r["status"] == "ok"] + [1e-3])
+    for i, r in enumerate(rungs):
+        if r["status"] != "ok":
+            ax.text(0, i, f"  {r['status']}", va="center", fontsize=8, color="#777777")
+            continue
+        left = 0.0
+        for c in CATEGORIES:
+            width = r["categories_ms"][c]
+            ax.barh(i, width, left=left, color=COLOURS[c], edgecolor="white", linewidth=0.5,
+                    label=CATEGORY_LABELS[c] if i == _first_ok(rungs) else None)
+            if width > 0.08 * top:
+                ax.text(left + width / 2, i, _ms(width), ha="center", va="center", fontsize=7)
+            left += width
+        ax.text(left + top * 0.01, i, f"{_ms(r['ms_per_step'])} ms", va="center", fontsize=9)
+    ax.set_yticks(range(len(rungs)), [r["name"] for r in rungs])
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.15)
+    ax.set_xlabel(f"ms per training step ({_timed_by(record)})")
+    cfg = record["config"]
+    ax.set_title(f"where the step goes: {cfg['preset']}, batch {cfg['batch_size']} x {cfg['seq_len']} "
+                 f"on {record['device']['name']}", fontsize=10)
+    # Legend below the axes; bbox_inches="tight" grows the figure to hold it, whatever the rung count.
+    if _first_ok(rungs) >= 0:
+        ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.7 / (1.0 + 0.45 * len(rungs))), ncol=4, frameon=False,
+                  fontsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _first_ok(rungs: list[dict]) -> int:
+    return next((i for i, r in enumerate(rungs) if r["status"] == "ok"), -1)
+
+
+def write_outputs(record: dict, out: Path) -> list[Path]:
+    from gpt2ladder.report import write_json
+
+    paths = [out / "profile.json", out / "profile.md", out / "profile.png"]
+    write_json(paths[0], record)
+    paths[1].write_text(format_markdown(record))
+    plot_profile(record, paths[2])
+    return paths
+
+
+# --- command ----------------------------------------------------------------------------------------
+
+
+def defaults_for(device: torch.device) -> dict:
+    """GPU: GPT-2 124M at B=16, T=1024, as the seed. CPU: the tiny preset on a small batch."""
+    if device.type == "cuda":
+        return {"preset": "gpt2", "batch_size": 16, "seq_len": None}
+    return {"preset": "tiny", "batch_size": 4, "seq_len": 128}
+
+
+def profile_command(args) -> int:
+    from gpt2ladder.bench import resolve_rungs
+    from gpt2ladder.hardware import detect, resolve_device
+    from gpt2ladder.report import prepare_out_dir
+
+    device = resolve_device(args.device)
+    caps = detect(device)
+    d = defaults_for(device)
+    name = args.preset or d["preset"]
+    out = prepare_out_dir(args.out)
+    cfg = ProfileConfig(preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
+                        batch_size=args.batch_size or d["batch_size"],
+                        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps,
+                        warmup=args.warmup, seed=args.seed, data=args.data,
+                        trace_dir=str(out) if args.trace else None)
+    print(f"gpt2ladder profile: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
+          f"{cfg.steps} profiled steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
+    record = run_profile(cfg, device, progress=not args.no_progress)
+    paths = write_outputs(record, out)
+    print(format_table(record))
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
