@@ -68,6 +68,24 @@ def one_step(dist, strategy, accum=1, setup=Setup()):
             "params": distributed.model_state(engine.raw_model)}
 
 
+def fsdp_checkpoint_round_trip(dist, path):
+    """Gather an FSDP2 engine's full state, load it into a fresh sharded engine, step both the same way."""
+    first = engine_for(dist, "fsdp")
+    x, y = micro_batches(dist, 1)
+    first.step(x, y)
+    model = distributed.model_state(first.raw_model)
+    optim = distributed.optimizer_state(first.raw_model, first.optimizer)
+    if dist.is_main:  # only rank 0 holds the gathered state, as when a checkpoint is written
+        torch.save({"model": model, "optimizer": optim}, path)
+    torch.distributed.barrier()
+    saved = torch.load(path, weights_only=True)
+    second = engine_for(dist, "fsdp")
+    distributed.load_state(second.raw_model, second.optimizer, saved["model"], saved["optimizer"])
+    losses = [float(dist.mean(e.step(x, y))) for e in (first, second)]
+    states = [distributed.model_state(e.raw_model) for e in (first, second)]
+    return {"saved": saved, "losses": losses, "states": states}
+
+
 def main(out_path):
     dist = distributed.init_from_env("cpu")
     results = {
@@ -76,7 +94,9 @@ def main(out_path):
         "ddp_accum": one_step(dist, "ddp", accum=ACCUM),
         "ddp_compiled": one_step(dist, "ddp", setup=Setup(compile=True)),
         "fsdp": one_step(dist, "fsdp"),
+        "fsdp_compiled": one_step(dist, "fsdp", setup=Setup(compile=True)),
         "fsdp_accum": one_step(dist, "fsdp", accum=ACCUM),
+        "fsdp_round_trip": fsdp_checkpoint_round_trip(dist, out_path + ".ckpt"),
     }
     if dist.is_main:
         torch.save(results, out_path)

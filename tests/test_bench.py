@@ -104,3 +104,12 @@ def test_default_bench_finishes_in_three_minutes(shakespeare_cache, tmp_path):
     assert time.perf_counter() - t0 < 180
     record = json.loads((tmp_path / "ladder.json").read_text())
     assert [r["name"] for r in record["rungs"] if r["status"] == "ok"] == ["baseline", "compile", "flash", "vocab"]
+
+
+def test_last_only_times_just_the_top_rung(shakespeare_cache):
+    cfg = BenchConfig(preset="tiny", rungs=("baseline", "tf32", "compile", "flash"), batch_size=2, seq_len=32,
+                      steps=2, warmup=1, compile_backend="eager", last_only=True)
+    rows = run_bench(cfg, CPU, progress=False)["rungs"]
+    assert [r["name"] for r in rows] == ["flash"]  # tf32 cannot run on a CPU, the rest stack up
+    assert rows[0]["status"] == "ok" and rows[0]["setup"]["compile"] and rows[0]["setup"]["attention"] == "sdpa"
+    assert rows[0]["setup"]["matmul_precision"] == "highest"

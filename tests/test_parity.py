@@ -228,3 +228,39 @@ def test_missing_data_is_an_error_not_a_traceback(tmp_path, monkeypatch, capsys)
 def test_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         ParityConfig().steps = 3
+
+
+# --- shards: one parity spread over several GPUs ---------------------------------------------------
+
+
+def test_shards_merge_into_the_same_report_as_one_run(shakespeare_cache, tmp_path, capsys):
+    """Each training run is independent: three shards plus a merge equal the single-process report."""
+    common = ARGS + ["--rungs", "baseline,compile,flash,vocab", "--seeds", "2"]
+    assert main(common + ["--out", str(tmp_path / "whole")]) == 0
+    for k in range(3):
+        assert main(common + ["--shard", f"{k}/3", "--out", str(tmp_path / f"s{k}")]) == 0
+    assert main(["parity", "--merge"] + [str(tmp_path / f"s{k}") for k in range(3)]
+                + ["--out", str(tmp_path / "merged")]) == 0
+    whole = json.loads((tmp_path / "whole" / "parity.json").read_text())
+    merged = json.loads((tmp_path / "merged" / "parity.json").read_text())
+    assert [r["name"] for r in merged["rungs"]] == [r["name"] for r in whole["rungs"]]
+    for a, b in zip(whole["rungs"], merged["rungs"]):
+        assert a["status"] == b["status"] and a.get("verdict") == b.get("verdict")
+        if a["status"] == "ok":
+            # Same runs, other order in the process: equal up to the last bits of compiled reductions.
+            assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+            assert b["final_val"] == pytest.approx(a["final_val"], rel=1e-5)
+    assert merged["rule"]["spread"] == whole["rule"]["spread"]
+    assert (tmp_path / "merged" / "parity.png").exists()
+
+
+def test_a_missing_shard_is_a_usage_error(shakespeare_cache, tmp_path, capsys):
+    assert main(ARGS + ["--rungs", "baseline", "--shard", "0/2", "--out", str(tmp_path / "s0")]) == 0
+    assert main(["parity", "--merge", str(tmp_path / "s0"), "--out", str(tmp_path / "m")]) == 2
+    assert "every shard 0..1 is needed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["3/3", "a/b", "1", "-1/2"])
+def test_bad_shard_specs(text):
+    with pytest.raises(UsageError, match="--shard"):
+        parity.parse_shard(text)

@@ -34,23 +34,26 @@ KERNELS = [
     ("triton_poi_fused__log_softmax__log_softmax_backward_data__to_copy_add_arange_eq_expand_nll_loss_backward_3",
      "loss"),
     ("triton_red_fused__to_copy_arange_exp_ge_logsumexp_masked_fill_neg_scatter_add_sub_unsqueeze_view_18", "loss"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0",
+     "attention"),
+    ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)"
+     "::{lambda()#2}>(int)", "copies"),  # autocast's casts
     # cuBLAS / CUTLASS / nvjet matmuls
     ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matmul"),
     ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel",
      "matmul"),
     ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>(cutlass_80_simt_sgemm_128x256_8x4_nt_align1"
      "::Params)", "matmul"),
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0", "attention"),
-    ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)"
-     "::{lambda()#2}>(int)", "copies"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
     ("nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_NTN", "matmul"),
     ("ampere_sgemm_128x64_tn", "matmul"),
     ("cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4", "matmul"),
-    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, false, true, false>(float*)", "matmul"),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, false, true, false>(float*)",
+     "matmul"),
     # attention kernels, including CUTLASS- and wgmma-based ones
     ("flash_fwd_kernel", "attention"),
-    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64>>(params)", "attention"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64>>(params)",
+     "attention"),
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0", "attention"),
     ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
     ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, false, false>(float*)", "attention"),
@@ -61,13 +64,15 @@ KERNELS = [
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
      "TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>(...)", "optimizer"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
-     "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)", "elementwise"),
+     "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
+     "elementwise"),
     ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
      "::{lambda()#3}::operator()() const::{lambda(float)#1}>(int)", "copies"),
     ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float)", "elementwise"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
      "at::native::sum_functor<float, float, float>>>>(float)", "elementwise"),
-    ("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, unsigned int, 2, 2, -2, true>()", "copies"),
+    ("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, unsigned int, 2, 2, -2, true>()",
+     "copies"),
     ("void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float, float, long>()", "copies"),
     ("void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float, float>(float*)", "optimizer"),
     ("Memcpy HtoD (Pageable -> Device)", "copies"),

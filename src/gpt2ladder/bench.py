@@ -43,6 +43,7 @@ class BenchConfig:
     data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
     compile_backend: str = "inductor"
     strategy: str = "auto"  # under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl); else unused
+    last_only: bool = False  # time only the top of the ladder: every named rung applied together
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "steps"):
@@ -74,9 +75,13 @@ def run_bench(cfg: BenchConfig, device: torch.device, *, progress: bool = True, 
     model_cfg = preset(cfg.preset)
     rows = []
     applied = []  # rung k = every rung up to k that this machine can run ("go straight to compile")
-    for name in cfg.rungs:
+    for k, name in enumerate(cfg.rungs):
         if _why_not(name, caps, cfg) is None:
             applied.append(name)
+        if cfg.last_only and k < len(cfg.rungs) - 1:
+            continue
+        if cfg.last_only and applied:  # the top of what can run here, under its own name
+            name = applied[-1]
         rows.append(measure_rung(name, list(applied), model_cfg, cfg, tokens, device, caps, progress))
     add_speedups(rows)
     from gpt2ladder.report import record_header
@@ -256,7 +261,8 @@ def _bench(args, dist: distributed.Dist) -> int:
     say(f"gpt2ladder bench: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
         f"{cfg.steps} timed steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
     if dist.enabled:
-        say(f"{dist.world_size} processes ({dist.backend}, {distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)}):"
+        strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
+        say(f"{dist.world_size} processes ({dist.backend}, {strategy}):"
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
     record = run_bench(cfg, device, progress=not args.no_progress, notify=say, tokens=tokens)
     failure = nothing_measured(record, out / "ladder.json")
@@ -293,7 +299,7 @@ def _bench_config(args, device: torch.device, caps: Capabilities, dist: distribu
         batch_size=1 if args.batch_size == "auto" else (args.batch_size or d["batch_size"]),
         seq_len=args.seq_len or d["seq_len"] or preset(name).block_size,
         steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,
-        seed=args.seed, data=args.data, strategy=args.strategy,
+        seed=args.seed, data=args.data, strategy=args.strategy, last_only=args.last_only,
     )
 
 

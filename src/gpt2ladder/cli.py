@@ -59,6 +59,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
     p.add_argument("--baseline-json", help="a one-GPU ladder.json of the same preset, batch and seq-len: report "
                    "the scaling efficiency of this (torchrun) run against it")
+    p.add_argument("--last-only", action="store_true", help="time only the top rung (every named rung applied "
+                   "together), e.g. for a batch-size or multi-GPU run")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_bench)
 
@@ -146,6 +148,10 @@ def _add_parity(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="the weights and batches every rung shares (default: 0)")
     p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
     p.add_argument("--out", default="parity-results", help="output directory (default: ./parity-results)")
+    p.add_argument("--shard", metavar="K/N", help="run only every N-th training run from K (0-based), to spread "
+                   "one parity over N GPUs; writes parity-shard-K-of-N.json")
+    p.add_argument("--merge", nargs="+", metavar="DIR", help="make the report from the shard files in these "
+                   "directories (no training)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_parity)
 

@@ -169,17 +169,14 @@ def resolve_strategy(strategy: str, preset_name: str, dist: Dist) -> str | None:
 
 def rung_problem(rung: str, strategy: str | None) -> str | None:
     """Why a rung cannot run under this data-parallel strategy, or None."""
-    if rung == "cuda_graph" and strategy == "fsdp":
+    if rung != "cuda_graph" or strategy is None:
+        return None
+    if strategy == "fsdp":
         # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not.
-        return "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering; use --strategy ddp"
-    return None
-
-
-def check_divisible(what: str, value: int, dist: Dist, unit: str = "") -> None:
-    """One clear line when a global quantity cannot be split evenly over the ranks."""
-    if value % dist.world_size:
-        raise UsageError(f"{what} {value}{unit} is not divisible by the world size {dist.world_size}; "
-                         f"choose a multiple of {dist.world_size} or another --nproc_per_node")
+        return "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"
+    # PyTorch's CUDA-graph notes: capturing DDP's all-reduces needs DDP built on a side stream, 11+ eager
+    # warm-up steps and NCCL's async error handling off; the engine's capture does none of that.
+    return "capturing DDP's gradient all-reduces in a CUDA graph is not supported here"
 
 
 def wrap_for_data_parallel(model: nn.Module, dist: Dist, strategy: str | None) -> nn.Module:

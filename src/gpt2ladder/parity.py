@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,35 +189,65 @@ def _one_line(err: Exception) -> str:
 # --- the ladder -------------------------------------------------------------------------------------
 
 
-def baseline_runs(ctx: _Context) -> list[dict]:
-    """The fp32 baseline at seeds seed..seed+n-1; the first is the reference every rung is compared to."""
+def work_units(cfg: ParityConfig, caps) -> tuple[list[dict], dict[str, str]]:
+    """Every training run the report needs, in a fixed order, and the rungs this machine skips (why).
+
+    Units are the fp32 baseline at each seed, then each runnable rung, cumulative like `bench`
+    (rung k = every runnable rung up to k). The baseline rung itself is the seed-0 baseline run.
+    Each unit is independent, so `--shard K/N` can spread them over several GPUs.
+    """
+    units = [{"id": f"baseline-seed{cfg.seed + i}", "setup": Setup(), "seed": cfg.seed + i,
+              "label": f"fp32 seed {cfg.seed + i}"} for i in range(cfg.seeds)]
+    skipped, applied = {}, []
+    for name in cfg.rungs:
+        reason = why_unavailable(name, caps)
+        if reason:
+            skipped[name] = reason
+            continue
+        applied.append(name)
+        if setup_for(applied) != Setup():
+            units.append({"id": name, "setup": setup_for(applied), "seed": cfg.seed, "label": name})
+    return units, skipped
+
+
+def run_units(ctx: _Context, units: list[dict]) -> dict[str, dict]:
+    return {u["id"]: _guarded(u["setup"], u["seed"], ctx, u["label"]) for u in units}
+
+
+def assemble(cfg: ParityConfig, results: dict[str, dict], skipped: dict[str, str]) -> dict:
+    """The report from the units' results: baseline runs, spread, one judged row per rung."""
     runs = []
-    for i in range(ctx.cfg.seeds):
-        seed = ctx.cfg.seed + i
-        run = _guarded(Setup(), seed, ctx, f"fp32 seed {seed}")
+    for i in range(cfg.seeds):
+        seed = cfg.seed + i
+        run = results.get(f"baseline-seed{seed}", {"status": "failed", "reason": "was not run (a shard is missing)"})
         if run["status"] != "ok":
             raise LadderError(f"the fp32 baseline (seed {seed}) failed, so there is nothing to compare "
                               f"against: {run['reason']}")
         runs.append(run)
-    return runs
-
-
-def rung_rows(ctx: _Context, reference: dict, caps) -> list[dict]:
-    """One row per requested rung, cumulative like `bench`: rung k = every runnable rung up to k."""
+    reference = runs[0]
+    vals = [r["final_val"] for r in runs]
+    spread = max(vals) - min(vals)  # the largest |difference| between any two baseline runs
     rows, applied = [], []
-    for name in ctx.cfg.rungs:
+    for name in cfg.rungs:
         rung = RUNGS_BY_NAME[name]
         row = {"name": name, "summary": rung.summary, "kind": rung.kind}
-        reason = why_unavailable(name, caps)
-        if reason:
-            rows.append({**row, "status": "skipped", "reason": reason})
+        if name in skipped:
+            rows.append({**row, "status": "skipped", "reason": skipped[name]})
             continue
         applied.append(name)
         setup = setup_for(applied)
-        # The baseline rung is the reference run itself: the same setup, seed and batches.
-        result = reference if setup == Setup() else _guarded(setup, ctx.cfg.seed, ctx, name)
+        missing = {"status": "failed", "reason": "was not run (a shard is missing)"}
+        result = reference if setup == Setup() else results.get(name, missing)
         rows.append({**row, "applied": list(applied), "setup": setup.to_dict(), **result})
-    return rows
+    judge(rows, reference, spread, cfg)
+    allowed = allowed_gap(reference["final_val"], spread, cfg.tolerance, cfg.floor)
+    rule = {"text": rule_text(cfg), "spread": spread, "floor": cfg.floor, "tolerance": cfg.tolerance,
+            "baseline_val": reference["final_val"], "allowed_abs": allowed,
+            "allowed_rel": allowed / reference["final_val"]}
+    passed = all(r.get("verdict") == "PASS" for r in rows if r["status"] != "skipped")
+    return {"command": "parity", "config": dataclasses.asdict(cfg), "schedule": _schedule(cfg),
+            "model": preset(cfg.preset).to_dict(), "rule": rule, "baseline_runs": runs, "rungs": rows,
+            "passed": passed}
 
 
 def judge(rows: list[dict], reference: dict, spread: float, cfg: ParityConfig) -> None:
@@ -234,31 +265,49 @@ def judge(rows: list[dict], reference: dict, spread: float, cfg: ParityConfig) -
         row["verdict"] = "PASS" if ok else "FAIL"
 
 
-def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True) -> dict:
-    """Train the baseline seeds and every rung; return the self-describing record."""
+def _context(cfg: ParityConfig, device: torch.device, progress: bool) -> tuple[_Context, data_mod.TokenData]:
+    tokens = data_mod.load_tokens(Path(cfg.data) if cfg.data else None)  # DataUnavailable is the error
+    evals = [data_mod.to_device(x, y, device)
+             for x, y in data_mod.eval_batches(tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)]
+    return _Context(cfg, preset(cfg.preset), tokens, evals, device, progress), tokens
+
+
+def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
+               shard: tuple[int, int] = (0, 1)) -> dict:
+    """Train the baseline seeds and every rung (or shard k of n of those runs); the record.
+
+    With n > 1 the record holds this shard's raw results only; `merge_shards` makes the report.
+    """
     from gpt2ladder.hardware import detect
     from gpt2ladder.report import record_header
 
     caps = detect(device)
-    tokens = data_mod.load_tokens(Path(cfg.data) if cfg.data else None)  # DataUnavailable is the error
-    evals = [data_mod.to_device(x, y, device)
-             for x, y in data_mod.eval_batches(tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)]
-    ctx = _Context(cfg, preset(cfg.preset), tokens, evals, device, progress)
-    runs = baseline_runs(ctx)
-    reference = runs[0]
-    vals = [r["final_val"] for r in runs]
-    spread = max(vals) - min(vals)  # the largest |difference| between any two baseline runs
-    rows = rung_rows(ctx, reference, caps)
-    judge(rows, reference, spread, cfg)
-    allowed = allowed_gap(reference["final_val"], spread, cfg.tolerance, cfg.floor)
-    rule = {"text": rule_text(cfg), "spread": spread, "floor": cfg.floor, "tolerance": cfg.tolerance,
-            "baseline_val": reference["final_val"], "allowed_abs": allowed,
-            "allowed_rel": allowed / reference["final_val"]}
-    passed = all(r.get("verdict") == "PASS" for r in rows if r["status"] != "skipped")
-    return {**record_header(caps, device), "command": "parity", "config": dataclasses.asdict(cfg),
-            "schedule": _schedule(cfg), "model": ctx.model_cfg.to_dict(),
-            "data": {"source": tokens.source, "sha256": tokens.sha256, "n_tokens": tokens.n_tokens},
-            "rule": rule, "baseline_runs": runs, "rungs": rows, "passed": passed}
+    ctx, tokens = _context(cfg, device, progress)
+    units, skipped = work_units(cfg, caps)
+    k, n = shard
+    results = run_units(ctx, units[k::n])
+    header = {**record_header(caps, device),
+              "data": {"source": tokens.source, "sha256": tokens.sha256, "n_tokens": tokens.n_tokens}}
+    if n > 1:
+        return {**header, "command": "parity-shard", "shard": [k, n], "config": dataclasses.asdict(cfg),
+                "skipped": skipped, "results": results}
+    return {**header, **assemble(cfg, results, skipped)}
+
+
+def merge_shards(shards: list[dict]) -> dict:
+    """One report from the shard records of one parity configuration (shards may come from several GPUs)."""
+    configs = {json.dumps(s["config"], sort_keys=True) for s in shards}
+    if len(configs) != 1:
+        raise UsageError("the parity shards were run with different settings; merge shards of one command only")
+    n = shards[0]["shard"][1]
+    have = sorted(s["shard"][0] for s in shards)
+    if have != list(range(n)):
+        raise UsageError(f"parity shards {have} of {n} found; every shard 0..{n - 1} is needed")
+    cfg = ParityConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in shards[0]["config"].items()})
+    results = {uid: r for s in shards for uid, r in s["results"].items()}
+    header = {k: v for k, v in shards[0].items() if k not in ("command", "shard", "config", "skipped", "results")}
+    header["devices"] = sorted({s["device"]["name"] for s in shards})
+    return {**header, **assemble(cfg, results, shards[0]["skipped"])}
 
 
 def _schedule(cfg: ParityConfig) -> dict:
@@ -437,16 +486,56 @@ def config_from_args(args, device: torch.device, caps) -> ParityConfig:
 def parity_command(args) -> int:
     """Exit 0 when every rung that ran passes, 1 when one fails or breaks (skipped rungs do not count)."""
     from gpt2ladder.hardware import detect, resolve_device
-    from gpt2ladder.report import prepare_out_dir
+    from gpt2ladder.report import prepare_out_dir, write_json
 
+    if args.merge:
+        return _merge_command(args)
     device = resolve_device(args.device)
     caps = detect(device)
     cfg = config_from_args(args, device, caps)
+    shard = parse_shard(args.shard)
     out = prepare_out_dir(args.out)
     print(f"gpt2ladder parity: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
-          f"{cfg.steps} steps per run, {cfg.seeds} baseline seeds, rungs: {', '.join(cfg.rungs)}", flush=True)
-    record = run_parity(cfg, device, progress=not args.no_progress)
+          f"{cfg.steps} steps per run, {cfg.seeds} baseline seeds, rungs: {', '.join(cfg.rungs)}"
+          + (f", shard {shard[0]} of {shard[1]}" if shard[1] > 1 else ""), flush=True)
+    record = run_parity(cfg, device, progress=not args.no_progress, shard=shard)
+    if shard[1] > 1:
+        path = out / f"parity-shard-{shard[0]}-of-{shard[1]}.json"
+        write_json(path, record)
+        print(f"wrote {path}; make the report with: gpt2ladder parity --merge DIR ... --out DIR")
+        return 0
+    return _finish(record, out)
+
+
+def _finish(record: dict, out: Path) -> int:
     paths = write_outputs(record, out)
     print(format_table(record))
     print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0 if record["passed"] else 1
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """`K/N`: run every N-th training run starting at K (0-based); None: all of them."""
+    if not text:
+        return (0, 1)
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard takes K/N, e.g. 0/3, got {text!r}") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise UsageError(f"--shard {text}: need 0 <= K < N")
+    return (k, n)
+
+
+def _merge_command(args) -> int:
+    from gpt2ladder.report import prepare_out_dir
+
+    files = [f for d in args.merge for f in sorted(Path(d).glob("parity-shard-*.json"))] if all(
+        Path(d).is_dir() for d in args.merge) else [Path(d) for d in args.merge]
+    if not files or not all(f.is_file() for f in files):
+        raise UsageError(f"no parity shard files (parity-shard-K-of-N.json) in {', '.join(args.merge)}")
+    try:
+        shards = [json.loads(f.read_text()) for f in files]
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot read a parity shard: {err}") from None
+    return _finish(merge_shards(shards), prepare_out_dir(args.out))

@@ -133,17 +133,14 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _in_window(start: float, windows: list[tuple[float, float]]):
-    for w in windows:
-        if w[0] <= start <= w[1]:
-            return w
-    return None
+def _in_window(start: float, windows: list[tuple[float, float]]) -> bool:
+    return any(w0 <= start <= w1 for w0, w1 in windows)
 
 
 def launch_links(prof) -> dict[int, int]:
     """Device event id -> id of the CPU op that launched it, from the raw Kineto events.
 
-    Read there because `FunctionEvent` only carries the link from torch 2.12 on.
+    Read there because older torch (2.11, say) keeps the link off `FunctionEvent`.
     """
     results = getattr(prof.profiler, "kineto_results", None)
     if results is None:
@@ -237,15 +234,7 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
     engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend)
     batches = data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
     bar = _progress(cfg.warmup + cfg.steps, label, progress)
-    warm_ms = []
-    for _ in range(cfg.warmup):
-        x, y = data_mod.to_device(*batches.next(), device)
-        _sync(device)
-        t0 = time.perf_counter()
-        engine.step(x, y)
-        _sync(device)
-        warm_ms.append((time.perf_counter() - t0) * 1000)
-        bar.update(1)
+    warm_ms = [_timed_step(engine, batches, device, bar) for _ in range(cfg.warmup)]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     clock_ms = []  # the same steps by the wall clock: an independent check of the profiler's total
     with profile(activities=activities) as prof:
@@ -268,6 +257,17 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
     result["unprofiled_ms_per_step"] = statistics.median(tail) if tail else None
     result["clock_ms_per_step"] = statistics.fmean(clock_ms)
     return result
+
+
+def _timed_step(engine: Engine, batches, device: torch.device, bar) -> float:
+    """One unprofiled step, timed as `bench` times it; milliseconds."""
+    x, y = data_mod.to_device(*batches.next(), device)
+    _sync(device)
+    t0 = time.perf_counter()
+    engine.step(x, y)
+    _sync(device)
+    bar.update(1)
+    return (time.perf_counter() - t0) * 1000
 
 
 def profile_rung(name: str, applied: list[str], cfg: ProfileConfig, tokens, device, caps, progress: bool) -> dict:

@@ -58,10 +58,11 @@ def format_scaling(record: dict) -> str:
     """A Markdown table (it reads in a terminal too): GPUs, tokens/s total and per GPU, efficiency."""
     world = record.get("world_size", 1)
     base = record.get("baseline")
-    lines = [f"Scaling on {world} GPU(s), {record.get('strategy') or 'single process'}, global batch "
+    lines = [f"Scaling over {world} rank(s), {record.get('strategy') or 'single process'}, global batch "
              f"{record.get('global_batch_size')} x {record['config']['seq_len']}"
              + (f"; baseline {base['path']} ({base['world_size']} GPU)" if base else "; no --baseline-json given"),
-             "", "| rung | tokens/s total | tokens/s per GPU | baseline per GPU | efficiency |", "|---|---|---|---|---|"]
+             "", "| rung | tokens/s total | tokens/s per GPU | baseline per GPU | efficiency |",
+             "|---|---|---|---|---|"]
     for r in record["rungs"]:
         if r.get("status") != "ok":
             continue

@@ -9,14 +9,19 @@ checkpoint holds weights, optimizer, data position and RNG states.
 Exit codes: 0 when done; 130 after Ctrl-C (SIGINT) and 143 after SIGTERM, both of which finish the
 step in flight and save a checkpoint first; 1 or 2 with a one-line error otherwise.
 
-Ready for data parallelism (`distributed.py` adds it): the process's place comes from a `Ranks`-like
-object, batches are split by rank, and every side effect a user sees (printing, log, plots, TensorBoard,
-checkpoint files) happens only where `is_main`.
+Data parallel under torchrun (`torchrun --nproc_per_node=N -m gpt2ladder train ...`): the process's
+place is a `distributed.Dist` (a `Ranks` with a `mean` that all-reduces), the model is wrapped by DDP
+or sharded by FSDP2 (`--strategy`), batches are split by rank, losses are averaged over ranks, and every
+side effect a user sees (printing, log, plots, TensorBoard, checkpoint files) happens only where
+`is_main`. --tokens-per-step is global; by default it is micro-batch x seq len x processes. The
+checkpoint holds the full, unwrapped state (FSDP2 gathers it to rank 0), so a run resumes on any
+number of processes (the same --tokens-per-step gives the same curve).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -30,6 +35,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import distributed
 from gpt2ladder.checkpoint import (FILENAME, config_differences, load_checkpoint, remove_stale_temps,
                                    rng_state, save_checkpoint, set_rng_state)
 from gpt2ladder.config import ModelConfig, preset
@@ -284,8 +290,11 @@ class TrainResult:
     out: Path
 
 
-def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device) -> Engine:
-    """The model (from the seed, or from real GPT-2 weights) with its optimizer, for this setup."""
+def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, parallelize=None) -> Engine:
+    """The model (from the seed, or from real GPT-2 weights) with its optimizer, for this setup.
+
+    `parallelize` (DDP or FSDP2, from `distributed.py`) runs after the weights are in, before the optimizer.
+    """
     model_cfg = cfg.model_config()
     model = None
     if cfg.init_from:
@@ -295,12 +304,14 @@ def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device) -> Engine
         load_hf_gpt2(cfg.init_from, model)
     optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
     return Engine(model_cfg, setup, device, seed=cfg.seed, optim=optim,
-                  compile_backend=cfg.compile_backend, model=model)
+                  compile_backend=cfg.compile_backend, model=model, parallelize=parallelize)
 
 
-def weights_finite(model: torch.nn.Module) -> bool:
-    """One host sync for all parameters."""
-    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
+def weights_finite(model: torch.nn.Module, ranks=Ranks()) -> bool:
+    """One host sync for all parameters; under FSDP2 each rank checks its shard and all must agree."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    finite = torch.stack([torch.isfinite(t).all() for t in local]).all().float()
+    return bool(ranks.mean(finite) == 1)
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
@@ -323,12 +334,16 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
 class Trainer:
     """The loop's state: engine, batches, step; `run` trains to cfg.steps or until a signal."""
 
-    def __init__(self, cfg: TrainConfig, device: torch.device, out: Path, ranks=Ranks()):
+    def __init__(self, cfg: TrainConfig, device: torch.device, out: Path, ranks=Ranks(),
+                 strategy: str | None = None):
         self.cfg, self.device, self.out, self.ranks = cfg, device, out, ranks
+        self.strategy = strategy  # "ddp" or "fsdp" under torchrun (ranks is then a distributed.Dist)
         self.accum = cfg.grad_accum(ranks.world_size)
         self.tokens = data_mod.load_tokens(cfg.data)  # DataUnavailable: no random stand-in for training
         self.setup = setup_for(list(cfg.rungs))
-        self.engine = build_engine(cfg, self.setup, device)
+        parallelize = (functools.partial(distributed.wrap_for_data_parallel, dist=ranks, strategy=strategy)
+                       if strategy else None)
+        self.engine = build_engine(cfg, self.setup, device, parallelize)
         self.batches = data_mod.Batches(self.tokens.train, cfg.tokens_per_step // cfg.seq_len, cfg.seq_len,
                                         seed=cfg.seed, rank=ranks.rank, world_size=ranks.world_size)
         self.val = (data_mod.eval_batches(self.tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
@@ -348,9 +363,11 @@ class Trainer:
     # checkpoints
 
     def state(self) -> dict:
+        """The checkpoint's contents. Under FSDP2 a collective: every rank calls it, rank 0 gets the state."""
         e = self.engine
         return {
-            "model": e.raw_model.state_dict(), "optimizer": e.optimizer.state_dict(),
+            "model": distributed.model_state(e.raw_model),
+            "optimizer": distributed.optimizer_state(e.raw_model, e.optimizer),
             "scaler": e.scaler.state_dict() if e.scaler else None, "step": self.step,
             "train_config": self.cfg.to_dict(), "model_config": e.raw_model.config.to_dict(),
             "setup": self.setup.to_dict(), "rng": rng_state(), "data": self.batches.state_dict(),
@@ -359,11 +376,12 @@ class Trainer:
 
     def save(self) -> None:
         """Checkpoint the current step, unless the weights went non-finite (the last good one stays)."""
-        if not weights_finite(self.engine.raw_model):
+        if not weights_finite(self.engine.raw_model, self.ranks):
             raise LadderError(f"the weights became non-finite at step {self.step}; stopped without saving "
                               f"them ({self._kept()}); try a lower --lr")
+        state = self.state()  # every rank: under FSDP2 gathering the full state is a collective
         if self.ranks.is_main:
-            save_checkpoint(self.ckpt_path, self.state())
+            save_checkpoint(self.ckpt_path, state)
         self.saved_step = self.step
 
     def _kept(self) -> str:
@@ -380,8 +398,11 @@ class Trainer:
         if diffs:
             raise UsageError(f"--resume: {self.ckpt_path} holds another model than requested "
                              f"({'; '.join(diffs)}); use the run's --preset and --rungs, or another --out")
-        raw.load_state_dict(state["model"])
-        load_optimizer_state(self.engine.optimizer, state["optimizer"])
+        if distributed.is_sharded(raw):  # every rank keeps its shard of the full tensors
+            distributed.load_state(raw, self.engine.optimizer, state["model"], state["optimizer"])
+        else:
+            raw.load_state_dict(state["model"])
+            load_optimizer_state(self.engine.optimizer, state["optimizer"])
         if self.engine.scaler and state.get("scaler"):
             self.engine.scaler.load_state_dict(state["scaler"])
         self.batches.load_state_dict(state["data"])
@@ -407,10 +428,13 @@ class Trainer:
             raise LadderError(f"the loss became {loss} at step {self.step}; stopped without saving "
                               f"({self._kept()}); try a lower --lr")
         self.step_ms.append(ms)
-        tokens_per_s = cfg.tokens_per_step / (ms / 1000)
-        return {"step": self.step, "loss": loss, "lr": lr, "ms": round(ms, 3),
-                "tokens_per_s": round(tokens_per_s, 1),
-                "mfu": mfu(tokens_per_s / self.ranks.world_size, self.flops_per_token, self.peak)}
+        tokens_per_s = cfg.tokens_per_step / (ms / 1000)  # all processes together
+        entry = {"step": self.step, "loss": loss, "lr": lr, "ms": round(ms, 3),
+                 "tokens_per_s": round(tokens_per_s, 1),
+                 "mfu": mfu(tokens_per_s / self.ranks.world_size, self.flops_per_token, self.peak)}
+        if self.ranks.world_size > 1:
+            entry["tokens_per_s_per_gpu"] = round(tokens_per_s / self.ranks.world_size, 1)
+        return entry
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -433,6 +457,14 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return bool(every) and (self.step % every == 0 or self.step == self.cfg.steps)
 
+    def _stop_agreed(self, stop: StopSignals) -> bool:
+        """Whether to stop after this step. Under torchrun every rank stops after the same step (a signal
+        seen by any rank counts for all): saving is a collective, and a rank that ran on would hang."""
+        asked = stop.signum is not None
+        if self.ranks.world_size == 1:
+            return asked
+        return bool(self.ranks.mean(torch.tensor(float(asked))) > 0)
+
     def run(self, stop: StopSignals, report: Reporter) -> int:
         """Train until cfg.steps or a signal; 0, or 128 + the signal's number."""
         while self.step < self.cfg.steps:
@@ -441,22 +473,23 @@ class Trainer:
             if self._due(self.cfg.eval_every):
                 entry["val_loss"] = self.last_val_loss = self.evaluate()
             report.step(entry)  # logged before the checkpoint, so the log always reaches its step
-            if self._due(self.cfg.ckpt_every) or stop.signum is not None:
+            stopping = self._stop_agreed(stop)
+            if self._due(self.cfg.ckpt_every) or stopping:
                 self.save()
-            if stop.signum is not None:
-                return 128 + stop.signum
+            if stopping:
+                return 128 + (stop.signum or signal.SIGTERM)
         if self.saved_step != self.step:
             self.save()
         return 0
 
 
 def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: bool = False,
-                 progress: bool = True, ranks=Ranks()) -> TrainResult:
+                 progress: bool = True, ranks=Ranks(), strategy: str | None = None) -> TrainResult:
     """Train (or continue) the run in `out`; every user-visible side effect happens on the main rank."""
     ckpt = out / FILENAME
     if not resume and ckpt.exists():
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
-    trainer = Trainer(cfg, device, out, ranks)
+    trainer = Trainer(cfg, device, out, ranks, strategy)
     changed = trainer.resume() if resume else []  # fails before the log or checkpoint is touched
     if ranks.is_main:
         from gpt2ladder.report import prepare_out_dir
@@ -481,7 +514,8 @@ def _write_config(out: Path, trainer: Trainer, ranks) -> None:
 
     record = {**record_header(detect(trainer.device), trainer.device), "command": "train",
               "train_config": trainer.cfg.to_dict(), "model": trainer.engine.raw_model.config.to_dict(),
-              "setup": trainer.setup.to_dict(), "world_size": ranks.world_size, "grad_accum": trainer.accum,
+              "setup": trainer.setup.to_dict(), "world_size": ranks.world_size, "strategy": trainer.strategy,
+              "grad_accum": trainer.accum,
               "data": {"source": trainer.tokens.source, "sha256": trainer.tokens.sha256,
                        "n_tokens": trainer.tokens.n_tokens},
               "resumed_from_step": trainer.step or None}
@@ -494,7 +528,7 @@ def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bo
     report.message(f"gpt2ladder train: {cfg.preset} ({n_params / 1e6:.1f}M parameters) on {trainer.device}, "
                    f"rungs: {', '.join(cfg.rungs)}; {cfg.steps} steps of {cfg.tokens_per_step:,} tokens "
                    f"({cfg.batch_size} x {cfg.seq_len} x {trainer.accum} micro-batches"
-                   f"{f' x {trainer.ranks.world_size} processes' if trainer.ranks.world_size > 1 else ''}); "
+                   f"{f' x {trainer.ranks.world_size} processes, {trainer.strategy}' if trainer.strategy else ''}); "
                    f"data: {trainer.tokens.source}")
     if resume:
         report.message(f"resuming from step {trainer.step} of {trainer.ckpt_path}")
@@ -512,11 +546,22 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
         ms = statistics.median(timed)
         report.message(f"done: step {trainer.step}, loss {loss:.4f}"
                        + (f", val loss {val:.4f}" if val is not None else "")
-                       + f", {ms:.1f} ms/step, {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s; "
-                       f"wrote {trainer.out}/log.jsonl, ckpt.pt, loss.png")
+                       + f", {ms:.1f} ms/step, {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
+                       + _per_gpu(trainer, ms) + f"; wrote {trainer.out}/log.jsonl, ckpt.pt, loss.png")
     else:
         report.message(f"nothing to do: {trainer.ckpt_path} already holds step {trainer.step} of {trainer.cfg.steps}")
     return TrainResult(code, trainer.step, loss, val, trainer.out)
+
+
+def _per_gpu(trainer: Trainer, ms: float) -> str:
+    """Throughput per process and (on CUDA) this process's peak memory, for multi-GPU and big-model runs."""
+    world = trainer.ranks.world_size
+    unit = "GPU" if trainer.device.type == "cuda" else "process"
+    text = f" ({trainer.cfg.tokens_per_step / ms * 1000 / world:,.0f} per {unit})" if world > 1 else ""
+    if trainer.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(trainer.device) / 2**30
+        text += f", peak memory {peak:.1f} GiB" + (" per GPU (rank 0's)" if world > 1 else "")
+    return text
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -566,15 +611,32 @@ def config_from_args(args, device: torch.device, caps, world_size: int = 1, noti
 
 
 def train_command(args) -> int:
-    from gpt2ladder.hardware import detect, resolve_device
+    with distributed.launched(args.device) as dist:  # a plain single process without torchrun
+        return _train_command(args, dist)
+
+
+def _train_command(args, dist: distributed.Dist) -> int:
+    from gpt2ladder.hardware import detect
     from gpt2ladder.report import prepare_out_dir
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # Until distributed.py exists, N processes would each train alone and share one run directory.
-        raise UsageError("multi-process training (torchrun) is not supported by this build; run one process")
-    device = resolve_device(args.device)
-    ranks = Ranks()
-    cfg = config_from_args(args, device, detect(device), ranks.world_size)
+    device = distributed.local_device(dist, args.device)
+    notify = print if dist.is_main else (lambda *a, **k: None)
+    cfg = config_from_args(args, device, detect(device), dist.world_size, notify)
+    strategy = distributed.resolve_strategy(args.strategy, cfg.preset, dist)
+    cfg = _rungs_for_strategy(cfg, strategy, notify)
     out = prepare_out_dir(args.out)
-    result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=ranks)
+    result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
+                          strategy=strategy)
     return result.exit_code
+
+
+def _rungs_for_strategy(cfg: TrainConfig, strategy: str | None, notify) -> TrainConfig:
+    """Leave out the rungs the data-parallel strategy cannot run (CUDA graphs), saying why."""
+    keep = []
+    for name in cfg.rungs:
+        reason = distributed.rung_problem(name, strategy)
+        if reason:
+            notify(f"notice: leaving out rung {name}: {reason}")
+        else:
+            keep.append(name)
+    return cfg if len(keep) == len(cfg.rungs) else dataclasses.replace(cfg, rungs=tuple(keep) or ("baseline",))
