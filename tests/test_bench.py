@@ -113,3 +113,25 @@ def test_last_only_times_just_the_top_rung(shakespeare_cache):
     assert [r["name"] for r in rows] == ["flash"]  # tf32 cannot run on a CPU, the rest stack up
     assert rows[0]["status"] == "ok" and rows[0]["setup"]["compile"] and rows[0]["setup"]["attention"] == "sdpa"
     assert rows[0]["setup"]["matmul_precision"] == "highest"
+
+
+@pytest.mark.parametrize("threshold", [1, 3, 16, 100, 1000])
+def test_auto_batch_search_finds_the_largest_fit(threshold):
+    from gpt2ladder.autobatch import search_largest
+
+    tried = []
+
+    def fits(b):
+        tried.append(b)
+        return b <= threshold
+
+    good, bad = search_largest(fits)
+    assert good <= threshold < bad
+    assert threshold - good <= max(1, threshold // 16)  # within about 6% of the true largest
+    assert len(tried) < 25
+
+
+def test_auto_batch_when_nothing_fits():
+    from gpt2ladder.autobatch import search_largest
+
+    assert search_largest(lambda b: False) == (0, 1)

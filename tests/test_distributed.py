@@ -15,7 +15,6 @@ import torch
 
 from gpt2ladder import distributed
 from gpt2ladder.config import preset
-from gpt2ladder.data import Batches, random_tokens
 from gpt2ladder.distributed import SINGLE, Dist
 from gpt2ladder.engine import Engine
 from gpt2ladder.errors import UsageError

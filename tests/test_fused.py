@@ -1,8 +1,5 @@
 """The fused classifier loss computes the ordinary loss and gradients; float8 stays within its precision."""
 
-import dataclasses
-
-import pytest
 import torch
 
 from gpt2ladder.config import PRESETS

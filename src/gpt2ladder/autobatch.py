@@ -9,12 +9,12 @@ failure. Out-of-memory is caught and freed on the way; it never ends the run.
 from __future__ import annotations
 
 import dataclasses
-import gc
 
 import torch
 
 from gpt2ladder.config import preset
 from gpt2ladder.engine import Engine
+from gpt2ladder.hardware import free_memory
 from gpt2ladder.rungs import setup_for, why_unavailable
 
 HEADROOM = 0.90  # never plan past 90% of device memory: the allocator and compile need slack
@@ -27,24 +27,35 @@ def largest_batch(cfg, device: torch.device, caps, notify=print) -> int:
         return cfg.batch_size if cfg.batch_size > 1 else 4
     names = [n for n in cfg.rungs if why_unavailable(n, caps) is None]
     setup = dataclasses.replace(setup_for(names), compile=False, cuda_graph=False)
-    engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed)
-    fits = lambda b: _fits(engine, b, cfg.seq_len, device, caps.total_memory)
-    good, bad = 0, None
-    b = 1
-    while b <= LIMIT and fits(b):
-        good, b = b, b * 2
-    bad = b
-    while bad - good > max(1, good // 16):  # bisect to within about 6%
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if fits(mid) else (good, mid)
-    del engine
-    _free()
+    good, bad = _probe(cfg, setup, device, caps.total_memory)
+    free_memory(device)  # the probe's engine is gone with its frame
     if good == 0:
         from gpt2ladder.errors import LadderError
 
         raise LadderError("out of memory even at batch size 1 for these rungs and sequence length")
     notify(f"--batch-size auto: {good} sequences of {cfg.seq_len} fit (first failure at {bad})")
     return good
+
+
+def _probe(cfg, setup, device, total_memory: int) -> tuple[int, int]:
+    engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed)
+    return search_largest(lambda b: _fits(engine, b, cfg.seq_len, device, total_memory))
+
+
+def search_largest(fits, limit: int = LIMIT) -> tuple[int, int]:
+    """The largest batch for which `fits` holds (0 if none), and the first that failed.
+
+    Doubles from 1 until a failure, then bisects to within about 6%: a handful of probes, never one
+    past the first failure's size.
+    """
+    good, b = 0, 1
+    while b <= limit and fits(b):
+        good, b = b, b * 2
+    bad = b
+    while bad - good > max(1, good // 16):
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good, bad
 
 
 def _fits(engine: Engine, batch: int, seq_len: int, device, total_memory: int) -> bool:
@@ -58,10 +69,5 @@ def _fits(engine: Engine, batch: int, seq_len: int, device, total_memory: int) -
     except torch.OutOfMemoryError:
         ok = False
     engine.optimizer.zero_grad(set_to_none=True)
-    _free()
+    free_memory(device)
     return ok
-
-
-def _free() -> None:
-    gc.collect()
-    torch.cuda.empty_cache()

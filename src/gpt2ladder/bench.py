@@ -29,6 +29,8 @@ from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.hardware import Capabilities, detect
 from gpt2ladder.metrics import TimingStats, flops_per_token, mfu, peak_flops
 from gpt2ladder.rungs import RUNGS_BY_NAME, setup_for, why_unavailable
+from gpt2ladder.hardware import free_memory, synchronize
+from gpt2ladder.report import progress_bar
 
 
 @dataclass(frozen=True)
@@ -106,13 +108,13 @@ def measure_rung(name, applied, model_cfg: ModelConfig, cfg: BenchConfig, tokens
     try:
         result = _time_setup(setup, model_cfg, cfg, tokens, device, progress, label=name)
     except torch.OutOfMemoryError:
-        _free(device)
+        free_memory(device)
         return {**row, "status": "oom", "reason": f"out of memory at batch size {cfg.batch_size}; "
                 "try a smaller --batch-size or --batch-size auto"}
     except LadderError:
         raise
     except Exception as err:  # a rung that breaks is a finding, not a reason to lose the others
-        _free(device)
+        free_memory(device)
         return {**row, "status": "failed", "reason": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
     flops = flops_per_token(result.pop("model_config"), cfg.seq_len, result.pop("n_params"))
     tok_s = result["tokens_per_s"]
@@ -134,24 +136,8 @@ def _time_setup(setup, model_cfg, cfg: BenchConfig, tokens, device, progress: bo
     # --batch-size is per GPU: this rank reads its share of a global batch W times larger.
     batches = data_mod.Batches(tokens.train, cfg.batch_size * dist.world_size, cfg.seq_len, seed=cfg.seed,
                                rank=dist.rank, world_size=dist.world_size)
-    samples, losses = [], []
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    bar = _progress(cfg.warmup + cfg.steps, label, progress and dist.is_main)
-    for i in range(cfg.warmup + cfg.steps):
-        x, y = data_mod.to_device(*batches.next(), device)
-        _sync(device)
-        t0 = time.perf_counter()
-        loss = engine.step(x, y)
-        _sync(device)
-        dt = time.perf_counter() - t0
-        if i >= cfg.warmup:
-            samples.append(dt * 1000)
-            losses.append(loss)
-        bar.update(1)
-        bar.set_postfix_str(f"{dt * 1000:.1f} ms")
-    bar.close()
+    samples, losses, x = _timed_steps(engine, batches, cfg, device, progress_bar(
+        cfg.warmup + cfg.steps, label, progress and dist.is_main))
     # The group steps together, so a step lasts as long as its slowest rank; every rank gets the same
     # numbers, and so makes the same decisions (--rungs best) afterwards.
     samples = distributed.reduce_floats(samples, dist, "max")
@@ -171,8 +157,30 @@ def _time_setup(setup, model_cfg, cfg: BenchConfig, tokens, device, progress: bo
         "n_params": engine.raw_model.num_params(),
     }
     del engine
-    _free(device)
+    free_memory(device)
     return result
+
+
+def _timed_steps(engine: Engine, batches, cfg: BenchConfig, device, bar) -> tuple[list, list, torch.Tensor]:
+    """Run warm-up + timed steps; the timed steps' ms (sync, clock, step, sync, clock) and losses."""
+    samples, losses = [], []
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for i in range(cfg.warmup + cfg.steps):
+        x, y = data_mod.to_device(*batches.next(), device)  # the copy is outside the clock
+        synchronize(device)
+        t0 = time.perf_counter()
+        loss = engine.step(x, y)
+        synchronize(device)
+        dt = time.perf_counter() - t0
+        if i >= cfg.warmup:
+            samples.append(dt * 1000)
+            losses.append(loss)
+        bar.update(1)
+        bar.set_postfix_str(f"{dt * 1000:.1f} ms")
+    bar.close()
+    return samples, losses, x
 
 
 @torch.no_grad()
@@ -199,25 +207,7 @@ def add_speedups(rows: list[dict]) -> None:
         prev = r["ms_per_step"]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
-
-def _free(device: torch.device) -> None:
-    import gc
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _progress(total: int, label: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=f"{label:>11}", unit="step", leave=False, disable=not enabled)
 
 
 def defaults_for(device: torch.device) -> dict:
@@ -242,9 +232,8 @@ def bench_command(args) -> int:
 
 
 def _bench(args, dist: distributed.Dist) -> int:
-    from gpt2ladder.plots import ladder_chart
-    from gpt2ladder.report import format_markdown, format_table, prepare_out_dir, write_json
-    from gpt2ladder.scaling import add_scaling, format_scaling, load_baseline
+    from gpt2ladder.report import prepare_out_dir
+    from gpt2ladder.scaling import add_scaling, load_baseline
 
     device = distributed.local_device(dist, args.device)
     caps = detect(device)
@@ -275,6 +264,18 @@ def _bench(args, dist: distributed.Dist) -> int:
         add_scaling(record, baseline)
     if not dist.is_main:
         return 0
+    _write(record, out, scaled)
+    if failure:
+        raise LadderError(failure)
+    return 0
+
+
+def _write(record: dict, out: Path, scaled: bool) -> None:
+    """ladder.json, ladder.md and ladder.png, and the table on stdout (rank 0 only)."""
+    from gpt2ladder.plots import ladder_chart
+    from gpt2ladder.report import format_markdown, format_table, write_json
+    from gpt2ladder.scaling import format_scaling
+
     write_json(out / "ladder.json", record)
     (out / "ladder.md").write_text(format_markdown(record) + ("\n" + format_scaling(record) if scaled else ""))
     ladder_chart(record, out / "ladder.png")
@@ -282,9 +283,6 @@ def _bench(args, dist: distributed.Dist) -> int:
     if scaled:
         print("\n" + format_scaling(record), end="")
     print(f"wrote {out / 'ladder.json'}, {out / 'ladder.md'}, {out / 'ladder.png'}")
-    if failure:
-        raise LadderError(failure)
-    return 0
 
 
 def _bench_config(args, device: torch.device, caps: Capabilities, dist: distributed.Dist) -> BenchConfig:

@@ -243,3 +243,20 @@ def _host_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # Windows has no sysconf
         return 0
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: a clock read after this measures the work, not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def free_memory(device: torch.device) -> None:
+    """Release what the last model left behind before the next one is built (between rungs)."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

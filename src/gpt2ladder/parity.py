@@ -18,7 +18,6 @@ an eager eval spares every compiled rung a second compile for the no-grad graph.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import math
 from dataclasses import dataclass
@@ -31,6 +30,8 @@ from gpt2ladder.config import ModelConfig, preset
 from gpt2ladder.engine import Engine, OptimConfig
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.rungs import RUNGS_BY_NAME, Setup, setup_for, why_unavailable
+from gpt2ladder.hardware import free_memory
+from gpt2ladder.report import progress_bar
 
 MIN_LR_FRACTION = 0.1  # the cosine decays to lr/10, as nanoGPT does
 GRAD_CLIP = 1.0
@@ -152,7 +153,7 @@ def train_run(setup: Setup, seed: int, ctx: _Context, label: str) -> dict:
     batches = data_mod.Batches(ctx.tokens.train, cfg.batch_size, cfg.seq_len, seed=seed)
     val = [[0, evaluate(engine, ctx.evals)]]
     losses = []  # device tensors: read back once at the end, not one host sync per step
-    bar = _progress(cfg.steps, label, ctx.progress)
+    bar = progress_bar(cfg.steps, label, ctx.progress)
     for step in range(cfg.steps):
         engine.set_lr(lr_at(step, cfg))
         losses.append(engine.step(*data_mod.to_device(*batches.next(), ctx.device)))
@@ -175,7 +176,7 @@ def _guarded(setup: Setup, seed: int, ctx: _Context, label: str) -> dict:
         raise
     except Exception as err:  # a rung that breaks is a finding, not a reason to lose the others
         result = {"status": "failed", "reason": _one_line(err)}
-    _free(ctx.device)  # after the except block, so the traceback no longer holds the failed step's tensors
+    free_memory(ctx.device)  # after the except block, so the traceback no longer holds the failed step's tensors
     return result
 
 
@@ -317,16 +318,6 @@ def _schedule(cfg: ParityConfig) -> dict:
             "final_train_loss": "mean of the last 10% of steps"}
 
 
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _progress(total: int, label: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=f"{label:>11}", unit="step", leave=False, disable=not enabled)
 
 
 # --- output -----------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ Decisions about categories (the names are the rule table `RULES` below):
 from __future__ import annotations
 
 import dataclasses
-import gc
 import re
 import statistics
 import time
@@ -43,6 +42,8 @@ from gpt2ladder.config import preset
 from gpt2ladder.engine import Engine
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.rungs import RUNGS_BY_NAME, setup_for, why_unavailable
+from gpt2ladder.hardware import free_memory, synchronize
+from gpt2ladder.report import progress_bar
 
 CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "copies", "other", "idle")
 CATEGORY_LABELS = {"matmul": "matmul", "attention": "attention", "elementwise": "elementwise & norms",
@@ -233,18 +234,18 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
 
     engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend)
     batches = data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
-    bar = _progress(cfg.warmup + cfg.steps, label, progress)
+    bar = progress_bar(cfg.warmup + cfg.steps, label, progress)
     warm_ms = [_timed_step(engine, batches, device, bar) for _ in range(cfg.warmup)]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     clock_ms = []  # the same steps by the wall clock: an independent check of the profiler's total
     with profile(activities=activities) as prof:
         for _ in range(cfg.steps):
             x, y = data_mod.to_device(*batches.next(), device)  # outside the step, as bench times it
-            _sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             with record_function(STEP_MARK):
                 engine.step(x, y)
-                _sync(device)  # the step ends when the device is done
+                synchronize(device)  # the step ends when the device is done
             clock_ms.append((time.perf_counter() - t0) * 1000)
             bar.update(1)
     bar.close()
@@ -262,10 +263,10 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
 def _timed_step(engine: Engine, batches, device: torch.device, bar) -> float:
     """One unprofiled step, timed as `bench` times it; milliseconds."""
     x, y = data_mod.to_device(*batches.next(), device)
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     engine.step(x, y)
-    _sync(device)
+    synchronize(device)
     bar.update(1)
     return (time.perf_counter() - t0) * 1000
 
@@ -283,7 +284,7 @@ def profile_rung(name: str, applied: list[str], cfg: ProfileConfig, tokens, devi
         raise
     except Exception as err:  # a rung that breaks is a finding, not a reason to lose the others
         result = {"status": "failed", "reason": _one_line(err)}
-    _free(device)  # after the except block, so the traceback no longer holds the failed step's tensors
+    free_memory(device)  # after the except block, so the traceback no longer holds the failed step's tensors
     return {**row, "applied": list(applied), "setup": setup.to_dict(), **result}
 
 
@@ -313,21 +314,7 @@ def _one_line(err: Exception) -> str:
     return f"{type(err).__name__}: {first[:300]}"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
-
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _progress(total: int, label: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=f"{label:>11}", unit="step", leave=False, disable=not enabled)
 
 
 # --- output -----------------------------------------------------------------------------------------

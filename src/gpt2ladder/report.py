@@ -133,3 +133,10 @@ def format_markdown(record: dict) -> str:
         else:
             body.append("| " + " | ".join(r) + " |")
     return "\n".join(head + body) + "\n"
+
+
+def progress_bar(total: int, label: str, enabled: bool = True):
+    """One bar per rung or run, on stderr, gone when done; `enabled=False` keeps logs clean."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"{label:>11}", unit="step", leave=False, disable=not enabled)
