@@ -124,8 +124,9 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for truncated or foreign files
-        raise LadderError(f"checkpoint {path} is unreadable (truncated, corrupt or not a PyTorch file): "
-                          f"{_first_line(err)}") from None
+        detail = _first_line(err)
+        raise LadderError(f"checkpoint {path} is unreadable (truncated, corrupt or not a PyTorch file)"
+                          + (f": {detail}" if detail else "")) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise LadderError(f"{path} is not a gpt2ladder checkpoint")
     if state.get("version") != VERSION:
@@ -139,7 +140,10 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
 
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:200]
+    first = text[0] if text else type(err).__name__
+    if first.startswith("Weights only load failed"):  # torch's advice to unpickle arbitrary code: not ours
+        return ""
+    return first[:200]
 
 
 def config_differences(saved: dict, requested: dict, ignore: tuple[str, ...] = ()) -> list[str]:
