@@ -23,7 +23,7 @@ import torch
 
 from gpt2ladder import data as data_mod
 from gpt2ladder import distributed
-from gpt2ladder.config import ModelConfig, preset
+from gpt2ladder.config import ModelConfig, check_run_shape, preset
 from gpt2ladder.engine import Engine
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.hardware import Capabilities, detect
@@ -48,14 +48,8 @@ class BenchConfig:
     last_only: bool = False  # time only the top of the ladder: every named rung applied together
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "seq_len", "steps"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
-        if self.warmup < 0:
-            raise UsageError(f"--warmup must be zero or more, got {self.warmup}")
-        block = preset(self.preset).block_size
-        if self.seq_len > block:
-            raise UsageError(f"--seq-len {self.seq_len} exceeds the {self.preset} block size of {block}")
+        check_run_shape(self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
+                        warmup=self.warmup)
 
 
 def load_bench_tokens(cfg: BenchConfig, notify=print) -> data_mod.TokenData:

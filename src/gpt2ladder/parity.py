@@ -442,13 +442,9 @@ def _plot_final_val(ax, record: dict) -> None:
 
 
 def write_outputs(record: dict, out: Path) -> list[Path]:
-    from gpt2ladder.report import write_json
+    from gpt2ladder.report import write_record
 
-    paths = [out / "parity.json", out / "parity.md", out / "parity.png"]
-    write_json(paths[0], record)
-    paths[1].write_text(format_markdown(record))
-    plot_parity(record, paths[2])
-    return paths
+    return write_record(out, "parity", record, format_markdown, plot_parity)
 
 
 # --- command ----------------------------------------------------------------------------------------

@@ -38,9 +38,9 @@ import torch
 from torch.autograd import DeviceType
 
 from gpt2ladder import data as data_mod
-from gpt2ladder.config import preset
+from gpt2ladder.config import check_run_shape, preset
 from gpt2ladder.engine import Engine
-from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.errors import LadderError
 from gpt2ladder.rungs import RUNGS_BY_NAME, setup_for, why_unavailable
 from gpt2ladder.hardware import free_memory, synchronize
 from gpt2ladder.report import progress_bar
@@ -102,14 +102,8 @@ class ProfileConfig:
     trace_dir: str | None = None  # write a Chrome trace per rung here (trace-<rung>.json)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "seq_len", "steps"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
-        if self.warmup < 0:
-            raise UsageError(f"--warmup must be zero or more, got {self.warmup}")
-        block = preset(self.preset).block_size
-        if self.seq_len > block:
-            raise UsageError(f"--seq-len {self.seq_len} exceeds the {self.preset} block size of {block}")
+        check_run_shape(self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
+                        warmup=self.warmup)
 
 
 # --- attributing a profile --------------------------------------------------------------------------
@@ -423,13 +417,9 @@ def _first_ok(rungs: list[dict]) -> int:
 
 
 def write_outputs(record: dict, out: Path) -> list[Path]:
-    from gpt2ladder.report import write_json
+    from gpt2ladder.report import write_record
 
-    paths = [out / "profile.json", out / "profile.md", out / "profile.png"]
-    write_json(paths[0], record)
-    paths[1].write_text(format_markdown(record))
-    plot_profile(record, paths[2])
-    return paths
+    return write_record(out, "profile", record, format_markdown, plot_profile)
 
 
 # --- command ----------------------------------------------------------------------------------------

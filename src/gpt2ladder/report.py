@@ -140,3 +140,12 @@ def progress_bar(total: int, label: str, enabled: bool = True):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=f"{label:>11}", unit="step", leave=False, disable=not enabled)
+
+
+def write_record(out: Path, stem: str, record: dict, markdown, plot) -> list[Path]:
+    """STEM.json, STEM.md and STEM.png in `out`, from a record and its Markdown and plot functions."""
+    paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
+    write_json(paths[0], record)
+    paths[1].write_text(markdown(record))
+    plot(record, paths[2])
+    return paths
