@@ -25,7 +25,7 @@ from gpt2ladder import data as data_mod
 from gpt2ladder import distributed
 from gpt2ladder.config import ModelConfig, check_run_shape, preset
 from gpt2ladder.engine import Engine
-from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.errors import LadderError, UsageError, describe_failure
 from gpt2ladder.hardware import Capabilities, detect
 from gpt2ladder.metrics import TimingStats, flops_per_token, mfu, peak_flops
 from gpt2ladder.rungs import RUNGS_BY_NAME, setup_for, why_unavailable
@@ -109,7 +109,7 @@ def measure_rung(name, applied, model_cfg: ModelConfig, cfg: BenchConfig, tokens
         raise
     except Exception as err:  # a rung that breaks is a finding, not a reason to lose the others
         free_memory(device)
-        return {**row, "status": "failed", "reason": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+        return {**row, "status": "failed", "reason": describe_failure(err)}
     flops = flops_per_token(result.pop("model_config"), cfg.seq_len, result.pop("n_params"))
     tok_s = result["tokens_per_s"]
     return {**row, "status": "ok", "setup": setup.to_dict(), **result, "flops_per_token": flops,

@@ -14,3 +14,13 @@ class UsageError(LadderError):
     """The command line or its inputs are wrong; printed as one line, exit 2."""
 
     exit_code = 2
+
+
+def describe_failure(err: BaseException) -> str:
+    """A rung's exception as one short line for its row (out-of-memory says what to try)."""
+    import torch
+
+    if isinstance(err, torch.OutOfMemoryError):
+        return "out of memory; try a smaller --batch-size or --seq-len"
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first[:300]}"

@@ -28,7 +28,7 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.config import ModelConfig, preset
 from gpt2ladder.engine import Engine, OptimConfig
-from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.errors import LadderError, UsageError, describe_failure
 from gpt2ladder.rungs import RUNGS_BY_NAME, Setup, setup_for, why_unavailable
 from gpt2ladder.hardware import free_memory
 from gpt2ladder.report import progress_bar
@@ -175,16 +175,9 @@ def _guarded(setup: Setup, seed: int, ctx: _Context, label: str) -> dict:
     except LadderError:
         raise
     except Exception as err:  # a rung that breaks is a finding, not a reason to lose the others
-        result = {"status": "failed", "reason": _one_line(err)}
+        result = {"status": "failed", "reason": describe_failure(err)}
     free_memory(ctx.device)  # after the except block, so the traceback no longer holds the failed step's tensors
     return result
-
-
-def _one_line(err: Exception) -> str:
-    if isinstance(err, torch.OutOfMemoryError):
-        return "out of memory; try a smaller --batch-size or --seq-len"
-    first = (str(err).strip().splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first[:300]}"
 
 
 # --- the ladder -------------------------------------------------------------------------------------
@@ -316,8 +309,6 @@ def _schedule(cfg: ParityConfig) -> dict:
             "warmup_steps": cfg.n_warmup, "decay": f"cosine to {MIN_LR_FRACTION:g} x lr at the last step",
             "eval_every": cfg.eval_interval, "eval_batches": cfg.eval_batches,
             "final_train_loss": "mean of the last 10% of steps"}
-
-
 
 
 # --- output -----------------------------------------------------------------------------------------

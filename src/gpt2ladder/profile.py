@@ -40,7 +40,7 @@ from torch.autograd import DeviceType
 from gpt2ladder import data as data_mod
 from gpt2ladder.config import check_run_shape, preset
 from gpt2ladder.engine import Engine
-from gpt2ladder.errors import LadderError
+from gpt2ladder.errors import LadderError, describe_failure
 from gpt2ladder.rungs import RUNGS_BY_NAME, setup_for, why_unavailable
 from gpt2ladder.hardware import free_memory, synchronize
 from gpt2ladder.report import progress_bar
@@ -277,7 +277,7 @@ def profile_rung(name: str, applied: list[str], cfg: ProfileConfig, tokens, devi
     except LadderError:
         raise
     except Exception as err:  # a rung that breaks is a finding, not a reason to lose the others
-        result = {"status": "failed", "reason": _one_line(err)}
+        result = {"status": "failed", "reason": describe_failure(err)}
     free_memory(device)  # after the except block, so the traceback no longer holds the failed step's tensors
     return {**row, "applied": list(applied), "setup": setup.to_dict(), **result}
 
@@ -299,16 +299,6 @@ def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True,
             "model": preset(cfg.preset).to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
             "categories": {c: CATEGORY_LABELS[c] for c in CATEGORIES}, "rules": [list(r) for r in RULES],
             "rungs": rows}
-
-
-def _one_line(err: Exception) -> str:
-    if isinstance(err, torch.OutOfMemoryError):
-        return "out of memory; try a smaller --batch-size or --seq-len"
-    first = (str(err).strip().splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first[:300]}"
-
-
-
 
 
 # --- output -----------------------------------------------------------------------------------------
