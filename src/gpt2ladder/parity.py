@@ -338,13 +338,10 @@ def _summary_lines(record: dict) -> list[str]:
 
 
 def format_table(record: dict) -> str:
-    rows = table_rows(record)
-    full = [r for r in rows if len(r) == len(HEADERS)]
-    widths = [max([len(h)] + [len(r[i]) for r in full]) for i, h in enumerate(HEADERS)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADERS, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    from gpt2ladder.report import text_table
+
     verdict_line = "all rungs PASS" if record["passed"] else "NOT every rung passes"
-    return "\n".join(lines + [""] + _summary_lines(record) + [verdict_line])
+    return "\n".join([text_table(HEADERS, table_rows(record)), ""] + _summary_lines(record) + [verdict_line])
 
 
 def format_markdown(record: dict) -> str:
@@ -356,9 +353,9 @@ def format_markdown(record: dict) -> str:
             f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; "
             f"gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; {record['date']}"]
     head += [f"- {line}" for line in _summary_lines(record)]
-    head += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    body = ["| " + " | ".join(r + [""] * (len(HEADERS) - len(r))) + " |" for r in table_rows(record)]
-    return "\n".join(head + body) + "\n"
+    from gpt2ladder.report import markdown_table
+
+    return "\n".join(head + [""] + markdown_table(HEADERS, table_rows(record))) + "\n"
 
 
 def smooth(values: list[float], window: int) -> list[float]:

@@ -324,13 +324,9 @@ def table_rows(record: dict) -> list[list[str]]:
 
 
 def format_table(record: dict) -> str:
-    rows = table_rows(record)
-    full = [r for r in rows if len(r) == len(HEADERS)]
-    widths = [max([len(h)] + [len(r[i]) for r in full]) for i, h in enumerate(HEADERS)]
-    lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADERS, widths)))]
-    for r in rows:
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     if len(r) == len(HEADERS) else f"{r[0].ljust(widths[0])}  {r[1]}")
+    from gpt2ladder.report import text_table
+
+    lines = [text_table(HEADERS, table_rows(record), right=True)]
     lines.append(f"(ms per step by category; {_timed_by(record)}; 'unprofiled' = median of the last "
                  "warm-up steps without the profiler)")
     return "\n".join(lines)
@@ -341,14 +337,16 @@ def _timed_by(record: dict) -> str:
 
 
 def format_markdown(record: dict) -> str:
+    from gpt2ladder.report import markdown_table
+
     cfg, dev = record["config"], record["device"]
     lines = [f"# gpt2ladder profile: {cfg['preset']} on {dev['name']}", "",
              f"- batch {cfg['batch_size']} x {cfg['seq_len']}, {cfg['steps']} profiled steps after "
              f"{cfg['warmup']} warm-up; categories by {_timed_by(record)}; idle = step time not covered",
              f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; "
              f"gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; {record['date']}", "",
-             "ms per step:", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(r + [""] * (len(HEADERS) - len(r))) + " |" for r in table_rows(record)]
+             "ms per step:", ""]
+    lines += markdown_table(HEADERS, table_rows(record))
     for r in record["rungs"]:
         if r["status"] == "ok":
             lines += ["", f"## {r['name']}: top kernels", "", "| ms/step | calls | category | kernel |",

@@ -79,7 +79,7 @@ def ladder_rows(record: dict) -> list[list[str]]:
     rows = []
     for r in record["rungs"]:
         if r["status"] != "ok":
-            rows.append([r["name"], r["status"], r.get("reason", "")] + [""] * 8)
+            rows.append([r["name"], f"{r['status']}: {r.get('reason', '')}"])
             continue
         spread = f"{r['ms_p10']:.1f}-{r['ms_p90']:.1f}"
         mem = _fmt(r["peak_mem_bytes"] and r["peak_mem_bytes"] / 2**30, ".2f")
@@ -96,17 +96,27 @@ HEADERS = ["rung", "ms/step", "p10-p90", "vs base", "vs prev", "tokens/s", "MFU 
            "loss", "logits", "weights"]
 
 
+def text_table(headers: list[str], rows: list[list[str]], right: bool = False) -> str:
+    """Aligned columns for the terminal; a row shorter than the headers is a name and a message
+    (a skipped or failed rung) and does not set the column widths."""
+    full = [r for r in rows if len(r) == len(headers)]
+    widths = [max([len(h)] + [len(r[i]) for r in full]) for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if right and i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(headers)] + [line(r) if len(r) == len(headers) else f"{r[0].ljust(widths[0])}  {r[1]}"
+                                        for r in rows])
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """The same rows as Markdown lines; short rows are padded with empty cells."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(r + [""] * (len(headers) - len(r))) + " |" for r in rows]
+
+
 def format_table(record: dict) -> str:
-    rows = ladder_rows(record)
-    measured = [r for r in rows if r[1] not in ("skipped", "failed", "oom")]
-    widths = [max([len(h)] + [len(r[i]) for r in measured]) for i, h in enumerate(HEADERS)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADERS, widths))]
-    for r in rows:
-        if r[1] in ("skipped", "failed", "oom"):
-            lines.append(f"{r[0].ljust(widths[0])}  {r[1]}: {r[2]}")
-        else:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    return "\n".join(lines)
+    return text_table(HEADERS, ladder_rows(record))
 
 
 def format_markdown(record: dict) -> str:
@@ -123,15 +133,8 @@ def format_markdown(record: dict) -> str:
         "TFLOP/s dense bf16 peak" + ("" if record["peak_flops"] else f" (device {dev['name']} not in the table)"),
         f"- {record['date']}",
         "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "---|" * len(HEADERS),
     ]
-    body = []
-    for r in ladder_rows(record):
-        if r[1] in ("skipped", "failed", "oom"):
-            body.append(f"| {r[0]} | {r[1]}: {r[2]} |" + " |" * (len(HEADERS) - 2))
-        else:
-            body.append("| " + " | ".join(r) + " |")
+    body = markdown_table(HEADERS, ladder_rows(record))
     return "\n".join(head + body) + "\n"
 
 
