@@ -318,15 +318,11 @@ HEADERS = ["rung", "train loss", "Δ train", "val loss", "Δ val", "Δ val %", "
 
 def table_rows(record: dict) -> list[list[str]]:
     """The rows the terminal and Markdown share; a skipped or failed rung is its status and reason."""
-    rows = []
-    for r in record["rungs"]:
-        if r["status"] != "ok":
-            rows.append([r["name"], f"{r['status']}: {r['reason']}"])
-            continue
-        rows.append([r["name"], f"{r['final_train']:.4f}", f"{r['train_diff']:+.4f}", f"{r['final_val']:.4f}",
-                     f"{r['val_diff']:+.4f}", f"{100 * r['val_rel']:+.2f}", f"{r['first_loss_diff']:+.1e}",
-                     r["verdict"]])
-    return rows
+    from gpt2ladder.report import rung_rows
+
+    return rung_rows(record["rungs"], lambda r: [
+        r["name"], f"{r['final_train']:.4f}", f"{r['train_diff']:+.4f}", f"{r['final_val']:.4f}",
+        f"{r['val_diff']:+.4f}", f"{100 * r['val_rel']:+.2f}", f"{r['first_loss_diff']:+.1e}", r["verdict"]])
 
 
 def _summary_lines(record: dict) -> list[str]:

@@ -313,14 +313,10 @@ def _ms(value: float | None) -> str:
 
 
 def table_rows(record: dict) -> list[list[str]]:
-    rows = []
-    for r in record["rungs"]:
-        if r["status"] != "ok":
-            rows.append([r["name"], f"{r['status']}: {r['reason']}"])
-            continue
-        cats = [_ms(r["categories_ms"][c]) for c in CATEGORIES]
-        rows.append([r["name"], _ms(r["ms_per_step"])] + cats + [_ms(r["unprofiled_ms_per_step"])])
-    return rows
+    from gpt2ladder.report import rung_rows
+
+    return rung_rows(record["rungs"], lambda r: [r["name"], _ms(r["ms_per_step"])]
+                     + [_ms(r["categories_ms"][c]) for c in CATEGORIES] + [_ms(r["unprofiled_ms_per_step"])])
 
 
 def format_table(record: dict) -> str:

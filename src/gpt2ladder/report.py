@@ -74,22 +74,25 @@ def _fmt(value, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def rung_rows(rungs: list[dict], cells) -> list[list[str]]:
+    """Table rows: `cells(row)` for a measured rung, its status and reason for any other."""
+    return [cells(r) if r["status"] == "ok" else [r["name"], f"{r['status']}: {r.get('reason', '')}"]
+            for r in rungs]
+
+
 def ladder_rows(record: dict) -> list[list[str]]:
     """The table the terminal and Markdown share: one row per rung."""
-    rows = []
-    for r in record["rungs"]:
-        if r["status"] != "ok":
-            rows.append([r["name"], f"{r['status']}: {r.get('reason', '')}"])
-            continue
-        spread = f"{r['ms_p10']:.1f}-{r['ms_p90']:.1f}"
-        mem = _fmt(r["peak_mem_bytes"] and r["peak_mem_bytes"] / 2**30, ".2f")
-        rows.append([
-            r["name"], f"{r['ms_per_step']:.1f}", spread, f"{r['speedup_vs_baseline']:.2f}x",
-            _fmt(r["speedup_vs_prev"], ".2f", "-") + ("x" if r["speedup_vs_prev"] else ""),
-            f"{r['tokens_per_s']:,.0f}", _fmt(r["mfu"] and 100 * r["mfu"], ".1f"), mem,
-            f"{r['loss']:.4f}", r["logits_dtype"], r["weight_dtype"],
-        ])
-    return rows
+    return rung_rows(record["rungs"], _ladder_cells)
+
+
+def _ladder_cells(r: dict) -> list[str]:
+    mem = _fmt(r["peak_mem_bytes"] and r["peak_mem_bytes"] / 2**30, ".2f")
+    return [
+        r["name"], f"{r['ms_per_step']:.1f}", f"{r['ms_p10']:.1f}-{r['ms_p90']:.1f}",
+        f"{r['speedup_vs_baseline']:.2f}x", _fmt(r["speedup_vs_prev"], ".2f", "-") + ("x" if r["speedup_vs_prev"] else ""),
+        f"{r['tokens_per_s']:,.0f}", _fmt(r["mfu"] and 100 * r["mfu"], ".1f"), mem,
+        f"{r['loss']:.4f}", r["logits_dtype"], r["weight_dtype"],
+    ]
 
 
 HEADERS = ["rung", "ms/step", "p10-p90", "vs base", "vs prev", "tokens/s", "MFU %", "peak GiB",
