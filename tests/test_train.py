@@ -20,7 +20,8 @@ from gpt2ladder.checkpoint import load_checkpoint, rng_state, set_rng_state
 from gpt2ladder.engine import Engine
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.hardware import detect
-from gpt2ladder.train import (COMPILE_BACKEND_ENV, Ranks, Trainer, TrainConfig, config_from_args, defaults_for,
+from gpt2ladder.distributed import Dist
+from gpt2ladder.train import (COMPILE_BACKEND_ENV, Trainer, TrainConfig, config_from_args, defaults_for,
                               lr_at, read_log, run_training)
 
 CPU = torch.device("cpu")
@@ -182,10 +183,10 @@ def test_training_and_evaluation_under_compile(tmp_path):
 
 def test_other_ranks_write_nothing_and_get_their_share_of_each_batch(tmp_path):
     cfg = _cfg(tokens_per_step=128, steps=2)  # 2 processes x micro-batch 2 x 32 tokens
-    trainer = Trainer(cfg, CPU, tmp_path, Ranks(rank=1, world_size=2))
+    trainer = Trainer(cfg, CPU, tmp_path, Dist(rank=1, world_size=2))
     full = data.Batches(trainer.tokens.train, 4, 32, seed=0).batch(0)[0]
     assert torch.equal(trainer.batches.batch(0)[0], full[2:])
-    result = _train(cfg, tmp_path, ranks=Ranks(rank=1, world_size=2))
+    result = _train(cfg, tmp_path, ranks=Dist(rank=1, world_size=2))
     assert result.step == 2 and list(tmp_path.iterdir()) == []
 
 

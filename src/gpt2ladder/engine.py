@@ -95,11 +95,6 @@ class Engine:
         torch._dynamo.reset()
         return torch.compile(module, backend=backend, mode=self.setup.compile_mode)
 
-    def wrap(self, wrapper) -> None:
-        """Replace the model forward calls (e.g. with a DDP wrapper), keeping the optimizer's params."""
-        self.model = wrapper(self.model)
-        self.forward = self._compiled(self.model, self.compile_backend)
-
     @contextlib.contextmanager
     def precision(self):
         """TF32 (or not) for this step only: the global flag is restored, so rungs never leak."""

@@ -10,7 +10,7 @@ Exit codes: 0 when done; 130 after Ctrl-C (SIGINT) and 143 after SIGTERM, both o
 step in flight and save a checkpoint first; 1 or 2 with a one-line error otherwise.
 
 Data parallel under torchrun (`torchrun --nproc_per_node=N -m gpt2ladder train ...`): the process's
-place is a `distributed.Dist` (a `Ranks` with a `mean` that all-reduces), the model is wrapped by DDP
+place is a `distributed.Dist` (rank, world size, and a `mean` that all-reduces), the model is wrapped by DDP
 or sharded by FSDP2 (`--strategy`), batches are split by rank, losses are averaged over ranks, and every
 side effect a user sees (printing, log, plots, TensorBoard, checkpoint files) happens only where
 `is_main`. --tokens-per-step is global; by default it is micro-batch x seq len x processes. The
@@ -115,23 +115,6 @@ def model_config_for(preset_name: str, init_from: str | None) -> ModelConfig:
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """Which process of how many this is. One process by default; `distributed.py` passes its own
-    object with these fields and a `mean` that all-reduces."""
-
-    rank: int = 0
-    world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The mean of a tensor over all processes; with one process, the tensor itself."""
-        return value
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -307,7 +290,7 @@ def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, paralleli
                   compile_backend=cfg.compile_backend, model=model, parallelize=parallelize)
 
 
-def weights_finite(model: torch.nn.Module, ranks=Ranks()) -> bool:
+def weights_finite(model: torch.nn.Module, ranks=distributed.SINGLE) -> bool:
     """One host sync for all parameters; under FSDP2 each rank checks its shard and all must agree."""
     local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
     finite = torch.stack([torch.isfinite(t).all() for t in local]).all().float()
@@ -334,7 +317,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
 class Trainer:
     """The loop's state: engine, batches, step; `run` trains to cfg.steps or until a signal."""
 
-    def __init__(self, cfg: TrainConfig, device: torch.device, out: Path, ranks=Ranks(),
+    def __init__(self, cfg: TrainConfig, device: torch.device, out: Path, ranks=distributed.SINGLE,
                  strategy: str | None = None):
         self.cfg, self.device, self.out, self.ranks = cfg, device, out, ranks
         self.strategy = strategy  # "ddp" or "fsdp" under torchrun (ranks is then a distributed.Dist)
@@ -484,7 +467,7 @@ class Trainer:
 
 
 def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: bool = False,
-                 progress: bool = True, ranks=Ranks(), strategy: str | None = None) -> TrainResult:
+                 progress: bool = True, ranks=distributed.SINGLE, strategy: str | None = None) -> TrainResult:
     """Train (or continue) the run in `out`; every user-visible side effect happens on the main rank."""
     ckpt = out / FILENAME
     if not resume and ckpt.exists():
