@@ -273,7 +273,7 @@ def _check_batch_args(n_tokens: int, batch_size: int, seq_len: int,
         raise UsageError(f"batch size {batch_size} is not divisible by world size {world_size}")
     if n_tokens < seq_len + 1:
         raise UsageError(
-            f"the text has {n_tokens} tokens, too few for one sequence of {seq_len + 1}; "
+            f"the text has {n_tokens} token{'' if n_tokens == 1 else 's'}, too few for one sequence of {seq_len + 1}; "
             "use a longer text or a smaller --seq-len"
         )
 
