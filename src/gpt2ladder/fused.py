@@ -56,22 +56,46 @@ class LossAndGrad(torch.autograd.Function):
         return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None
 
 
-def _softmax_minus_onehot(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int):
-    """Mean cross-entropy over the real vocabulary and its logit gradient times N, both in fp32."""
-    lf = logits.float()
-    if lf.shape[1] > vocab_size:  # padded columns take no part in the softmax
-        cols = torch.arange(lf.shape[1], device=lf.device)
-        lf = lf.masked_fill(cols >= vocab_size, float("-inf"))
+def _lse_and_loss(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int):
+    """Per-row log-sum-exp over the real vocabulary (fp32, (N, 1)) and the mean cross-entropy."""
+    lf = _real_columns(logits.float(), vocab_size)
     lse = torch.logsumexp(lf, dim=1, keepdim=True)  # (N, 1)
     loss = (lse.squeeze(1) - lf.gather(1, targets[:, None]).squeeze(1)).mean()
-    grad = torch.exp(lf - lse).scatter_add(1, targets[:, None], -torch.ones_like(lse))  # (N, Vp)
-    return loss, grad
+    return lse, loss
+
+
+def _real_columns(lf: torch.Tensor, vocab_size: int, vocab_dim: int = 1) -> torch.Tensor:
+    """Padded columns set to -inf: they take no part in the softmax and get exactly zero gradient."""
+    if lf.shape[vocab_dim] <= vocab_size:
+        return lf
+    return lf.masked_fill(_vocab_index(lf, vocab_dim) >= vocab_size, float("-inf"))
+
+
+def _vocab_index(t: torch.Tensor, vocab_dim: int) -> torch.Tensor:
+    """The vocabulary index of every element, shaped to broadcast against t (2-D)."""
+    idx = torch.arange(t.shape[vocab_dim], device=t.device)
+    return idx[None, :] if vocab_dim == 1 else idx[:, None]
+
+
+def _logit_grad(logits, lse, targets, vocab_size: int, scale: float, dtype: torch.dtype,
+                vocab_dim: int = 1) -> torch.Tensor:
+    """(softmax - onehot) x scale in `dtype`, as one elementwise expression of the logits.
+
+    The one-hot is a comparison with the vocabulary index rather than a scatter into a materialised
+    fp32 gradient, so under compile this is a single pass: read the logits, write the gradient at its
+    final width (bf16, or e5m2 for float8). A scatter would force an fp32 (N, V) tensor to memory and
+    a second pass to scale and cast it. `vocab_dim=0` takes the transposed logits (V, N) with lse and
+    targets as (1, N) and gives the transposed gradient.
+    """
+    lf = _real_columns(logits.float(), vocab_size, vocab_dim)
+    onehot = (_vocab_index(lf, vocab_dim) == targets).float()
+    return ((torch.exp(lf - lse) - onehot) * scale).to(dtype)
 
 
 def _loss_and_grads(x, w, targets, vocab_size):
     logits = x @ w.t()  # (N, Vp)
-    loss, grad = _softmax_minus_onehot(logits, targets, vocab_size)
-    grad = (grad / x.shape[0]).to(x.dtype)
+    lse, loss = _lse_and_loss(logits, targets, vocab_size)
+    grad = _logit_grad(logits, lse, targets[:, None], vocab_size, 1.0 / x.shape[0], x.dtype)
     return loss, grad @ w, grad.t() @ x  # loss, (N, C), (Vp, C)
 
 
@@ -93,11 +117,17 @@ def _fp8_loss_and_grads(x, w, targets, vocab_size):
     w8, sw = _to_fp8(w, E4M3)  # (Vp, C)
     logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
                               use_fast_accum=True)  # (N, Vp)
-    loss, grad = _softmax_minus_onehot(logits, targets, vocab_size)
-    g8 = (grad * GRAD_SCALE).to(E5M2)  # no amax needed: the range is known
+    lse, loss = _lse_and_loss(logits, targets, vocab_size)
+    # No amax pass: |softmax - onehot| <= 1, so the scale is known ahead. Float8 matmuls on Hopper take
+    # both operands contracted along their contiguous dimension, so the weight gradient (a sum over
+    # the N rows) needs the gradient transposed too: g8_t is the same expression evaluated over the
+    # transposed logits, written straight in that layout, rather than a transpose that reads g8 back.
+    g8 = _logit_grad(logits, lse, targets[:, None], vocab_size, GRAD_SCALE, E5M2)  # (N, Vp)
+    g8_t = _logit_grad(logits.t(), lse.t(), targets[None, :], vocab_size, GRAD_SCALE, E5M2,
+                       vocab_dim=0)  # (Vp, N)
     g_scale = torch.tensor(1.0 / (GRAD_SCALE * n), device=x.device)
     grad_x = torch._scaled_mm(g8, _col_major(w8), scale_a=g_scale, scale_b=sw,
                               out_dtype=torch.bfloat16)  # (N, C)
-    grad_w = torch._scaled_mm(g8.t().contiguous(), _col_major(x8), scale_a=g_scale, scale_b=sx,
+    grad_w = torch._scaled_mm(g8_t.contiguous(), _col_major(x8), scale_a=g_scale, scale_b=sx,
                               out_dtype=torch.float32)  # (Vp, C)
     return loss, grad_x, grad_w
