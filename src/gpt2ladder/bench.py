@@ -64,8 +64,12 @@ def load_bench_tokens(cfg: BenchConfig, notify=print) -> data_mod.TokenData:
 
 
 def run_bench(cfg: BenchConfig, device: torch.device, *, progress: bool = True, notify=print,
-              tokens: data_mod.TokenData | None = None) -> dict:
-    """Measure every rung in `cfg.rungs` (cumulatively) and return the self-describing record."""
+              tokens: data_mod.TokenData | None = None, on_row=None) -> dict:
+    """Measure every rung in `cfg.rungs` (cumulatively) and return the self-describing record.
+
+    `on_row(record)`, if given, sees the record so far after each rung: a long run that is cut off
+    still leaves the rungs it measured.
+    """
     caps = detect(device)
     tokens = load_bench_tokens(cfg, notify) if tokens is None else tokens
     model_cfg = preset(cfg.preset)
@@ -79,7 +83,13 @@ def run_bench(cfg: BenchConfig, device: torch.device, *, progress: bool = True, 
         if cfg.last_only and applied:  # the top of what can run here, under its own name
             name = applied[-1]
         rows.append(measure_rung(name, list(applied), model_cfg, cfg, tokens, device, caps, progress))
-    add_speedups(rows)
+        add_speedups(rows)
+        if on_row is not None:
+            on_row(_record(cfg, caps, device, model_cfg, tokens, rows, partial=True))
+    return _record(cfg, caps, device, model_cfg, tokens, rows, partial=False)
+
+
+def _record(cfg: BenchConfig, caps, device, model_cfg, tokens, rows, partial: bool) -> dict:
     from gpt2ladder.report import record_header
 
     dist = distributed.current()
@@ -88,7 +98,7 @@ def run_bench(cfg: BenchConfig, device: torch.device, *, progress: bool = True, 
                 "global_batch_size": cfg.batch_size * dist.world_size}
     return {**record_header(caps, device), "command": "bench", "config": dataclasses.asdict(cfg), **parallel,
             "model": model_cfg.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
-            "peak_flops": peak_flops(caps.name), "rungs": rows}
+            "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": list(rows)}
 
 
 def measure_rung(name, applied, model_cfg: ModelConfig, cfg: BenchConfig, tokens, device,
@@ -247,7 +257,8 @@ def _bench(args, dist: distributed.Dist) -> int:
         strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
         say(f"{dist.world_size} processes ({dist.backend}, {strategy}):"
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
-    record = run_bench(cfg, device, progress=not args.no_progress, notify=say, tokens=tokens)
+    record = run_bench(cfg, device, progress=not args.no_progress, notify=say, tokens=tokens,
+                       on_row=_partial_writer(out) if dist.is_main else None)
     failure = nothing_measured(record, out / "ladder.json")
     if args.rungs == "best" and failure is None:
         from gpt2ladder.best import add_best
@@ -262,6 +273,17 @@ def _bench(args, dist: distributed.Dist) -> int:
     if failure:
         raise LadderError(failure)
     return 0
+
+
+def _partial_writer(out: Path):
+    """After each rung: its one-line result on stdout and the rows so far in ladder.json (partial: true)."""
+    from gpt2ladder.report import ladder_rows, write_json
+
+    def on_row(record: dict) -> None:
+        write_json(out / "ladder.json", record)
+        print("  " + "  ".join(ladder_rows({"rungs": record["rungs"][-1:]})[0]), flush=True)
+
+    return on_row
 
 
 def _write(record: dict, out: Path, scaled: bool) -> None:

@@ -95,11 +95,6 @@ def _needs_fp8(caps: Capabilities) -> str | None:
     return caps.compile_problem  # the casts are only cheap when compile fuses them into neighbours
 
 
-def _needs_autotune(caps: Capabilities) -> str | None:
-    """Benchmarking kernel variants pays on a GPU; on a CPU it only multiplies the compile time."""
-    return _needs_cuda("autotuning")(caps) or caps.compile_problem
-
-
 LADDER: tuple[Rung, ...] = (
     Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
          "precision", {}, seed=True),
@@ -125,9 +120,6 @@ LADDER: tuple[Rung, ...] = (
          "precision", {"fp8_head": True, "fused_loss": True, "vocab_multiple": 128}, _needs_fp8),
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
          "overhead", {"cuda_graph": True}, _needs_cuda("CUDA graphs")),
-    Rung("autotune", "torch.compile's max-autotune: each matmul races Triton templates (which can fuse the "
-         "bias and GELU that follow) against cuBLAS, and every fused kernel's block sizes are tuned.",
-         "memory", {"compile_mode": "max-autotune-no-cudagraphs"}, _needs_autotune),
 )
 
 RUNGS_BY_NAME = {r.name: r for r in LADDER}
