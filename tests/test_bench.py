@@ -89,6 +89,30 @@ def test_cli_writes_table_json_markdown_and_png(shakespeare_cache, tmp_path, cap
     assert (out / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_each_rung_is_printed_and_kept_as_it_finishes(shakespeare_cache, tmp_path, capsys):
+    """A long bench that is cut off still leaves the rungs it measured in ladder.json (partial: true)."""
+    seen = []
+
+    def on_row(record):
+        seen.append([r["name"] for r in record["rungs"]])
+        assert record["partial"] is True and list(record["config"]["rungs"]) == ["baseline", "flash", "vocab"]
+
+    cfg = BenchConfig(preset="tiny", rungs=("baseline", "flash", "vocab"), batch_size=2, seq_len=32, steps=2,
+                      warmup=1, compile_backend="eager")
+    final = run_bench(cfg, CPU, progress=False, on_row=on_row)
+    assert seen == [["baseline"], ["baseline", "flash"], ["baseline", "flash", "vocab"]]
+    assert final["partial"] is False
+
+    from gpt2ladder.bench import _partial_writer
+
+    write = _partial_writer(tmp_path)
+    write({**final, "partial": True, "rungs": final["rungs"][:2]})
+    kept = json.loads((tmp_path / "ladder.json").read_text())
+    assert kept["partial"] is True and [r["name"] for r in kept["rungs"]] == ["baseline", "flash"]
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("flash") and "ms" not in line.split()[0]
+
+
 def test_bad_bench_config():
     with pytest.raises(UsageError, match="block size"):
         BenchConfig(preset="tiny", seq_len=257)
