@@ -1,7 +1,5 @@
 """CUDA-only checks of the rungs that exist only there; skipped without a GPU."""
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -63,53 +61,3 @@ def test_fused_loss_matches_on_gpu():
     plain = _losses(["baseline", "tf32", "bf16", "compile", "flash", "vocab"], batches)
     fused = _losses(["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_loss"], batches)
     assert fused == pytest.approx(plain, rel=5e-3)
-
-
-def _kernel_case(n=16384, v=50304, real=50257, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(n, v, generator=gen) * 3).to(torch.bfloat16).to(GPU)
-    targets = torch.randint(0, real, (n,), generator=gen).to(GPU)
-    return logits, targets, real
-
-
-@needs_cuda
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-def test_loss_kernel_equals_the_expressions_at_gpt2_size():
-    """The Triton kernel against the PyTorch expressions it replaces, at GPT-2's B=16 x 1024 shapes."""
-    from gpt2ladder import loss_kernel
-    from gpt2ladder.fused import E5M2, GRAD_SCALE, _lse_and_loss, _logit_grad
-
-    logits, targets, real = _kernel_case()
-    ref_lse, ref_loss = _lse_and_loss(logits, targets, real)
-    # bf16 gradient, as the fused_loss rung uses it
-    lse, rows, g, _ = loss_kernel.logit_grad(logits, targets, real, 1 / 16384, torch.bfloat16, False)
-    ref = _logit_grad(logits, ref_lse, targets[:, None], real, 1 / 16384, torch.bfloat16)
-    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=1e-4)
-    torch.testing.assert_close(rows.mean(), ref_loss, rtol=0, atol=1e-4)
-    rel = (g.float() - ref.float()).abs() / ref.float().abs().clamp(min=1e-30)
-    assert (rel <= 2**-7).float().mean() == 1.0  # within one bf16 rounding step everywhere
-    assert g[:, real:].abs().max() == 0
-    # float8 gradient in both layouts, as the fp8_head rung uses it
-    _, _, g8, g8_t = loss_kernel.logit_grad(logits, targets, real, GRAD_SCALE, E5M2, True)
-    ref8 = _logit_grad(logits, ref_lse, targets[:, None], real, GRAD_SCALE, E5M2)
-    codes = (g8.view(torch.uint8).int() - ref8.view(torch.uint8).int()).abs()
-    assert codes.max() <= 1  # at most one float8 step apart (exp rounding can cross a boundary)
-    assert (codes == 0).float().mean() > 0.99
-    assert torch.equal(g8_t.view(torch.uint8), g8.t().contiguous().view(torch.uint8))
-
-
-@needs_cuda
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
-                    reason="float8 matmuls need compute capability 8.9+")
-def test_loss_kernel_trains_like_the_expressions(monkeypatch):
-    """Whole compiled, graphed steps with the kernel and with the expressions it replaces."""
-    from gpt2ladder import fused
-
-    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head",
-             "cuda_graph"]
-    batches = _batches(8)
-    with_kernel = _losses(names, batches)
-    monkeypatch.setattr(fused, "USE_LOSS_KERNEL", False)
-    without = _losses(names, batches)
-    assert with_kernel == pytest.approx(without, rel=5e-3)
-    assert with_kernel[-1] < with_kernel[0]

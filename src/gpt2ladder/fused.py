@@ -13,15 +13,8 @@ activations and the weight are small (N x 768, V x 768) and their amax fuses int
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from gpt2ladder import loss_kernel
-
-# The Triton loss kernel on GPUs (loss_kernel.py); GPT2LADDER_LOSS_KERNEL=0 uses the PyTorch expressions
-# there too, to compare the two.
-USE_LOSS_KERNEL = os.environ.get("GPT2LADDER_LOSS_KERNEL", "1") != "0"
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 GRAD_SCALE = 2.0**15  # |softmax - onehot| <= 1, so x 2^15 stays under e5m2's max of 57344
@@ -99,27 +92,10 @@ def _logit_grad(logits, lse, targets, vocab_size: int, scale: float, dtype: torc
     return ((torch.exp(lf - lse) - onehot) * scale).to(dtype)
 
 
-def _loss_pass(logits, targets, vocab_size: int, scale: float, dtype: torch.dtype, transposed: bool):
-    """The mean loss, the logit gradient x scale in `dtype` (N, Vp) and, if asked, its transpose (Vp, N).
-
-    On a GPU with Triton one kernel does it (`loss_kernel.py`); elsewhere the same expressions in
-    PyTorch, which compile fuses.
-    """
-    if USE_LOSS_KERNEL and loss_kernel.available(logits):
-        _, rows, grad, grad_t = loss_kernel.logit_grad(logits, targets, vocab_size, scale, dtype, transposed)
-        return rows.mean(), grad, (grad_t if transposed else None)
-    lse, loss = _lse_and_loss(logits, targets, vocab_size)
-    grad = _logit_grad(logits, lse, targets[:, None], vocab_size, scale, dtype)
-    if not transposed:
-        return loss, grad, None
-    # Evaluated over the transposed logits, so it is written straight in (Vp, N) layout rather than
-    # by a transpose that reads `grad` back.
-    return loss, grad, _logit_grad(logits.t(), lse.t(), targets[None, :], vocab_size, scale, dtype, vocab_dim=0)
-
-
 def _loss_and_grads(x, w, targets, vocab_size):
     logits = x @ w.t()  # (N, Vp)
-    loss, grad, _ = _loss_pass(logits, targets, vocab_size, 1.0 / x.shape[0], x.dtype, transposed=False)
+    lse, loss = _lse_and_loss(logits, targets, vocab_size)
+    grad = _logit_grad(logits, lse, targets[:, None], vocab_size, 1.0 / x.shape[0], x.dtype)
     return loss, grad @ w, grad.t() @ x  # loss, (N, C), (Vp, C)
 
 
@@ -141,10 +117,14 @@ def _fp8_loss_and_grads(x, w, targets, vocab_size):
     w8, sw = _to_fp8(w, E4M3)  # (Vp, C)
     logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
                               use_fast_accum=True)  # (N, Vp)
+    lse, loss = _lse_and_loss(logits, targets, vocab_size)
     # No amax pass: |softmax - onehot| <= 1, so the scale is known ahead. Float8 matmuls on Hopper take
     # both operands contracted along their contiguous dimension, so the weight gradient (a sum over
-    # the N rows) needs the gradient transposed too.
-    loss, g8, g8_t = _loss_pass(logits, targets, vocab_size, GRAD_SCALE, E5M2, transposed=True)
+    # the N rows) needs the gradient transposed too: g8_t is the same expression evaluated over the
+    # transposed logits, written straight in that layout, rather than a transpose that reads g8 back.
+    g8 = _logit_grad(logits, lse, targets[:, None], vocab_size, GRAD_SCALE, E5M2)  # (N, Vp)
+    g8_t = _logit_grad(logits.t(), lse.t(), targets[None, :], vocab_size, GRAD_SCALE, E5M2,
+                       vocab_dim=0)  # (Vp, N)
     g_scale = torch.tensor(1.0 / (GRAD_SCALE * n), device=x.device)
     grad_x = torch._scaled_mm(g8, _col_major(w8), scale_a=g_scale, scale_b=sw,
                               out_dtype=torch.bfloat16)  # (N, C)
