@@ -159,3 +159,27 @@ def test_auto_batch_when_nothing_fits():
     from gpt2ladder.autobatch import search_largest
 
     assert search_largest(lambda b: False) == (0, 1)
+
+
+def test_auto_batch_backs_off_when_the_measured_step_does_not_fit(shakespeare_cache, tmp_path, monkeypatch, capsys):
+    """The eager probe only estimates: a rung that still runs out of memory is measured again at 7/8."""
+    import gpt2ladder.autobatch
+    import gpt2ladder.bench as bench
+
+    monkeypatch.setattr(gpt2ladder.autobatch, "largest_batch", lambda cfg, device, caps: 8)
+    real = bench._time_setup
+
+    def time_setup(setup, model_cfg, cfg, *args, **kwargs):
+        if cfg.batch_size > 5:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(setup, model_cfg, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "_time_setup", time_setup)
+    code = main(["bench", "--batch-size", "auto", "--rungs", "baseline", "--seq-len", "32", "--steps", "2",
+                 "--warmup", "1", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    record = json.loads((tmp_path / "ladder.json").read_text())
+    assert record["auto_batch"] == {"probed": 8, "measured": 5}  # 8 -> 7 -> 6 -> 5
+    assert record["config"]["batch_size"] == 5 and record["rungs"][0]["status"] == "ok"
+    assert "out of memory at 8 when measured; trying 7" in capsys.readouterr().out
+    assert "8 sequences fit the memory probe; measured at 5" in (tmp_path / "ladder.md").read_text()

@@ -130,3 +130,24 @@ def test_fused_loss_under_inductor_matches_eager():
     torch.testing.assert_close(cx, gx, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(cw, gw, rtol=1e-4, atol=1e-6)
     assert cw[180:].abs().max() == 0
+
+
+def test_eager_loss_pass_in_row_pieces_gives_the_same_numbers(monkeypatch):
+    """Eagerly the loss pass goes through the rows in pieces (no fp32 (N, V) temporaries); same results."""
+    from gpt2ladder import fused
+
+    gen = torch.Generator().manual_seed(7)
+    logits = (torch.randn(130, 200, generator=gen) * 3).to(torch.bfloat16)
+    targets = torch.randint(0, 190, (130,), generator=gen)
+    for dtype, scale, transposed in [(torch.bfloat16, 1 / 130, False), (fused.E5M2, GRAD_SCALE, True)]:
+        whole = fused._loss_pass(logits, targets, 190, scale, dtype, transposed)
+        monkeypatch.setattr(fused, "EAGER_CHUNK_ROWS", 48)  # 48 + 48 + 34 rows
+        pieces = fused._loss_pass(logits, targets, 190, scale, dtype, transposed)
+        monkeypatch.undo()
+        torch.testing.assert_close(pieces[0], whole[0], rtol=1e-6, atol=1e-6)
+        assert torch.equal(pieces[1].view(torch.uint8), whole[1].view(torch.uint8))
+        if transposed:
+            assert torch.equal(pieces[2].view(torch.uint8), whole[2].view(torch.uint8))
+            assert torch.equal(pieces[2].view(torch.uint8), whole[1].t().contiguous().view(torch.uint8))
+        else:
+            assert pieces[2] is None and whole[2] is None

@@ -3,7 +3,9 @@
 The probe runs eager steps (no compile, no graph capture: compiled steps use less memory, so the answer
 errs on the safe side and costs seconds, not a compile per size). It doubles the batch until a step
 runs out of memory or passes the headroom limit, then bisects between the last fit and the first
-failure. Out-of-memory is caught and freed on the way; it never ends the run.
+failure. Out-of-memory is caught and freed on the way; it never ends the run. The probe is an estimate:
+if the measured (compiled, graphed) step still runs out of memory, `bench` measures again at 7/8 of
+the size.
 """
 
 from __future__ import annotations

@@ -257,8 +257,10 @@ def _bench(args, dist: distributed.Dist) -> int:
         strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
         say(f"{dist.world_size} processes ({dist.backend}, {strategy}):"
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
-    record = run_bench(cfg, device, progress=not args.no_progress, notify=say, tokens=tokens,
-                       on_row=_partial_writer(out) if dist.is_main else None)
+    on_row = _partial_writer(out) if dist.is_main else None
+    record = run_bench(cfg, device, progress=not args.no_progress, notify=say, tokens=tokens, on_row=on_row)
+    if args.batch_size == "auto":
+        record = _back_off_if_oom(record, cfg, device, tokens, not args.no_progress, say, on_row)
     failure = nothing_measured(record, out / "ladder.json")
     if args.rungs == "best" and failure is None:
         from gpt2ladder.best import add_best
@@ -273,6 +275,25 @@ def _bench(args, dist: distributed.Dist) -> int:
     if failure:
         raise LadderError(failure)
     return 0
+
+
+AUTO_BACKOFF = 7 / 8  # when the measured step does not fit the probed batch: try this fraction of it
+AUTO_RETRIES = 4
+
+
+def _back_off_if_oom(record: dict, cfg: BenchConfig, device, tokens, progress: bool, say, on_row) -> dict:
+    """--batch-size auto: the probe's eager steps stand in for the real ones; if a measured rung still
+    runs out of memory at the probed size, measure again at 7/8 of it (a few times at most)."""
+    probed = cfg.batch_size
+    for _ in range(AUTO_RETRIES):
+        if not any(r["status"] == "oom" for r in record["rungs"]) or cfg.batch_size == 1:
+            break
+        cfg = dataclasses.replace(cfg, batch_size=max(1, int(cfg.batch_size * AUTO_BACKOFF)))
+        say(f"--batch-size auto: out of memory at {record['config']['batch_size']} when measured; "
+            f"trying {cfg.batch_size}", flush=True)
+        record = run_bench(cfg, device, progress=progress, notify=say, tokens=tokens, on_row=on_row)
+    record["auto_batch"] = {"probed": probed, "measured": cfg.batch_size}
+    return record
 
 
 def _partial_writer(out: Path):

@@ -92,10 +92,44 @@ def _logit_grad(logits, lse, targets, vocab_size: int, scale: float, dtype: torc
     return ((torch.exp(lf - lse) - onehot) * scale).to(dtype)
 
 
+EAGER_CHUNK_ROWS = 4096  # rows per piece when the loss pass runs eagerly (see `_loss_pass`)
+
+
+def _loss_pass(logits, targets, vocab_size: int, scale: float, dtype: torch.dtype, transposed: bool):
+    """The mean loss, the logit gradient x scale in `dtype` (N, Vp) and, if asked, its transpose (Vp, N).
+
+    Compiled, the expressions fuse and no fp32 (N, Vp) tensor exists. Run eagerly (a model without
+    compile, or `--batch-size auto`'s memory probe) each expression would materialise one, several
+    GB at GPT-2's batch sizes, so the rows go through in pieces there; the numbers are the same.
+    """
+    n = logits.shape[0]
+    if torch.compiler.is_compiling() or n <= EAGER_CHUNK_ROWS:
+        return _loss_pass_rows(logits, targets, vocab_size, scale, dtype, transposed)
+    grad = logits.new_empty(logits.shape, dtype=dtype)
+    grad_t = logits.new_empty(logits.shape[::-1], dtype=dtype) if transposed else None
+    total = torch.zeros((), device=logits.device)
+    for i in range(0, n, EAGER_CHUNK_ROWS):
+        rows = slice(i, min(n, i + EAGER_CHUNK_ROWS))
+        loss, grad[rows], g_t = _loss_pass_rows(logits[rows], targets[rows], vocab_size, scale, dtype, transposed)
+        total += loss * (rows.stop - rows.start)
+        if transposed:
+            grad_t[:, rows] = g_t
+    return total / n, grad, grad_t
+
+
+def _loss_pass_rows(logits, targets, vocab_size: int, scale: float, dtype: torch.dtype, transposed: bool):
+    lse, loss = _lse_and_loss(logits, targets, vocab_size)
+    grad = _logit_grad(logits, lse, targets[:, None], vocab_size, scale, dtype)
+    if not transposed:
+        return loss, grad, None
+    # Evaluated over the transposed logits, so it is written straight in (Vp, N) layout rather than
+    # by a transpose that reads `grad` back.
+    return loss, grad, _logit_grad(logits.t(), lse.t(), targets[None, :], vocab_size, scale, dtype, vocab_dim=0)
+
+
 def _loss_and_grads(x, w, targets, vocab_size):
     logits = x @ w.t()  # (N, Vp)
-    lse, loss = _lse_and_loss(logits, targets, vocab_size)
-    grad = _logit_grad(logits, lse, targets[:, None], vocab_size, 1.0 / x.shape[0], x.dtype)
+    loss, grad, _ = _loss_pass(logits, targets, vocab_size, 1.0 / x.shape[0], x.dtype, transposed=False)
     return loss, grad @ w, grad.t() @ x  # loss, (N, C), (Vp, C)
 
 
@@ -117,14 +151,10 @@ def _fp8_loss_and_grads(x, w, targets, vocab_size):
     w8, sw = _to_fp8(w, E4M3)  # (Vp, C)
     logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
                               use_fast_accum=True)  # (N, Vp)
-    lse, loss = _lse_and_loss(logits, targets, vocab_size)
     # No amax pass: |softmax - onehot| <= 1, so the scale is known ahead. Float8 matmuls on Hopper take
     # both operands contracted along their contiguous dimension, so the weight gradient (a sum over
-    # the N rows) needs the gradient transposed too: g8_t is the same expression evaluated over the
-    # transposed logits, written straight in that layout, rather than a transpose that reads g8 back.
-    g8 = _logit_grad(logits, lse, targets[:, None], vocab_size, GRAD_SCALE, E5M2)  # (N, Vp)
-    g8_t = _logit_grad(logits.t(), lse.t(), targets[None, :], vocab_size, GRAD_SCALE, E5M2,
-                       vocab_dim=0)  # (Vp, N)
+    # the N rows) needs the gradient transposed too.
+    loss, g8, g8_t = _loss_pass(logits, targets, vocab_size, GRAD_SCALE, E5M2, transposed=True)
     g_scale = torch.tensor(1.0 / (GRAD_SCALE * n), device=x.device)
     grad_x = torch._scaled_mm(g8, _col_major(w8), scale_a=g_scale, scale_b=sw,
                               out_dtype=torch.bfloat16)  # (N, C)

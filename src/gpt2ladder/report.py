@@ -137,6 +137,10 @@ def format_markdown(record: dict) -> str:
         f"- {record['date']}",
         "",
     ]
+    auto = record.get("auto_batch")
+    if auto:
+        head.insert(-2, f"- --batch-size auto: {auto['probed']} sequences fit the memory probe; measured at "
+                        f"{auto['measured']}")
     body = markdown_table(HEADERS, ladder_rows(record))
     return "\n".join(head + body) + "\n"
 
