@@ -4,7 +4,7 @@ Written by hand because it is the point of two rungs. The ordinary path writes t
 reads them for the loss, reads them again in backward to form softmax - onehot, and writes that
 gradient. Here the loss and the gradient come out of one compiled kernel over the logits, which
 writes the gradient once at its final width, and the two gradient matmuls run right away, so backward
-only scales saved tensors. (On the H200 that kernel takes 2.1 ms for GPT-2 at B=16 x 1024 with a bf16
+only scales saved tensors. (On the H200 that kernel takes 1.96 ms for GPT-2 at B=16 x 1024 with a bf16
 gradient; benchmarks/results/2026-11-29-h200-beyond/profile.)
 
 With `fp8=True` the three classifier matmuls use float8 (`torch._scaled_mm`). The scaling passes
