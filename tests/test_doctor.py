@@ -79,7 +79,7 @@ def test_pre_ampere_bench_reports_bf16_skipped_with_the_reason():
 
 
 def test_ampere_and_hopper():
-    assert recommended_rungs(A100) == [r.name for r in LADDER if r.name not in ("fp16", "fp8_head")]
+    assert recommended_rungs(A100) == [r.name for r in LADDER if r.name not in ("fp16", "fp8_head", "fp8_mlp", "fp8_attn")]
     assert "8.9" in {c.key: c.reason for c in feature_checks(A100)}["fp8"]
     assert recommended_rungs(H100) == recommended_rungs(H200) == [r.name for r in LADDER if r.name != "fp16"]
 
@@ -89,6 +89,7 @@ def test_no_triton_skips_every_rung_that_compiles_with_the_install_hint():
     assert "Triton" in reason and "pip install triton" in reason
     rungs = recommended_rungs(NO_TRITON)
     assert "compile" not in rungs and "fused_loss" not in rungs and "fp8_head" not in rungs
+    assert "fp8_mlp" not in rungs and "fp8_attn" not in rungs
     assert {"tf32", "bf16", "flash", "vocab", "cuda_graph"} <= set(rungs)
 
 

@@ -28,6 +28,8 @@ def observe(engine: Engine) -> dict:
         "fused_adamw": bool(engine.optimizer.defaults.get("fused")),
         "loss_fn": model.loss_fn is not None,
         "fp8": getattr(model.loss_fn, "fp8", False),
+        "fp8_linears": sorted({n.split(".", 3)[3] for n, m in model.named_modules()
+                               if type(m).__name__ == "Float8Linear"}),
         "graph": engine.setup.cuda_graph,
     }
 
@@ -42,6 +44,8 @@ EXPECTED = {  # rung -> the observable properties it may change
     "fused_adamw": {"fused_adamw"},
     "fused_loss": {"loss_fn"},
     "fp8_head": {"fp8"},
+    "fp8_mlp": {"fp8_linears"},
+    "fp8_attn": {"fp8_linears"},
     "cuda_graph": {"graph"},
 }
 

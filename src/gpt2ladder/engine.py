@@ -2,8 +2,8 @@
 
 Optional speed-ups are applied in one fixed order, after torchtitan's:
 build the model (its config carries attention and vocabulary padding) -> move it to the device ->
-swap the classifier's loss (fused, float8) -> `parallelize` for data parallelism (`distributed.py`:
-FSDP2 shards every Block, then the root; DDP wraps) -> compile -> optimizer -> CUDA graph capture on
+swap the classifier's loss (fused, float8) and the Blocks' Linears (float8) -> `parallelize` for
+data parallelism (`distributed.py`: FSDP2 shards every Block, then the root; DDP wraps) -> compile -> optimizer -> CUDA graph capture on
 the first step. The optimizer comes last because FSDP2 replaces every parameter by a sharded DTensor.
 Compile takes the whole (sharded or wrapped) model: under DDP that is torch.compile(DDP(model)), so
 dynamo's DDPOptimizer cuts the graph at gradient buckets and the all-reduces overlap backward
@@ -46,6 +46,10 @@ def build_model(model_cfg: ModelConfig, setup: Setup, device: torch.device, seed
         from gpt2ladder.fused import make_loss_fn
 
         model.loss_fn = make_loss_fn(model.config.vocab_size, fp8=setup.fp8_head)
+    if setup.fp8_mlp or setup.fp8_attn:
+        from gpt2ladder.fp8 import use_float8
+
+        use_float8(model, mlp=setup.fp8_mlp, attn=setup.fp8_attn)
     return model
 
 

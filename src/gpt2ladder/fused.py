@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-E4M3 = torch.float8_e4m3fn
-E5M2 = torch.float8_e5m2
+from gpt2ladder.fp8 import E4M3, E5M2, col_major, fp8_shapes_ok, to_fp8
 GRAD_SCALE = 2.0**15  # |softmax - onehot| <= 1, so x 2^15 stays under e5m2's max of 57344
 
 
@@ -28,7 +27,7 @@ def make_loss_fn(vocab_size: int, fp8: bool = False):
     def loss_fn(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         dtype = _compute_dtype(x)
         x2 = x.reshape(-1, x.size(-1))
-        use_fp8 = fp8 and all(n % 16 == 0 for n in (*x2.shape, weight.shape[0]))  # _scaled_mm needs it
+        use_fp8 = fp8 and fp8_shapes_ok(*x2.shape, weight.shape[0])
         return LossAndGrad.apply(x2, weight, targets.reshape(-1), vocab_size, dtype, use_fp8)
 
     loss_fn.fp8 = fp8
@@ -135,22 +134,10 @@ def _loss_and_grads(x, w, targets, vocab_size):
     return loss, grad @ w, grad.t() @ x  # loss, (N, C), (Vp, C)
 
 
-def _to_fp8(t: torch.Tensor, dtype: torch.dtype):
-    """Per-tensor scaled cast: returns (t / scale in float8, scale) with amax mapped to the format's max."""
-    amax = t.detach().abs().amax().float().clamp(min=1e-12)
-    scale = amax / torch.finfo(dtype).max
-    return (t.float() / scale).to(dtype), scale
-
-
-def _col_major(t: torch.Tensor) -> torch.Tensor:
-    """Same values, column-major storage: the layout `_scaled_mm` wants for its second operand."""
-    return t.t().contiguous().t()
-
-
 def _fp8_loss_and_grads(x, w, targets, vocab_size):
     n = x.shape[0]
-    x8, sx = _to_fp8(x, E4M3)  # (N, C)
-    w8, sw = _to_fp8(w, E4M3)  # (Vp, C)
+    x8, sx = to_fp8(x, E4M3)  # (N, C)
+    w8, sw = to_fp8(w, E4M3)  # (Vp, C)
     logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
                               use_fast_accum=True)  # (N, Vp)
     # No amax pass: |softmax - onehot| <= 1, so the scale is known ahead. Float8 matmuls on Hopper take
@@ -158,8 +145,8 @@ def _fp8_loss_and_grads(x, w, targets, vocab_size):
     # the N rows) needs the gradient transposed too.
     loss, g8, g8_t = _loss_pass(logits, targets, vocab_size, GRAD_SCALE, E5M2, transposed=True)
     g_scale = torch.tensor(1.0 / (GRAD_SCALE * n), device=x.device)
-    grad_x = torch._scaled_mm(g8, _col_major(w8), scale_a=g_scale, scale_b=sw,
+    grad_x = torch._scaled_mm(g8, col_major(w8), scale_a=g_scale, scale_b=sw,
                               out_dtype=torch.bfloat16)  # (N, C)
-    grad_w = torch._scaled_mm(g8_t.contiguous(), _col_major(x8), scale_a=g_scale, scale_b=sx,
+    grad_w = torch._scaled_mm(g8_t.contiguous(), col_major(x8), scale_a=g_scale, scale_b=sx,
                               out_dtype=torch.float32)  # (Vp, C)
     return loss, grad_x, grad_w

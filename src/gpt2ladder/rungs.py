@@ -30,6 +30,8 @@ class Setup:
     cuda_graph: bool = False  # capture the whole step (forward, backward, optimizer) and replay it
     fused_loss: bool = False  # classifier + cross-entropy + its gradient in one pass over the logits
     fp8_head: bool = False  # classifier matmuls in float8 (Hopper and newer)
+    fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
+    fp8_attn: bool = False  # every Block's attention input and output projections in float8
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -118,6 +120,12 @@ LADDER: tuple[Rung, ...] = (
     Rung("fp8_head", "The classifier's three matmuls run in float8 inside the fused loss (which it turns on, "
          "with the 50304-row vocabulary it needs), at twice the bf16 tensor-core rate.",
          "precision", {"fp8_head": True, "fused_loss": True, "vocab_multiple": 128}, _needs_fp8),
+    Rung("fp8_mlp", "Each Block's MLP matmuls (two thirds of the model's matmul work) run in float8, "
+         "their casts fused into the layer norm and GELU around them.",
+         "precision", {"fp8_mlp": True}, _needs_fp8),
+    Rung("fp8_attn", "The attention's input and output projections run in float8 as well; the attention "
+         "itself stays bf16.",
+         "precision", {"fp8_attn": True}, _needs_fp8),
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
          "overhead", {"cuda_graph": True}, _needs_cuda("CUDA graphs")),
 )
