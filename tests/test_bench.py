@@ -17,7 +17,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def record(shakespeare_cache):
     cfg = BenchConfig(preset="tiny", rungs=("baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw",
-                                            "fused_loss", "fp8_head", "fp8_mlp", "fp8_attn", "cuda_graph"),
+                                            "fused_loss", "fp8_head", "cuda_graph", "fp8_mlp", "fp8_attn"),
                       batch_size=2, seq_len=32, steps=3, warmup=1, compile_backend="eager")
     return run_bench(cfg, CPU, progress=False)
 
@@ -183,3 +183,44 @@ def test_auto_batch_backs_off_when_the_measured_step_does_not_fit(shakespeare_ca
     assert record["config"]["batch_size"] == 5 and record["rungs"][0]["status"] == "ok"
     assert "out of memory at 8 when measured; trying 7" in capsys.readouterr().out
     assert "8 sequences fit the memory probe; measured at 5" in (tmp_path / "ladder.md").read_text()
+
+
+def test_best_batch_candidates_are_fractions_of_the_largest_fit():
+    from gpt2ladder.autobatch import batch_candidates
+
+    assert batch_candidates(232) == [232, 168, 112, 80, 56]  # multiples of 8 from 16 up
+    assert batch_candidates(8) == [8, 6, 4, 3, 2]
+    assert batch_candidates(1) == [1]
+    assert all(b <= 100 for b in batch_candidates(100)) and len(set(batch_candidates(100))) == 5
+
+
+def test_best_batch_keeps_the_size_with_the_most_tokens_per_second(shakespeare_cache, tmp_path, monkeypatch, capsys):
+    """Each candidate is timed at the top rung; the record is the winner's, with every size tried."""
+    import gpt2ladder.autobatch
+    import gpt2ladder.bench as bench
+
+    monkeypatch.setattr(gpt2ladder.autobatch, "largest_batch", lambda cfg, device, caps: 8)
+    real = bench._timed_steps
+
+    def timed_steps(engine, batches, cfg, *args, **kwargs):
+        if cfg.batch_size == 6:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        samples, losses, x = real(engine, batches, cfg, *args, **kwargs)
+        return [s + (1000.0 if cfg.batch_size == 8 else 0.0) for s in samples], losses, x  # 8 fits but is slow
+
+    monkeypatch.setattr(bench, "_timed_steps", timed_steps)
+    code = main(["bench", "--batch-size", "best", "--rungs", "baseline,compile", "--last-only", "--seq-len", "32",
+                 "--steps", "2", "--warmup", "1", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    record = json.loads((tmp_path / "ladder.json").read_text())
+    search = record["batch_search"]
+    assert [t["batch_size"] for t in search["tried"]] == [8, 6, 4, 3, 2]
+    assert [t["status"] for t in search["tried"]] == ["ok", "oom", "ok", "ok", "ok"]
+    measured = [t for t in search["tried"] if t["status"] == "ok"]
+    fastest = max(measured, key=lambda t: t["tokens_per_s"])
+    assert search["chosen"] == fastest["batch_size"] != 8 and search["largest_fit"] == 8
+    assert record["config"]["batch_size"] == search["chosen"] and record["rungs"][-1]["name"] == "compile"
+    assert record["rungs"][-1]["tokens_per_s"] == fastest["tokens_per_s"]  # the winner's own measurement
+    assert "--batch-size best: 8 sequences fit" in (tmp_path / "ladder.md").read_text()
+    assert "--batch-size best: timing 6 sequences" in capsys.readouterr().out
+

@@ -99,7 +99,7 @@ def test_seq_len_above_the_block_size(tmp_path, capsys, text_file):
 @pytest.mark.parametrize("flag,value,words", [
     ("--batch-size", "0", ["--batch-size", "positive integer", "got 0"]),
     ("--batch-size", "-4", ["--batch-size", "positive integer", "got -4"]),
-    ("--batch-size", "many", ["--batch-size", "positive integer", "'many'"]),
+    ("--batch-size", "many", ["--batch-size", "positive integer", "'many'", "'best'"]),
     ("--steps", "0", ["--steps", "positive integer", "got 0"]),
     ("--steps", "-1", ["--steps", "positive integer"]),
     ("--steps", "ten", ["--steps", "positive integer", "'ten'"]),

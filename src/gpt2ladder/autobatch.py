@@ -1,4 +1,5 @@
-"""`--batch-size auto`: the largest micro-batch that fits this GPU's memory for the chosen rungs.
+"""`--batch-size auto`: the largest micro-batch that fits this GPU's memory for the chosen rungs, and
+`--batch-size best`: the fastest of a few sizes up to that one.
 
 The probe runs eager steps (no compile, no graph capture: compiled steps use less memory, so the answer
 errs on the safe side and costs seconds, not a compile per size). It doubles the batch until a step
@@ -25,7 +26,8 @@ LIMIT = 4096
 
 def largest_batch(cfg, device: torch.device, caps, notify=print) -> int:
     if device.type != "cuda":
-        notify(f"notice: --batch-size auto sizes to GPU memory; on {device.type} using {cfg.batch_size or 4}")
+        notify(f"notice: the memory probe of --batch-size auto/best needs a GPU; on {device.type} starting "
+               f"from {cfg.batch_size if cfg.batch_size > 1 else 4}")
         return cfg.batch_size if cfg.batch_size > 1 else 4
     names = [n for n in cfg.rungs if why_unavailable(n, caps) is None]
     setup = dataclasses.replace(setup_for(names), compile=False, cuda_graph=False)
@@ -37,6 +39,21 @@ def largest_batch(cfg, device: torch.device, caps, notify=print) -> int:
         raise LadderError("out of memory even at batch size 1 for these rungs and sequence length")
     notify(f"--batch-size auto: {good} sequences of {cfg.seq_len} fit (first failure at {bad})")
     return good
+
+
+BEST_FRACTIONS = (1, 3 / 4, 1 / 2, 3 / 8, 1 / 4)  # of the largest batch that fits: what `best` times
+
+
+def batch_candidates(largest: int) -> list[int]:
+    """The sizes `--batch-size best` times, largest first: fractions of the largest that fits, rounded
+    down to a multiple of 8 from 16 up (whole tiles for the matmuls), without repeats."""
+    sizes = []
+    for f in BEST_FRACTIONS:
+        b = max(1, int(largest * f))
+        b = b - b % 8 if b >= 16 else b
+        if b not in sizes:
+            sizes.append(b)
+    return sizes
 
 
 def _probe(cfg, setup, device, total_memory: int) -> tuple[int, int]:

@@ -222,11 +222,14 @@ def defaults_for(device: torch.device) -> dict:
 
 
 def resolve_rungs(spec: str, caps: Capabilities) -> list[str]:
-    """`auto` = every rung this machine supports; the others are parsed by `rungs.parse_rungs`."""
+    """`auto` = every rung this machine supports but the opt-in ones; `best` = all it supports (to be
+    measured and decided); the others are parsed by `rungs.parse_rungs`."""
     from gpt2ladder.rungs import available_rungs, parse_rungs
 
-    if spec in ("auto", "best"):
+    if spec == "auto":
         return available_rungs(caps)  # the same list `gpt2ladder doctor` recommends
+    if spec == "best":
+        return available_rungs(caps, opt_in=True)  # the candidates; `best.py` keeps those that pay
     return parse_rungs(spec)
 
 
@@ -247,10 +250,13 @@ def _bench(args, dist: distributed.Dist) -> int:
     tokens = load_bench_tokens(cfg, notify=say)  # a bad --data fails here, in one line, before any work
     data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len)  # as does a text too short for one sequence
     out = prepare_out_dir(args.out)
-    if args.batch_size == "auto":
+    search = None
+    if args.batch_size in ("auto", "best"):
         from gpt2ladder.autobatch import largest_batch
 
         cfg = dataclasses.replace(cfg, batch_size=largest_batch(cfg, device, caps))
+    if args.batch_size == "best":
+        cfg, search = _fastest_batch(cfg, device, tokens, not args.no_progress, say)
     say(f"gpt2ladder bench: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
         f"{cfg.steps} timed steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
     if dist.enabled:
@@ -258,9 +264,14 @@ def _bench(args, dist: distributed.Dist) -> int:
         say(f"{dist.world_size} processes ({dist.backend}, {strategy}):"
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
     on_row = _partial_writer(out) if dist.is_main else None
-    record = run_bench(cfg, device, progress=not args.no_progress, notify=say, tokens=tokens, on_row=on_row)
+    if search and cfg.last_only:
+        record = search["record"]  # the top rung at the chosen size was just measured
+    else:
+        record = run_bench(cfg, device, progress=not args.no_progress, notify=say, tokens=tokens, on_row=on_row)
     if args.batch_size == "auto":
         record = _back_off_if_oom(record, cfg, device, tokens, not args.no_progress, say, on_row)
+    if search:
+        record["batch_search"] = {k: v for k, v in search.items() if k != "record"}
     failure = nothing_measured(record, out / "ladder.json")
     if args.rungs == "best" and failure is None:
         from gpt2ladder.best import add_best
@@ -296,6 +307,36 @@ def _back_off_if_oom(record: dict, cfg: BenchConfig, device, tokens, progress: b
     return record
 
 
+def _fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say) -> tuple[BenchConfig, dict]:
+    """--batch-size best: the top rung timed at each candidate size up to the largest that fits; the
+    config at the size with the most tokens/s, and the search (with the winner's record under "record").
+
+    The largest size is not always the fastest: near the memory limit the allocator and the caches do
+    worse, while small sizes pay the per-step costs (optimizer, launches) on fewer tokens.
+    """
+    from gpt2ladder.autobatch import batch_candidates
+
+    largest, tried, best = cfg.batch_size, [], None
+    for b in batch_candidates(largest):
+        say(f"--batch-size best: timing {b} sequences", flush=True)
+        rec = run_bench(dataclasses.replace(cfg, batch_size=b, last_only=True), device, progress=progress,
+                        notify=lambda *a, **k: None, tokens=tokens)
+        row = rec["rungs"][-1]
+        tried.append({"batch_size": b, "status": row["status"], "ms_per_step": row.get("ms_per_step"),
+                      "tokens_per_s": row.get("tokens_per_s")})
+        say(f"  {b}: " + (f"{row['ms_per_step']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s"
+                          if row["status"] == "ok" else row["status"]), flush=True)
+        if row["status"] == "ok" and (best is None or row["tokens_per_s"] > best[1]["tokens_per_s"]):
+            best = (b, row, rec)
+    if best is None:
+        raise LadderError(f"--batch-size best: no size up to {largest} could be measured "
+                          f"({', '.join(str(t['batch_size']) + ' ' + t['status'] for t in tried)})")
+    say(f"--batch-size best: {best[0]} sequences ({best[1]['tokens_per_s']:,.0f} tokens/s)", flush=True)
+    search = {"largest_fit": largest, "tried": tried, "chosen": best[0], "rung": best[1]["name"],
+              "rule": "the most tokens/s at the top rung", "record": best[2]}
+    return dataclasses.replace(cfg, batch_size=best[0]), search
+
+
 def _partial_writer(out: Path):
     """After each rung: its one-line result on stdout and the rows so far in ladder.json (partial: true)."""
     from gpt2ladder.report import ladder_rows, write_json
@@ -326,12 +367,12 @@ def _bench_config(args, device: torch.device, caps: Capabilities, dist: distribu
     d = defaults_for(device)
     name = args.preset or d["preset"]
     distributed.resolve_strategy(args.strategy, name, dist)  # a bad --strategy fails before any work
-    if args.batch_size == "auto" and dist.enabled:
-        raise UsageError("--batch-size auto probes memory on one GPU; under torchrun pass a number "
-                         "(find it with a one-GPU `gpt2ladder bench --batch-size auto`)")
+    if args.batch_size in ("auto", "best") and dist.enabled:
+        raise UsageError(f"--batch-size {args.batch_size} probes memory on one GPU; under torchrun pass a number "
+                         f"(find it with a one-GPU `gpt2ladder bench --batch-size {args.batch_size}`)")
     return BenchConfig(
         preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
-        batch_size=1 if args.batch_size == "auto" else (args.batch_size or d["batch_size"]),
+        batch_size=1 if args.batch_size in ("auto", "best") else (args.batch_size or d["batch_size"]),
         seq_len=args.seq_len or d["seq_len"] or preset(name).block_size,
         steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,
         seed=args.seed, data=args.data, strategy=args.strategy, last_only=args.last_only,

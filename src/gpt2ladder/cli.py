@@ -30,7 +30,12 @@ def _positive_int(text: str) -> int:
 
 
 def _batch_size(text: str):
-    return "auto" if text == "auto" else _positive_int(text)
+    if text in ("auto", "best"):
+        return text
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err}, or 'auto' or 'best'") from None
 
 
 def _common(p: argparse.ArgumentParser, preset: bool = True) -> None:
@@ -49,7 +54,8 @@ def _add_bench(sub) -> None:
                    help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports), "
                    "'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed)")
     p.add_argument("--batch-size", type=_batch_size, help="sequences per step (per GPU under torchrun, so the "
-                   "global batch grows with the GPUs), or 'auto' for the largest that fits (default: 16 on a GPU, 4 on CPU)")
+                   "global batch grows with the GPUs), 'auto' for the largest that fits, or 'best' for the fastest (in tokens/s) "
+                   "of a few sizes up to the largest that fits, each timed at the top rung (default: 16 on a GPU, 4 on CPU)")
     p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the block size on a GPU, 128 on CPU)")
     p.add_argument("--steps", type=_positive_int, help="timed steps per rung (default: 20 on a GPU, 10 on CPU)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: 5 on a GPU, 3 on CPU)")

@@ -141,6 +141,12 @@ def format_markdown(record: dict) -> str:
     if auto:
         head.insert(-2, f"- --batch-size auto: {auto['probed']} sequences fit the memory probe; measured at "
                         f"{auto['measured']}")
+    search = record.get("batch_search")
+    if search:
+        sizes = ", ".join(f"{t['batch_size']}: " + (f"{t['tokens_per_s']:,.0f}" if t["status"] == "ok" else t["status"])
+                          for t in search["tried"])
+        head.insert(-2, f"- --batch-size best: {search['largest_fit']} sequences fit; tokens/s at the top rung "
+                        f"({search['rung']}) by size: {sizes}; chose {search['chosen']}")
     body = markdown_table(HEADERS, ladder_rows(record))
     return "\n".join(head + body) + "\n"
 

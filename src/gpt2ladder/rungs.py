@@ -46,6 +46,9 @@ class Rung:
     # Returns None when the rung can run here, else the reason it cannot.
     unavailable: Callable[[Capabilities], str | None] = field(repr=False, default=lambda caps: None)
     seed: bool = False  # one of the write-up's five
+    # Measured slower than the rung before it where it was tried (GPT-2 124M on an H200): climbed by
+    # `all` and tried by `--rungs best`, but not part of `auto`, which `train` uses and `doctor` recommends.
+    opt_in: bool = False
 
     def apply(self, setup: Setup) -> Setup:
         return dataclasses.replace(setup, **self.changes)
@@ -120,14 +123,14 @@ LADDER: tuple[Rung, ...] = (
     Rung("fp8_head", "The classifier's three matmuls run in float8 inside the fused loss (which it turns on, "
          "with the 50304-row vocabulary it needs), at twice the bf16 tensor-core rate.",
          "precision", {"fp8_head": True, "fused_loss": True, "vocab_multiple": 128}, _needs_fp8),
-    Rung("fp8_mlp", "Each Block's MLP matmuls (two thirds of the model's matmul work) run in float8, "
-         "their casts fused into the layer norm and GELU around them.",
-         "precision", {"fp8_mlp": True}, _needs_fp8),
-    Rung("fp8_attn", "The attention's input and output projections run in float8 as well; the attention "
-         "itself stays bf16.",
-         "precision", {"fp8_attn": True}, _needs_fp8),
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
          "overhead", {"cuda_graph": True}, _needs_cuda("CUDA graphs")),
+    Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
+         "per-tensor scaling and transposed casts around them cost more than that saves (opt-in).",
+         "precision", {"fp8_mlp": True}, _needs_fp8, opt_in=True),
+    Rung("fp8_attn", "The attention's input and output projections run in float8 as well (the attention itself "
+         "stays bf16); smaller matmuls, so the casts weigh even more (opt-in).",
+         "precision", {"fp8_attn": True}, _needs_fp8, opt_in=True),
 )
 
 RUNGS_BY_NAME = {r.name: r for r in LADDER}
@@ -161,6 +164,9 @@ def why_unavailable(name: str, caps: Capabilities) -> str | None:
     return RUNGS_BY_NAME[name].unavailable(caps)
 
 
-def available_rungs(caps: Capabilities) -> list[str]:
-    """Every rung this machine can run, in ladder order: what `--rungs auto` climbs and `doctor` recommends."""
-    return [r.name for r in LADDER if r.unavailable(caps) is None]
+def available_rungs(caps: Capabilities, opt_in: bool = False) -> list[str]:
+    """Every rung this machine can run, in ladder order: what `--rungs auto` climbs and `doctor` recommends.
+
+    With `opt_in` also the rungs that did not pay where they were measured (`--rungs best` tries them).
+    """
+    return [r.name for r in LADDER if r.unavailable(caps) is None and (opt_in or not r.opt_in)]
