@@ -64,6 +64,7 @@ def one_step(dist, strategy, accum=1, setup=Setup()):
     x, y = micro_batches(dist, accum)
     loss = distributed.all_reduce_mean(engine.step(x, y), dist)
     return {"loss": float(loss), "grads": full_grads(engine), "allreduce_calls": calls[0],
+            "bucket_bytes": getattr(engine.model, "bucket_bytes_cap", None),
             "grads_after_each_backward": grads_seen,
             "params": distributed.model_state(engine.raw_model)}
 

@@ -97,6 +97,11 @@ def test_gradient_accumulation_matches_single_process(ranks_result, single_accum
     assert_same_step(ranks_result["fsdp_accum"], single_accum)
 
 
+def test_ddp_uses_the_measured_bucket_size(ranks_result):
+    assert ranks_result["ddp"]["bucket_bytes"] == distributed.DDP_BUCKET_MB * 1024 * 1024 == 200 * 2**20
+    assert ranks_result["fsdp"]["bucket_bytes"] is None
+
+
 def test_inner_micro_steps_do_not_all_reduce(ranks_result):
     # DDP: a comm hook counts bucket all-reduces; three micro-steps reduce as often as one.
     once = ranks_result["ddp"]["allreduce_calls"]

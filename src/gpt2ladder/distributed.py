@@ -179,6 +179,13 @@ def rung_problem(rung: str, strategy: str | None) -> str | None:
     return "capturing DDP's gradient all-reduces in a CUDA graph is not supported here"
 
 
+# Compiled, dynamo cuts the backward graph at every DDP bucket so all-reduces overlap it (see engine.py).
+# DDP's default 25 MB buckets cut GPT-2 124M's fp32 gradients (~500 MB) into ~20 graphs, losing
+# fusion and adding launches: on 2 H200s (B=16 per GPU, rungs to fp8_head) 73% scaling efficiency,
+# 92% with one uncut graph (no overlap), 94% with 200 MB buckets (benchmarks/results/2026-11-29-h200x2-ddp).
+DDP_BUCKET_MB = 200
+
+
 def wrap_for_data_parallel(model: nn.Module, dist: Dist, strategy: str | None) -> nn.Module:
     """The model as the data-parallel strategy wants it; `Engine(parallelize=...)` calls this.
 
@@ -192,7 +199,7 @@ def wrap_for_data_parallel(model: nn.Module, dist: Dist, strategy: str | None) -
 
         ids = [dist.local_rank] if dist.backend == "nccl" else None
         # Gradients live in the all-reduce buckets themselves: one copy fewer per step.
-        return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+        return DDP(model, device_ids=ids, gradient_as_bucket_view=True, bucket_cap_mb=DDP_BUCKET_MB)
     if strategy == "fsdp":
         return shard_model(model, dist)
     raise UsageError(f"unknown data-parallel strategy {strategy!r}")
