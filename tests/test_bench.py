@@ -224,3 +224,22 @@ def test_best_batch_keeps_the_size_with_the_most_tokens_per_second(shakespeare_c
     assert "--batch-size best: 8 sequences fit" in (tmp_path / "ladder.md").read_text()
     assert "--batch-size best: timing 6 sequences" in capsys.readouterr().out
 
+
+
+def test_mfu_under_torchrun_is_per_gpu(monkeypatch):
+    """N GPUs do N times the tokens against N times the peak: MFU uses the per-GPU share."""
+    import gpt2ladder.bench as bench
+    from gpt2ladder.hardware import Capabilities
+    from gpt2ladder.config import preset
+    from gpt2ladder.metrics import flops_per_token, mfu, peak_flops
+
+    model_cfg = preset("gpt2")
+    timed = {"tokens_per_s": 1_000_000.0, "tokens_per_s_per_gpu": 500_000.0, "model_config": model_cfg,
+             "n_params": 124_000_000}
+    monkeypatch.setattr(bench, "_time_setup", lambda *a, **k: dict(timed))
+    monkeypatch.setattr(bench, "_why_not", lambda *a: None)
+    caps = Capabilities("cuda", "NVIDIA H200", (9, 0))
+    cfg = BenchConfig(preset="gpt2", rungs=("baseline",), batch_size=16, seq_len=1024, steps=1, warmup=0)
+    row = bench.measure_rung("baseline", ["baseline"], model_cfg, cfg, None, CPU, caps, False)
+    per_gpu = mfu(500_000.0, flops_per_token(model_cfg, 1024, 124_000_000), peak_flops("NVIDIA H200"))
+    assert row["mfu"] == pytest.approx(per_gpu) and 0.2 < row["mfu"] < 0.5

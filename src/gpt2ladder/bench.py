@@ -121,7 +121,8 @@ def measure_rung(name, applied, model_cfg: ModelConfig, cfg: BenchConfig, tokens
         free_memory(device)
         return {**row, "status": "failed", "reason": describe_failure(err)}
     flops = flops_per_token(result.pop("model_config"), cfg.seq_len, result.pop("n_params"))
-    tok_s = result["tokens_per_s"]
+    # Utilisation of each GPU against one GPU's peak: the per-GPU share of the tokens, not the total.
+    tok_s = result["tokens_per_s_per_gpu"]
     return {**row, "status": "ok", "setup": setup.to_dict(), **result, "flops_per_token": flops,
             "mfu": mfu(tok_s, flops, peak_flops(caps.name))}
 
