@@ -243,3 +243,11 @@ def test_mfu_under_torchrun_is_per_gpu(monkeypatch):
     row = bench.measure_rung("baseline", ["baseline"], model_cfg, cfg, None, CPU, caps, False)
     per_gpu = mfu(500_000.0, flops_per_token(model_cfg, 1024, 124_000_000), peak_flops("NVIDIA H200"))
     assert row["mfu"] == pytest.approx(per_gpu) and 0.2 < row["mfu"] < 0.5
+
+
+def test_chart_labels_mark_each_step_up_but_not_the_best_combination():
+    from gpt2ladder.plots import ladder_labels
+
+    rows = [{"name": "baseline", "kind": "baseline"}, {"name": "tf32", "kind": "precision"},
+            {"name": "best", "kind": "best"}]
+    assert ladder_labels(rows) == ["baseline", "+ tf32", "best"]

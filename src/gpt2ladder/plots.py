@@ -21,6 +21,11 @@ def _pyplot():
     return plt
 
 
+def ladder_labels(rungs: list[dict]) -> list[str]:
+    """Rung k adds to rung k-1 ("+ name"); the `best` row of --rungs best is a combination, not a step up."""
+    return [("+ " if i and r.get("kind") != "best" else "") + r["name"] for i, r in enumerate(rungs)]
+
+
 def ladder_chart(record: dict, path: Path) -> Path:
     """Milliseconds per step per rung, coloured by kind, labelled with the median and p10-p90 whiskers."""
     plt = _pyplot()
@@ -36,8 +41,7 @@ def ladder_chart(record: dict, path: Path) -> Path:
         ax.bar(i, r["ms_per_step"], color=KIND_COLOURS[_kind(i, r)], yerr=err, capsize=3,
                error_kw={"elinewidth": 0.8, "ecolor": "#333333"})
         ax.text(i, r["ms_p90"] + top * 0.015, f"{r['ms_per_step']:.1f}", ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(range(len(rungs)), [("+ " if i else "") + r["name"] for i, r in enumerate(rungs)],
-                  rotation=30, ha="right")
+    ax.set_xticks(range(len(rungs)), ladder_labels(rungs), rotation=30, ha="right")
     ax.set_ylabel("ms per training step (median)")
     cfg = record["config"]
     ax.set_title(f"{cfg['preset']}, batch {cfg['batch_size']} x {cfg['seq_len']} on {record['device']['name']}",
