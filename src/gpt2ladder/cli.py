@@ -35,7 +35,7 @@ def _batch_size(text: str):
     try:
         return _positive_int(text)
     except argparse.ArgumentTypeError as err:
-        raise argparse.ArgumentTypeError(f"{err}, or 'auto' or 'best'") from None
+        raise argparse.ArgumentTypeError(str(err).replace("a positive integer", "a positive integer, 'auto' or 'best'")) from None
 
 
 def _common(p: argparse.ArgumentParser, preset: bool = True) -> None:
@@ -51,8 +51,8 @@ def _add_bench(sub) -> None:
                        "model from the same seed and the same batches; write ladder.json, ladder.md and ladder.png.")
     _common(p)
     p.add_argument("--rungs", default="seed",
-                   help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports), "
-                   "'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed)")
+                   help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports but the opt-in "
+                   "ones), 'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed)")
     p.add_argument("--batch-size", type=_batch_size, help="sequences per step (per GPU under torchrun, so the "
                    "global batch grows with the GPUs), 'auto' for the largest that fits, or 'best' for the fastest (in tokens/s) "
                    "of a few sizes up to the largest that fits, each timed at the top rung (default: 16 on a GPU, 4 on CPU)")
@@ -83,7 +83,7 @@ def _add_train(sub) -> None:
                        "atomic checkpoints that resume exactly, a log and a loss-curve plot. Ctrl-C or SIGTERM "
                        "finishes the current step, saves a checkpoint and exits (status 130 or 143).")
     _common(p)
-    p.add_argument("--rungs", default="auto", help="'auto' (everything this machine supports), 'seed', 'all' or names")
+    p.add_argument("--rungs", default="auto", help="'auto' (everything this machine supports but the opt-in rungs), 'seed', 'all' or names")
     p.add_argument("--data", help="a text file (default: Tiny Shakespeare)")
     p.add_argument("--out", default="runs/train", help="run directory: log.jsonl, checkpoints, plots")
     p.add_argument("--steps", type=_positive_int, help="optimizer steps (default: 1000 on a GPU, 200 on CPU)")
@@ -227,9 +227,10 @@ _EXAMPLES = {  # shown under each command's --help
 Each command has its own --help with examples. Errors are one line; --debug shows the traceback.""",
     "bench": """examples:
   gpt2ladder bench                      the write-up's five rungs, defaults for this machine
-  gpt2ladder bench --rungs auto         every rung this machine supports (see gpt2ladder doctor)
+  gpt2ladder bench --rungs auto         every rung doctor recommends here (not the opt-in ones)
   gpt2ladder bench --rungs baseline,tf32,bf16 --steps 50
   gpt2ladder bench --preset gpt2 --batch-size auto --out results/h200
+  gpt2ladder bench --preset gpt2 --rungs auto --batch-size best --last-only
   torchrun --nproc_per_node=2 -m gpt2ladder bench --rungs auto""",
     "train": """examples:
   gpt2ladder train --steps 2000 --out runs/shakespeare
