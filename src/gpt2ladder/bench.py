@@ -251,13 +251,13 @@ def _bench(args, dist: distributed.Dist) -> int:
     tokens = load_bench_tokens(cfg, notify=say)  # a bad --data fails here, in one line, before any work
     data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len)  # as does a text too short for one sequence
     out = prepare_out_dir(args.out)
-    search = None
+    search = winner = None
     if args.batch_size in ("auto", "best"):
         from gpt2ladder.autobatch import largest_batch
 
         cfg = dataclasses.replace(cfg, batch_size=largest_batch(cfg, device, caps))
     if args.batch_size == "best":
-        cfg, search = _fastest_batch(cfg, device, tokens, not args.no_progress, say)
+        cfg, search, winner = _fastest_batch(cfg, device, tokens, not args.no_progress, say)
     say(f"gpt2ladder bench: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
         f"{cfg.steps} timed steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
     if dist.enabled:
@@ -265,14 +265,14 @@ def _bench(args, dist: distributed.Dist) -> int:
         say(f"{dist.world_size} processes ({dist.backend}, {strategy}):"
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
     on_row = _partial_writer(out) if dist.is_main else None
-    if search and cfg.last_only:
-        record = search["record"]  # the top rung at the chosen size was just measured
+    if winner and cfg.last_only:
+        record = winner  # the top rung at the chosen size was just measured
     else:
         record = run_bench(cfg, device, progress=not args.no_progress, notify=say, tokens=tokens, on_row=on_row)
     if args.batch_size == "auto":
         record = _back_off_if_oom(record, cfg, device, tokens, not args.no_progress, say, on_row)
     if search:
-        record["batch_search"] = {k: v for k, v in search.items() if k != "record"}
+        record["batch_search"] = search
     failure = nothing_measured(record, out / "ladder.json")
     if args.rungs == "best" and failure is None:
         from gpt2ladder.best import add_best
@@ -308,9 +308,9 @@ def _back_off_if_oom(record: dict, cfg: BenchConfig, device, tokens, progress: b
     return record
 
 
-def _fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say) -> tuple[BenchConfig, dict]:
+def _fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say) -> tuple[BenchConfig, dict, dict]:
     """--batch-size best: the top rung timed at each candidate size up to the largest that fits; the
-    config at the size with the most tokens/s, and the search (with the winner's record under "record").
+    config at the size with the most tokens/s, the search (every size tried) and the winner's record.
 
     The largest size is not always the fastest: near the memory limit the allocator and the caches do
     worse, while small sizes pay the per-step costs (optimizer, launches) on fewer tokens.
@@ -334,8 +334,8 @@ def _fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say) -> tup
                           f"({', '.join(str(t['batch_size']) + ' ' + t['status'] for t in tried)})")
     say(f"--batch-size best: {best[0]} sequences ({best[1]['tokens_per_s']:,.0f} tokens/s)", flush=True)
     search = {"largest_fit": largest, "tried": tried, "chosen": best[0], "rung": best[1]["name"],
-              "rule": "the most tokens/s at the top rung", "record": best[2]}
-    return dataclasses.replace(cfg, batch_size=best[0]), search
+              "rule": "the most tokens/s at the top rung"}
+    return dataclasses.replace(cfg, batch_size=best[0]), search, best[2]
 
 
 def _partial_writer(out: Path):
