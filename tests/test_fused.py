@@ -120,7 +120,7 @@ def test_fused_loss_under_inductor_matches_eager():
     y = torch.randint(0, 180, (64,), generator=gen)
 
     def f(x, w, y):
-        return LossAndGrad.apply(x, w, y, 180, torch.float32, False)
+        return LossAndGrad.apply(x, w, y, 180, torch.float32, False, False)
 
     eager = f(x, w, y)
     gx, gw = torch.autograd.grad(eager, (x, w))

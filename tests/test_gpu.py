@@ -1,5 +1,7 @@
 """CUDA-only checks of the rungs that exist only there; skipped without a GPU."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -75,3 +77,50 @@ def test_fp8_linears_train_like_bf16():
     assert fp8[0] == pytest.approx(bf16[0], abs=2e-2)
     assert fp8[-1] == pytest.approx(bf16[-1], rel=2e-2)
     assert fp8[-1] < fp8[0]
+
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+
+
+@needs_cuda
+@needs_triton
+def test_loss_kernel_equals_the_expressions_at_gpt2_size():
+    """The Triton loss kernels against the PyTorch expressions they replace, at GPT-2's B=16 x 1024 shapes."""
+    from gpt2ladder import loss_kernel
+    from gpt2ladder.fused import E5M2, GRAD_SCALE, _logit_grad, _lse_and_loss
+
+    gen = torch.Generator().manual_seed(0)
+    n, v, real = 16384, 50304, 50257
+    logits = (torch.randn(n, v, generator=gen) * 3).to(torch.bfloat16).to(GPU)
+    targets = torch.randint(0, real, (n,), generator=gen).to(GPU)
+    ref_lse, ref_loss = _lse_and_loss(logits, targets, real)
+    # bf16 gradient, as the fused_loss rung uses it
+    rows, g, g_t = loss_kernel.logit_grad(logits, targets, real, 1 / n, torch.bfloat16, False)
+    ref = _logit_grad(logits, ref_lse, targets[:, None], real, 1 / n, torch.bfloat16)
+    assert g_t.numel() == 0
+    torch.testing.assert_close(rows.mean(), ref_loss, rtol=0, atol=1e-4)
+    rel = (g.float() - ref.float()).abs() / ref.float().abs().clamp(min=1e-30)
+    assert (rel <= 2**-7).all()  # within one bf16 rounding step everywhere
+    assert g[:, real:].abs().max() == 0
+    # float8 gradient in both layouts, as the fp8_head rung uses it
+    rows8, g8, g8_t = loss_kernel.logit_grad(logits, targets, real, GRAD_SCALE, E5M2, True)
+    ref8 = _logit_grad(logits, ref_lse, targets[:, None], real, GRAD_SCALE, E5M2)
+    assert torch.equal(rows8, rows)
+    codes = (g8.view(torch.uint8).int() - ref8.view(torch.uint8).int()).abs()
+    assert codes.max() <= 1  # at most one float8 step apart (exp rounding can cross a boundary)
+    assert (codes == 0).float().mean() > 0.99
+    assert torch.equal(g8_t.view(torch.uint8), g8.t().contiguous().view(torch.uint8))
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="float8 matmuls need compute capability 8.9+")
+def test_loss_kernel_trains_like_the_expressions():
+    """Whole compiled, graphed float8-head steps with the kernels and with the expressions they replace."""
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head"]
+    batches = _batches(8)
+    without = _losses(names + ["cuda_graph"], batches)
+    with_kernel = _losses(names + ["loss_kernel", "cuda_graph"], batches)
+    assert with_kernel == pytest.approx(without, rel=5e-3)
+    assert with_kernel[-1] < with_kernel[0] - 0.5

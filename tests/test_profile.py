@@ -188,7 +188,7 @@ def test_cpu_profile_of_two_rungs(record):
             assert r["categories_ms"][category] > 0, (name, category)
         assert r["categories_ms"]["idle"] < 0.5 * r["ms_per_step"]
         tops = [k["ms_per_step"] for k in r["top_kernels"]]
-        assert 0 < len(tops) <= 15 and tops == sorted(tops, reverse=True)
+        assert 0 < len(tops) <= profile.TOP_KERNELS and tops == sorted(tops, reverse=True)
     assert rows["flash"]["setup"]["attention"] == "sdpa"
 
 
@@ -218,6 +218,16 @@ def test_command_writes_the_files(shakespeare_cache, tmp_path, capsys):
     assert "matmul" in capsys.readouterr().out
     assert {p.name for p in tmp_path.iterdir()} >= {"profile.json", "profile.md", "profile.png"}
     assert not list(tmp_path.glob("trace-*.json"))  # traces only with --trace
+
+
+def test_last_only_profiles_the_top_rung_under_its_name(shakespeare_cache, tmp_path):
+    args = ["profile", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline,compile,tf32", "--last-only",
+            "--steps", "1", "--warmup", "0", "--batch-size", "2", "--seq-len", "16", "--out", str(tmp_path),
+            "--no-progress"]
+    assert main(args) == 0
+    rows = json.loads((tmp_path / "profile.json").read_text())["rungs"]
+    # tf32 cannot run on a CPU, so the top of what can run is compile, with baseline under it
+    assert [(r["name"], r["status"], r["applied"]) for r in rows] == [("compile", "ok", ["baseline", "compile"])]
 
 
 def test_config_rejects_bad_values():

@@ -28,6 +28,7 @@ def observe(engine: Engine) -> dict:
         "fused_adamw": bool(engine.optimizer.defaults.get("fused")),
         "loss_fn": model.loss_fn is not None,
         "fp8": getattr(model.loss_fn, "fp8", False),
+        "loss_kernel": getattr(model.loss_fn, "kernel", False),
         "fp8_linears": sorted({n.split(".", 3)[3] for n, m in model.named_modules()
                                if type(m).__name__ == "Float8Linear"}),
         "graph": engine.setup.cuda_graph,
@@ -44,6 +45,7 @@ EXPECTED = {  # rung -> the observable properties it may change
     "fused_adamw": {"fused_adamw"},
     "fused_loss": {"loss_fn"},
     "fp8_head": {"fp8"},
+    "loss_kernel": {"loss_kernel"},
     "cuda_graph": {"graph"},
     "fp8_mlp": {"fp8_linears"},
     "fp8_attn": {"fp8_linears"},
@@ -93,6 +95,8 @@ T4 = Capabilities("cuda", "Tesla T4", (7, 5))
 A100 = Capabilities("cuda", "NVIDIA A100-SXM4-80GB", (8, 0))
 H200 = Capabilities("cuda", "NVIDIA H200", (9, 0))
 NO_TRITON = Capabilities("cuda", "NVIDIA H200", (9, 0), compile_problem="torch.compile on CUDA needs Triton")
+H200_TRITON = Capabilities("cuda", "NVIDIA H200", (9, 0), triton_version="3.5.1")
+T4_TRITON = Capabilities("cuda", "Tesla T4", (7, 5), triton_version="3.5.1")
 
 
 @pytest.mark.parametrize("caps,rung,available", [
@@ -101,6 +105,8 @@ NO_TRITON = Capabilities("cuda", "NVIDIA H200", (9, 0), compile_problem="torch.c
     (A100, "tf32", True), (A100, "bf16", True), (A100, "fp8_head", False),
     (H200, "fp8_head", True), (H200, "cuda_graph", True),
     (NO_TRITON, "compile", False), (NO_TRITON, "flash", True),
+    (CPU_CAPS, "loss_kernel", False), (H200, "loss_kernel", False), (NO_TRITON, "loss_kernel", False),
+    (T4_TRITON, "loss_kernel", False), (H200_TRITON, "loss_kernel", True),
 ])
 def test_availability(caps, rung, available):
     reason = why_unavailable(rung, caps)

@@ -183,6 +183,8 @@ def _add_profile(sub) -> None:
     p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace per rung (OUT/trace-<rung>.json)")
+    p.add_argument("--last-only", action="store_true", help="profile only the top rung (every named rung "
+                   "applied together)")
     p.add_argument("--out", default="profile-results", help="output directory (default: ./profile-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_profile)

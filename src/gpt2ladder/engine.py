@@ -45,7 +45,7 @@ def build_model(model_cfg: ModelConfig, setup: Setup, device: torch.device, seed
     if setup.fused_loss or setup.fp8_head:
         from gpt2ladder.fused import make_loss_fn
 
-        model.loss_fn = make_loss_fn(model.config.vocab_size, fp8=setup.fp8_head)
+        model.loss_fn = make_loss_fn(model.config.vocab_size, fp8=setup.fp8_head, kernel=setup.loss_kernel)
     if setup.fp8_mlp or setup.fp8_attn:
         from gpt2ladder.fp8 import use_float8
 

@@ -17,20 +17,28 @@ from __future__ import annotations
 
 import torch
 
+from gpt2ladder import loss_kernel
 from gpt2ladder.fp8 import E4M3, E5M2, col_major, fp8_shapes_ok, to_fp8
+
 GRAD_SCALE = 2.0**15  # |softmax - onehot| <= 1, so x 2^15 stays under e5m2's max of 57344
 
 
-def make_loss_fn(vocab_size: int, fp8: bool = False):
-    """A `loss_fn(hidden (B, T, C), weight (Vp, C), targets (B, T)) -> mean loss` for `GPT`."""
+def make_loss_fn(vocab_size: int, fp8: bool = False, kernel: bool = False):
+    """A `loss_fn(hidden (B, T, C), weight (Vp, C), targets (B, T)) -> mean loss` for `GPT`.
+
+    `kernel`: the pass over the logits runs as the Triton kernels of `loss_kernel.py` where they can
+    (CUDA with Triton), else as the PyTorch expressions below.
+    """
 
     def loss_fn(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         dtype = _compute_dtype(x)
         x2 = x.reshape(-1, x.size(-1))
         use_fp8 = fp8 and fp8_shapes_ok(*x2.shape, weight.shape[0])
-        return LossAndGrad.apply(x2, weight, targets.reshape(-1), vocab_size, dtype, use_fp8)
+        use_kernel = kernel and loss_kernel.available(x2)
+        return LossAndGrad.apply(x2, weight, targets.reshape(-1), vocab_size, dtype, use_fp8, use_kernel)
 
     loss_fn.fp8 = fp8
+    loss_fn.kernel = kernel
     return loss_fn
 
 
@@ -42,19 +50,19 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 class LossAndGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, targets, vocab_size: int, dtype: torch.dtype, fp8: bool):
+    def forward(ctx, x, weight, targets, vocab_size: int, dtype: torch.dtype, fp8: bool, kernel: bool):
         with torch.autocast(x.device.type, enabled=False):
             if fp8:
-                loss, grad_x, grad_w = _fp8_loss_and_grads(x, weight, targets, vocab_size)
+                loss, grad_x, grad_w = _fp8_loss_and_grads(x, weight, targets, vocab_size, kernel)
             else:
-                loss, grad_x, grad_w = _loss_and_grads(x.to(dtype), weight.to(dtype), targets, vocab_size)
+                loss, grad_x, grad_w = _loss_and_grads(x.to(dtype), weight.to(dtype), targets, vocab_size, kernel)
         ctx.save_for_backward(grad_x, grad_w)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None
+        return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None, None
 
 
 def _lse_and_loss(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int):
@@ -96,13 +104,18 @@ def _logit_grad(logits, lse, targets, vocab_size: int, scale: float, dtype: torc
 EAGER_CHUNK_ROWS = 4096  # rows per piece when the loss pass runs eagerly (see `_loss_pass`)
 
 
-def _loss_pass(logits, targets, vocab_size: int, scale: float, dtype: torch.dtype, transposed: bool):
+def _loss_pass(logits, targets, vocab_size: int, scale: float, dtype: torch.dtype, transposed: bool,
+               kernel: bool = False):
     """The mean loss, the logit gradient x scale in `dtype` (N, Vp) and, if asked, its transpose (Vp, N).
 
-    Compiled, the expressions fuse and no fp32 (N, Vp) tensor exists. Run eagerly (a model without
+    With `kernel` the Triton kernels of `loss_kernel.py` compute all three. Otherwise PyTorch expressions:
+    compiled, the expressions fuse and no fp32 (N, Vp) tensor exists. Run eagerly (a model without
     compile, or `--batch-size auto`'s memory probe) each expression would materialise one, several
     GB at GPT-2's batch sizes, so the rows go through in pieces there; the numbers are the same.
     """
+    if kernel:
+        rows, grad, grad_t = loss_kernel.logit_grad(logits, targets, vocab_size, scale, dtype, transposed)
+        return rows.mean(), grad, (grad_t if transposed else None)
     n = logits.shape[0]
     if torch.compiler.is_compiling() or n <= EAGER_CHUNK_ROWS:
         return _loss_pass_rows(logits, targets, vocab_size, scale, dtype, transposed)
@@ -128,13 +141,13 @@ def _loss_pass_rows(logits, targets, vocab_size: int, scale: float, dtype: torch
     return loss, grad, _logit_grad(logits.t(), lse.t(), targets[None, :], vocab_size, scale, dtype, vocab_dim=0)
 
 
-def _loss_and_grads(x, w, targets, vocab_size):
+def _loss_and_grads(x, w, targets, vocab_size, kernel: bool = False):
     logits = x @ w.t()  # (N, Vp)
-    loss, grad, _ = _loss_pass(logits, targets, vocab_size, 1.0 / x.shape[0], x.dtype, transposed=False)
+    loss, grad, _ = _loss_pass(logits, targets, vocab_size, 1.0 / x.shape[0], x.dtype, False, kernel)
     return loss, grad @ w, grad.t() @ x  # loss, (N, C), (Vp, C)
 
 
-def _fp8_loss_and_grads(x, w, targets, vocab_size):
+def _fp8_loss_and_grads(x, w, targets, vocab_size, kernel: bool = False):
     n = x.shape[0]
     x8, sx = to_fp8(x, E4M3)  # (N, C)
     w8, sw = to_fp8(w, E4M3)  # (Vp, C)
@@ -143,7 +156,7 @@ def _fp8_loss_and_grads(x, w, targets, vocab_size):
     # No amax pass: |softmax - onehot| <= 1, so the scale is known ahead. Float8 matmuls on Hopper take
     # both operands contracted along their contiguous dimension, so the weight gradient (a sum over
     # the N rows) needs the gradient transposed too.
-    loss, g8, g8_t = _loss_pass(logits, targets, vocab_size, GRAD_SCALE, E5M2, transposed=True)
+    loss, g8, g8_t = _loss_pass(logits, targets, vocab_size, GRAD_SCALE, E5M2, True, kernel)
     g_scale = torch.tensor(1.0 / (GRAD_SCALE * n), device=x.device)
     grad_x = torch._scaled_mm(g8, col_major(w8), scale_a=g_scale, scale_b=sw,
                               out_dtype=torch.bfloat16)  # (N, C)

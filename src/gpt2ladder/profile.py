@@ -52,7 +52,7 @@ CATEGORY_LABELS = {"matmul": "matmul", "attention": "attention", "elementwise": 
 COLOURS = {"matmul": "#4C72B0", "attention": "#8172B3", "elementwise": "#55A868", "loss": "#C44E52",
            "optimizer": "#DD8452", "copies": "#937860", "other": "#8C8C8C", "idle": "#E5E5E5"}
 STEP_MARK = "gpt2ladder.step"
-TOP_KERNELS = 15
+TOP_KERNELS = 40  # in profile.json; profile.md lists the first 5 per rung
 _RUNTIME_CALL = re.compile(r"cu(da)?[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...
 
 # Ops that only move or re-view data; a fused Triton kernel made of nothing else is a copy.
@@ -100,6 +100,7 @@ class ProfileConfig:
     data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
     compile_backend: str = "inductor"
     trace_dir: str | None = None  # write a Chrome trace per rung here (trace-<rung>.json)
+    last_only: bool = False  # profile only the top of the ladder: every named rung applied together
 
     def __post_init__(self) -> None:
         check_run_shape(self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
@@ -291,9 +292,13 @@ def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True,
     caps = detect(device)
     tokens = load_bench_tokens(cfg, notify)
     rows, applied = [], []
-    for name in cfg.rungs:
+    for k, name in enumerate(cfg.rungs):
         if why_unavailable(name, caps) is None:
             applied.append(name)
+        if cfg.last_only and k < len(cfg.rungs) - 1:
+            continue
+        if cfg.last_only and applied:  # the top of what can run here, under its own name
+            name = applied[-1]
         rows.append(profile_rung(name, list(applied), cfg, tokens, device, caps, progress))
     return {**record_header(caps, device), "command": "profile", "config": dataclasses.asdict(cfg),
             "model": preset(cfg.preset).to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
@@ -430,7 +435,7 @@ def profile_command(args) -> int:
                         batch_size=args.batch_size or d["batch_size"],
                         seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps,
                         warmup=args.warmup, seed=args.seed, data=args.data,
-                        trace_dir=str(out) if args.trace else None)
+                        trace_dir=str(out) if args.trace else None, last_only=args.last_only)
     print(f"gpt2ladder profile: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
           f"{cfg.steps} profiled steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
     record = run_profile(cfg, device, progress=not args.no_progress)

@@ -30,6 +30,7 @@ class Setup:
     cuda_graph: bool = False  # capture the whole step (forward, backward, optimizer) and replay it
     fused_loss: bool = False  # classifier + cross-entropy + its gradient in one pass over the logits
     fp8_head: bool = False  # classifier matmuls in float8 (Hopper and newer)
+    loss_kernel: bool = False  # the fused loss's pass over the logits as hand-written Triton kernels
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 
@@ -92,6 +93,14 @@ def _needs_fused_loss(caps: Capabilities) -> str | None:
     return caps.compile_problem
 
 
+def _needs_loss_kernel(caps: Capabilities) -> str | None:
+    if caps.device_type != "cuda":
+        return f"the Triton loss kernels need a CUDA GPU; this is {caps.device_type}"
+    if caps.triton_version is None:
+        return "the loss kernels are written in Triton, which is not installed (pip install triton)"
+    return _needs_fused_loss(caps)
+
+
 def _needs_fp8(caps: Capabilities) -> str | None:
     if caps.device_type != "cuda":
         return f"float8 matmuls need a CUDA GPU of compute capability 8.9 or newer; this is {caps.device_type}"
@@ -123,6 +132,10 @@ LADDER: tuple[Rung, ...] = (
     Rung("fp8_head", "The classifier's three matmuls run in float8 inside the fused loss (which it turns on, "
          "with the 50304-row vocabulary it needs), at twice the bf16 tensor-core rate.",
          "precision", {"fp8_head": True, "fused_loss": True, "vocab_multiple": 128}, _needs_fp8),
+    Rung("loss_kernel", "The fused loss's pass over the logits runs as two hand-written Triton kernels (row "
+         "log-sum-exp, then the gradient tiles in both layouts), which read the logits twice instead of three "
+         "times and store the transposed float8 copy contiguously.",
+         "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel),
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
          "overhead", {"cuda_graph": True}, _needs_cuda("CUDA graphs")),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
