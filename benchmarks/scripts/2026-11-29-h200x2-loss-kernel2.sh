@@ -11,7 +11,7 @@ NO_KERNEL="baseline,tf32,bf16,fp16,compile,flash,vocab,fused_adamw,fused_loss,fp
       --last-only --out $R/bench-auto-batch ) &
 P0=$!
 ( job bench-nokernel 1 110 $G bench $B --rungs $NO_KERNEL --last-only --out $R/bench-nokernel
-  TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 job bench-auto-cdt 1 240 $G bench $B --rungs auto --last-only \
+  job bench-auto-cdt 1 240 env TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 $G bench $B --rungs auto --last-only \
       --out $R/bench-auto-cdt ) &
 P1=$!
 wait $P0 $P1
