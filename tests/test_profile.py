@@ -15,6 +15,10 @@ from gpt2ladder.profile import CATEGORIES, STEP_MARK, ProfileConfig, attribute, 
 CPU = torch.device("cpu")
 
 KERNELS = [
+    # the loss_kernel rung's own Triton kernels, and its custom op as the CPU profiler names it
+    ("_loss_stats_kernel", "loss"),
+    ("_loss_grad_kernel", "loss"),
+    ("gpt2ladder::logit_grad", "loss"),
     # Inductor's Triton kernels, named after the ops they fuse
     ("triton_per_fused__log_softmax__to_copy_nll_loss_forward_1", "loss"),
     ("triton_red_fused__log_softmax_backward_data_nll_loss_backward_3", "loss"),

@@ -8,9 +8,9 @@ gradient) and writes the transposed copy with scattered one-byte stores: 2.65 ms
 1024 on an H200, a third of what the memory system can do.
 
 Here the work is split at the one true dependency, the log-sum-exp:
-  1. `_row_stats_kernel`: a few rows per program, one read of the logits with a running max and a
+  1. `_loss_stats_kernel`: a few rows per program, one read of the logits with a running max and a
      rescaled sum (one exp per logit), then lse and the loss per row;
-  2. `_grad_kernel`: one (BLOCK_M x BLOCK_V) tile per program reads the logits once more and writes
+  2. `_loss_grad_kernel`: one (BLOCK_M x BLOCK_V) tile per program reads the logits once more and writes
      the gradient tile, and for float8 the same values transposed (`tl.trans`, so both stores are
      contiguous along their rows).
 Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 1.65 GB written (two float8 layouts or one
@@ -32,10 +32,10 @@ try:
 except ImportError:  # CPU-only installs: the fused loss uses its PyTorch expressions
     triton = None
 
-STATS_ROWS = 4  # rows per program of the statistics pass
-STATS_COLS = 1024  # columns per step of the statistics pass (2 KB of bf16 per row)
-GRAD_ROWS = 64  # gradient tile: 64 rows = 64 contiguous bytes per row of the transposed float8 copy
-GRAD_COLS = 128
+# Tile shapes: statistics pass (rows per program, columns per step, warps); gradient pass (rows,
+# columns, warps, whether neighbouring programs take neighbouring row blocks).
+STATS = (4, 1024, 4)
+GRAD = (64, 128, 4, True)
 
 
 def available(logits: torch.Tensor) -> bool:
@@ -45,7 +45,7 @@ def available(logits: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _row_stats_kernel(logits_ptr, targets_ptr, lse_ptr, loss_ptr, n_rows, n_cols, vocab_size: tl.constexpr,
+    def _loss_stats_kernel(logits_ptr, targets_ptr, lse_ptr, loss_ptr, n_rows, n_cols, vocab_size: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_rows
@@ -68,11 +68,14 @@ if triton is not None:
         tl.store(loss_ptr + rows, lse - x_target, mask=row_ok)
 
     @triton.jit
-    def _grad_kernel(logits_ptr, targets_ptr, lse_ptr, g_ptr, gt_ptr, n_rows, n_cols, vocab_size, scale,
-                     WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
-        # Axis 0 walks the rows so neighbouring programs fill neighbouring stretches of the transposed copy.
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    def _loss_grad_kernel(logits_ptr, targets_ptr, lse_ptr, g_ptr, gt_ptr, n_rows, n_cols, vocab_size, scale,
+                     WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, ROWS_FAST: tl.constexpr):
+        # ROWS_FAST: neighbouring programs take neighbouring row blocks (and so fill neighbouring
+        # stretches of the transposed copy); else neighbouring column blocks of the same rows.
+        row_block = tl.program_id(0) if ROWS_FAST else tl.program_id(1)
+        col_block = tl.program_id(1) if ROWS_FAST else tl.program_id(0)
+        rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = col_block * BLOCK_V + tl.arange(0, BLOCK_V)
         row_ok = rows < n_rows
         col_ok = cols < n_cols
         offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
@@ -88,14 +91,21 @@ if triton is not None:
             tl.store(gt_ptr + offs_t, tl.trans(g), mask=col_ok[:, None] & row_ok[None, :])
 
 
-def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t) -> None:
-    """Run both kernels into preallocated outputs (g_t=None: no transposed copy)."""
+def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None) -> None:
+    """Run both kernels into preallocated outputs (g_t=None: no transposed copy).
+
+    `stats` = (rows, columns, warps) and `grad` = (rows, columns, warps, rows_fast) override the tile
+    shapes (benchmarks/scripts/loss_kernel_micro.py compares them).
+    """
     n, v = logits.shape
-    _row_stats_kernel[(triton.cdiv(n, STATS_ROWS),)](
-        logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=STATS_ROWS, BLOCK_V=STATS_COLS, num_warps=4)
-    _grad_kernel[(triton.cdiv(n, GRAD_ROWS), triton.cdiv(v, GRAD_COLS))](
+    sm, sv, sw = stats or STATS
+    _loss_stats_kernel[(triton.cdiv(n, sm),)](
+        logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, num_warps=sw)
+    gm, gv, gw, rows_fast = grad or GRAD
+    blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv))
+    _loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
         logits, targets, lse, g, g if g_t is None else g_t, n, v, vocab_size, scale, WRITE_T=g_t is not None,
-        BLOCK_M=GRAD_ROWS, BLOCK_V=GRAD_COLS, num_warps=4)
+        BLOCK_M=gm, BLOCK_V=gv, ROWS_FAST=rows_fast, num_warps=gw)
 
 
 if triton is not None:

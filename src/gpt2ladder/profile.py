@@ -63,7 +63,7 @@ _DATA_OPS = ("embedding_dense_backward|embedding|_to_copy|copy|clone|transpose|p
 # holding a loss op is loss before it is elementwise, fmha_cutlass is attention before cutlass is matmul.
 RULES: tuple[tuple[str, str], ...] = (
     ("other", r"^autograd::|^[a-z0-9_]+backward\d*$"),  # autograd's own bookkeeping around each op
-    ("loss", r"log_?softmax|nll_?loss|cross_?entropy|logsumexp"),
+    ("loss", r"log_?softmax|nll_?loss|cross_?entropy|logsumexp|^_loss_|logit_grad"),
     ("attention", r"flash|fmha|sdpa|attention|softmax|masked_fill"),
     ("matmul", r"gemm|gemv|cutlass|cublas|xmma|nvjet|wgmma|triton_tem_|scaled_mm|"
                r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear)$"),

@@ -1,0 +1,64 @@
+"""Tile shapes for the loss kernels (src/gpt2ladder/loss_kernel.py) at GPT-2's B=16 x 1024 on one GPU:
+times each statistics-pass and gradient-pass configuration with triton.testing.do_bench, checks its
+outputs against the PyTorch expressions, and prints the bandwidth each reaches.
+Run on a GPU: python benchmarks/scripts/loss_kernel_micro.py"""
+
+import itertools
+
+import torch
+import triton
+
+from gpt2ladder import loss_kernel as lk
+from gpt2ladder.fused import E5M2, GRAD_SCALE, _logit_grad, _lse_and_loss
+
+N, V, REAL = 16384, 50304, 50257
+gen = torch.Generator().manual_seed(0)
+logits = (torch.randn(N, V, generator=gen) * 3).to(torch.bfloat16).cuda()
+targets = torch.randint(0, REAL, (N,), generator=gen).cuda()
+ref_lse, ref_loss = _lse_and_loss(logits, targets, REAL)
+ref_lse = ref_lse.squeeze(1)
+ref8 = _logit_grad(logits, ref_lse[:, None], targets[:, None], REAL, GRAD_SCALE, E5M2)
+lse, loss = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")
+g = torch.empty(N, V, device="cuda", dtype=E5M2)
+gt = torch.empty(V, N, device="cuda", dtype=E5M2)
+logit_bytes = N * V * 2
+print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
+
+print("\nstatistics pass (rows, cols, warps): ms, GB/s, max |lse - ref|")
+for cfg in [(4, 1024, 4), (1, 2048, 4), (1, 4096, 4), (1, 4096, 8), (1, 8192, 8), (1, 16384, 16), (2, 2048, 4),
+            (2, 4096, 8), (4, 2048, 8), (8, 512, 4), (8, 1024, 8)]:
+    sm, sv, sw = cfg
+    run = lambda: lk._loss_stats_kernel[(triton.cdiv(N, sm),)](logits, targets, lse, loss, N, V, vocab_size=REAL,
+                                                               BLOCK_M=sm, BLOCK_V=sv, num_warps=sw)
+    try:
+        ms = triton.testing.do_bench(run, warmup=20, rep=100)
+    except Exception as e:  # a shape this GPU cannot run (registers, shared memory) is skipped, named
+        print(cfg, "failed:", str(e).splitlines()[0][:100])
+        continue
+    err = (lse - ref_lse).abs().max().item()
+    print(cfg, f"{ms:.3f} ms", f"{logit_bytes / ms / 1e6:.0f} GB/s", f"{err:.2e}", "OK" if err < 1e-3 else "WRONG")
+
+lse.copy_(ref_lse)
+print("\ngradient pass, both float8 layouts (rows, cols, warps, rows_fast): ms, GB/s, codes off by 1, layouts equal")
+for gm, gv, gw in [(64, 128, 4), (64, 128, 8), (64, 256, 8), (128, 128, 8), (32, 256, 4), (128, 64, 4),
+                   (32, 128, 4), (64, 64, 4), (128, 256, 16)]:
+    for rows_fast in (True, False):
+        blocks = (triton.cdiv(N, gm), triton.cdiv(V, gv))
+        run = lambda: lk._loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
+            logits, targets, lse, g, gt, N, V, REAL, GRAD_SCALE, WRITE_T=True, BLOCK_M=gm, BLOCK_V=gv,
+            ROWS_FAST=rows_fast, num_warps=gw)
+        try:
+            ms = triton.testing.do_bench(run, warmup=20, rep=100)
+        except Exception as e:
+            print((gm, gv, gw, rows_fast), "failed:", str(e).splitlines()[0][:100])
+            continue
+        codes = (g.view(torch.uint8).int() - ref8.view(torch.uint8).int()).abs()
+        same = torch.equal(gt.view(torch.uint8), g.t().contiguous().view(torch.uint8))
+        ok = codes.max().item() <= 1 and same
+        print((gm, gv, gw, rows_fast), f"{ms:.3f} ms", f"{2 * logit_bytes / ms / 1e6:.0f} GB/s",
+              f"{(codes == 1).float().mean().item():.1e}", same, "OK" if ok else "WRONG")
+
+print("\nfor scale: a bf16 copy of the logits,", end=" ")
+out = torch.empty_like(logits)
+ms = triton.testing.do_bench(lambda: out.copy_(logits), warmup=20, rep=100)
+print(f"{ms:.3f} ms, {2 * logit_bytes / ms / 1e6:.0f} GB/s")
