@@ -191,12 +191,15 @@ class Engine:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):  # compile, autotuning and optimizer-state creation happen here
-                self.optimizer.zero_grad(set_to_none=False)
+                self.optimizer.zero_grad(set_to_none=True)
                 self._eager_step(self._static_x, self._static_y)
         torch.cuda.current_stream().wait_stream(side)
         self._graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph):
-            self.optimizer.zero_grad(set_to_none=False)
+            # Gradients set to None, not zeroed: backward then hands each parameter its gradient tensor,
+            # allocated in the graph's own memory pool (the same addresses on every replay), instead of
+            # a memset per parameter followed by an fp32 add into it: about 270 kernels fewer per step.
+            self.optimizer.zero_grad(set_to_none=True)
             self._static_loss = self._eager_step(self._static_x, self._static_y)
         _restore(self.raw_model, self.optimizer, snapshot)
 

@@ -32,10 +32,11 @@ try:
 except ImportError:  # CPU-only installs: the fused loss uses its PyTorch expressions
     triton = None
 
-# Tile shapes: statistics pass (rows per program, columns per step, warps); gradient pass (rows,
-# columns, warps, whether neighbouring programs take neighbouring row blocks).
-STATS = (4, 1024, 4)
-GRAD = (64, 128, 4, True)
+# Tile shapes: statistics pass (rows per program, columns per step, warps, pipeline stages); gradient
+# pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks). Chosen by
+# benchmarks/scripts/loss_kernel_micro.py on the H200 (benchmarks/results/2026-11-29-h200-loss-kernel/).
+STATS = (1, 4096, 4, 1)
+GRAD = (64, 64, 4, True)
 
 
 def available(logits: torch.Tensor) -> bool:
@@ -94,13 +95,13 @@ if triton is not None:
 def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None) -> None:
     """Run both kernels into preallocated outputs (g_t=None: no transposed copy).
 
-    `stats` = (rows, columns, warps) and `grad` = (rows, columns, warps, rows_fast) override the tile
+    `stats` = (rows, columns, warps, stages) and `grad` = (rows, columns, warps, rows_fast) override the tile
     shapes (benchmarks/scripts/loss_kernel_micro.py compares them).
     """
     n, v = logits.shape
-    sm, sv, sw = stats or STATS
+    sm, sv, sw, ss = stats or STATS
     _loss_stats_kernel[(triton.cdiv(n, sm),)](
-        logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, num_warps=sw)
+        logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, num_warps=sw, num_stages=ss)
     gm, gv, gw, rows_fast = grad or GRAD
     blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv))
     _loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
