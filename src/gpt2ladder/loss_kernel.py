@@ -35,8 +35,8 @@ except ImportError:  # CPU-only installs: the fused loss uses its PyTorch expres
 # Tile shapes: statistics pass (rows per program, columns per step, warps, pipeline stages); gradient
 # pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks). Chosen by
 # benchmarks/scripts/loss_kernel_micro.py on the H200 (benchmarks/results/2026-11-29-h200-loss-kernel/).
-STATS = (1, 4096, 4, 1)
-GRAD = (64, 64, 4, True)
+STATS = (1, 2048, 2, 1)
+GRAD = (32, 64, 4, True)
 
 
 def available(logits: torch.Tensor) -> bool:
