@@ -1,11 +1,12 @@
 """The classifier and its loss as one autograd node, optionally with float8 matmuls.
 
-Written by hand because it is the point of two rungs. The ordinary path writes the (N, V) logits,
+Written by hand because it is the point of three rungs. The ordinary path writes the (N, V) logits,
 reads them for the loss, reads them again in backward to form softmax - onehot, and writes that
 gradient. Here the loss and the gradient come out of one compiled kernel over the logits, which
 writes the gradient once at its final width, and the two gradient matmuls run right away, so backward
 only scales saved tensors. (On the H200 that kernel takes 1.96 ms for GPT-2 at B=16 x 1024 with a bf16
-gradient; benchmarks/results/2026-11-29-h200-beyond/profile.)
+gradient; benchmarks/results/2026-11-29-h200-beyond/profile.) With `kernel=True` (the `loss_kernel`
+rung) two hand-written Triton kernels replace it (`loss_kernel.py`).
 
 With `fp8=True` the three classifier matmuls use float8 (`torch._scaled_mm`). The scaling passes
 that made off-the-shelf float8 slower at this size are avoided where the range is known ahead: the

@@ -14,7 +14,8 @@ Here the work is split at the one true dependency, the log-sum-exp:
      the gradient tile, and for float8 the same values transposed (`tl.trans`, so both stores are
      contiguous along their rows).
 Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 1.65 GB written (two float8 layouts or one
-bf16), about 1.1 ms at the H200's bandwidth.
+bf16). Measured on the H200 with the tiles below: 0.52 ms and 1.23 ms (3.2 and 2.7 TB/s, where a plain
+copy of the logits reaches 4.3 TB/s), against 2.65 ms for the compiled expressions.
 
 `logit_grad` is a custom op, so torch.compile and CUDA graphs treat it as one opaque call. Off CUDA, or
 without Triton, the fused loss keeps its PyTorch expressions, which this op must match:
