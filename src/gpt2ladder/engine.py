@@ -198,7 +198,8 @@ class Engine:
         with torch.cuda.graph(self._graph):
             # Gradients set to None, not zeroed: backward then hands each parameter its gradient tensor,
             # allocated in the graph's own memory pool (the same addresses on every replay), instead of
-            # a memset per parameter followed by an fp32 add into it: about 270 kernels fewer per step.
+            # zeroing every gradient and adding the new one into it. For GPT-2 on the H200 that removes
+            # 7 multi-tensor zeroing kernels and 149 fp32 adds, 0.72 ms per step.
             self.optimizer.zero_grad(set_to_none=True)
             self._static_loss = self._eager_step(self._static_x, self._static_y)
         _restore(self.raw_model, self.optimizer, snapshot)
