@@ -234,6 +234,15 @@ def test_last_only_profiles_the_top_rung_under_its_name(shakespeare_cache, tmp_p
     assert [(r["name"], r["status"], r["applied"]) for r in rows] == [("compile", "ok", ["baseline", "compile"])]
 
 
+def test_profile_of_only_skipped_rungs_fails_in_one_line(shakespeare_cache, tmp_path, capsys):
+    args = ["profile", "--device", "cpu", "--preset", "tiny", "--rungs", "tf32,cuda_graph", "--steps", "1",
+            "--warmup", "0", "--batch-size", "2", "--seq-len", "16", "--out", str(tmp_path), "--no-progress"]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no rung could be measured: tf32 skipped" in err
+    assert (tmp_path / "profile.json").exists()  # the rows with their reasons are still written
+
+
 def test_config_rejects_bad_values():
     with pytest.raises(UsageError, match="--warmup"):
         ProfileConfig(warmup=-1)

@@ -381,7 +381,7 @@ def _bench_config(args, device: torch.device, caps: Capabilities, dist: distribu
 
 
 def nothing_measured(record: dict, where: Path) -> str | None:
-    """Why a bench measured no rung at all (exit 1, its files still written), or None when one ran."""
+    """Why a bench or profile ran no rung at all (exit 1, its files still written), or None when one ran."""
     rows = record["rungs"]
     if any(r["status"] == "ok" for r in rows):
         return None

@@ -422,7 +422,7 @@ def defaults_for(device: torch.device) -> dict:
 
 
 def profile_command(args) -> int:
-    from gpt2ladder.bench import resolve_rungs
+    from gpt2ladder.bench import nothing_measured, resolve_rungs
     from gpt2ladder.hardware import detect, resolve_device
     from gpt2ladder.report import prepare_out_dir
 
@@ -442,4 +442,7 @@ def profile_command(args) -> int:
     paths = write_outputs(record, out)
     print(format_table(record))
     print(f"wrote {', '.join(str(p) for p in paths)}")
+    failure = nothing_measured(record, out / "profile.json")
+    if failure:  # like bench: the files are written, but a profile of nothing is not a success
+        raise LadderError(failure)
     return 0
