@@ -48,7 +48,7 @@ if triton is not None:
 
     @triton.jit
     def _loss_stats_kernel(logits_ptr, targets_ptr, lse_ptr, loss_ptr, n_rows, n_cols, vocab_size: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_rows
         row_off = rows.to(tl.int64) * n_cols
@@ -71,7 +71,8 @@ if triton is not None:
 
     @triton.jit
     def _loss_grad_kernel(logits_ptr, targets_ptr, lse_ptr, g_ptr, gt_ptr, n_rows, n_cols, vocab_size, scale,
-                     WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, ROWS_FAST: tl.constexpr):
+                          WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+                          ROWS_FAST: tl.constexpr):
         # ROWS_FAST: neighbouring programs take neighbouring row blocks (and so fill neighbouring
         # stretches of the transposed copy); else neighbouring column blocks of the same rows.
         row_block = tl.program_id(0) if ROWS_FAST else tl.program_id(1)
@@ -92,25 +93,23 @@ if triton is not None:
             offs_t = cols.to(tl.int64)[:, None] * n_rows + rows[None, :]
             tl.store(gt_ptr + offs_t, tl.trans(g), mask=col_ok[:, None] & row_ok[None, :])
 
+    def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None) -> None:
+        """Run both kernels into preallocated outputs (g_t=None: no transposed copy).
 
-def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None) -> None:
-    """Run both kernels into preallocated outputs (g_t=None: no transposed copy).
+        `stats` = (rows, columns, warps, stages) and `grad` = (rows, columns, warps, rows_fast) override
+        the tile shapes (benchmarks/scripts/loss_kernel_micro.py compares them).
+        """
+        n, v = logits.shape
+        sm, sv, sw, ss = stats or STATS
+        _loss_stats_kernel[(triton.cdiv(n, sm),)](
+            logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, num_warps=sw,
+            num_stages=ss)
+        gm, gv, gw, rows_fast = grad or GRAD
+        blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv))
+        _loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
+            logits, targets, lse, g, g if g_t is None else g_t, n, v, vocab_size, scale, WRITE_T=g_t is not None,
+            BLOCK_M=gm, BLOCK_V=gv, ROWS_FAST=rows_fast, num_warps=gw)
 
-    `stats` = (rows, columns, warps, stages) and `grad` = (rows, columns, warps, rows_fast) override the tile
-    shapes (benchmarks/scripts/loss_kernel_micro.py compares them).
-    """
-    n, v = logits.shape
-    sm, sv, sw, ss = stats or STATS
-    _loss_stats_kernel[(triton.cdiv(n, sm),)](
-        logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, num_warps=sw, num_stages=ss)
-    gm, gv, gw, rows_fast = grad or GRAD
-    blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv))
-    _loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
-        logits, targets, lse, g, g if g_t is None else g_t, n, v, vocab_size, scale, WRITE_T=g_t is not None,
-        BLOCK_M=gm, BLOCK_V=gv, ROWS_FAST=rows_fast, num_warps=gw)
-
-
-if triton is not None:
 
     @torch.library.custom_op("gpt2ladder::logit_grad", mutates_args=())
     def logit_grad(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, scale: float,
