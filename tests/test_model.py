@@ -71,6 +71,37 @@ def test_padded_vocab_is_the_same_function():
     assert padded.lm_head.weight.grad[50257:].abs().max() == 0  # padded rows never learn
 
 
+def _block_input_dtypes(model: GPT) -> list[torch.dtype]:
+    seen = []
+    for block in model.transformer.h:
+        block.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+    return seen
+
+
+def test_low_precision_residual_follows_autocast_only():
+    plain, low = _model(), _model(low_precision_residual=True)
+    seen_plain, seen_low = _block_input_dtypes(plain), _block_input_dtypes(low)
+    idx = torch.randint(0, 50257, (2, 30), generator=torch.Generator().manual_seed(6))
+    tgt = torch.randint(0, 50257, (2, 30), generator=torch.Generator().manual_seed(7))
+    # Off autocast the flag changes nothing: same numbers, bit for bit (sampling on CPU, fp32 eval).
+    assert torch.equal(low(idx, tgt)[1], plain(idx, tgt)[1])
+    assert seen_low == seen_plain == [torch.float32] * TINY.n_layer
+    seen_plain.clear(), seen_low.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits_p, loss_p = plain(idx, tgt)
+        logits_l, loss_l = low(idx, tgt)
+    assert seen_plain == [torch.float32] * TINY.n_layer  # autocast alone leaves the stream in fp32
+    assert seen_low == [torch.bfloat16] * TINY.n_layer
+    assert loss_l.dtype == torch.float32 and not torch.equal(loss_l, loss_p)  # it did run differently
+    torch.testing.assert_close(loss_l, loss_p, rtol=2e-3, atol=0)  # ... and computes the same function
+    (loss_p + 0 * logits_p.sum()).backward()
+    (loss_l + 0 * logits_l.sum()).backward()
+    for (name, a), b in zip(plain.named_parameters(), low.parameters()):
+        assert b.grad.dtype == torch.float32, name
+        cos = F.cosine_similarity(a.grad.flatten(), b.grad.flatten(), dim=0)
+        assert cos > 0.99, (name, cos)
+
+
 def test_init_follows_gpt2():
     model = _model()
     cfg = model.config

@@ -1,8 +1,9 @@
 """Model shapes and presets: what GPT-2 is, independent of how fast it runs.
 
 How it runs (precision, compile, attention kernel, vocabulary padding, ...) is a `Setup`, built by
-the ladder's rungs in `rungs.py`; the model reads the two fields of a setup that change its tensors
-(attention implementation and vocabulary padding) through `ModelConfig.with_setup`.
+the ladder's rungs in `rungs.py`; the model reads the three fields of a setup that change its tensors
+(attention implementation, vocabulary padding, the residual stream's dtype) through
+`ModelConfig.with_setup`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ class ModelConfig:
     # "manual": the four-line attention with an explicit causal mask (the seed's baseline).
     # "sdpa": F.scaled_dot_product_attention(is_causal=True), which dispatches to flash kernels.
     attention: str = "manual"
+    # Under autocast, keep the residual stream between Blocks in autocast's dtype instead of fp32. Off
+    # autocast it changes nothing, so the same weights evaluate and sample anywhere.
+    low_precision_residual: bool = False
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -49,7 +53,8 @@ class ModelConfig:
 
     def with_setup(self, setup) -> "ModelConfig":
         """The shapes this setup trains: same model, maybe padded vocabulary and another attention."""
-        return dataclasses.replace(self, attention=setup.attention, vocab_multiple=setup.vocab_multiple)
+        return dataclasses.replace(self, attention=setup.attention, vocab_multiple=setup.vocab_multiple,
+                                   low_precision_residual=setup.bf16_residual)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -1,8 +1,9 @@
 """GPT-2: the network itself, in OpenAI/Hugging Face parameter names so real GPT-2 weights load by name.
 
-Nothing here knows about speed-ups beyond the two that change the model's tensors, both read from
-`ModelConfig`: which attention kernel runs and how many vocabulary rows are allocated. Every other
-rung (precision, compile, fused optimizer, ...) acts from outside, in `engine.py`.
+Nothing here knows about speed-ups beyond the three that change the model's tensors, all read from
+`ModelConfig`: which attention kernel runs, how many vocabulary rows are allocated and whether the
+residual stream follows autocast's dtype. Every other rung (precision, compile, fused optimizer, ...)
+acts from outside, in `engine.py`.
 """
 
 from __future__ import annotations
@@ -100,6 +101,11 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block size {self.config.block_size}")
         pos = torch.arange(T, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        device = idx.device.type
+        if self.config.low_precision_residual and torch.is_autocast_enabled(device):
+            # From here on every residual add, layer-norm input and their gradients are bf16: half the
+            # bytes. Cast after the embedding sum, so the embeddings' gradients still add up in fp32.
+            x = x.to(torch.get_autocast_dtype(device))
         for block in self.transformer.h:
             x = block(x)
         return self.transformer.ln_f(x)

@@ -31,6 +31,7 @@ class Setup:
     fused_loss: bool = False  # classifier + cross-entropy + its gradient in one pass over the logits
     fp8_head: bool = False  # classifier matmuls in float8 (Hopper and newer)
     loss_kernel: bool = False  # the fused loss's pass over the logits as hand-written Triton kernels
+    bf16_residual: bool = False  # the residual stream between Blocks in bf16 instead of fp32
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 
@@ -136,6 +137,10 @@ LADDER: tuple[Rung, ...] = (
          "log-sum-exp, then the gradient tiles in both layouts), which read the logits twice instead of three "
          "times and store the transposed float8 copy contiguously.",
          "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel),
+    Rung("bf16_residual", "The residual stream between Blocks is kept in bfloat16 (autocast leaves it in fp32), so "
+         "every residual add, layer norm and their gradients move half the bytes (the norms still compute in "
+         "fp32, and the embeddings' gradients still add up in fp32).",
+         "memory", {"bf16_residual": True, "autocast": "bfloat16"}, _needs_ampere("a bfloat16 residual stream")),
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
          "overhead", {"cuda_graph": True}, _needs_cuda("CUDA graphs")),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
