@@ -137,3 +137,31 @@ def test_bf16_residual_trains_like_the_fp32_residual():
     assert bf16 != fp32  # the residual really changed precision
     assert bf16 == pytest.approx(fp32, rel=5e-3)
     assert bf16[-1] < bf16[0]
+
+
+@needs_cuda
+@needs_triton
+def test_gelu_kernel_matches_the_expressions_at_gpt2_size():
+    from gpt2ladder.gelu_kernel import gelu_grad_reference
+
+    gen = torch.Generator().manual_seed(0)
+    h0 = (torch.randn(16384, 3072, generator=gen) * 2).to(GPU, torch.bfloat16)
+    grad = (torch.randn(16384, 3072, generator=gen) * 1e-3).to(GPU, torch.bfloat16)
+    bias = (torch.randn(3072, generator=gen) * 0.1).to(GPU)
+    dh, db = torch.ops.gpt2ladder.gelu_grad(grad, h0, bias)
+    ref_dh, ref_db = gelu_grad_reference(grad, h0, bias)
+    assert dh.dtype == torch.bfloat16 and db.dtype == torch.float32
+    rel = (dh.float() - ref_dh.float()).abs() / ref_dh.float().abs().clamp(min=1e-30)
+    assert (rel <= 2**-7).all()  # within one bf16 rounding step
+    torch.testing.assert_close(db, ref_db, rtol=1e-4, atol=1e-5)
+
+
+@needs_cuda
+@needs_triton
+def test_gelu_kernel_trains_like_the_compiled_expressions():
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph"]
+    batches = _batches(8)
+    without = _losses(names, batches)
+    with_kernel = _losses(names + ["gelu_kernel"], batches)
+    assert with_kernel == pytest.approx(without, rel=5e-3)
+    assert with_kernel[-1] < with_kernel[0]

@@ -257,7 +257,38 @@ def test_shards_merge_into_the_same_report_as_one_run(shakespeare_cache, tmp_pat
 def test_a_missing_shard_is_a_usage_error(shakespeare_cache, tmp_path, capsys):
     assert main(ARGS + ["--rungs", "baseline", "--shard", "0/2", "--out", str(tmp_path / "s0")]) == 0
     assert main(["parity", "--merge", str(tmp_path / "s0"), "--out", str(tmp_path / "m")]) == 2
-    assert "every shard 0..1 is needed" in capsys.readouterr().err
+    assert "parity runs missing from the shards: baseline-seed1" in capsys.readouterr().err
+
+
+def _shard(rungs, k, n, results, **config):
+    cfg = dataclasses.asdict(ParityConfig(rungs=tuple(rungs), **config))
+    runs = {uid: {"status": "ok", "final_val": val, "final_train": val - 0.5, "first_loss": 10.8}
+            for uid, val in results.items()}
+    return {"device": {"name": "cpu"}, "git_sha": "abc", "command": "parity-shard", "shard": [k, n],
+            "config": cfg, "skipped": {}, "results": runs}
+
+
+def test_shards_of_a_shorter_path_merge_into_a_longer_one():
+    """A later command adds rungs to an earlier one's runs (its fp32 baselines) instead of repeating them."""
+    first = _shard(["compile"], 0, 2, {"baseline-seed0": 5.0, "baseline-seed1": 5.02})
+    later = _shard(["compile", "flash"], 1, 3, {"compile": 5.01, "flash": 4.99})
+    merged = parity.merge_shards([first, later])
+    assert [r["name"] for r in merged["rungs"]] == ["compile", "flash"]
+    assert [r["verdict"] for r in merged["rungs"]] == ["PASS", "PASS"]
+    assert merged["rule"]["spread"] == pytest.approx(0.02)
+    assert [s["rungs"] for s in merged["shards"]] == [["compile"], ["compile", "flash"]]
+    with pytest.raises(UsageError, match="missing from the shards: flash"):
+        parity.merge_shards([first, _shard(["compile", "flash"], 1, 3, {"compile": 5.01})])
+
+
+def test_shards_that_cannot_be_one_report_are_usage_errors():
+    base = _shard(["compile"], 0, 2, {"baseline-seed0": 5.0, "baseline-seed1": 5.02})
+    with pytest.raises(UsageError, match="different rung paths"):  # flash's run would not include compile
+        parity.merge_shards([base, _shard(["flash"], 1, 2, {"flash": 5.0})])
+    with pytest.raises(UsageError, match="different settings"):
+        parity.merge_shards([base, _shard(["compile"], 1, 2, {"compile": 5.0}, steps=7)])
+    with pytest.raises(UsageError, match="more than one shard"):
+        parity.merge_shards([base, _shard(["compile"], 1, 2, {"compile": 5.0, "baseline-seed1": 5.02})])
 
 
 @pytest.mark.parametrize("text", ["3/3", "a/b", "1", "-1/2"])

@@ -30,6 +30,7 @@ def observe(engine: Engine) -> dict:
         "fp8": getattr(model.loss_fn, "fp8", False),
         "loss_kernel": getattr(model.loss_fn, "kernel", False),
         "residual": model.config.low_precision_residual,
+        "gelu_kernel": sum(type(m).__name__ == "KernelMLP" for m in model.modules()),
         "fp8_linears": sorted({n.split(".", 3)[3] for n, m in model.named_modules()
                                if type(m).__name__ == "Float8Linear"}),
         "graph": engine.setup.cuda_graph,
@@ -47,9 +48,10 @@ EXPECTED = {  # rung -> the observable properties it may change
     "fused_loss": {"loss_fn"},
     "fp8_head": {"fp8"},
     "loss_kernel": {"loss_kernel"},
-    "bf16_residual": {"residual"},
     "cuda_graph": {"graph"},
-    "fp8_mlp": {"fp8_linears"},
+    "bf16_residual": {"residual"},
+    "gelu_kernel": {"gelu_kernel"},
+    "fp8_mlp": {"fp8_linears", "gelu_kernel"},  # float8 MLPs keep their own backward, not the GELU kernel
     "fp8_attn": {"fp8_linears"},
 }
 
@@ -110,6 +112,7 @@ T4_TRITON = Capabilities("cuda", "Tesla T4", (7, 5), triton_version="3.5.1")
     (CPU_CAPS, "loss_kernel", False), (H200, "loss_kernel", False), (NO_TRITON, "loss_kernel", False),
     (T4_TRITON, "loss_kernel", False), (H200_TRITON, "loss_kernel", True),
     (CPU_CAPS, "bf16_residual", False), (T4, "bf16_residual", False), (A100, "bf16_residual", True),
+    (CPU_CAPS, "gelu_kernel", False), (H200, "gelu_kernel", False), (T4_TRITON, "gelu_kernel", True),
 ])
 def test_availability(caps, rung, available):
     reason = why_unavailable(rung, caps)

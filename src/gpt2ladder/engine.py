@@ -1,10 +1,10 @@
 """One training step for a given `Setup`: the model, its optimizer and how the step runs.
 
 Optional speed-ups are applied in one fixed order, after torchtitan's:
-build the model (its config carries attention and vocabulary padding) -> move it to the device ->
-swap the classifier's loss (fused, float8) and the Blocks' Linears (float8) -> `parallelize` for
-data parallelism (`distributed.py`: FSDP2 shards every Block, then the root; DDP wraps) -> compile -> optimizer -> CUDA graph capture on
-the first step. The optimizer comes last because FSDP2 replaces every parameter by a sharded DTensor.
+build the model (its config carries attention, vocabulary padding and the residual's dtype) -> move
+it to the device -> swap the classifier's loss (fused, float8), the Blocks' Linears (float8) and MLPs
+(GELU kernel) -> `parallelize` for data parallelism (`distributed.py`: FSDP2 shards every Block, then
+the root; DDP wraps) -> compile -> optimizer -> CUDA graph capture on the first step. The optimizer comes last because FSDP2 replaces every parameter by a sharded DTensor.
 Compile takes the whole (sharded or wrapped) model: under DDP that is torch.compile(DDP(model)), so
 dynamo's DDPOptimizer cuts the graph at gradient buckets and the all-reduces overlap backward
 (compiling first and wrapping after would leave one backward graph whose gradients all arrive at
@@ -50,6 +50,10 @@ def build_model(model_cfg: ModelConfig, setup: Setup, device: torch.device, seed
         from gpt2ladder.fp8 import use_float8
 
         use_float8(model, mlp=setup.fp8_mlp, attn=setup.fp8_attn)
+    if setup.gelu_kernel:
+        from gpt2ladder.gelu_kernel import use_gelu_kernel
+
+        use_gelu_kernel(model)  # after the float8 swap, whose MLPs it leaves alone
     return model
 
 

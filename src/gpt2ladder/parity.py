@@ -289,19 +289,51 @@ def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
 
 
 def merge_shards(shards: list[dict]) -> dict:
-    """One report from the shard records of one parity configuration (shards may come from several GPUs)."""
-    configs = {json.dumps(s["config"], sort_keys=True) for s in shards}
-    if len(configs) != 1:
-        raise UsageError("the parity shards were run with different settings; merge shards of one command only")
-    n = shards[0]["shard"][1]
-    have = sorted(s["shard"][0] for s in shards)
-    if have != list(range(n)):
-        raise UsageError(f"parity shards {have} of {n} found; every shard 0..{n - 1} is needed")
-    cfg = ParityConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in shards[0]["config"].items()})
-    results = {uid: r for s in shards for uid, r in s["results"].items()}
+    """One report from parity shard records (shards may come from several GPUs and commands).
+
+    The shards must share every setting but the rung path, and each path must be the start of the
+    longest one: a rung's run then trains the same setup whichever command ran it, so a later command
+    can add rungs to an earlier one's runs (its fp32 baselines, for one) instead of repeating them.
+    """
+    def settings(s: dict) -> str:
+        return json.dumps({k: v for k, v in s["config"].items() if k != "rungs"}, sort_keys=True)
+
+    if len({settings(s) for s in shards}) != 1:
+        raise UsageError("the parity shards were run with different settings; merge shards of one configuration")
+    paths = [list(s["config"]["rungs"]) for s in shards]
+    longest = max(paths, key=len)
+    if any(p != longest[:len(p)] for p in paths):
+        raise UsageError("the parity shards follow different rung paths; each must be the start of the longest")
+    results: dict[str, dict] = {}
+    for s in shards:
+        for uid, r in s["results"].items():
+            if uid in results:
+                raise UsageError(f"the parity run {uid!r} is in more than one shard; merge one of them")
+            results[uid] = r
+    cfg = ParityConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in shards[0]["config"].items()},
+                          "rungs": tuple(longest)})
+    skipped = {k: v for s in shards for k, v in s["skipped"].items()}
+    missing = [uid for uid in _unit_ids(cfg, skipped) if uid not in results]
+    if missing:
+        raise UsageError(f"parity runs missing from the shards: {', '.join(missing)}; run the shards that hold them")
     header = {k: v for k, v in shards[0].items() if k not in ("command", "shard", "config", "skipped", "results")}
     header["devices"] = sorted({s["device"]["name"] for s in shards})
-    return {**header, **assemble(cfg, results, shards[0]["skipped"])}
+    header["shards"] = [{"shard": s["shard"], "git_sha": s.get("git_sha"), "rungs": list(s["config"]["rungs"]),
+                         "runs": sorted(s["results"])} for s in shards]
+    return {**header, **assemble(cfg, results, skipped)}
+
+
+def _unit_ids(cfg: ParityConfig, skipped: dict[str, str]) -> list[str]:
+    """The ids of the runs a report on `cfg` needs (what `work_units` makes), given the skipped rungs."""
+    ids = [f"baseline-seed{cfg.seed + i}" for i in range(cfg.seeds)]
+    applied = []
+    for name in cfg.rungs:
+        if name in skipped:
+            continue
+        applied.append(name)
+        if setup_for(applied) != Setup():
+            ids.append(name)
+    return ids
 
 
 def _schedule(cfg: ParityConfig) -> dict:

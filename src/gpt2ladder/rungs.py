@@ -32,6 +32,7 @@ class Setup:
     fp8_head: bool = False  # classifier matmuls in float8 (Hopper and newer)
     loss_kernel: bool = False  # the fused loss's pass over the logits as hand-written Triton kernels
     bf16_residual: bool = False  # the residual stream between Blocks in bf16 instead of fp32
+    gelu_kernel: bool = False  # the MLP's GELU backward and c_fc's bias gradient as one Triton kernel
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 
@@ -94,12 +95,19 @@ def _needs_fused_loss(caps: Capabilities) -> str | None:
     return caps.compile_problem
 
 
+def _needs_triton_gpu(what: str) -> Callable[[Capabilities], str | None]:
+    def check(caps: Capabilities) -> str | None:
+        if caps.device_type != "cuda":
+            return f"{what} needs a CUDA GPU; this is {caps.device_type}"
+        if caps.triton_version is None:
+            return f"{what} is written in Triton, which is not installed (pip install triton)"
+        return None
+
+    return check
+
+
 def _needs_loss_kernel(caps: Capabilities) -> str | None:
-    if caps.device_type != "cuda":
-        return f"the Triton loss kernels need a CUDA GPU; this is {caps.device_type}"
-    if caps.triton_version is None:
-        return "the loss kernels are written in Triton, which is not installed (pip install triton)"
-    return _needs_fused_loss(caps)
+    return _needs_triton_gpu("the Triton loss kernels")(caps) or _needs_fused_loss(caps)
 
 
 def _needs_fp8(caps: Capabilities) -> str | None:
@@ -137,12 +145,15 @@ LADDER: tuple[Rung, ...] = (
          "log-sum-exp, then the gradient tiles in both layouts), which read the logits twice instead of three "
          "times and store the transposed float8 copy contiguously.",
          "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel),
+    Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
+         "overhead", {"cuda_graph": True}, _needs_cuda("CUDA graphs")),
     Rung("bf16_residual", "The residual stream between Blocks is kept in bfloat16 (autocast leaves it in fp32), so "
          "every residual add, layer norm and their gradients move half the bytes (the norms still compute in "
          "fp32, and the embeddings' gradients still add up in fp32).",
          "memory", {"bf16_residual": True, "autocast": "bfloat16"}, _needs_ampere("a bfloat16 residual stream")),
-    Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
-         "overhead", {"cuda_graph": True}, _needs_cuda("CUDA graphs")),
+    Rung("gelu_kernel", "The MLP's GELU backward writes its gradient and c_fc's bias gradient in one Triton pass, "
+         "instead of a second pass that reads the 16384 x 3072 tensors again for the bias.",
+         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the GELU kernel")),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves (opt-in).",
          "precision", {"fp8_mlp": True}, _needs_fp8, opt_in=True),

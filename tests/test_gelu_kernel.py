@@ -1,0 +1,112 @@
+"""The GELU kernel computes what GPT-2's MLP computes: the Triton kernel against the PyTorch expressions
+(through Triton's CPU interpreter, in a subprocess since TRITON_INTERPRET is read at import), and the
+rewired MLP against the original, values and gradients."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gpt2ladder.config import PRESETS
+from gpt2ladder.gelu_kernel import KernelMLP, gelu_grad_reference, use_gelu_kernel
+from gpt2ladder.model import GPT, MLP, init_weights
+
+SCRIPT = r"""
+import json, sys, torch
+from gpt2ladder import gelu_kernel as gk
+out = []
+for n, c, bm, bn in json.loads(sys.argv[1]):
+    gen = torch.Generator().manual_seed(n * 100 + c)
+    h0, grad = torch.randn(n, c, generator=gen) * 2, torch.randn(n, c, generator=gen)
+    bias = torch.randn(c, generator=gen)
+    dh = torch.full((n, c), 7.0)
+    partial = torch.full(((n + bm - 1) // bm, c), 7.0)
+    gk.launch(grad, h0, bias, dh, partial, tile=(bm, bn, 4))
+    ref_dh, ref_db = gk.gelu_grad_reference(grad, h0, bias)
+    out.append({"dh": (dh - ref_dh).abs().max().item(), "db": (partial.sum(0) - ref_db).abs().max().item(),
+                "db_scale": ref_db.abs().max().item()})
+print(json.dumps(out))
+"""
+
+CASES = [
+    (70, 300, 32, 128),  # neither dimension a multiple of its tile
+    (64, 256, 64, 128),  # exact tiles
+    (5, 40, 16, 64),  # fewer rows and columns than one tile
+]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
+def test_kernel_matches_the_pytorch_expressions():
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for case, r in zip(CASES, json.loads(proc.stdout.strip().splitlines()[-1])):
+        assert r["dh"] < 1e-5, (case, r)  # fp32 in and out: equal up to tanh's rounding
+        assert r["db"] < 1e-5 * max(1.0, r["db_scale"]), (case, r)  # every row block summed, none twice
+
+
+def test_reference_is_the_derivative_of_gpt2s_gelu():
+    gen = torch.Generator().manual_seed(0)
+    h0 = torch.randn(33, 20, generator=gen, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(20, generator=gen, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(33, 20, generator=gen, dtype=torch.float64)
+    nn.functional.gelu(h0 + bias, approximate="tanh").backward(grad)
+    dh, db = gelu_grad_reference(grad, h0.detach(), bias.detach())
+    torch.testing.assert_close(dh, h0.grad.to(dh.dtype), rtol=1e-6, atol=1e-6)  # fp32 inside
+    torch.testing.assert_close(db, bias.grad, rtol=1e-5, atol=1e-5)
+
+
+def _pair():
+    cfg = PRESETS["tiny"]
+    with torch.random.fork_rng():  # nn.Linear's own init draws from the global generator
+        torch.manual_seed(0)
+        plain = MLP(cfg)
+    rewired = MLP(cfg)
+    rewired.load_state_dict(plain.state_dict())
+    rewired.__class__ = KernelMLP
+    return plain, rewired
+
+
+def test_kernel_mlp_is_the_same_function_with_the_same_gradients():
+    plain, rewired = _pair()
+    with torch.no_grad():
+        plain.c_fc.bias.normal_()  # a non-zero bias, so moving its add is tested
+        rewired.c_fc.bias.copy_(plain.c_fc.bias)
+    x = torch.randn(3, 17, 128, generator=torch.Generator().manual_seed(1))
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = plain(xa), rewired(xb)
+    torch.testing.assert_close(yb, ya, rtol=1e-5, atol=1e-6)
+    g = torch.randn_like(ya)
+    ya.backward(g), yb.backward(g)
+    torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(plain.named_parameters(), rewired.parameters()):
+        # fp32 throughout; the GELU's derivative is written differently, so sums of 51 rows differ in
+        # the last bits (a wrong term or a lost row would be off by orders of magnitude more)
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_use_gelu_kernel_rewires_every_block_and_keeps_the_state_dict():
+    model = init_weights(GPT(PRESETS["tiny"]), seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    names = use_gelu_kernel(model)
+    assert names == [f"transformer.h.{i}.mlp" for i in range(PRESETS["tiny"].n_layer)]
+    assert all(type(b.mlp) is KernelMLP for b in model.transformer.h)
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert use_gelu_kernel(model) == []  # idempotent
+
+
+def test_float8_mlps_are_left_alone():
+    from gpt2ladder.fp8 import use_float8
+
+    model = init_weights(GPT(PRESETS["tiny"]), seed=0)
+    use_float8(model, mlp=True, attn=False)
+    assert use_gelu_kernel(model) == []
