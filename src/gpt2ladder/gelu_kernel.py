@@ -47,6 +47,8 @@ def gelu_grad_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor
 
 
 if triton is not None:
+    _C0 = tl.constexpr(SQRT_2_OVER_PI)  # a kernel reads module globals only as constexpr
+    _C1 = tl.constexpr(GELU_CUBIC)
 
     @triton.jit
     def _gelu_grad_kernel(grad_ptr, h0_ptr, bias_ptr, dh_ptr, partial_ptr, n_rows, n_cols,
@@ -59,8 +61,8 @@ if triton is not None:
         bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
         g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        t = 2.0 * tl.sigmoid(2.0 * SQRT_2_OVER_PI * (h + GELU_CUBIC * h * h * h)) - 1.0  # tanh
-        slope = 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * h * h)
+        t = 2.0 * tl.sigmoid(2.0 * _C0 * (h + _C1 * h * h * h)) - 1.0  # tanh
+        slope = 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * _C0 * (1.0 + 3.0 * _C1 * h * h)
         dh = g * slope  # 0 outside the tensor, since g loads as 0 there
         tl.store(dh_ptr + offs, dh.to(dh_ptr.dtype.element_ty), mask=mask)
         tl.store(partial_ptr + tl.program_id(1) * n_cols + cols, tl.sum(dh, 0), mask=col_ok)
