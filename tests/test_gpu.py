@@ -151,8 +151,10 @@ def test_gelu_kernel_matches_the_expressions_at_gpt2_size():
     dh, db = torch.ops.gpt2ladder.gelu_grad(grad, h0, bias)
     ref_dh, ref_db = gelu_grad_reference(grad, h0, bias)
     assert dh.dtype == torch.bfloat16 and db.dtype == torch.float32
-    rel = (dh.float() - ref_dh.float()).abs() / ref_dh.float().abs().clamp(min=1e-30)
-    assert (rel <= 2**-7).all()  # within one bf16 rounding step
+    # Within one bf16 rounding step, plus fp32 noise where GELU's slope crosses zero (near h = -0.75 its
+    # two terms cancel, so its last bits differ between tanh and the kernel's sigmoid form).
+    err = (dh.float() - ref_dh.float()).abs()
+    assert (err <= 2**-7 * ref_dh.float().abs() + 1e-6 * grad.float().abs()).all()
     torch.testing.assert_close(db, ref_db, rtol=1e-4, atol=1e-5)
 
 
