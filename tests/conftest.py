@@ -1,6 +1,10 @@
 """Shared pytest fixtures."""
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,3 +28,20 @@ def shakespeare_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GPT2LADDER_CACHE", str(cache))
         yield cache
+
+
+@pytest.fixture
+def triton_interpret():
+    """run(script, cases): `script` in a subprocess under Triton's CPU interpreter (TRITON_INTERPRET=1 is
+    read at import, hence the subprocess), with the JSON of `cases` as its argument; returns the JSON
+    it printed last."""
+    def run(script: str, cases: list):
+        src = str(Path(__file__).parents[1] / "src")
+        env = {**os.environ, "TRITON_INTERPRET": "1",
+               "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    return run

@@ -88,6 +88,7 @@ def test_cli_writes_table_json_markdown_and_png(shakespeare_cache, tmp_path, cap
     assert all(r["status"] == "ok" and r["ms_per_step"] > 0 for r in record["rungs"])
     md = (out / "ladder.md").read_text()
     assert "| baseline |" in md and "| vocab |" in md
+    assert "partial" not in md
     assert (out / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -108,11 +109,16 @@ def test_each_rung_is_printed_and_kept_as_it_finishes(shakespeare_cache, tmp_pat
     from gpt2ladder.bench import _partial_writer
 
     write = _partial_writer(tmp_path)
+    (tmp_path / "ladder.md").write_text("an earlier run's table")
     write({**final, "partial": True, "rungs": final["rungs"][:2]})
+    assert not (tmp_path / "ladder.md").exists()  # no table that disagrees with the partial json
     kept = json.loads((tmp_path / "ladder.json").read_text())
     assert kept["partial"] is True and [r["name"] for r in kept["rungs"]] == ["baseline", "flash"]
     line = capsys.readouterr().out.strip()
     assert line.startswith("flash") and "ms" not in line.split()[0]
+    from gpt2ladder.report import format_markdown
+
+    assert "- partial: the run stopped" in format_markdown(kept)
 
 
 def test_bad_bench_config():

@@ -3,11 +3,6 @@
 rewired MLP against the original, values and gradients."""
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -42,13 +37,9 @@ CASES = [
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
-def test_kernel_matches_the_pytorch_expressions():
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    for case, r in zip(CASES, json.loads(proc.stdout.strip().splitlines()[-1])):
+def test_kernel_matches_the_pytorch_expressions(triton_interpret):
+    results = triton_interpret(SCRIPT, CASES)
+    for case, r in zip(CASES, results):
         assert r["dh"] < 1e-5, (case, r)  # fp32 in and out: equal up to tanh's rounding
         assert r["db"] < 1e-5 * max(1.0, r["db_scale"]), (case, r)  # every row block summed, none twice
 

@@ -6,11 +6,6 @@ Triton is not installed. The float8 rounding is the GPU's own conversion: tests/
 """
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -50,13 +45,8 @@ CASES = [
 ]
 
 
-def test_kernels_match_the_pytorch_expressions():
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_kernels_match_the_pytorch_expressions(triton_interpret):
+    results = triton_interpret(SCRIPT, CASES)
     for (n, v, real, transposed), r in zip(CASES, results):
         assert r["lse"] < 1e-5 and r["loss"] < 1e-5, (n, v, r)
         assert r["g"] < 1e-6, (n, v, r)  # fp32 out: the same numbers up to exp's rounding

@@ -262,7 +262,7 @@ def test_a_missing_shard_is_a_usage_error(shakespeare_cache, tmp_path, capsys):
 
 def _shard(rungs, k, n, results, **config):
     cfg = dataclasses.asdict(ParityConfig(rungs=tuple(rungs), **config))
-    runs = {uid: {"status": "ok", "final_val": val, "final_train": val - 0.5, "first_loss": 10.8}
+    runs = {uid: {"status": "ok", "final_val": val, "final_train": val - 0.5, "first_loss": 10.8, "seed": 0}
             for uid, val in results.items()}
     return {"device": {"name": "cpu"}, "git_sha": "abc", "command": "parity-shard", "shard": [k, n],
             "config": cfg, "skipped": {}, "results": runs}
@@ -277,6 +277,10 @@ def test_shards_of_a_shorter_path_merge_into_a_longer_one():
     assert [r["verdict"] for r in merged["rungs"]] == ["PASS", "PASS"]
     assert merged["rule"]["spread"] == pytest.approx(0.02)
     assert [s["rungs"] for s in merged["shards"]] == [["compile"], ["compile", "flash"]]
+    md = parity.format_markdown({**merged, "schedule": {"warmup_steps": 1, "decay": "cosine"},
+                                 "data": {"source": "x"}, "versions": {"torch": "t", "cuda": None},
+                                 "gpt2ladder": "0", "date": "d"})
+    assert "- shard 1 of 3 (rungs compile, flash) at abc: compile, flash" in md
     with pytest.raises(UsageError, match="missing from the shards: flash"):
         parity.merge_shards([first, _shard(["compile", "flash"], 1, 3, {"compile": 5.01})])
 

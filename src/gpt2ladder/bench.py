@@ -339,10 +339,16 @@ def _fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say) -> tup
 
 
 def _partial_writer(out: Path):
-    """After each rung: its one-line result on stdout and the rows so far in ladder.json (partial: true)."""
+    """After each rung: its one-line result on stdout and the rows so far in ladder.json (partial: true).
+
+    A ladder.md or ladder.png already in `out` belongs to an earlier run and goes, so a run cut off
+    before its end never leaves a table or chart that disagrees with its ladder.json.
+    """
     from gpt2ladder.report import ladder_rows, write_json
 
     def on_row(record: dict) -> None:
+        for stale in ("ladder.md", "ladder.png"):
+            (out / stale).unlink(missing_ok=True)
         write_json(out / "ladder.json", record)
         print("  " + "  ".join(ladder_rows({"rungs": record["rungs"][-1:]})[0]), flush=True)
 

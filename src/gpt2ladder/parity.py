@@ -381,6 +381,10 @@ def format_markdown(record: dict) -> str:
             f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; "
             f"gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; {record['date']}"]
     head += [f"- {line}" for line in _summary_lines(record)]
+    for shard in record.get("shards", []):  # a merged report: which command ran which training runs
+        k, n = shard["shard"]
+        head.append(f"- shard {k} of {n} (rungs {', '.join(shard['rungs'])}) at {shard['git_sha']}: "
+                    f"{', '.join(shard['runs'])}")
     from gpt2ladder.report import markdown_table
 
     return "\n".join(head + [""] + markdown_table(HEADERS, table_rows(record))) + "\n"

@@ -147,6 +147,9 @@ def format_markdown(record: dict) -> str:
                           for t in search["tried"])
         head.insert(-2, f"- --batch-size best: {search['largest_fit']} sequences fit; tokens/s at the top rung "
                         f"({search['rung']}) by size: {sizes}; chose {search['chosen']}")
+    if record.get("partial"):
+        head.insert(-2, "- partial: the run stopped before it had measured every rung; the rows below are the "
+                        "ones it finished")
     body = markdown_table(HEADERS, ladder_rows(record))
     return "\n".join(head + body) + "\n"
 
