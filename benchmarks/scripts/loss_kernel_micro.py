@@ -3,7 +3,6 @@ times each statistics-pass and gradient-pass configuration with triton.testing.d
 outputs against the PyTorch expressions, and prints the bandwidth each reaches.
 Run on a GPU: python benchmarks/scripts/loss_kernel_micro.py"""
 
-
 import torch
 import triton
 
