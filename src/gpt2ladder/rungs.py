@@ -107,7 +107,7 @@ def _needs_triton_gpu(what: str) -> Callable[[Capabilities], str | None]:
 
 
 def _needs_loss_kernel(caps: Capabilities) -> str | None:
-    return _needs_triton_gpu("the Triton loss kernels")(caps) or _needs_fused_loss(caps)
+    return _needs_triton_gpu("the loss_kernel rung")(caps) or _needs_fused_loss(caps)
 
 
 def _needs_fp8(caps: Capabilities) -> str | None:
@@ -146,7 +146,7 @@ LADDER: tuple[Rung, ...] = (
          "times and store the transposed float8 copy contiguously.",
          "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel),
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
-         "overhead", {"cuda_graph": True}, _needs_cuda("CUDA graphs")),
+         "overhead", {"cuda_graph": True}, _needs_cuda("capturing a CUDA graph")),
     # After the graph: rungs that cut GPU work, measured where launch gaps no longer hide it (ungraphed,
     # bf16_residual measured slower on the H200; graphed it saves 1.2-1.4 ms).
     Rung("bf16_residual", "The residual stream between Blocks is kept in bfloat16 (autocast leaves it in fp32), so "
@@ -156,7 +156,7 @@ LADDER: tuple[Rung, ...] = (
     Rung("gelu_kernel", "The MLP's GELU backward writes its gradient and c_fc's bias gradient in one Triton pass, "
          "instead of a second pass that reads the 16384 x 3072 tensors again for the bias; on the H200 the kernel "
          "runs slower than compile's own GELU kernel, which eats the saving (opt-in).",
-         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the GELU kernel"), opt_in=True),
+         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the gelu_kernel rung"), opt_in=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves (opt-in).",
          "precision", {"fp8_mlp": True}, _needs_fp8, opt_in=True),
