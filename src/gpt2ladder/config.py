@@ -52,7 +52,8 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
     def with_setup(self, setup) -> "ModelConfig":
-        """The shapes this setup trains: same model, maybe padded vocabulary and another attention."""
+        """What this setup trains: the same model, maybe with padded vocabulary, another attention kernel
+        and a bf16 residual stream."""
         return dataclasses.replace(self, attention=setup.attention, vocab_multiple=setup.vocab_multiple,
                                    low_precision_residual=setup.bf16_residual)
 

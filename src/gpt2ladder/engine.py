@@ -4,7 +4,8 @@ Optional speed-ups are applied in one fixed order, after torchtitan's:
 build the model (its config carries attention, vocabulary padding and the residual's dtype) -> move
 it to the device -> swap the classifier's loss (fused, float8), the Blocks' Linears (float8) and MLPs
 (GELU kernel) -> `parallelize` for data parallelism (`distributed.py`: FSDP2 shards every Block, then
-the root; DDP wraps) -> compile -> optimizer -> CUDA graph capture on the first step. The optimizer comes last because FSDP2 replaces every parameter by a sharded DTensor.
+the root; DDP wraps) -> compile -> optimizer -> CUDA graph capture on the first step. The optimizer
+comes last because FSDP2 replaces every parameter by a sharded DTensor.
 Compile takes the whole (sharded or wrapped) model: under DDP that is torch.compile(DDP(model)), so
 dynamo's DDPOptimizer cuts the graph at gradient buckets and the all-reduces overlap backward
 (compiling first and wrapping after would leave one backward graph whose gradients all arrive at
