@@ -101,3 +101,24 @@ def test_float8_mlps_are_left_alone():
     model = init_weights(GPT(PRESETS["tiny"]), seed=0)
     use_float8(model, mlp=True, attn=False)
     assert use_gelu_kernel(model) == []
+
+
+def test_compiled_training_steps_match_the_plain_mlp():
+    """Through AOT autograd (compile's tracing of forward and backward) the rewired MLP trains alike."""
+    import dataclasses
+
+    from gpt2ladder.engine import Engine
+    from gpt2ladder.rungs import setup_for
+
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randint(0, 50257, (2, 32), generator=gen), torch.randint(0, 50257, (2, 32), generator=gen))
+               for _ in range(3)]
+    setup = setup_for(["baseline", "compile", "flash", "vocab", "fused_adamw"])
+    losses = {}
+    for kernel in (False, True):
+        engine = Engine(PRESETS["tiny"], dataclasses.replace(setup, gelu_kernel=kernel), torch.device("cpu"),
+                        compile_backend="aot_eager")
+        assert (type(engine.raw_model.transformer.h[0].mlp) is KernelMLP) == kernel
+        losses[kernel] = [engine.step(x, y).item() for x, y in batches]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+    assert losses[True][-1] < losses[True][0]
