@@ -260,6 +260,13 @@ def test_a_missing_shard_is_a_usage_error(shakespeare_cache, tmp_path, capsys):
     assert "parity runs missing from the shards: baseline-seed1" in capsys.readouterr().err
 
 
+def test_a_file_that_is_not_a_shard_is_a_usage_error(tmp_path, capsys):
+    bench_record = tmp_path / "ladder.json"
+    bench_record.write_text(json.dumps({"command": "bench", "rungs": []}))
+    assert main(["parity", "--merge", str(bench_record), "--out", str(tmp_path / "m")]) == 2
+    assert "is not a parity shard record" in capsys.readouterr().err
+
+
 def _shard(rungs, k, n, results, **config):
     cfg = dataclasses.asdict(ParityConfig(rungs=tuple(rungs), **config))
     runs = {uid: {"status": "ok", "final_val": val, "final_train": val - 0.5, "first_loss": 10.8, "seed": 0}

@@ -545,4 +545,8 @@ def _merge_command(args) -> int:
         shards = [json.loads(f.read_text()) for f in files]
     except (OSError, ValueError) as err:
         raise UsageError(f"cannot read a parity shard: {err}") from None
+    for f, shard in zip(files, shards):
+        if not isinstance(shard, dict) or shard.get("command") != "parity-shard" or not {
+                "shard", "config", "skipped", "results", "device"} <= shard.keys():
+            raise UsageError(f"{f} is not a parity shard record (one written by `parity --shard K/N`)")
     return _finish(merge_shards(shards), prepare_out_dir(args.out))
