@@ -16,30 +16,36 @@ SCRIPT = r"""
 import json, sys, torch
 from gpt2ladder import gelu_kernel as gk
 out = []
-for n, c, bm, bn in json.loads(sys.argv[1]):
+for n, c, bm, bn, blocks in json.loads(sys.argv[1]):
     gen = torch.Generator().manual_seed(n * 100 + c)
-    h0, grad = torch.randn(n, c, generator=gen) * 2, torch.randn(n, c, generator=gen)
+    h0, grad = torch.randn(n, c, generator=gen) * 3, torch.randn(n, c, generator=gen)
+    h0[0, : min(c, 4)] = torch.tensor([-60.0, 60.0, -1e4, 0.0])[: min(c, 4)]  # exp2 overflows to inf
     bias = torch.randn(c, generator=gen)
-    dh = torch.full((n, c), 7.0)
-    partial = torch.full(((n + bm - 1) // bm, c), 7.0)
-    gk.launch(grad, h0, bias, dh, partial, tile=(bm, bn, 4))
+    dh, a = torch.full((n, c), 7.0), torch.full((n, c), 7.0)
+    dbias = torch.zeros(c)
+    gk.launch(grad, h0, bias, dh, dbias, tile=(bm, bn, 4, blocks))
+    gk.launch_fwd(h0, bias, a, tile=(bm, bn, 4))
     ref_dh, ref_db = gk.gelu_grad_reference(grad, h0, bias)
-    out.append({"dh": (dh - ref_dh).abs().max().item(), "db": (partial.sum(0) - ref_db).abs().max().item(),
-                "db_scale": ref_db.abs().max().item()})
+    ref_a = gk.gelu_reference(h0, bias)
+    out.append({"dh": (dh - ref_dh).abs().max().item(), "db": (dbias - ref_db).abs().max().item(),
+                "db_scale": ref_db.abs().max().item(), "a": (a - ref_a).abs().max().item(),
+                "finite": bool(torch.isfinite(a).all() and torch.isfinite(dh).all())})
 print(json.dumps(out))
 """
 
-CASES = [
-    (70, 300, 32, 128),  # neither dimension a multiple of its tile
-    (64, 256, 64, 128),  # exact tiles
-    (5, 40, 16, 64),  # fewer rows and columns than one tile
+CASES = [  # rows, columns, tile rows, tile columns, row blocks per program (backward)
+    (70, 300, 16, 128, 2),  # neither dimension a multiple of its tile; the last program half empty
+    (64, 256, 16, 128, 4),  # exact tiles, one program's loop covers every row
+    (5, 40, 16, 64, 3),  # fewer rows and columns than one tile
 ]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
-def test_kernel_matches_the_pytorch_expressions(triton_interpret):
+def test_kernels_match_the_pytorch_expressions(triton_interpret):
     results = triton_interpret(SCRIPT, CASES)
     for case, r in zip(CASES, results):
+        assert r["finite"], (case, r)  # h = -1e4: exp2 overflows to inf and the limit is still 0
+        assert r["a"] < 1e-5, (case, r)  # the forward: sigmoid form against F.gelu's tanh, fp32
         assert r["dh"] < 1e-5, (case, r)  # fp32 in and out: equal up to tanh's rounding
         assert r["db"] < 1e-5 * max(1.0, r["db_scale"]), (case, r)  # every row block summed, none twice
 

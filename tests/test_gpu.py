@@ -160,6 +160,53 @@ def test_gelu_kernel_matches_the_expressions_at_gpt2_size():
 
 @needs_cuda
 @needs_triton
+def test_gelu_forward_kernel_matches_the_expressions_at_gpt2_size():
+    from gpt2ladder.gelu_kernel import gelu_reference
+
+    gen = torch.Generator().manual_seed(1)
+    h0 = (torch.randn(16384, 3072, generator=gen) * 3).to(GPU, torch.bfloat16)
+    bias = (torch.randn(3072, generator=gen) * 0.1).to(GPU)
+    a = torch.ops.gpt2ladder.gelu_fwd(h0, bias)
+    ref = gelu_reference(h0, bias)
+    assert a.dtype == torch.bfloat16
+    # The same fp32 value up to a few ulp, so the bf16 results agree but where fp32 lands on a rounding
+    # boundary: then one bf16 step apart, never more.
+    err = (a.float() - ref.float()).abs()
+    assert (err <= 2**-8 * ref.float().abs() + 1e-30).all()
+    assert (a != ref).float().mean().item() < 1e-3
+
+
+@needs_cuda
+def test_fp32_wgrad_gradients_are_the_fp32_product_on_gpu():
+    from gpt2ladder.wgrad import Fp32WgradLinear
+
+    gen = torch.Generator().manual_seed(2)
+    lin = torch.nn.Linear(768, 3072).to(GPU)
+    lin.__class__ = Fp32WgradLinear
+    x = (torch.randn(4, 1024, 768, generator=gen)).to(GPU).requires_grad_()
+    g = torch.randn(4, 1024, 3072, generator=gen).to(GPU, torch.bfloat16)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = lin(x)
+    y.backward(g)
+    xb = x.detach().to(torch.bfloat16).double().reshape(-1, 768)
+    exact = g.double().reshape(-1, 3072).t() @ xb
+    assert lin.weight.grad.dtype == torch.float32
+    assert (lin.weight.grad.double() - exact).abs().max() < 1e-5 * exact.abs().max()
+    assert x.grad.dtype == torch.float32
+
+
+@needs_cuda
+def test_fp32_wgrad_trains_like_autocast():
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph"]
+    batches = _batches(8)
+    without = _losses(names, batches)
+    with_rung = _losses(names + ["fp32_wgrad"], batches)
+    assert with_rung == pytest.approx(without, rel=5e-3)
+    assert with_rung[-1] < with_rung[0]
+
+
+@needs_cuda
+@needs_triton
 def test_gelu_kernel_trains_like_the_compiled_expressions():
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph"]
     batches = _batches(8)

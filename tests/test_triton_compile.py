@@ -23,9 +23,13 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
          "BLOCK_V": C, "ROWS_FAST": C},
         {"WRITE_T": True, "BLOCK_M": 32, "BLOCK_V": 64, "ROWS_FAST": True}),
     "gelu_kernel._gelu_grad_kernel": (
-        {"grad_ptr": "*bf16", "h0_ptr": "*bf16", "bias_ptr": "*fp32", "dh_ptr": "*bf16", "partial_ptr": "*fp32",
-         "n_rows": "i32", "n_cols": "i32", "BLOCK_M": C, "BLOCK_N": C},
-        {"BLOCK_M": 64, "BLOCK_N": 128}),
+        {"grad_ptr": "*bf16", "h0_ptr": "*bf16", "bias_ptr": "*fp32", "dh_ptr": "*bf16", "dbias_ptr": "*fp32",
+         "n_rows": "i32", "n_cols": "i32", "BLOCK_M": C, "BLOCK_N": C, "ROW_BLOCKS": C, "WIDE": C},
+        {"BLOCK_M": 16, "BLOCK_N": 128, "ROW_BLOCKS": 16, "WIDE": False}),
+    "gelu_kernel._gelu_fwd_kernel": (
+        {"h0_ptr": "*bf16", "bias_ptr": "*fp32", "out_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32",
+         "BLOCK_M": C, "BLOCK_N": C, "WIDE": C},
+        {"BLOCK_M": 8, "BLOCK_N": 256, "WIDE": False}),
 }
 
 

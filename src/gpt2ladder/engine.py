@@ -2,10 +2,11 @@
 
 Optional speed-ups are applied in one fixed order, after torchtitan's:
 build the model (its config carries attention, vocabulary padding and the residual's dtype) -> move
-it to the device -> swap the classifier's loss (fused, float8), the Blocks' Linears (float8) and MLPs
-(GELU kernel) -> `parallelize` for data parallelism (`distributed.py`: FSDP2 shards every Block, then
-the root; DDP wraps) -> compile -> optimizer -> CUDA graph capture on the first step. The optimizer
-comes last because FSDP2 replaces every parameter by a sharded DTensor.
+it to the device -> swap the classifier's loss (fused, float8), the Blocks' Linears (float8), MLPs
+(GELU kernel) and remaining Linears (fp32 weight gradients) -> `parallelize` for data parallelism
+(`distributed.py`: FSDP2 shards every Block, then the root; DDP wraps) -> compile -> optimizer ->
+CUDA graph capture on the first step. The optimizer comes last because FSDP2 replaces every
+parameter by a sharded DTensor.
 Compile takes the whole (sharded or wrapped) model: under DDP that is torch.compile(DDP(model)), so
 dynamo's DDPOptimizer cuts the graph at gradient buckets and the all-reduces overlap backward
 (compiling first and wrapping after would leave one backward graph whose gradients all arrive at
@@ -55,6 +56,10 @@ def build_model(model_cfg: ModelConfig, setup: Setup, device: torch.device, seed
         from gpt2ladder.gelu_kernel import use_gelu_kernel
 
         use_gelu_kernel(model)  # after the float8 swap, whose MLPs it leaves alone
+    if setup.fp32_wgrad:
+        from gpt2ladder.wgrad import use_fp32_wgrad
+
+        use_fp32_wgrad(model)  # last: float8 Linears stay as they are, the GELU kernel's c_fc is swapped too
     return model
 
 

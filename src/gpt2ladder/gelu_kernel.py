@@ -39,9 +39,16 @@ except ImportError:  # CPU-only installs: the reference expressions run instead
 
 SQRT_2_OVER_PI = 0.7978845608028654
 GELU_CUBIC = 0.044715  # GPT-2's tanh approximation: 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))
-# Rows, columns, warps per program: the fastest of benchmarks/scripts/gelu_kernel_micro.py's sweep on
-# the H200 (0.100 ms at 16384 x 3072, 3.0 TB/s; the first choice, 64 x 128, took 0.114 ms).
-TILE = (64, 64, 4)
+LOG2_E = 1.4426950408889634
+# Tile shapes (rows, columns, warps; the backward also row blocks per program), chosen by
+# benchmarks/scripts/gelu_kernel_micro.py on the H200.
+FWD_TILE = (8, 256, 4)
+BWD_TILE = (16, 128, 4, 16)
+
+
+def gelu_reference(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu(h0 + bias), tanh form, in fp32 inside and h0's dtype out: what the forward kernel computes."""
+    return F.gelu(h0.float() + bias.float(), approximate="tanh").to(h0.dtype)
 
 
 def gelu_grad_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,45 +61,99 @@ def gelu_grad_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor
 
 
 if triton is not None:
-    _C0 = tl.constexpr(SQRT_2_OVER_PI)  # a kernel reads module globals only as constexpr
+    # A kernel reads module globals only as constexpr. 0.5 (1 + tanh(z)) = sigmoid(2z) = 1 / (1 + e) with
+    # e = exp(-2z): one exp2 and one division instead of a tanh, which the compiled expressions evaluate
+    # with a long libdevice sequence; that arithmetic, not memory, was what bounded them.
+    _NEG_2Z = tl.constexpr(-2.0 * SQRT_2_OVER_PI * LOG2_E)  # exp2(_NEG_2Z * (h + c h^3)) = exp(-2z)
     _C1 = tl.constexpr(GELU_CUBIC)
+    _DZ = tl.constexpr(2.0 * SQRT_2_OVER_PI)
 
     @triton.jit
-    def _gelu_grad_kernel(grad_ptr, h0_ptr, bias_ptr, dh_ptr, partial_ptr, n_rows, n_cols,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _tile(rows, cols, n_rows, n_cols, WIDE: tl.constexpr):
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+        if WIDE:  # more than 2^31 elements: 64-bit offsets
+            return rows.to(tl.int64)[:, None] * n_cols + cols[None, :], mask
+        return rows[:, None] * n_cols + cols[None, :], mask
+
+    @triton.jit
+    def _gelu_fwd_kernel(h0_ptr, bias_ptr, out_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         WIDE: tl.constexpr):
         rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < n_cols
-        mask = (rows < n_rows)[:, None] & col_ok[None, :]
-        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
-        bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        offs, mask = _tile(rows, cols, n_rows, n_cols, WIDE)
+        bias = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
-        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        t = 2.0 * tl.sigmoid(2.0 * _C0 * (h + _C1 * h * h * h)) - 1.0  # tanh
-        slope = 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * _C0 * (1.0 + 3.0 * _C1 * h * h)
-        dh = g * slope  # 0 outside the tensor, since g loads as 0 there
-        tl.store(dh_ptr + offs, dh.to(dh_ptr.dtype.element_ty), mask=mask)
-        tl.store(partial_ptr + tl.program_id(1) * n_cols + cols, tl.sum(dh, 0), mask=col_ok)
+        e = tl.exp2(_NEG_2Z * (h + _C1 * h * h * h))  # +inf far left: h / inf = -0, gelu's limit
+        tl.store(out_ptr + offs, (h / (1.0 + e)).to(out_ptr.dtype.element_ty), mask=mask)
 
-    def launch(grad, h0, bias, dh, partial, tile=None) -> None:
-        """Run the kernel on 2-D contiguous (N, C) tensors; `partial` is (cdiv(N, rows), C) fp32."""
+    @triton.jit
+    def _gelu_grad_kernel(grad_ptr, h0_ptr, bias_ptr, dh_ptr, dbias_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, ROW_BLOCKS: tl.constexpr, WIDE: tl.constexpr):
+        # One program: BLOCK_N columns over ROW_BLOCKS x BLOCK_M rows, then its column sums added into
+        # the (zeroed) fp32 bias gradient, one atomic per column.
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        bias = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for i in tl.range(0, ROW_BLOCKS):
+            rows = (tl.program_id(1) * ROW_BLOCKS + i) * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs, mask = _tile(rows, cols, n_rows, n_cols, WIDE)
+            h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
+            g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            s = 1.0 / (1.0 + tl.exp2(_NEG_2Z * (h + _C1 * h * h * h)))  # sigmoid(2z) = 0.5 (1 + tanh z)
+            # d/dh [h sigmoid(2z)] = s + h s (1 - s) 2 dz/dh, and (1 - tanh^2) / 2 = 2 s (1 - s)
+            dh = g * (s + h * s * (1.0 - s) * _DZ * (1.0 + 3.0 * _C1 * h * h))  # 0 off the tensor: g is 0
+            tl.store(dh_ptr + offs, dh.to(dh_ptr.dtype.element_ty), mask=mask)
+            acc += tl.sum(dh, 0)
+        tl.atomic_add(dbias_ptr + cols, acc, mask=cols < n_cols)
+
+    def _wide(t: torch.Tensor) -> bool:
+        return t.numel() >= 2**31
+
+    def launch_fwd(h0, bias, out, tile=None) -> None:
+        """gelu(h0 + bias) into `out`; 2-D contiguous (N, C) tensors."""
         n, c = h0.shape
-        bm, bn, warps = tile or TILE
-        _gelu_grad_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm))](
-            grad, h0, bias, dh, partial, n, c, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+        bm, bn, warps = tile or FWD_TILE
+        _gelu_fwd_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm))](
+            h0, bias, out, n, c, BLOCK_M=bm, BLOCK_N=bn, WIDE=_wide(h0), num_warps=warps)
+
+    def launch(grad, h0, bias, dh, dbias, tile=None) -> None:
+        """dh and the bias gradient (added into `dbias`, fp32, zeroed by the caller); (N, C) tensors."""
+        n, c = h0.shape
+        bm, bn, warps, blocks = tile or BWD_TILE
+        _gelu_grad_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm * blocks))](
+            grad, h0, bias, dh, dbias, n, c, BLOCK_M=bm, BLOCK_N=bn, ROW_BLOCKS=blocks, WIDE=_wide(h0),
+            num_warps=warps)
+
+    @torch.library.custom_op("gpt2ladder::gelu_fwd", mutates_args=())
+    def gelu_fwd(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        c = h0.shape[-1]
+        h02 = h0.reshape(-1, c).contiguous()
+        out = torch.empty_like(h02)
+        launch_fwd(h02, bias.contiguous(), out)
+        return out.view(h0.shape)
+
+    @gelu_fwd.register_fake
+    def _(h0, bias):
+        return torch.empty_like(h0)
 
     @torch.library.custom_op("gpt2ladder::gelu_grad", mutates_args=())
     def gelu_grad(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = h0.shape[-1]
         grad2, h02 = grad.reshape(-1, c).contiguous(), h0.reshape(-1, c).contiguous()
         dh = torch.empty_like(h02)
-        partial = torch.empty((triton.cdiv(h02.shape[0], TILE[0]), c), device=h0.device, dtype=torch.float32)
-        launch(grad2, h02, bias.contiguous(), dh, partial)
-        return dh.view(h0.shape), partial.sum(0).to(bias.dtype)
+        dbias = torch.zeros((c,), device=h0.device, dtype=torch.float32)
+        launch(grad2, h02, bias.contiguous(), dh, dbias)
+        return dh.view(h0.shape), dbias.to(bias.dtype)
 
     @gelu_grad.register_fake
     def _(grad, h0, bias):
         return torch.empty_like(h0), torch.empty_like(bias)
+
+
+def _gelu(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    if triton is not None and h0.is_cuda:
+        return torch.ops.gpt2ladder.gelu_fwd(h0, bias)
+    return gelu_reference(h0, bias)
 
 
 def _gelu_grad(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +168,7 @@ class BiasGelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(h0, bias)
-        return F.gelu(h0.float() + bias.float(), approximate="tanh").to(h0.dtype)
+        return _gelu(h0, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -119,7 +180,9 @@ class KernelMLP(MLP):
     """Same parameters and function as `MLP`; c_fc's bias is added inside `BiasGelu`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(BiasGelu.apply(F.linear(x, self.c_fc.weight), self.c_fc.bias))
+        # c_fc without its bias: its own matmul where it has one (the fp32_wgrad rung's Linear)
+        h0 = self.c_fc.matmul(x) if hasattr(self.c_fc, "matmul") else F.linear(x, self.c_fc.weight)
+        return self.c_proj(BiasGelu.apply(h0, self.c_fc.bias))
 
 
 def use_gelu_kernel(model: nn.Module) -> list[str]:

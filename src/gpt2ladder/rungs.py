@@ -32,7 +32,8 @@ class Setup:
     fp8_head: bool = False  # classifier matmuls in float8 (Hopper and newer)
     loss_kernel: bool = False  # the fused loss's pass over the logits as hand-written Triton kernels
     bf16_residual: bool = False  # the residual stream between Blocks in bf16 instead of fp32
-    gelu_kernel: bool = False  # the MLP's GELU backward and c_fc's bias gradient as one Triton kernel
+    fp32_wgrad: bool = False  # the Blocks' weight gradients written in fp32 by the matmul itself
+    gelu_kernel: bool = False  # the MLP's GELU forward, and its backward with c_fc's bias gradient, in Triton
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 
@@ -153,6 +154,9 @@ LADDER: tuple[Rung, ...] = (
          "every residual add, layer norm and their gradients move half the bytes (the norms still compute in "
          "fp32, and the embeddings' gradients still add up in fp32).",
          "memory", {"bf16_residual": True, "autocast": "bfloat16"}, _needs_ampere("a bfloat16 residual stream")),
+    Rung("fp32_wgrad", "Each Block's weight gradients leave their bf16 matmul in fp32 (cuBLAS's out_dtype), "
+         "instead of being rounded to bf16 and cast to fp32 by 48 extra kernels; more precise as well.",
+         "memory", {"fp32_wgrad": True}, _needs_ampere("an fp32-output bf16 matmul")),
     Rung("gelu_kernel", "The MLP's GELU backward writes its gradient and c_fc's bias gradient in one Triton pass, "
          "instead of a second pass that reads the 16384 x 3072 tensors again for the bias; on the H200 the kernel "
          "runs slower than compile's own GELU kernel, which eats the saving (opt-in).",
