@@ -167,13 +167,17 @@ def test_gelu_forward_kernel_matches_the_expressions_at_gpt2_size():
     h0 = (torch.randn(16384, 3072, generator=gen) * 3).to(GPU, torch.bfloat16)
     bias = (torch.randn(3072, generator=gen) * 0.1).to(GPU)
     a = torch.ops.gpt2ladder.gelu_fwd(h0, bias)
-    ref = gelu_reference(h0, bias)
+    ref = gelu_reference(h0, bias)  # the PyTorch expression in fp32
+    exact = torch.nn.functional.gelu(h0.double() + bias.double(), approximate="tanh")
     assert a.dtype == torch.bfloat16
-    # The same fp32 value up to a few ulp, so the bf16 results agree but where fp32 lands on a rounding
-    # boundary: then one bf16 step apart, never more.
-    err = (a.float() - ref.float()).abs()
-    assert (err <= 2**-8 * ref.float().abs() + 1e-30).all()
-    assert (a != ref).float().mean().item() < 1e-3
+    # Rounded to bf16 from an fp32 value within a few fp32 ulp: at most half a bf16 step (2^-8 of the
+    # value) from the exact result, beyond fp32's own rounding.
+    err = (a.double() - exact).abs()
+    assert (err <= 2**-8 * exact.abs() * (1 + 1e-4) + 1e-30).all()
+    # Where the two differ, the kernel is the closer: the tanh form loses bits in GELU's negative tail
+    # (1 + tanh(z) cancels), the sigmoid form does not.
+    assert (a != ref).any()
+    assert (a.double() != exact.to(torch.bfloat16).double()).sum() <= (ref.double() != exact.to(torch.bfloat16).double()).sum()
 
 
 @needs_cuda
