@@ -18,7 +18,7 @@ CPU = torch.device("cpu")
 def record(shakespeare_cache):
     cfg = BenchConfig(preset="tiny", rungs=("baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw",
                                             "fused_loss", "fp8_head", "loss_kernel", "cuda_graph", "bf16_residual",
-                                            "gelu_kernel", "fp8_mlp", "fp8_attn"),
+                                            "gelu_kernel", "fp32_wgrad", "fp8_mlp", "fp8_attn"),
                       batch_size=2, seq_len=32, steps=3, warmup=1, compile_backend="eager")
     return run_bench(cfg, CPU, progress=False)
 
@@ -36,7 +36,8 @@ def test_cpu_rows_are_measured_or_skipped_with_a_reason(record):
     assert status == {"baseline": "ok", "tf32": "skipped", "bf16": "skipped", "compile": "ok", "flash": "ok",
                       "vocab": "ok", "fused_adamw": "ok", "fused_loss": "ok", "fp8_head": "skipped",
                       "loss_kernel": "skipped", "cuda_graph": "skipped", "bf16_residual": "skipped",
-                      "gelu_kernel": "skipped", "fp8_mlp": "skipped", "fp8_attn": "skipped"}
+                      "gelu_kernel": "skipped", "fp32_wgrad": "skipped", "fp8_mlp": "skipped",
+                      "fp8_attn": "skipped"}
     for r in record["rungs"]:
         if r["status"] == "skipped":
             assert "CUDA" in r["reason"] or "cuda" in r["reason"]

@@ -15,17 +15,17 @@ C = "constexpr"
 KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call them at GPT-2's shapes
     "loss_kernel._loss_stats_kernel": (
         {"logits_ptr": "*bf16", "targets_ptr": "*i64", "lse_ptr": "*fp32", "loss_ptr": "*fp32", "n_rows": "i32",
-         "n_cols": "i32", "vocab_size": C, "BLOCK_M": C, "BLOCK_V": C},
-        {"vocab_size": 50257, "BLOCK_M": 1, "BLOCK_V": 2048}),
+         "n_cols": "i32", "vocab_size": C, "BLOCK_M": C, "BLOCK_V": C, "WIDE": C},
+        {"vocab_size": 50257, "BLOCK_M": 1, "BLOCK_V": 2048, "WIDE": False}),
     "loss_kernel._loss_grad_kernel": (
         {"logits_ptr": "*bf16", "targets_ptr": "*i64", "lse_ptr": "*fp32", "g_ptr": "*fp8e5", "gt_ptr": "*fp8e5",
          "n_rows": "i32", "n_cols": "i32", "vocab_size": "i32", "scale": "fp32", "WRITE_T": C, "BLOCK_M": C,
-         "BLOCK_V": C, "ROWS_FAST": C},
-        {"WRITE_T": True, "BLOCK_M": 32, "BLOCK_V": 64, "ROWS_FAST": True}),
+         "BLOCK_V": C, "ROWS_FAST": C, "WIDE": C},
+        {"WRITE_T": True, "BLOCK_M": 32, "BLOCK_V": 64, "ROWS_FAST": True, "WIDE": False}),
     "gelu_kernel._gelu_grad_kernel": (
         {"grad_ptr": "*bf16", "h0_ptr": "*bf16", "bias_ptr": "*fp32", "dh_ptr": "*bf16", "dbias_ptr": "*fp32",
          "n_rows": "i32", "n_cols": "i32", "BLOCK_M": C, "BLOCK_N": C, "ROW_BLOCKS": C, "WIDE": C},
-        {"BLOCK_M": 16, "BLOCK_N": 128, "ROW_BLOCKS": 16, "WIDE": False}),
+        {"BLOCK_M": 32, "BLOCK_N": 64, "ROW_BLOCKS": 1, "WIDE": False}),
     "gelu_kernel._gelu_fwd_kernel": (
         {"h0_ptr": "*bf16", "bias_ptr": "*fp32", "out_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32",
          "BLOCK_M": C, "BLOCK_N": C, "WIDE": C},

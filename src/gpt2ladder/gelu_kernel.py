@@ -1,26 +1,26 @@
-"""The MLP's GELU backward and its bias gradient in one Triton pass: the `gelu_kernel` rung.
+"""The MLP's GELU as two Triton kernels: the `gelu_kernel` rung.
 
-Backward through `c_proj(gelu(c_fc(x)))` needs, from the gradient `g` arriving at the GELU and the
-pre-activation `h`, the gradient `dh = g * gelu'(h)` (N x 4C, which both of c_fc's gradient matmuls
-read) and c_fc's bias gradient, the column sums of `dh`. Compiled, those are two kernels: a pointwise
-one that writes `dh` and a column reduction that passes over the (N, 4C) data again. At GPT-2 124M's
-B=16 x 1024 that second pass is 0.033 ms per layer, 0.4 ms per step on an H200 (profile of the
-`cuda_graph` rung, benchmarks/results/2026-11-29-h200-loss-kernel/profile-auto).
+GPT-2's GELU is 0.5 h (1 + tanh(z)), z = sqrt(2/pi) (h + 0.044715 h^3). Compiled, its forward kernel
+evaluates tanh with a long libdevice sequence, and at GPT-2 124M's 16384 x 3072 (B=16 x 1024) that
+arithmetic, not memory, bounds it: 0.070 ms per layer on an H200, 2.9 TB/s. Its backward is two
+kernels: a pointwise one writing the gradient dh and a column sum over (N, 4C) again for c_fc's bias
+(0.079 + 0.033 ms per layer, profile of the `cuda_graph` rung, benchmarks/results/2026-11-29-h200-loss-kernel).
 
-Here one kernel does both: each program takes a (BLOCK_M x BLOCK_N) tile, writes its `dh` and the
-tile's column sums (fp32) into a small (N / BLOCK_M, 4C) table, which a last `sum` folds into the bias
-gradient. For that the bias add moves from c_fc's matmul into the GELU's forward kernel (where compile
-fuses it) and the forward saves `c_fc(x)` without the bias; the forward then rounds the matmul to
-bf16 once and adds the bias in fp32, and the bias gradient is summed from the unrounded `dh`.
+Here 0.5 (1 + tanh z) is written as sigmoid(2z) = 1 / (1 + e), e = exp(-2z): one exp2 and one division,
+exact in value (more exact, in fact, in the negative tail, where 1 + tanh z cancels in fp32):
+  - `_gelu_fwd_kernel`: a = gelu(h0 + bias), with c_fc's bias add moved here from the matmul; the
+    forward saves h0 = c_fc(x) without the bias;
+  - `_gelu_grad_kernel`: one (rows x columns) tile per program writes dh = g gelu'(h0 + bias) and adds
+    the tile's column sums of dh (fp32) into the bias gradient, one atomic per column.
+Measured on the H200 (benchmarks/results/2026-11-30-h200-wgrad-gelu, gelu_kernel_micro.py): forward
+0.053 ms (3.8 TB/s), backward with the bias gradient 0.089 ms (3.4 TB/s); in the step, 0.5-0.6 ms
+faster (27.9 -> 27.3 and 27.4 ms, same GPU, A/B/C order A B C C B A).
 
-Measured on the H200 (benchmarks/results/2026-11-30-h200-residual-gelu): the kernel takes 0.100 ms per
-layer at its best tile (3.0 TB/s), where compile's two kernels took 0.079 + 0.033 ms; the forward GELU
-kernel, now with the bias add, went from 0.063 to 0.069 ms, and the table's sum adds a small kernel.
-The step does not get faster (28.1 and 28.0 ms against 28.2 without it), so the rung is opt-in.
-
-`gelu_grad` is a custom op (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton the
-backward uses `gelu_grad_reference`, the PyTorch expressions the kernel must match:
-tests/test_gelu_kernel.py runs the kernel through Triton's CPU interpreter, tests/test_gpu.py on a GPU.
+The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
+`gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:
+tests/test_gelu_kernel.py runs the kernels through Triton's CPU interpreter, tests/test_gpu.py on a GPU
+(the forward against fp64). The bias gradient's atomics add in no fixed order, so it is not
+bit-reproducible from run to run (compiled steps are not either).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ LOG2_E = 1.4426950408889634
 # Tile shapes (rows, columns, warps; the backward also row blocks per program), chosen by
 # benchmarks/scripts/gelu_kernel_micro.py on the H200.
 FWD_TILE = (8, 256, 4)
-BWD_TILE = (64, 64, 4, 1)
+BWD_TILE = (32, 64, 2, 1)
 
 
 def gelu_reference(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -48,10 +48,10 @@ if triton is not None:
 
     @triton.jit
     def _loss_stats_kernel(logits_ptr, targets_ptr, lse_ptr, loss_ptr, n_rows, n_cols, vocab_size: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, WIDE: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_rows
-        row_off = rows.to(tl.int64) * n_cols
+        row_off = rows.to(tl.int64) * n_cols if WIDE else rows * n_cols  # 64-bit only past 2^31 elements
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         s = tl.zeros([BLOCK_M], tl.float32)
         for v0 in range(0, vocab_size, BLOCK_V):  # padded columns take no part in the softmax
@@ -72,7 +72,7 @@ if triton is not None:
     @triton.jit
     def _loss_grad_kernel(logits_ptr, targets_ptr, lse_ptr, g_ptr, gt_ptr, n_rows, n_cols, vocab_size, scale,
                           WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-                          ROWS_FAST: tl.constexpr):
+                          ROWS_FAST: tl.constexpr, WIDE: tl.constexpr):
         # ROWS_FAST: neighbouring programs take neighbouring row blocks (and so fill neighbouring
         # stretches of the transposed copy); else neighbouring column blocks of the same rows.
         row_block = tl.program_id(0) if ROWS_FAST else tl.program_id(1)
@@ -81,7 +81,12 @@ if triton is not None:
         cols = col_block * BLOCK_V + tl.arange(0, BLOCK_V)
         row_ok = rows < n_rows
         col_ok = cols < n_cols
-        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        if WIDE:  # 64-bit offsets only past 2^31 elements: fewer integer instructions per element
+            offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+            offs_t = cols.to(tl.int64)[:, None] * n_rows + rows[None, :]
+        else:
+            offs = rows[:, None] * n_cols + cols[None, :]
+            offs_t = cols[:, None] * n_rows + rows[None, :]
         x = tl.load(logits_ptr + offs, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
         target = tl.load(targets_ptr + rows, mask=row_ok, other=-1)
@@ -90,7 +95,6 @@ if triton is not None:
         g = g.to(g_ptr.dtype.element_ty)
         tl.store(g_ptr + offs, g, mask=row_ok[:, None] & col_ok[None, :])
         if WRITE_T:
-            offs_t = cols.to(tl.int64)[:, None] * n_rows + rows[None, :]
             tl.store(gt_ptr + offs_t, tl.trans(g), mask=col_ok[:, None] & row_ok[None, :])
 
     def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None) -> None:
@@ -100,15 +104,16 @@ if triton is not None:
         the tile shapes (benchmarks/scripts/loss_kernel_micro.py compares them).
         """
         n, v = logits.shape
+        wide = logits.numel() >= 2**31
         sm, sv, sw, ss = stats or STATS
         _loss_stats_kernel[(triton.cdiv(n, sm),)](
-            logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, num_warps=sw,
-            num_stages=ss)
+            logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, WIDE=wide,
+            num_warps=sw, num_stages=ss)
         gm, gv, gw, rows_fast = grad or GRAD
         blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv))
         _loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
             logits, targets, lse, g, g if g_t is None else g_t, n, v, vocab_size, scale, WRITE_T=g_t is not None,
-            BLOCK_M=gm, BLOCK_V=gv, ROWS_FAST=rows_fast, num_warps=gw)
+            BLOCK_M=gm, BLOCK_V=gv, ROWS_FAST=rows_fast, WIDE=wide, num_warps=gw)
 
 
     @torch.library.custom_op("gpt2ladder::logit_grad", mutates_args=())

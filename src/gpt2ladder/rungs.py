@@ -32,8 +32,8 @@ class Setup:
     fp8_head: bool = False  # classifier matmuls in float8 (Hopper and newer)
     loss_kernel: bool = False  # the fused loss's pass over the logits as hand-written Triton kernels
     bf16_residual: bool = False  # the residual stream between Blocks in bf16 instead of fp32
-    fp32_wgrad: bool = False  # the Blocks' weight gradients written in fp32 by the matmul itself
     gelu_kernel: bool = False  # the MLP's GELU forward, and its backward with c_fc's bias gradient, in Triton
+    fp32_wgrad: bool = False  # the Blocks' weight gradients written in fp32 by the matmul itself
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 
@@ -111,6 +111,14 @@ def _needs_loss_kernel(caps: Capabilities) -> str | None:
     return _needs_triton_gpu("the loss_kernel rung")(caps) or _needs_fused_loss(caps)
 
 
+def _needs_mm_out_dtype(caps: Capabilities) -> str | None:
+    import torch
+
+    if "dtype" not in torch.ops.aten.mm.overloads():
+        return f"an fp32-output bf16 matmul (torch.mm's out_dtype) needs PyTorch 2.8 or newer; this is {torch.__version__}"
+    return _needs_ampere("an fp32-output bf16 matmul")(caps)
+
+
 def _needs_fp8(caps: Capabilities) -> str | None:
     if caps.device_type != "cuda":
         return f"float8 matmuls need a CUDA GPU of compute capability 8.9 or newer; this is {caps.device_type}"
@@ -154,13 +162,13 @@ LADDER: tuple[Rung, ...] = (
          "every residual add, layer norm and their gradients move half the bytes (the norms still compute in "
          "fp32, and the embeddings' gradients still add up in fp32).",
          "memory", {"bf16_residual": True, "autocast": "bfloat16"}, _needs_ampere("a bfloat16 residual stream")),
+    Rung("gelu_kernel", "The MLP's GELU runs as two Triton kernels: forward as h / (1 + exp(-2z)), one exp2 and a "
+         "division where compile's kernel evaluates a long tanh and was bound by that arithmetic, not by memory; "
+         "backward writes the input gradient and c_fc's bias gradient in one pass.",
+         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the gelu_kernel rung")),
     Rung("fp32_wgrad", "Each Block's weight gradients leave their bf16 matmul in fp32 (cuBLAS's out_dtype), "
          "instead of being rounded to bf16 and cast to fp32 by 48 extra kernels; more precise as well.",
-         "memory", {"fp32_wgrad": True}, _needs_ampere("an fp32-output bf16 matmul")),
-    Rung("gelu_kernel", "The MLP's GELU backward writes its gradient and c_fc's bias gradient in one Triton pass, "
-         "instead of a second pass that reads the 16384 x 3072 tensors again for the bias; on the H200 the kernel "
-         "runs slower than compile's own GELU kernel, which eats the saving (opt-in).",
-         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the gelu_kernel rung"), opt_in=True),
+         "memory", {"fp32_wgrad": True}, _needs_mm_out_dtype),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves (opt-in).",
          "precision", {"fp8_mlp": True}, _needs_fp8, opt_in=True),
