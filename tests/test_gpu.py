@@ -168,12 +168,16 @@ def test_gelu_forward_kernel_matches_the_expressions_at_gpt2_size():
     bias = (torch.randn(3072, generator=gen) * 0.1).to(GPU)
     a = torch.ops.gpt2ladder.gelu_fwd(h0, bias)
     ref = gelu_reference(h0, bias)  # the PyTorch expression in fp32
-    exact = torch.nn.functional.gelu(h0.double() + bias.double(), approximate="tanh")
+    h = h0.float() + bias  # the fp32 input both compute from
+    exact = torch.nn.functional.gelu(h.double(), approximate="tanh")
     assert a.dtype == torch.bfloat16
-    # Rounded to bf16 from an fp32 value within a few fp32 ulp: at most half a bf16 step (2^-8 of the
-    # value) from the exact result, beyond fp32's own rounding.
-    err = (a.double() - exact).abs()
-    assert (err <= 2**-8 * exact.abs() * (1 + 1e-4) + 1e-30).all()
+    # Rounded to bf16 from an fp32 value close to exact: at most half a bf16 step (2^-8 of the value)
+    # away, plus the fp32 evaluation's own error, largest far in the negative tail where the exponent's
+    # argument is large (relative 1e-5 there), and values below fp32's normal range flushed to zero.
+    ratio = (a.double() - exact).abs() / (2**-8 * exact.abs() + 1e-30)
+    worst = ratio.argmax()
+    assert ratio.max().item() <= 1.01, (ratio.max().item(), h.flatten()[worst].item(), exact.flatten()[worst].item(),
+                                        a.flatten()[worst].item())
     # Where the two differ, the kernel is the closer: the tanh form loses bits in GELU's negative tail
     # (1 + tanh(z) cancels), the sigmoid form does not.
     assert (a != ref).any()
