@@ -15,7 +15,9 @@ Here the work is split at the one true dependency, the log-sum-exp:
      contiguous along their rows).
 Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 1.65 GB written (two float8 layouts or one
 bf16). Measured on the H200 with the tiles below: 0.52 ms and 1.23 ms (3.2 and 2.7 TB/s, where a plain
-copy of the logits reaches 4.3 TB/s), against 2.65 ms for the compiled expressions.
+copy of the logits reaches 4.3 TB/s), against 2.65 ms for the compiled expressions. Offsets are 32-bit
+below 2^31 elements (as at GPT-2's shape): fewer integer instructions per element, though the step's
+profile showed no change (1.33 and 0.53 ms, benchmarks/results/2026-11-30-h200-wgrad-gelu/profile-auto).
 
 `logit_grad` is a custom op, so torch.compile and CUDA graphs treat it as one opaque call. Off CUDA, or
 without Triton, the fused loss keeps its PyTorch expressions, which this op must match:
