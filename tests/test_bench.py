@@ -77,6 +77,15 @@ def test_best_keeps_only_rungs_that_pay():
     assert [d["kept"] for d in decisions] == [True, True, False, False, True]
 
 
+def test_best_never_keeps_a_rung_that_fails_parity_however_fast():
+    rows = [{"name": "cuda_graph", "status": "ok", "ms_per_step": 30.0},
+            {"name": "fp8_mlp", "status": "ok", "ms_per_step": 20.0},  # 1.5x faster, and the wrong loss
+            {"name": "fp8_attn", "status": "ok", "ms_per_step": 15.0}]
+    kept, decisions = decide(rows)
+    assert kept == ["cuda_graph", "fp8_attn"]
+    assert "fails parity" in decisions[1]["why"] and not decisions[1]["kept"]
+
+
 def test_cli_writes_table_json_markdown_and_png(shakespeare_cache, tmp_path, capsys):
     out = tmp_path / "res"
     code = main(["bench", "--rungs", "baseline,flash,vocab", "--batch-size", "2", "--seq-len", "32", "--steps", "2",

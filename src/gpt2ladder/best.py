@@ -1,7 +1,8 @@
 """`--rungs best`: keep only the rungs that pay on this machine, and measure that combination.
 
 Every rung of the full ladder has been timed (rung k = rungs 0..k); a rung beyond the baseline is kept
-when its step is at least `MIN_GAIN` faster than the one before it. The kept combination is then timed
+when its step is at least `MIN_GAIN` faster than the one before it and `parity` has not found it
+changing the loss (`Rung.parity_failure`). The kept combination is then timed
 for real, as one more row, so the record never claims a figure it did not measure.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from gpt2ladder.bench import add_speedups, measure_rung
 from gpt2ladder.config import preset
+from gpt2ladder.rungs import RUNGS_BY_NAME
 
 MIN_GAIN = 1.01  # a 1% faster median; smaller differences are within run-to-run noise
 
@@ -23,6 +25,9 @@ def decide(rows: list[dict]) -> tuple[list[str], list[dict]]:
         gain = prev / r["ms_per_step"] if prev else None
         keep = gain is None or gain >= MIN_GAIN
         why = "baseline" if gain is None else f"{gain:.3f}x vs the rung before it (need {MIN_GAIN:.2f}x)"
+        rung = RUNGS_BY_NAME.get(r["name"])
+        if rung is not None and rung.parity_failure:
+            keep, why = False, f"{why}; fails parity: {rung.parity_failure}"
         decisions.append({"rung": r["name"], "kept": keep, "why": why})
         if keep:
             kept.append(r["name"])
