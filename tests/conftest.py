@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +46,25 @@ def triton_interpret():
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     return run
+
+
+@pytest.fixture
+def same_function():
+    """check(plain, other, x, out_tol, x_grad_tol, param_tol): both modules map x to the same output and
+    give the same input and parameter gradients for one random output gradient; each tolerance is
+    (rtol, atol), or None for torch's defaults."""
+    def close(actual, expected, tol, msg=None):
+        rtol, atol = tol or (None, None)
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=msg)
+
+    def check(plain, other, x, out_tol=None, x_grad_tol=None, param_tol=None):
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = plain(xa), other(xb)
+        close(yb, ya, out_tol)
+        g = torch.randn_like(ya)
+        ya.backward(g), yb.backward(g)
+        close(xb.grad, xa.grad, x_grad_tol)
+        for (name, a), b in zip(plain.named_parameters(), other.parameters()):
+            close(b.grad, a.grad, param_tol, msg=name)
+
+    return check

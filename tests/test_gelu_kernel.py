@@ -72,22 +72,15 @@ def _pair():
     return plain, rewired
 
 
-def test_kernel_mlp_is_the_same_function_with_the_same_gradients():
+def test_kernel_mlp_is_the_same_function_with_the_same_gradients(same_function):
     plain, rewired = _pair()
     with torch.no_grad():
         plain.c_fc.bias.normal_()  # a non-zero bias, so moving its add is tested
         rewired.c_fc.bias.copy_(plain.c_fc.bias)
     x = torch.randn(3, 17, 128, generator=torch.Generator().manual_seed(1))
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ya, yb = plain(xa), rewired(xb)
-    torch.testing.assert_close(yb, ya, rtol=1e-5, atol=1e-6)
-    g = torch.randn_like(ya)
-    ya.backward(g), yb.backward(g)
-    torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-5, atol=1e-6)
-    for (name, a), b in zip(plain.named_parameters(), rewired.parameters()):
-        # fp32 throughout; the GELU's derivative is written differently, so sums of 51 rows differ in
-        # the last bits (a wrong term or a lost row would be off by orders of magnitude more)
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
+    # fp32 throughout; the GELU's derivative is written differently, so the parameters' sums of 51 rows
+    # differ in the last bits (a wrong term or a lost row would be off by orders of magnitude more)
+    same_function(plain, rewired, x, out_tol=(1e-5, 1e-6), x_grad_tol=(1e-5, 1e-6), param_tol=(1e-4, 1e-5))
 
 
 def test_use_gelu_kernel_rewires_every_block_and_keeps_the_state_dict():

@@ -208,21 +208,11 @@ def test_fp32_wgrad_gradients_are_the_fp32_product_on_gpu():
 
 
 @needs_cuda
-def test_fp32_wgrad_trains_like_autocast():
+@pytest.mark.parametrize("rung", ["fp32_wgrad", pytest.param("gelu_kernel", marks=needs_triton)])
+def test_rung_trains_like_the_compiled_graphed_step_without_it(rung):
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph"]
     batches = _batches(8)
     without = _losses(names, batches)
-    with_rung = _losses(names + ["fp32_wgrad"], batches)
+    with_rung = _losses(names + [rung], batches)
     assert with_rung == pytest.approx(without, rel=5e-3)
     assert with_rung[-1] < with_rung[0]
-
-
-@needs_cuda
-@needs_triton
-def test_gelu_kernel_trains_like_the_compiled_expressions():
-    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph"]
-    batches = _batches(8)
-    without = _losses(names, batches)
-    with_kernel = _losses(names + ["gelu_kernel"], batches)
-    assert with_kernel == pytest.approx(without, rel=5e-3)
-    assert with_kernel[-1] < with_kernel[0]

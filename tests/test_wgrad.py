@@ -89,7 +89,7 @@ def test_float8_linears_are_left_alone():
     assert all(type(b.mlp.c_fc) is Float8Linear for b in model.transformer.h)
 
 
-def test_gelu_kernel_mlp_with_fp32_wgrad_linears_has_the_same_gradients():
+def test_gelu_kernel_mlp_with_fp32_wgrad_linears_has_the_same_gradients(same_function):
     model = init_weights(GPT(PRESETS["tiny"]), seed=0)
     mlp = model.transformer.h[0].mlp
     with torch.no_grad():
@@ -103,14 +103,7 @@ def test_gelu_kernel_mlp_with_fp32_wgrad_linears_has_the_same_gradients():
     use_fp32_wgrad(model)
     assert type(mlp) is KernelMLP and type(mlp.c_fc) is Fp32WgradLinear
     x = torch.randn(2, 9, 128, generator=torch.Generator().manual_seed(2))
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ya, yb = plain(xa), mlp(xb)
-    torch.testing.assert_close(yb, ya)
-    g = torch.randn_like(ya)
-    ya.backward(g), yb.backward(g)
-    torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-4, atol=1e-6)
-    for (name, a), b in zip(plain.named_parameters(), mlp.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
+    same_function(plain, mlp, x, x_grad_tol=(1e-4, 1e-6), param_tol=(1e-4, 1e-5))
 
 
 def test_compiled_training_steps_match_without_the_rung():
