@@ -5,9 +5,9 @@ import importlib.util
 import pytest
 import torch
 
-from gpt2ladder.config import PRESETS
-from gpt2ladder.engine import Engine, build_model
-from gpt2ladder.rungs import setup_for
+from gpt2ladder.ladder import setup_for
+from gpt2ladder.model.config import PRESETS
+from gpt2ladder.runtime.engine import Engine, build_model
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -86,8 +86,13 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 @needs_triton
 def test_loss_kernel_equals_the_expressions_at_gpt2_size():
     """The Triton loss kernels against the PyTorch expressions they replace, at GPT-2's B=16 x 1024 shapes."""
-    from gpt2ladder import loss_kernel
-    from gpt2ladder.fused import E5M2, GRAD_SCALE, _logit_grad, _lse_and_loss
+    from gpt2ladder.kernels import loss as loss_kernel
+    from gpt2ladder.speedups.fused_loss import (
+        E5M2,
+        GRAD_SCALE,
+        _logit_grad,
+        _lse_and_loss,
+    )
 
     gen = torch.Generator().manual_seed(0)
     n, v, real = 16384, 50304, 50257
@@ -142,7 +147,7 @@ def test_bf16_residual_trains_like_the_fp32_residual():
 @needs_cuda
 @needs_triton
 def test_gelu_kernel_matches_the_expressions_at_gpt2_size():
-    from gpt2ladder.gelu_kernel import gelu_grad_reference
+    from gpt2ladder.kernels.gelu import gelu_grad_reference
 
     gen = torch.Generator().manual_seed(0)
     h0 = (torch.randn(16384, 3072, generator=gen) * 2).to(GPU, torch.bfloat16)
@@ -161,14 +166,14 @@ def test_gelu_kernel_matches_the_expressions_at_gpt2_size():
 @needs_cuda
 @needs_triton
 def test_gelu_forward_kernel_matches_the_expressions_at_gpt2_size():
-    from gpt2ladder.gelu_kernel import gelu_reference
+    from gpt2ladder.kernels.gelu import gelu_reference
 
     gen = torch.Generator().manual_seed(1)
     h0 = (torch.randn(16384, 3072, generator=gen) * 3).to(GPU, torch.bfloat16)
     bias = (torch.randn(3072, generator=gen) * 0.1).to(GPU)
     a = torch.ops.gpt2ladder.gelu_fwd(h0, bias)
     ref = gelu_reference(h0, bias)  # the PyTorch expression in fp32
-    from gpt2ladder.gelu_kernel import GELU_CUBIC, SQRT_2_OVER_PI
+    from gpt2ladder.kernels.gelu import GELU_CUBIC, SQRT_2_OVER_PI
 
     h = (h0.float() + bias).double()  # the fp32 input both compute from
     # GPT-2's GELU in fp64, as h sigmoid(2z): in the tanh form 1 + tanh(z) rounds to 0 below h = -7 even
@@ -190,11 +195,11 @@ def test_gelu_forward_kernel_matches_the_expressions_at_gpt2_size():
 
 @needs_cuda
 def test_fp32_wgrad_gradients_are_the_fp32_product_on_gpu():
-    from gpt2ladder.wgrad import Fp32WgradLinear
+    from gpt2ladder.speedups.common import linear_like
+    from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
 
     gen = torch.Generator().manual_seed(2)
-    lin = torch.nn.Linear(768, 3072).to(GPU)
-    lin.__class__ = Fp32WgradLinear
+    lin = linear_like(Fp32WgradLinear, torch.nn.Linear(768, 3072).to(GPU))
     x = (torch.randn(4, 1024, 768, generator=gen)).to(GPU).requires_grad_()
     g = torch.randn(4, 1024, 3072, generator=gen).to(GPU, torch.bfloat16)
     with torch.autocast("cuda", dtype=torch.bfloat16):

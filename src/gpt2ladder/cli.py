@@ -72,7 +72,7 @@ def _add_bench(sub) -> None:
 
 
 def _bench(args) -> int:
-    from gpt2ladder.bench import bench_command
+    from gpt2ladder.commands.bench import bench_command
 
     return bench_command(args)
 
@@ -109,7 +109,7 @@ def _add_train(sub) -> None:
 
 
 def _train(args) -> int:
-    from gpt2ladder.train import train_command
+    from gpt2ladder.commands.train import train_command
 
     return train_command(args)
 
@@ -129,7 +129,7 @@ def _add_sample(sub) -> None:
 
 
 def _sample(args) -> int:
-    from gpt2ladder.sample import sample_command
+    from gpt2ladder.commands.sample import sample_command
 
     return sample_command(args)
 
@@ -163,7 +163,7 @@ def _add_parity(sub) -> None:
 
 
 def _parity(args) -> int:
-    from gpt2ladder.parity import parity_command
+    from gpt2ladder.commands.parity import parity_command
 
     return parity_command(args)
 
@@ -191,7 +191,7 @@ def _add_profile(sub) -> None:
 
 
 def _profile(args) -> int:
-    from gpt2ladder.profile import profile_command
+    from gpt2ladder.commands.profile import profile_command
 
     return profile_command(args)
 
@@ -207,7 +207,7 @@ def _add_doctor(sub) -> None:
 
 
 def _doctor(args) -> int:
-    from gpt2ladder.doctor import doctor_command
+    from gpt2ladder.commands.doctor import doctor_command
 
     return doctor_command(args)
 

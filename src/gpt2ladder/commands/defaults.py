@@ -1,0 +1,33 @@
+"""The one table of per-device defaults: what each command runs when a flag is not given.
+
+On a CUDA GPU the write-up's run: GPT-2 124M at batch 16 x 1024 tokens. Anywhere else (a CPU, Apple's
+MPS) the tiny preset, so every command finishes in minutes on a laptop. A `seq_len` of None means the
+preset's block size. `--help` texts are written from this table, so they cannot disagree with it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULTS: dict[str, dict[str, dict]] = {
+    "bench": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 20, "warmup": 5},
+              "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128, "steps": 10, "warmup": 3}},
+    "train": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 1000},
+              "cpu": {"preset": "tiny", "batch_size": 8, "seq_len": 128, "steps": 200}},
+    "parity": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 300},
+               "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60}},
+    "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None},
+                "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128}},
+}
+
+
+def defaults(command: str, device: torch.device) -> dict:
+    """The defaults of `command` for this device."""
+    return DEFAULTS[command]["gpu" if device.type == "cuda" else "cpu"]
+
+
+def default_text(command: str, key: str) -> str:
+    """How `--help` states a default: '16 on a GPU, 4 on CPU' (or one value when both agree)."""
+    gpu, cpu = DEFAULTS[command]["gpu"][key], DEFAULTS[command]["cpu"][key]
+    gpu = "the block size" if gpu is None else gpu
+    return f"{gpu}" if gpu == cpu else f"{gpu} on a GPU, {cpu} on CPU"

@@ -1,0 +1,20 @@
+"""`gpt2ladder doctor`: the machine's capabilities -> the checks (`measure.doctor`) -> a report or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from gpt2ladder.measure.doctor import diagnose
+from gpt2ladder.report.doctor import format_report, marks_for
+from gpt2ladder.runtime.hardware import detect, resolve_device
+
+
+def doctor_command(args) -> int:
+    device = resolve_device(args.device)
+    caps = detect(device, probe=True)
+    if args.json:
+        print(json.dumps(diagnose(caps), indent=2))
+    else:
+        print(format_report(diagnose(caps), marks_for(sys.stdout)))
+    return 0

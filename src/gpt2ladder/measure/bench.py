@@ -1,0 +1,165 @@
+"""The bench: climb the ladder on this machine and time every rung the same way.
+
+Each rung gets a fresh model from the same seed and the same batches, and its steps are timed by the
+harness (`harness.timed_step`). Warm-up steps (compile, autotuning, graph capture, allocator growth)
+are left out; the median and the spread of the timed steps are reported.
+
+Under torchrun (`torchrun --nproc_per_node=N -m gpt2ladder bench ...`) every rank runs every rung
+under DDP (FSDP2 for gpt2-large/xl, or as --strategy says). --batch-size is then per GPU, so the
+global batch is N times larger and each GPU does the work of a one-GPU run: tokens/s total and per
+GPU compare directly with a one-GPU ladder.json, passed as --baseline-json for a scaling efficiency.
+A step's time is the slowest rank's; rank 0 alone prints and writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from gpt2ladder import data as data_mod
+from gpt2ladder.ladder import setup_for, why_unavailable
+from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
+from gpt2ladder.model.config import check_run_shape, preset
+from gpt2ladder.report.progress import progress_bar
+from gpt2ladder.report.records import record_header
+from gpt2ladder.runtime import distributed
+from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.hardware import Capabilities, detect, free_memory
+from gpt2ladder.runtime.metrics import TimingStats, flops_per_token, mfu, peak_flops
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    preset: str = "tiny"
+    rungs: tuple[str, ...] = ()
+    batch_size: int = 4
+    seq_len: int = 128
+    steps: int = 10
+    warmup: int = 3
+    seed: int = 0
+    data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
+    compile_backend: str = "inductor"
+    strategy: str = "auto"  # under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl); else unused
+    last_only: bool = False  # time only the top of the ladder: every named rung applied together
+
+    def __post_init__(self) -> None:
+        check_run_shape(self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
+                        warmup=self.warmup)
+
+
+def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = distributed.SINGLE, *,
+              progress: bool = True, notify=print, tokens: data_mod.TokenData | None = None, on_row=None) -> dict:
+    """Measure every rung in `cfg.rungs` (cumulatively) and return the self-describing record.
+
+    `on_row(record)`, if given, sees the record so far after each rung: a long run that is cut off
+    still leaves the rungs it measured.
+    """
+    caps = detect(device)
+    tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
+    strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
+    rows = []
+    for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, strategy), cfg.last_only):
+        rows.append(measure_rung(row, cfg, tokens, device, caps, dist, progress))
+        add_speedups(rows)
+        if on_row is not None:
+            on_row(bench_record(cfg, caps, device, dist, tokens, rows, partial=True))
+    return bench_record(cfg, caps, device, dist, tokens, rows, partial=False)
+
+
+def bench_record(cfg: BenchConfig, caps, device, dist: distributed.Dist, tokens, rows, partial: bool) -> dict:
+    parallel = {"world_size": dist.world_size, "backend": dist.backend,
+                "strategy": distributed.resolve_strategy(cfg.strategy, cfg.preset, dist),
+                "global_batch_size": cfg.batch_size * dist.world_size}
+    return {**record_header(caps, device), "command": "bench", "config": dataclasses.asdict(cfg), **parallel,
+            "model": preset(cfg.preset).to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
+            "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": list(rows)}
+
+
+def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
+                 dist: distributed.Dist = distributed.SINGLE, progress: bool = True) -> dict:
+    """One row of the ladder: the setup of `row.applied` timed, or why it was not."""
+    if row.reason:
+        return row.skipped()
+    setup = setup_for(list(row.applied))
+    result = guarded(lambda: _time_setup(setup, cfg, tokens, device, dist, progress, label=row.name),
+                     device, cfg.batch_size)
+    if result["status"] != "ok":
+        return {**row.row(), **result}
+    flops = flops_per_token(result.pop("model_config"), cfg.seq_len, result.pop("n_params"))
+    # Utilisation of each GPU against one GPU's peak: the per-GPU share of the tokens, not the total.
+    tok_s = result["tokens_per_s_per_gpu"]
+    return {**row.row(), "status": "ok", "setup": setup.to_dict(), **{k: v for k, v in result.items() if k != "status"},
+            "flops_per_token": flops, "mfu": mfu(tok_s, flops, peak_flops(caps.name))}
+
+
+def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist, progress: bool, label: str) -> dict:
+    engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
+                    parallelize=distributed.parallelize_for(dist, cfg.strategy, cfg.preset))
+    # --batch-size is per GPU: this rank reads its share of a global batch W times larger.
+    batches = data_mod.Batches(tokens.train, cfg.batch_size * dist.world_size, cfg.seq_len, seed=cfg.seed,
+                               rank=dist.rank, world_size=dist.world_size)
+    samples, losses = _timed_steps(engine, batches, cfg, device, progress_bar(
+        cfg.warmup + cfg.steps, label, progress and dist.is_main))
+    # The group steps together, so a step lasts as long as its slowest rank; every rank gets the same
+    # numbers, and so makes the same decisions (--rungs best) afterwards.
+    samples = distributed.reduce_floats(samples, dist, "max")
+    stats = TimingStats.of(samples)
+    logits_dtype, weight_dtype = _dtypes(engine, data_mod.to_device(*batches.batch(0), device)[0])
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    if peak is not None:
+        peak = int(distributed.reduce_floats([peak], dist, "max")[0])  # per GPU: the fullest one
+    tokens_per_s = cfg.batch_size * dist.world_size * cfg.seq_len / (stats.median / 1000)
+    result = {
+        "ms_per_step": stats.median, "ms_p10": stats.p10, "ms_p90": stats.p90, "ms_min": stats.min,
+        "ms_max": stats.max, "n_timed": stats.n, "samples_ms": [round(s, 4) for s in samples],
+        "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / dist.world_size,
+        "peak_mem_bytes": peak, "loss": float(distributed.all_reduce_mean(losses[-1], dist)),
+        "logits_dtype": logits_dtype,
+        "weight_dtype": weight_dtype, "model_config": engine.raw_model.config,
+        "n_params": engine.raw_model.num_params(),
+    }
+    del engine
+    free_memory(device)
+    return result
+
+
+def _timed_steps(engine: Engine, batches, cfg: BenchConfig, device, bar) -> tuple[list, list]:
+    """Warm-up + timed steps; the timed steps' milliseconds and losses."""
+    samples, losses = [], []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for i in range(cfg.warmup + cfg.steps):
+        ms, loss = timed_step(engine, batches, device)
+        if i >= cfg.warmup:
+            samples.append(ms)
+            losses.append(loss)
+        bar.update(1)
+        bar.set_postfix_str(f"{ms:.1f} ms")
+    bar.close()
+    return samples, losses
+
+
+@torch.no_grad()
+def _dtypes(engine: Engine, x: torch.Tensor) -> tuple[str, str]:
+    """What the seed prints: the logits' dtype inside the step, and the weights' dtype."""
+    with engine.precision(), engine.autocast():
+        # The whole forward (not hidden + lm_head): under FSDP2 only it gathers the sharded weights.
+        logits, _ = engine.raw_model(x[:1, :16])
+    weight = engine.raw_model.transformer.wte.weight.dtype
+    head = "float8_e4m3fn" if engine.setup.fp8_head else str(logits.dtype).replace("torch.", "")
+    return head, str(weight).replace("torch.", "")
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Speed-up against the baseline (first measured rung) and against the previous measured rung."""
+    measured = [r for r in rows if r["status"] == "ok"]
+    if not measured:
+        return
+    base = measured[0]["ms_per_step"]
+    prev = None
+    for r in measured:
+        r["speedup_vs_baseline"] = base / r["ms_per_step"]
+        r["speedup_vs_prev"] = prev / r["ms_per_step"] if prev else None
+        prev = r["ms_per_step"]

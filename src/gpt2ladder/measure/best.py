@@ -1,0 +1,49 @@
+"""`--rungs best`: keep only the rungs that pay on this machine, and measure that combination.
+
+Every rung of the full ladder has been timed (rung k = rungs 0..k); a rung beyond the baseline is kept
+when its step is at least `MIN_GAIN` faster than the one before it and `parity` has not found it
+changing the loss (`Rung.parity_failure`). The kept combination is then timed
+for real, as one more row, so the record never claims a figure it did not measure.
+"""
+
+from __future__ import annotations
+
+from gpt2ladder.ladder import RUNGS_BY_NAME
+from gpt2ladder.measure.bench import add_speedups, measure_rung
+from gpt2ladder.measure.harness import Row, tokens_for
+from gpt2ladder.runtime import distributed
+
+MIN_GAIN = 1.01  # a 1% faster median; smaller differences are within run-to-run noise
+
+
+def decide(rows: list[dict]) -> tuple[list[str], list[dict]]:
+    """Which measured rungs to keep, and why, from a bench record's rows (pure; tested on numbers)."""
+    kept, decisions, prev = [], [], None
+    for r in rows:
+        if r["status"] != "ok":
+            decisions.append({"rung": r["name"], "kept": False, "why": f"{r['status']}: {r.get('reason', '')}"})
+            continue
+        gain = prev / r["ms_per_step"] if prev else None
+        keep = gain is None or gain >= MIN_GAIN
+        why = "baseline" if gain is None else f"{gain:.3f}x vs the rung before it (need {MIN_GAIN:.2f}x)"
+        rung = RUNGS_BY_NAME.get(r["name"])
+        if rung is not None and rung.parity_failure:
+            keep, why = False, f"{why}; fails parity: {rung.parity_failure}"
+        decisions.append({"rung": r["name"], "kept": keep, "why": why})
+        if keep:
+            kept.append(r["name"])
+        prev = r["ms_per_step"]
+    return kept, decisions
+
+
+def add_best(record: dict, cfg, device, caps, dist: distributed.Dist = distributed.SINGLE,
+             progress: bool = True) -> None:
+    """Decide which measured rungs pay, then measure them together as one more row, named 'best'."""
+    kept, decisions = decide(record["rungs"])
+    record["best"] = {"rungs": kept, "decisions": decisions, "rule": f"keep a rung when it is >= {MIN_GAIN}x faster"
+                      " than the rung before it; the kept set is then measured as the row 'best'"}
+    tokens = tokens_for(cfg.data, cfg.seed, notify=lambda *_: None)
+    row = measure_rung(Row(kept[-1], tuple(kept)), cfg, tokens, device, caps, dist, progress)
+    row.update(name="best", summary="The rungs that paid here: " + ", ".join(kept) + ".", kind="best")
+    record["rungs"].append(row)
+    add_speedups(record["rungs"])

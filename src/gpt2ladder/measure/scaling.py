@@ -1,0 +1,54 @@
+"""How throughput scales with GPUs: a multi-GPU ladder against a one-GPU ladder.json of the same config.
+
+Under torchrun --batch-size is per GPU, so N GPUs do N times the one-GPU work per step. Scaling
+efficiency = tokens/s per GPU here / tokens/s per GPU in the baseline (1.0 = perfectly linear:
+N GPUs give N times the tokens/s). The baseline is any ladder.json written by `gpt2ladder bench`
+(usually on one GPU); rungs are matched by name, and only rows measured in both are compared.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpt2ladder.errors import UsageError
+
+# The step must be the same work per GPU for a per-GPU comparison to mean anything.
+MUST_MATCH = ("preset", "batch_size", "seq_len")
+
+
+def load_baseline(path: str | Path, config: dict) -> dict:
+    """A baseline ladder.json, or one line saying why it cannot serve as one for this config."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--baseline-json {path} does not exist") from None
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--baseline-json {path} is not a readable ladder.json: {err}") from None
+    if not isinstance(record, dict) or record.get("command") != "bench" or "rungs" not in record:
+        raise UsageError(f"--baseline-json {path} is not a ladder.json written by gpt2ladder bench")
+    saved = record.get("config", {})
+    diffs = [f"{k} {saved.get(k)!r} vs {config.get(k)!r}" for k in MUST_MATCH if saved.get(k) != config.get(k)]
+    if diffs:
+        raise UsageError(f"--baseline-json {path} measured another step per GPU ({'; '.join(diffs)}); "
+                         "rerun it with the same --preset, --batch-size and --seq-len")
+    return {**record, "path": str(path)}
+
+
+def add_scaling(record: dict, baseline: dict | None) -> None:
+    """Per-GPU tokens/s on every measured row, and the efficiency against the baseline where it has the rung."""
+    world = record.get("world_size", 1)
+    base = {}
+    if baseline is not None:
+        base_world = baseline.get("world_size", 1)
+        base = {r["name"]: r["tokens_per_s"] / base_world for r in baseline["rungs"] if r.get("status") == "ok"}
+        record["baseline"] = {"path": baseline["path"], "world_size": base_world, "date": baseline.get("date"),
+                              "git_sha": baseline.get("git_sha"), "device": baseline.get("device", {}).get("name")}
+    for row in record["rungs"]:
+        if row.get("status") != "ok":
+            continue
+        row["tokens_per_s_per_gpu"] = row["tokens_per_s"] / world
+        if row["name"] in base:
+            row["baseline_tokens_per_s_per_gpu"] = base[row["name"]]
+            row["scaling_efficiency"] = row["tokens_per_s_per_gpu"] / base[row["name"]]

@@ -1,0 +1,79 @@
+"""The bench record (ladder.json) as a terminal table, Markdown (ladder.md) and the scaling table."""
+
+from __future__ import annotations
+
+from gpt2ladder.report.tables import fmt, markdown_table, rung_rows, text_table
+
+
+def ladder_rows(record: dict) -> list[list[str]]:
+    """The table the terminal and Markdown share: one row per rung."""
+    return rung_rows(record["rungs"], _ladder_cells)
+
+
+def _ladder_cells(r: dict) -> list[str]:
+    mem = fmt(r["peak_mem_bytes"] and r["peak_mem_bytes"] / 2**30, ".2f")
+    return [
+        r["name"], f"{r['ms_per_step']:.1f}", f"{r['ms_p10']:.1f}-{r['ms_p90']:.1f}",
+        f"{r['speedup_vs_baseline']:.2f}x", fmt(r["speedup_vs_prev"], ".2f", "-") + ("x" if r["speedup_vs_prev"] else ""),
+        f"{r['tokens_per_s']:,.0f}", fmt(r["mfu"] and 100 * r["mfu"], ".1f"), mem,
+        f"{r['loss']:.4f}", r["logits_dtype"], r["weight_dtype"],
+    ]
+
+
+HEADERS = ["rung", "ms/step", "p10-p90", "vs base", "vs prev", "tokens/s", "MFU %", "peak GiB",
+           "loss", "logits", "weights"]
+
+
+def format_table(record: dict) -> str:
+    return text_table(HEADERS, ladder_rows(record))
+
+
+def format_markdown(record: dict) -> str:
+    dev = record["device"]
+    cfg = record["config"]
+    head = [
+        f"# gpt2ladder bench: {cfg['preset']} on {dev['name']}",
+        "",
+        f"- batch {cfg['batch_size']} x seq {cfg['seq_len']}, {cfg['steps']} timed steps after "
+        f"{cfg['warmup']} warm-up; data: {record['data']['source']}",
+        f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}, "
+        f"Triton {record['versions']['triton']}; gpt2ladder {record['gpt2ladder']} at {record['git_sha']}",
+        f"- MFU against {fmt(record['peak_flops'] and record['peak_flops'] / 1e12, '.0f', 'no known')} "
+        "TFLOP/s dense bf16 peak" + ("" if record["peak_flops"] else f" (device {dev['name']} not in the table)"),
+        f"- {record['date']}",
+        "",
+    ]
+    auto = record.get("auto_batch")
+    if auto:
+        head.insert(-2, f"- --batch-size auto: {auto['probed']} sequences fit the memory probe; measured at "
+                        f"{auto['measured']}")
+    search = record.get("batch_search")
+    if search:
+        sizes = ", ".join(f"{t['batch_size']}: " + (f"{t['tokens_per_s']:,.0f}" if t["status"] == "ok" else t["status"])
+                          for t in search["tried"])
+        head.insert(-2, f"- --batch-size best: {search['largest_fit']} sequences fit; tokens/s at the top rung "
+                        f"({search['rung']}) by size: {sizes}; chose {search['chosen']}")
+    if record.get("partial"):
+        head.insert(-2, "- partial: the run stopped before it had measured every rung; the rows below are the "
+                        "ones it finished")
+    body = markdown_table(HEADERS, ladder_rows(record))
+    return "\n".join(head + body) + "\n"
+
+
+def format_scaling(record: dict) -> str:
+    """A Markdown table (it reads in a terminal too): GPUs, tokens/s total and per GPU, efficiency."""
+    world = record.get("world_size", 1)
+    base = record.get("baseline")
+    lines = [f"Scaling over {world} rank(s), {record.get('strategy') or 'single process'}, global batch "
+             f"{record.get('global_batch_size')} x {record['config']['seq_len']}"
+             + (f"; baseline {base['path']} ({base['world_size']} GPU)" if base else "; no --baseline-json given"),
+             "", "| rung | tokens/s total | tokens/s per GPU | baseline per GPU | efficiency |",
+             "|---|---|---|---|---|"]
+    for r in record["rungs"]:
+        if r.get("status") != "ok":
+            continue
+        b = r.get("baseline_tokens_per_s_per_gpu")
+        eff = r.get("scaling_efficiency")
+        lines.append(f"| {r['name']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | "
+                     f"{'-' if b is None else f'{b:,.0f}'} | {'-' if eff is None else f'{100 * eff:.1f}%'} |")
+    return "\n".join(lines) + "\n"

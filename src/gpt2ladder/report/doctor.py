@@ -1,0 +1,48 @@
+"""The doctor's report for a person: aligned columns, one line per check, ticks where the terminal can
+show them."""
+
+from __future__ import annotations
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _header(d: dict) -> list[str]:
+    dev, v = d["device"], d["versions"]
+    device = dev["name"] if dev["type"] != "cuda" else f"{dev['name']}, compute capability {dev['capability_text']}"
+    memory = f", {_gib(dev['memory_bytes'])}" if dev["memory_bytes"] else ""
+    host = d["os"] + (f", {_gib(dev['host_memory_bytes'])} RAM" if dev["host_memory_bytes"] else "")
+    versions = (f"Python {v['python']}, torch {v['torch']}, CUDA {v['cuda'] or '-'}, "
+                f"cuDNN {v['cudnn'] or '-'}, Triton {v['triton'] or '-'}")
+    return [f"device     {device}{memory}", f"host       {host}", f"versions   {versions}"]
+
+
+def _section(title: str, checks: dict, marks: tuple[str, str, str]) -> list[str]:
+    width = max(len(c["label"]) for c in checks.values())
+    mark_width = max(len(m) for m in marks)
+    lines = ["", title]
+    for c in checks.values():
+        mark = marks[0] if c["usable"] else marks[2] if c["usable"] is None else marks[1]
+        lines.append(f"  {mark.ljust(mark_width)} {c['label'].ljust(width)}  {c['reason']}")
+    return lines
+
+
+def format_report(d: dict, marks: tuple[str, str, str] = ("✓", "✗", "?")) -> str:
+    """The human-readable report of a diagnosis (`measure.doctor.diagnose`): one line per check."""
+    probe = f" ({d['sdpa']['probe']})" if d["sdpa"]["probe"] else ""
+    lines = ["gpt2ladder doctor", ""] + _header(d)
+    lines += _section("features", d["features"], marks)
+    lines += _section(f"attention kernels behind the flash rung{probe}", d["sdpa"]["backends"], marks)
+    lines += _section("rungs", d["rungs"], marks)
+    lines += ["", f"recommended (what --rungs auto runs): {','.join(d['recommended_rungs'])}"]
+    return "\n".join(lines)
+
+
+def marks_for(stream) -> tuple[str, str, str]:
+    """Tick and cross where the terminal can show them; yes/no where it cannot (e.g. a cp1252 console)."""
+    try:
+        "✓✗".encode(getattr(stream, "encoding", None) or "ascii")
+        return ("✓", "✗", "?")
+    except (UnicodeEncodeError, LookupError):
+        return ("yes", "no", "?")

@@ -1,0 +1,121 @@
+"""The parity record (parity.json) as a terminal table, Markdown (parity.md) and a picture (parity.png):
+smoothed train losses of every run, and each rung's final validation loss against the allowed band."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from gpt2ladder.report.plots import pyplot
+from gpt2ladder.report.records import write_record
+from gpt2ladder.report.tables import markdown_table, rung_rows, text_table
+
+HEADERS = ["rung", "train loss", "Δ train", "val loss", "Δ val", "Δ val %", "step-0 Δ", "verdict"]
+
+
+def table_rows(record: dict) -> list[list[str]]:
+    """The rows the terminal and Markdown share; a skipped or failed rung is its status and reason."""
+    return rung_rows(record["rungs"], lambda r: [
+        r["name"], f"{r['final_train']:.4f}", f"{r['train_diff']:+.4f}", f"{r['final_val']:.4f}",
+        f"{r['val_diff']:+.4f}", f"{100 * r['val_rel']:+.2f}", f"{r['first_loss_diff']:+.1e}", r["verdict"]])
+
+
+def _summary_lines(record: dict) -> list[str]:
+    rule = record["rule"]
+    seeds = ", ".join(f"seed {r['seed']}: {r['final_val']:.4f}" for r in record["baseline_runs"])
+    return [f"fp32 baseline final val loss ({seeds}); spread {rule['spread']:.4f}",
+            f"allowed gap: {rule['allowed_abs']:.4f} ({100 * rule['allowed_rel']:.2f}% of the baseline's val loss)",
+            f"rule: {rule['text']}"]
+
+
+def format_table(record: dict) -> str:
+    verdict_line = "all rungs PASS" if record["passed"] else "NOT every rung passes"
+    return "\n".join([text_table(HEADERS, table_rows(record)), ""] + _summary_lines(record) + [verdict_line])
+
+
+def format_markdown(record: dict) -> str:
+    cfg, dev = record["config"], record["device"]
+    head = [f"# gpt2ladder parity: {cfg['preset']} on {dev['name']}", "",
+            f"- {cfg['steps']} steps per run, batch {cfg['batch_size']} x {cfg['seq_len']}, lr {cfg['lr']:g} "
+            f"(warm-up {record['schedule']['warmup_steps']}, {record['schedule']['decay']}); "
+            f"data: {record['data']['source']}",
+            f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; "
+            f"gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; {record['date']}"]
+    head += [f"- {line}" for line in _summary_lines(record)]
+    for shard in record.get("shards", []):  # a merged report: which command ran which training runs
+        k, n = shard["shard"]
+        head.append(f"- shard {k} of {n} (rungs {', '.join(shard['rungs'])}) at {shard['git_sha']}: "
+                    f"{', '.join(shard['runs'])}")
+    return "\n".join(head + [""] + markdown_table(HEADERS, table_rows(record))) + "\n"
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average (shorter at the start), so curves show trends rather than batches."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_parity(record: dict, path: Path) -> Path:
+    """Left: smoothed train loss of every rung and baseline seed. Right: each rung's final val loss
+    against the band the rule allows around the baseline."""
+    plt = pyplot()
+
+    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    _plot_train(ax_t, record)
+    _plot_final_val(ax_v, record)
+    fig.suptitle(f"parity: {record['config']['preset']}, {record['config']['steps']} steps on "
+                 f"{record['device']['name']}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def _plot_train(ax, record: dict) -> None:
+    window = max(1, record["config"]["steps"] // 20)
+    runs = [(f"fp32 seed {r['seed']}", r, dict(color="#888888", linestyle="--", linewidth=1.0))
+            for r in record["baseline_runs"][1:]]
+    runs += [(r["name"], r, dict(linewidth=1.2)) for r in record["rungs"] if r["status"] == "ok"]
+    tails = []
+    for label, run, style in runs:
+        curve = smooth(run["train_loss"], window)
+        ax.plot(range(1, len(curve) + 1), curve, label=label, **style)
+        tails += [v for v in curve[len(curve) // 10:] if math.isfinite(v)]
+    if tails:  # zoom past the first tenth, where every run falls from ln(vocab) alike
+        pad = 0.05 * (max(tails) - min(tails)) or 0.01
+        ax.set_ylim(min(tails) - pad, max(tails) + pad)
+    ax.set_title(f"train loss (moving average of {window} steps)", fontsize=10)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(frameon=False, fontsize=7, ncol=2)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def _plot_final_val(ax, record: dict) -> None:
+    rule, ref = record["rule"], record["baseline_runs"][0]
+    base, allowed = ref["final_val"], rule["allowed_abs"]
+    rows = [r for r in record["rungs"] if r["status"] == "ok"]
+    ax.axvspan(base - allowed, base + allowed, color="#55A868", alpha=0.15, label="allowed gap")
+    ax.axvline(base, color="#333333", linewidth=1.0, label=f"fp32 seed {ref['seed']}")
+    for run in record["baseline_runs"][1:]:
+        ax.axvline(run["final_val"], color="#888888", linestyle="--", linewidth=1.0, label=f"fp32 seed {run['seed']}")
+    for i, r in enumerate(rows):
+        ax.plot(r["final_val"], i, "o", color="#4C72B0" if r["verdict"] == "PASS" else "#C44E52")
+    ax.set_yticks(range(len(rows)), [f"{r['name']} ({r['verdict']})" for r in rows])
+    ax.invert_yaxis()
+    xs = [v for v in [r["final_val"] for r in rows + record["baseline_runs"]] if math.isfinite(v)]
+    lo, hi = min(xs + [base - allowed]), max(xs + [base + allowed])
+    ax.set_xlim(lo - 0.15 * (hi - lo), hi + 0.15 * (hi - lo))
+    ax.set_title(f"final validation loss; allowed gap {allowed:.4f}", fontsize=10)
+    ax.set_xlabel("loss")
+    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def write_outputs(record: dict, out: Path) -> list[Path]:
+    return write_record(out, "parity", record, format_markdown, plot_parity)

@@ -1,0 +1,81 @@
+"""Pictures of results: the ladder's bar chart (the seed's figure, measured) and loss curves.
+
+matplotlib with the Agg backend, so plots work on machines without a screen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+KIND_COLOURS = {"baseline": "#8C8C8C", "precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452", "best": "#8172B3"}
+KIND_LABELS = {"baseline": "baseline", "precision": "precision", "memory": "memory traffic", "overhead": "launch / optimizer overhead",
+               "best": "the rungs that pay, together"}
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no screen needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def ladder_labels(rungs: list[dict]) -> list[str]:
+    """Rung k adds to rung k-1 ("+ name"); the `best` row of --rungs best is a combination, not a step up."""
+    return [("+ " if i and r.get("kind") != "best" else "") + r["name"] for i, r in enumerate(rungs)]
+
+
+def ladder_chart(record: dict, path: Path) -> Path:
+    """Milliseconds per step per rung, coloured by kind, labelled with the median and p10-p90 whiskers."""
+    plt = pyplot()
+    rungs = record["rungs"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rungs) + 2), 4.6))
+    top = max([r["ms_per_step"] for r in rungs if r["status"] == "ok"] + [1.0])
+    for i, r in enumerate(rungs):
+        if r["status"] != "ok":
+            ax.bar(i, top * 0.04, color="none", edgecolor="#999999", hatch="//")
+            ax.text(i, top * 0.06, r["status"], ha="center", va="bottom", fontsize=8, color="#777777", rotation=90)
+            continue
+        err = [[r["ms_per_step"] - r["ms_p10"]], [r["ms_p90"] - r["ms_per_step"]]]
+        ax.bar(i, r["ms_per_step"], color=KIND_COLOURS[_kind(i, r)], yerr=err, capsize=3,
+               error_kw={"elinewidth": 0.8, "ecolor": "#333333"})
+        ax.text(i, r["ms_p90"] + top * 0.015, f"{r['ms_per_step']:.1f}", ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(rungs)), ladder_labels(rungs), rotation=30, ha="right")
+    ax.set_ylabel("ms per training step (median)")
+    cfg = record["config"]
+    ax.set_title(f"{cfg['preset']}, batch {cfg['batch_size']} x {cfg['seq_len']} on {record['device']['name']}",
+                 fontsize=10)
+    kinds = dict.fromkeys(_kind(i, r) for i, r in enumerate(rungs) if r["status"] == "ok")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLOURS[k]) for k in kinds]
+    ax.legend(handles, [KIND_LABELS[k] for k in kinds], frameon=False, fontsize=8)
+    ax.set_ylim(0, top * 1.15)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def _kind(i: int, row: dict) -> str:
+    """The first bar is the reference whatever its rung; the others take their rung's colour."""
+    return "baseline" if i == 0 else row["kind"]
+
+
+def loss_curves(curves: dict[str, tuple[list[int], list[float]]], path: Path, title: str,
+                ylabel: str = "loss") -> Path:
+    """One line per named curve: {name: (steps, losses)}."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, (steps, losses) in curves.items():
+        ax.plot(steps, losses, label=name, linewidth=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(frameon=False, fontsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

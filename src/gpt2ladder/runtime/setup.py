@@ -1,0 +1,35 @@
+"""How one training step runs: the `Setup` that the ladder's rungs build field by field.
+
+A plain frozen record: the engine (`engine.py`) honours each field, the model rewrites (`speedups/`)
+read the ones that replace modules, and every record and checkpoint stores it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How one training step runs. The baseline is the seed's starting point: fp32 everything, eager."""
+
+    matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: highest=fp32, high=TF32
+    autocast: str | None = None  # None, "bfloat16" or "float16" (fp16 brings a GradScaler)
+    compile: bool = False
+    compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune-no-cudagraphs"
+    attention: str = "manual"  # "manual" or "sdpa"
+    vocab_multiple: int = 1
+    fused_adamw: bool = False
+    cuda_graph: bool = False  # capture the whole step (forward, backward, optimizer) and replay it
+    fused_loss: bool = False  # classifier + cross-entropy + its gradient in one pass over the logits
+    fp8_head: bool = False  # classifier matmuls in float8 (Hopper and newer)
+    loss_kernel: bool = False  # the fused loss's pass over the logits as hand-written Triton kernels
+    bf16_residual: bool = False  # the residual stream between Blocks in bf16 instead of fp32
+    gelu_kernel: bool = False  # the MLP's GELU forward, and its backward with c_fc's bias gradient, in Triton
+    fp32_wgrad: bool = False  # the Blocks' weight gradients written in fp32 by the matmul itself
+    fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
+    fp8_attn: bool = False  # every Block's attention input and output projections in float8
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,85 @@
+"""The model rewrites that rungs ask for, applied by `apply` in one fixed order.
+
+A rewrite replaces modules of a built `GPT` by modules that hold the very same parameters (so the
+state dict, the weight tying and the function the model computes stay) and run them another way.
+Which rewrites run is read off the `Setup`; the order is the `REWRITES` tuple, and each rewrite names
+the ones that must run before it and why. `check_order` asserts those constraints, and `apply` runs
+it, so a rewrite moved to the wrong place fails at once instead of silently leaving modules alone.
+
+Rewrites that change only how a step runs (precision, compile, CUDA graphs, the optimizer) are not
+here: the engine (`runtime/engine.py`) applies those around the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch.nn as nn
+
+if TYPE_CHECKING:  # the Setup lives in runtime/, a layer above; here only its fields are read
+    from gpt2ladder.runtime.setup import Setup
+
+
+def _fused_loss(model: nn.Module, setup: "Setup") -> list[str]:
+    from gpt2ladder.speedups.fused_loss import FusedLossHead
+
+    # The new head holds the same weight Parameter, so it stays tied to the token embedding.
+    model.lm_head = FusedLossHead.from_head(model.lm_head, fp8=setup.fp8_head, kernel=setup.loss_kernel)
+    return ["lm_head"]
+
+
+def _float8(model: nn.Module, setup: "Setup") -> list[str]:
+    from gpt2ladder.speedups.float8 import use_float8
+
+    return use_float8(model, mlp=setup.fp8_mlp, attn=setup.fp8_attn)
+
+
+def _gelu_kernel(model: nn.Module, setup: "Setup") -> list[str]:
+    from gpt2ladder.speedups.gelu_mlp import use_gelu_kernel
+
+    return use_gelu_kernel(model)
+
+
+def _fp32_wgrad(model: nn.Module, setup: "Setup") -> list[str]:
+    from gpt2ladder.speedups.fp32_wgrad import use_fp32_wgrad
+
+    return use_fp32_wgrad(model)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    name: str
+    wanted: Callable[["Setup"], bool]  # whether a setup asks for it
+    rewrite: Callable[[nn.Module, "Setup"], list[str]]  # in place; the names of the modules replaced
+    after: tuple[str, ...] = ()  # rewrites that must already have run, when they run at all
+    why: str = ""  # why that order
+
+
+REWRITES: tuple[Rewrite, ...] = (
+    Rewrite("fused_loss", lambda s: s.fused_loss or s.fp8_head, _fused_loss),
+    Rewrite("float8", lambda s: s.fp8_mlp or s.fp8_attn, _float8),
+    Rewrite("gelu_kernel", lambda s: s.gelu_kernel, _gelu_kernel, after=("float8",),
+            why="an MLP whose c_fc is already float8 keeps compile's GELU, where the float8 casts fuse"),
+    Rewrite("fp32_wgrad", lambda s: s.fp32_wgrad, _fp32_wgrad, after=("float8", "gelu_kernel"),
+            why="it replaces plain Linears only, so float8 ones stay float8, and the GELU kernel's MLP "
+                "must first see its c_fc as a plain Linear to take it"),
+)
+
+
+def check_order(rewrites: tuple[Rewrite, ...] = REWRITES) -> None:
+    """Every rewrite comes after the ones it names; a misordered tuple is a bug, so it fails loudly."""
+    seen: set[str] = set()
+    names = {r.name for r in rewrites}
+    for r in rewrites:
+        unknown = set(r.after) - names
+        assert not unknown, f"rewrite {r.name} names unknown rewrites {sorted(unknown)}"
+        early = set(r.after) - seen
+        assert not early, f"rewrite {r.name} must come after {sorted(early)}: {r.why}"
+        seen.add(r.name)
+
+
+def apply(model: nn.Module, setup: "Setup", rewrites: tuple[Rewrite, ...] = REWRITES) -> dict[str, list[str]]:
+    """Apply every rewrite the setup asks for, in order; {rewrite: the modules it replaced}."""
+    check_order(rewrites)
+    return {r.name: r.rewrite(model, setup) for r in rewrites if r.wanted(setup)}

@@ -1,0 +1,86 @@
+"""Weight gradients straight out of the matmul in fp32: the `fp32_wgrad` rung.
+
+Under bf16 autocast a Linear's weight gradient is a bf16 matmul (the (N, out) gradient transposed
+times the (N, in) input), rounded to bf16 on the way out, then cast to fp32 by a separate kernel,
+because the parameter and its `.grad` are fp32. For GPT-2 124M that is 48 such casts per step,
+0.26 ms on an H200 (profile of the `bf16_residual` rung, docs/results.md).
+
+Here the matmul writes fp32 itself (`torch.mm(..., out_dtype=torch.float32)`, cuBLAS accumulating in
+fp32 as always): no cast kernel, no rounding to bf16 in between. The gradient is the same sum, only
+more precise: against an fp64 reference its error goes from bf16's ~3e-3 to ~1e-5 (measured at GPT-2's
+shapes, benchmarks/micro/mm_out_dtype.py). The bias gradient is summed in fp32 as well. Forward
+and input gradient are the ordinary autocast matmuls.
+
+`torch.mm(..., out_dtype=)` exists for CUDA only; elsewhere the fp32 product of the (exactly
+representable) upcast inputs stands in, which is the same number up to summation order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt2ladder.speedups.common import (
+    compute_dtype,
+    in_blocks,
+    linear_like,
+    replace_modules,
+)
+
+
+def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """grad.T @ x in fp32 for 2-D (N, out) and (N, in) bf16/fp16/fp32 tensors: (out, in)."""
+    if grad.dtype == torch.float32 and x.dtype == torch.float32:
+        return grad.t() @ x
+    if grad.is_cuda:
+        return torch.mm(grad.t(), x, out_dtype=torch.float32)
+    return grad.t().float() @ x.float()
+
+
+class Fp32WgradMatmul(torch.autograd.Function):
+    """y = x @ weight.T (+ bias) in autocast's dtype; backward gives the weight and bias gradients in fp32."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        dtype = compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            xc, wc = x.to(dtype), weight.to(dtype)
+            y = F.linear(xc, wc, None if bias is None else bias.to(dtype))
+        ctx.save_for_backward(xc, wc)
+        ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        xc, wc = ctx.saved_tensors
+        g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(wc.dtype)
+        with torch.autocast(grad_y.device.type, enabled=False):
+            grad_x = (g2 @ wc).view(*grad_y.shape[:-1], wc.shape[1]).to(ctx.x_dtype)
+            grad_w = weight_grad(g2, xc.reshape(-1, xc.shape[-1])).to(ctx.w_dtype)
+            grad_b = g2.sum(0, dtype=torch.float32).to(ctx.w_dtype) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b
+
+
+class Fp32WgradLinear(nn.Linear):
+    """An `nn.Linear` (same parameters, same state dict) whose gradients come from `Fp32WgradMatmul`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        return Fp32WgradMatmul.apply(x, self.weight, self.bias)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ weight.T without the bias (the GELU kernel's MLP adds it in its own kernel)."""
+        if not torch.is_grad_enabled():
+            return F.linear(x, self.weight)
+        return Fp32WgradMatmul.apply(x, self.weight, None)
+
+
+def use_fp32_wgrad(model: nn.Module) -> list[str]:
+    """Replace every plain `nn.Linear` inside the Blocks by an `Fp32WgradLinear` (same parameters); their names.
+
+    The classifier (inside the fused loss, or tied to the embedding) and float8 Linears are left alone.
+    """
+    return replace_modules(model, lambda name, m: type(m) is nn.Linear and in_blocks(name),
+                           lambda m: linear_like(Fp32WgradLinear, m))

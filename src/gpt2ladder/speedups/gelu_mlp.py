@@ -1,0 +1,51 @@
+"""The MLP with the GELU kernels of `kernels/gelu.py`: the `gelu_kernel` rung.
+
+c_fc's bias moves out of the matmul into the forward kernel, so the backward kernel can return the
+bias gradient from the same pass that writes the GELU's input gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt2ladder.kernels import gelu as gelu_kernels
+from gpt2ladder.model.gpt import MLP
+from gpt2ladder.speedups.common import replace_modules
+
+
+class BiasGelu(torch.autograd.Function):
+    """a = gelu(h0 + bias) (tanh form); the backward returns dh and the bias gradient from one pass."""
+
+    @staticmethod
+    def forward(ctx, h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h0, bias)
+        return gelu_kernels.gelu(h0, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        h0, bias = ctx.saved_tensors
+        return gelu_kernels.gelu_grad(grad, h0, bias)
+
+
+class KernelMLP(nn.Module):
+    """The same c_fc and c_proj (so the same state dict and function) as the `MLP` it replaces; c_fc's
+    bias is added inside `BiasGelu`."""
+
+    def __init__(self, mlp: MLP):
+        super().__init__()
+        self.c_fc, self.c_proj = mlp.c_fc, mlp.c_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # c_fc without its bias: its own matmul where it has one (the fp32_wgrad rung's Linear)
+        h0 = self.c_fc.matmul(x) if hasattr(self.c_fc, "matmul") else F.linear(x, self.c_fc.weight)
+        return self.c_proj(BiasGelu.apply(h0, self.c_fc.bias))
+
+
+def use_gelu_kernel(model: nn.Module) -> list[str]:
+    """Replace every Block's MLP whose c_fc is a plain Linear by a `KernelMLP`; their names.
+
+    MLPs whose c_fc is a float8 Linear keep their own GELU (float8 casts fuse into compile's GELU).
+    """
+    return replace_modules(model, lambda name, m: type(m) is MLP and type(m.c_fc) is nn.Linear, KernelMLP)

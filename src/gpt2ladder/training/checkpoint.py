@@ -1,0 +1,188 @@
+"""Checkpoints that survive crashes: atomic writes, a checksum, one-line errors, and the RNG states.
+
+A checkpoint is one `torch.save` file holding plain dicts and tensors only, so it loads with
+`torch.load(weights_only=True)`. It is written to a temp file beside the target, flushed, fsynced and
+renamed over the old one, so a kill -9, a full disk or a power cut leaves either the old checkpoint or
+the new one, never half of one. A sha256 over every value catches bit rot that torch.load misses
+(it reads a flipped byte inside a tensor without complaint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.model.gpt import GPT
+
+FORMAT = "gpt2ladder-checkpoint"
+VERSION = 1
+FILENAME = "ckpt.pt"
+
+
+def checkpoint_path(path: str | Path) -> Path:
+    """A checkpoint file, or the ckpt.pt inside a run directory."""
+    path = Path(path).expanduser()
+    return path / FILENAME if path.is_dir() else path
+
+
+# --- integrity ----------------------------------------------------------------------------------
+
+
+def state_digest(state) -> str:
+    """sha256 over every key, value, dtype, shape and tensor byte, in a fixed order."""
+    h = hashlib.sha256()
+    _feed(h, state)
+    return h.hexdigest()
+
+
+def _feed(h, value) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(value.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, dict):
+        h.update(b"D%d" % len(value))
+        for k in sorted(value, key=repr):
+            h.update(repr(k).encode())
+            _feed(h, value[k])
+    elif isinstance(value, (list, tuple)):
+        h.update(b"L%d" % len(value))
+        for v in value:
+            _feed(h, v)
+    else:  # int, float, str, bool, None: repr is exact for each
+        h.update(repr(value).encode())
+
+
+# --- save ---------------------------------------------------------------------------------------
+
+
+def save_checkpoint(path: str | Path, state: dict) -> Path:
+    """Write state atomically; on failure the previous file is untouched and the temp file removed."""
+    path = Path(path)
+    payload = {**state, "format": FORMAT, "version": VERSION}
+    payload.pop("sha256", None)
+    payload["sha256"] = state_digest(payload)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make checkpoints private to this user
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the checkpoint
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(err, (OSError, RuntimeError)):  # torch.save reports some write failures as RuntimeError
+            reason = getattr(err, "strerror", None) or _first_line(err)
+            raise LadderError(f"could not write checkpoint {path}: {reason}; "
+                              "the previous checkpoint (if any) is kept") from err
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (POSIX); not possible, nor needed, on Windows."""
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def remove_stale_temps(path: str | Path) -> None:
+    """Temp files of saves that a kill -9 interrupted; the checkpoint itself is never among them."""
+    path = Path(path)
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+# --- load ---------------------------------------------------------------------------------------
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    """A verified checkpoint dict, or one line saying why the file cannot be one."""
+    path = checkpoint_path(path)
+    if not path.is_file():
+        raise UsageError(f"no checkpoint at {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises many types for truncated or foreign files
+        detail = _first_line(err)
+        raise LadderError(f"checkpoint {path} is unreadable (truncated, corrupt or not a PyTorch file)"
+                          + (f": {detail}" if detail else "")) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise LadderError(f"{path} is not a gpt2ladder checkpoint")
+    if state.get("version") != VERSION:
+        raise LadderError(f"checkpoint {path} has format version {state.get('version')}; "
+                          f"this gpt2ladder reads version {VERSION}")
+    expected = state.pop("sha256", None)
+    if expected is not None and state_digest(state) != expected:
+        raise LadderError(f"checkpoint {path} is corrupt: its contents do not match their sha256")
+    return state
+
+
+def model_from_checkpoint(state: dict, device: torch.device) -> GPT:
+    """A GPT of the checkpoint's own shape (padding and attention included), its weights loaded, in eval mode."""
+    model = GPT(ModelConfig(**state["model_config"]))
+    model.load_state_dict(state["model"])
+    return model.to(device).eval()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    first = text[0] if text else type(err).__name__
+    if first.startswith("Weights only load failed"):  # torch's advice to unpickle arbitrary code: not ours
+        return ""
+    return first[:200]
+
+
+def config_differences(saved: dict, requested: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """`name saved -> requested` for every field that differs, in the requested dict's order."""
+    return [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in requested.items()
+            if k not in ignore and saved.get(k) != v]
+
+
+# --- random number generators -------------------------------------------------------------------
+
+
+def rng_state() -> dict:
+    """torch (CPU and every CUDA device), numpy and Python RNG states, as weights_only-loadable values."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    npy = state["numpy"]
+    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
+                         npy["has_gauss"], npy["cached_gaussian"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))

@@ -1,0 +1,79 @@
+"""What a training run is: every setting of `gpt2ladder train`, frozen, saved in config.json and in
+every checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from gpt2ladder.errors import UsageError
+from gpt2ladder.model.config import ModelConfig, preset
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str = "tiny"
+    rungs: tuple[str, ...] = ("baseline",)
+    batch_size: int = 8  # micro-batch, sequences per forward pass on one device
+    seq_len: int = 128
+    tokens_per_step: int = 1024  # all devices, all micro-batches: accumulation fills the gap
+    steps: int = 200
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # 0 = off
+    eval_every: int = 20  # 0 = never (the last step is always validated when this is on)
+    eval_batches: int = 20
+    ckpt_every: int = 40  # 0 = only at the end and on a signal
+    seed: int = 0
+    data: str | None = None  # a text file; None = Tiny Shakespeare (never random tokens)
+    init_from: str | None = None  # a local Hugging Face GPT-2 model.safetensors
+    compile_backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "seq_len", "tokens_per_step", "steps", "eval_batches"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"{_flag(name)} must be a positive integer, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every", "ckpt_every", "seed"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{_flag(name)} must be zero or more, got {getattr(self, name)}")
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise UsageError(f"{_flag(name)} must be a finite number >= 0, got {getattr(self, name)}")
+        if self.lr == 0 or self.min_lr > self.lr:
+            raise UsageError(f"need 0 < --min-lr <= --lr, got --lr {self.lr} and --min-lr {self.min_lr}")
+        block = self.model_config().block_size
+        if self.seq_len > block:
+            raise UsageError(f"--seq-len {self.seq_len} exceeds the model's block size of {block}")
+        self.grad_accum(1)
+
+    def model_config(self) -> ModelConfig:
+        return model_config_for(self.preset, self.init_from)
+
+    def grad_accum(self, world_size: int = 1) -> int:
+        """Micro-batches per optimizer step on each device."""
+        per_pass = self.batch_size * self.seq_len * world_size
+        if self.tokens_per_step % per_pass:
+            raise UsageError(f"--tokens-per-step {self.tokens_per_step} is not a multiple of batch size x "
+                             f"seq len x processes = {self.batch_size} x {self.seq_len} x {world_size} = {per_pass}")
+        return self.tokens_per_step // per_pass
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def model_config_for(preset_name: str, init_from: str | None) -> ModelConfig:
+    """The shapes: from config.json beside --init-from weights when there is one, else the preset."""
+    if init_from:
+        from gpt2ladder.model.hf import hf_model_config
+
+        cfg = hf_model_config(init_from)
+        if cfg is not None:
+            return cfg
+    return preset(preset_name)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")

@@ -1,0 +1,330 @@
+"""Training: train GPT-2 at the fastest setting this machine allows, and resume exactly.
+
+A run directory holds config.json, log.jsonl (one line per step, flushed as written), ckpt.pt (one
+checkpoint, replaced atomically), loss.png and, when tensorboard is installed, tb/. A run killed at
+any moment (even kill -9) and resumed with --resume logs the same per-step losses as one never
+interrupted: batch i is a function of (seed, i), the learning rate a function of the step, and the
+checkpoint holds weights, optimizer, data position and RNG states.
+
+Exit codes: 0 when done; 130 after Ctrl-C (SIGINT) and 143 after SIGTERM, both of which finish the
+step in flight and save a checkpoint first; 1 or 2 with a one-line error otherwise.
+
+Data parallel under torchrun (`torchrun --nproc_per_node=N -m gpt2ladder train ...`): the process's
+place is a `distributed.Dist` (rank, world size, and a `mean` that all-reduces), the model is wrapped by DDP
+or sharded by FSDP2 (`--strategy`), batches are split by rank, losses are averaged over ranks, and every
+side effect a user sees (printing, log, plots, TensorBoard, checkpoint files) happens only where
+`is_main`. --tokens-per-step is global; by default it is micro-batch x seq len x processes. The
+checkpoint holds the full, unwrapped state (FSDP2 gathers it to rank 0), so a run resumes on any
+number of processes (the same --tokens-per-step gives the same curve).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import signal
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt2ladder import data as data_mod
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.ladder import setup_for
+from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
+from gpt2ladder.runtime import distributed
+from gpt2ladder.runtime.engine import Engine, OptimConfig, build_model
+from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.runtime.metrics import flops_per_token, mfu, peak_flops
+from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.training.checkpoint import (
+    FILENAME,
+    config_differences,
+    load_checkpoint,
+    remove_stale_temps,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.runlog import Reporter
+from gpt2ladder.training.schedule import lr_at
+from gpt2ladder.training.signals import StopSignals
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    exit_code: int  # 0 done, 128 + signal number when stopped by a signal
+    step: int
+    loss: float | None
+    val_loss: float | None
+    out: Path
+
+
+def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, parallelize=None) -> Engine:
+    """The model (from the seed, or from real GPT-2 weights) with its optimizer, for this setup.
+
+    `parallelize` (DDP or FSDP2, from `distributed.py`) runs after the weights are in, before the optimizer.
+    """
+    model_cfg = cfg.model_config()
+    model = None
+    if cfg.init_from:
+        from gpt2ladder.model.hf import load_hf_gpt2
+
+        model = build_model(model_cfg, setup, device, cfg.seed)
+        load_hf_gpt2(cfg.init_from, model)
+    optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
+    return Engine(model_cfg, setup, device, seed=cfg.seed, optim=optim,
+                  compile_backend=cfg.compile_backend, model=model, parallelize=parallelize)
+
+
+def weights_finite(model: torch.nn.Module, ranks=distributed.SINGLE) -> bool:
+    """One host sync for all parameters; under FSDP2 each rank checks its shard and all must agree."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    finite = torch.stack([torch.isfinite(t).all() for t in local]).all().float()
+    return bool(ranks.mean(finite) == 1)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """`load_state_dict`, but each group's learning rate keeps the type it had here.
+
+    The CUDA-graph rung uses a device tensor as lr (a replayed graph reads it in place); a saved one
+    would come back as a CPU tensor (or a float from a run without that rung) and break the capture.
+    """
+    before = [group["lr"] for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    for group, lr in zip(optimizer.param_groups, before):
+        value = float(group["lr"])
+        if isinstance(lr, torch.Tensor):
+            lr.fill_(value)
+            group["lr"] = lr
+        else:
+            group["lr"] = value
+
+
+class Trainer:
+    """The loop's state: engine, batches, step; `run` trains to cfg.steps or until a signal."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device, out: Path, ranks=distributed.SINGLE,
+                 strategy: str | None = None):
+        self.cfg, self.device, self.out, self.ranks = cfg, device, out, ranks
+        self.strategy = strategy  # "ddp" or "fsdp" under torchrun (ranks is then a distributed.Dist)
+        self.accum = cfg.grad_accum(ranks.world_size)
+        self.tokens = data_mod.load_tokens(cfg.data)  # DataUnavailable: no random stand-in for training
+        self.setup = setup_for(list(cfg.rungs))
+        parallelize = (functools.partial(distributed.wrap_for_data_parallel, dist=ranks, strategy=strategy)
+                       if strategy else None)
+        self.engine = build_engine(cfg, self.setup, device, parallelize)
+        self.batches = data_mod.Batches(self.tokens.train, cfg.tokens_per_step // cfg.seq_len, cfg.seq_len,
+                                        seed=cfg.seed, rank=ranks.rank, world_size=ranks.world_size)
+        self.val = (data_mod.eval_batches(self.tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
+                    if cfg.eval_every else [])
+        self.ckpt_path = out / FILENAME
+        self.step = 0
+        self.saved_step: int | None = None  # the step the checkpoint on disk holds
+        raw = self.engine.raw_model
+        self.flops_per_token = flops_per_token(raw.config, cfg.seq_len, raw.num_params())
+        self.peak = peak_flops(detect(device).name)
+        self.step_ms: list[float] = []  # this session's steps
+        self.last_loss: float | None = None
+        self.last_val_loss: float | None = None
+
+    # checkpoints
+
+    def state(self) -> dict:
+        """The checkpoint's contents. Under FSDP2 a collective: every rank calls it, rank 0 gets the state."""
+        e = self.engine
+        return {
+            "model": distributed.model_state(e.raw_model),
+            "optimizer": distributed.optimizer_state(e.raw_model, e.optimizer),
+            "scaler": e.scaler.state_dict() if e.scaler else None, "step": self.step,
+            "train_config": self.cfg.to_dict(), "model_config": e.raw_model.config.to_dict(),
+            "setup": self.setup.to_dict(), "rng": rng_state(), "data": self.batches.state_dict(),
+            "data_source": {"source": self.tokens.source, "sha256": self.tokens.sha256},
+        }
+
+    def save(self) -> None:
+        """Checkpoint the current step, unless the weights went non-finite (the last good one stays)."""
+        if not weights_finite(self.engine.raw_model, self.ranks):
+            raise LadderError(f"the weights became non-finite at step {self.step}; stopped without saving "
+                              f"them ({self._kept()}); try a lower --lr")
+        state = self.state()  # every rank: under FSDP2 gathering the full state is a collective
+        if self.ranks.is_main:
+            save_checkpoint(self.ckpt_path, state)
+        self.saved_step = self.step
+
+    def _kept(self) -> str:
+        if self.saved_step is None:
+            return "no checkpoint was written"
+        return f"{self.ckpt_path} still holds step {self.saved_step}"
+
+    def resume(self) -> list[str]:
+        """Load OUT/ckpt.pt into this run; returns the train-config fields that differ from the saved."""
+        state = load_checkpoint(self.ckpt_path)
+        raw = self.engine.raw_model
+        # attention ("manual" or "sdpa") changes no tensor, so a run may resume on another kernel
+        diffs = config_differences(state["model_config"], raw.config.to_dict(), ignore=("attention",))
+        if diffs:
+            raise UsageError(f"--resume: {self.ckpt_path} holds another model than requested "
+                             f"({'; '.join(diffs)}); use the run's --preset and --rungs, or another --out")
+        if distributed.is_sharded(raw):  # every rank keeps its shard of the full tensors
+            distributed.load_state(raw, self.engine.optimizer, state["model"], state["optimizer"])
+        else:
+            raw.load_state_dict(state["model"])
+            load_optimizer_state(self.engine.optimizer, state["optimizer"])
+        if self.engine.scaler and state.get("scaler"):
+            self.engine.scaler.load_state_dict(state["scaler"])
+        self.batches.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        self.step = self.saved_step = int(state["step"])
+        return config_differences(state["train_config"], self.cfg.to_dict())
+
+    # steps
+
+    def train_step(self) -> dict:
+        """One optimizer step over tokens_per_step tokens; the clock covers data, step and the loss sync."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        x, y = self.batches.next()  # (accum * B, T) rows of this rank
+        shape = (self.accum, cfg.batch_size, cfg.seq_len)
+        x, y = data_mod.to_device(x.view(shape), y.view(shape), self.device)
+        lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
+        self.engine.set_lr(lr)
+        loss = float(self.ranks.mean(self.engine.step(x, y)))  # the host sync that ends the step
+        ms = (time.perf_counter() - t0) * 1000
+        self.step += 1
+        if not math.isfinite(loss):
+            raise LadderError(f"the loss became {loss} at step {self.step}; stopped without saving "
+                              f"({self._kept()}); try a lower --lr")
+        self.step_ms.append(ms)
+        tokens_per_s = cfg.tokens_per_step / (ms / 1000)  # all processes together
+        entry = {"step": self.step, "loss": loss, "lr": lr, "ms": round(ms, 3),
+                 "tokens_per_s": round(tokens_per_s, 1),
+                 "mfu": mfu(tokens_per_s / self.ranks.world_size, self.flops_per_token, self.peak)}
+        if self.ranks.world_size > 1:
+            entry["tokens_per_s_per_gpu"] = round(tokens_per_s / self.ranks.world_size, 1)
+        return entry
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean validation loss on the fixed batches, through the same (maybe compiled) forward."""
+        model = self.engine.model
+        model.eval()
+        try:
+            total = torch.zeros((), device=self.device)
+            with self.engine.precision():
+                for x, y in self.val:
+                    total += self.engine.loss(*data_mod.to_device(x, y, self.device)).float()
+            loss = float(self.ranks.mean(total)) / len(self.val)
+        finally:
+            model.train()
+        if not math.isfinite(loss):  # weights that are finite but huge: do not checkpoint them
+            raise LadderError(f"the validation loss became {loss} at step {self.step}; stopped without "
+                              f"saving ({self._kept()}); try a lower --lr")
+        return loss
+
+    def _due(self, every: int) -> bool:
+        return bool(every) and (self.step % every == 0 or self.step == self.cfg.steps)
+
+    def _stop_agreed(self, stop: StopSignals) -> bool:
+        """Whether to stop after this step. Under torchrun every rank stops after the same step (a signal
+        seen by any rank counts for all): saving is a collective, and a rank that ran on would hang."""
+        asked = stop.signum is not None
+        if self.ranks.world_size == 1:
+            return asked
+        return bool(self.ranks.mean(torch.tensor(float(asked))) > 0)
+
+    def run(self, stop: StopSignals, report: Reporter) -> int:
+        """Train until cfg.steps or a signal; 0, or 128 + the signal's number."""
+        while self.step < self.cfg.steps:
+            entry = self.train_step()
+            self.last_loss = entry["loss"]
+            if self._due(self.cfg.eval_every):
+                entry["val_loss"] = self.last_val_loss = self.evaluate()
+            report.step(entry)  # logged before the checkpoint, so the log always reaches its step
+            stopping = self._stop_agreed(stop)
+            if self._due(self.cfg.ckpt_every) or stopping:
+                self.save()
+            if stopping:
+                return 128 + (stop.signum or signal.SIGTERM)
+        if self.saved_step != self.step:
+            self.save()
+        return 0
+
+
+def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: bool = False,
+                 progress: bool = True, ranks=distributed.SINGLE, strategy: str | None = None) -> TrainResult:
+    """Train (or continue) the run in `out`; every user-visible side effect happens on the main rank."""
+    ckpt = out / FILENAME
+    if not resume and ckpt.exists():
+        raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
+    trainer = Trainer(cfg, device, out, ranks, strategy)
+    changed = trainer.resume() if resume else []  # fails before the log or checkpoint is touched
+    if ranks.is_main:
+        prepare_out_dir(out)
+        remove_stale_temps(ckpt)
+        _write_config(out, trainer, ranks)
+    report = Reporter(out, cfg, is_main=ranks.is_main, progress=progress, start=trainer.step)
+    try:
+        _announce(report, trainer, changed, resume)
+        with StopSignals() as stop:
+            code = trainer.run(stop, report)
+        report.plot(f"{cfg.preset} on {trainer.tokens.source}, {cfg.tokens_per_step:,} tokens/step")
+    finally:
+        report.close()
+    return _finish(report, trainer, code, stop.signum)
+
+
+def _write_config(out: Path, trainer: Trainer, ranks) -> None:
+    record = {**record_header(detect(trainer.device), trainer.device), "command": "train",
+              "train_config": trainer.cfg.to_dict(), "model": trainer.engine.raw_model.config.to_dict(),
+              "setup": trainer.setup.to_dict(), "world_size": ranks.world_size, "strategy": trainer.strategy,
+              "grad_accum": trainer.accum,
+              "data": {"source": trainer.tokens.source, "sha256": trainer.tokens.sha256,
+                       "n_tokens": trainer.tokens.n_tokens},
+              "resumed_from_step": trainer.step or None}
+    write_json(out / "config.json", record)
+
+
+def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bool) -> None:
+    cfg = trainer.cfg
+    n_params = trainer.engine.raw_model.num_params(non_embedding=False)
+    report.message(f"gpt2ladder train: {cfg.preset} ({n_params / 1e6:.1f}M parameters) on {trainer.device}, "
+                   f"rungs: {', '.join(cfg.rungs)}; {cfg.steps} steps of {cfg.tokens_per_step:,} tokens "
+                   f"({cfg.batch_size} x {cfg.seq_len} x {trainer.accum} micro-batches"
+                   f"{f' x {trainer.ranks.world_size} processes, {trainer.strategy}' if trainer.strategy else ''}); "
+                   f"data: {trainer.tokens.source}")
+    if resume:
+        report.message(f"resuming from step {trainer.step} of {trainer.ckpt_path}")
+    if changed:
+        report.message(f"notice: resuming with other settings than the checkpoint's: {'; '.join(changed)}")
+
+
+def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -> TrainResult:
+    loss, val = trainer.last_loss, trainer.last_val_loss
+    if signum is not None:
+        report.message(f"stopped by {signal.Signals(signum).name} after step {trainer.step}; checkpoint saved "
+                       f"to {trainer.ckpt_path}; continue with --resume")
+    elif trainer.step_ms:
+        timed = trainer.step_ms[1:] or trainer.step_ms  # the first step pays for compilation
+        ms = statistics.median(timed)
+        report.message(f"done: step {trainer.step}, loss {loss:.4f}"
+                       + (f", val loss {val:.4f}" if val is not None else "")
+                       + f", {ms:.1f} ms/step, {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
+                       + _per_gpu(trainer, ms) + f"; wrote {trainer.out}/log.jsonl, ckpt.pt, loss.png")
+    else:
+        report.message(f"nothing to do: {trainer.ckpt_path} already holds step {trainer.step} of {trainer.cfg.steps}")
+    return TrainResult(code, trainer.step, loss, val, trainer.out)
+
+
+def _per_gpu(trainer: Trainer, ms: float) -> str:
+    """Throughput per process and (on CUDA) this process's peak memory, for multi-GPU and big-model runs."""
+    world = trainer.ranks.world_size
+    unit = "GPU" if trainer.device.type == "cuda" else "process"
+    text = f" ({trainer.cfg.tokens_per_step / ms * 1000 / world:,.0f} per {unit})" if world > 1 else ""
+    if trainer.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(trainer.device) / 2**30
+        text += f", peak memory {peak:.1f} GiB" + (" per GPU (rank 0's)" if world > 1 else "")
+    return text

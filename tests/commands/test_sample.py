@@ -1,0 +1,153 @@
+"""Tests for model/generate.py and `gpt2ladder sample`: deterministic generation, real-vocabulary-only ids, compile, the command."""
+
+import pytest
+import torch
+
+from gpt2ladder import cli
+from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.model.generate import generate
+from gpt2ladder.model.gpt import GPT, init_weights
+from gpt2ladder.training.checkpoint import save_checkpoint
+
+SMALL = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16)
+
+
+def _model(cfg: ModelConfig = SMALL, seed: int = 0) -> GPT:
+    return init_weights(GPT(cfg), seed).eval()
+
+
+def _tokens(model, seed, n=12, **kw):
+    gen = torch.Generator().manual_seed(seed)
+    return generate(model, torch.zeros((2, 3), dtype=torch.long), n, generator=gen, **kw)
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    model = _model()
+    a, b, c = _tokens(model, 1), _tokens(model, 1), _tokens(model, 2)
+    assert a.shape == (2, 15)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert torch.equal(a[:, :3], torch.zeros((2, 3), dtype=torch.long))  # the prompt is kept
+
+
+def test_top_k_one_is_greedy():
+    model = _model()
+    sampled = _tokens(model, 5, top_k=1, temperature=1.0)
+    greedy = _tokens(model, 99, temperature=0.0)
+    idx = torch.zeros((2, 3), dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(12):  # argmax by hand
+            nxt = model(idx[:, -SMALL.block_size:])[0][:, -1, :SMALL.vocab_size].argmax(-1, keepdim=True)
+            idx = torch.cat([idx, nxt], dim=1)
+    assert torch.equal(sampled, greedy) and torch.equal(greedy, idx)
+
+
+def test_padded_vocabulary_ids_are_never_sampled():
+    cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_multiple=128)
+    model = _model(cfg)
+    with torch.no_grad():
+        # every hidden state becomes all-ones, and the padded classifier rows all-ones: padded logits
+        # are 32 while real ones are about 0, so a sampler that forgot to slice would pick only them
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.lm_head.weight[cfg.vocab_size:] = 1.0
+        logits = model(torch.zeros((1, 1), dtype=torch.long))[0]
+    assert cfg.padded_vocab_size > cfg.vocab_size
+    assert logits[0, -1].argmax() >= cfg.vocab_size  # the test can fail: padding dominates the raw logits
+    for kw in ({"temperature": 1.0}, {"temperature": 2.0, "top_k": 50}, {"temperature": 0.0}):
+        out = _tokens(model, 3, n=40, **kw)
+        assert int(out.max()) < cfg.vocab_size
+
+
+def test_context_is_cropped_to_block_size():
+    model = _model()
+    idx = torch.randint(0, 100, (1, 40))  # longer than the block size of 16
+    out = generate(model, idx, 5, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (1, 45)
+    assert torch.equal(out[:, :40], idx)
+
+
+def test_generation_under_torch_compile_matches_eager():
+    model = _model()
+    compiled = torch.compile(model, backend="eager")
+    try:
+        assert torch.equal(_tokens(compiled, 4, n=8), _tokens(model, 4, n=8))
+    finally:
+        torch._dynamo.reset()
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    model = _model(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_multiple=128))
+    save_checkpoint(tmp_path / "ckpt.pt", {"model": model.state_dict(), "model_config": model.config.to_dict(),
+                                           "setup": {"autocast": None}, "step": 1})
+    return tmp_path
+
+
+def _sample(capsys, *args):
+    code = cli.main(["sample", *map(str, args), "--device", "cpu", "--num-tokens", "24"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_sample_command_is_deterministic_per_seed(run_dir, capsys):
+    code, first, _ = _sample(capsys, run_dir, "--seed", 7, "--prompt", "ROMEO:")
+    assert code == 0 and first.startswith("ROMEO:")
+    assert _sample(capsys, run_dir / "ckpt.pt", "--seed", 7, "--prompt", "ROMEO:")[1] == first
+    assert _sample(capsys, run_dir, "--seed", 8, "--prompt", "ROMEO:")[1] != first
+
+
+def test_sample_command_with_compile(run_dir, capsys, monkeypatch):
+    eager_text = _sample(capsys, run_dir, "--seed", 3, "--num-samples", 2)[1]
+    real_compile = torch.compile
+    backends = []
+
+    def eager_compile(model, **kw):  # Inductor on two CPU cores takes minutes; the wiring is the same
+        backends.append("eager")
+        return real_compile(model, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    try:
+        code, text, _ = _sample(capsys, run_dir, "--seed", 3, "--num-samples", 2, "--compile")
+    finally:
+        torch._dynamo.reset()
+    assert code == 0 and backends == ["eager"]
+    assert text == eager_text and text.count("-" * 40) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "-1"], "--temperature"),
+    (["--top-k", "-2"], "--top-k"),
+])
+def test_sample_bad_arguments_are_one_line(run_dir, capsys, args, message):
+    code, _, err = _sample(capsys, run_dir, *args)
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_sample_missing_or_corrupt_checkpoint_is_one_line(run_dir, capsys):
+    code, _, err = _sample(capsys, run_dir / "missing.pt")
+    assert code == 2 and err.startswith("gpt2ladder: error: no checkpoint") and err.count("\n") == 1
+    good = (run_dir / "ckpt.pt").read_bytes()
+    (run_dir / "broken.pt").write_bytes(good[: len(good) // 3])
+    code, _, err = _sample(capsys, run_dir / "broken.pt")
+    assert code == 1 and "unreadable" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert (run_dir / "ckpt.pt").read_bytes() == good
+
+
+@pytest.mark.slow
+def test_sample_command_with_inductor(run_dir, capsys):
+    """The real default backend (C++ code generation on CPU, about 25 s on two cores)."""
+    from gpt2ladder.runtime.hardware import detect
+
+    problem = detect(torch.device("cpu")).compile_problem
+    if problem:
+        pytest.skip(problem)
+    eager_text = _sample(capsys, run_dir, "--seed", 5)[1]
+    try:
+        code, text, _ = _sample(capsys, run_dir, "--seed", 5, "--compile")
+    finally:
+        torch._dynamo.reset()
+    assert code == 0 and text == eager_text

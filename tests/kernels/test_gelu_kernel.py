@@ -1,0 +1,123 @@
+"""The GELU kernel computes what GPT-2's MLP computes: the Triton kernel against the PyTorch expressions
+(through Triton's CPU interpreter, in a subprocess since TRITON_INTERPRET is read at import), and the
+rewired MLP against the original, values and gradients."""
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gpt2ladder.kernels.gelu import gelu_grad_reference
+from gpt2ladder.model.config import PRESETS
+from gpt2ladder.model.gpt import GPT, MLP, init_weights
+from gpt2ladder.speedups.gelu_mlp import KernelMLP, use_gelu_kernel
+
+SCRIPT = r"""
+import json, sys, torch
+from gpt2ladder.kernels import gelu as gk
+out = []
+for n, c, bm, bn, blocks in json.loads(sys.argv[1]):
+    gen = torch.Generator().manual_seed(n * 100 + c)
+    h0, grad = torch.randn(n, c, generator=gen) * 3, torch.randn(n, c, generator=gen)
+    h0[0, : min(c, 4)] = torch.tensor([-60.0, 60.0, -1e4, 0.0])[: min(c, 4)]  # exp2 overflows to inf
+    bias = torch.randn(c, generator=gen)
+    dh, a = torch.full((n, c), 7.0), torch.full((n, c), 7.0)
+    dbias = torch.zeros(c)
+    gk.launch(grad, h0, bias, dh, dbias, tile=(bm, bn, 4, blocks))
+    gk.launch_fwd(h0, bias, a, tile=(bm, bn, 4))
+    ref_dh, ref_db = gk.gelu_grad_reference(grad, h0, bias)
+    ref_a = gk.gelu_reference(h0, bias)
+    out.append({"dh": (dh - ref_dh).abs().max().item(), "db": (dbias - ref_db).abs().max().item(),
+                "db_scale": ref_db.abs().max().item(), "a": (a - ref_a).abs().max().item(),
+                "finite": bool(torch.isfinite(a).all() and torch.isfinite(dh).all())})
+print(json.dumps(out))
+"""
+
+CASES = [  # rows, columns, tile rows, tile columns, row blocks per program (backward)
+    (70, 300, 16, 128, 2),  # neither dimension a multiple of its tile; the last program half empty
+    (64, 256, 16, 128, 4),  # exact tiles, one program's loop covers every row
+    (5, 40, 16, 64, 3),  # fewer rows and columns than one tile
+]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
+def test_kernels_match_the_pytorch_expressions(triton_interpret):
+    results = triton_interpret(SCRIPT, CASES)
+    for case, r in zip(CASES, results):
+        assert r["finite"], (case, r)  # h = -1e4: exp2 overflows to inf and the limit is still 0
+        assert r["a"] < 1e-5, (case, r)  # the forward: sigmoid form against F.gelu's tanh, fp32
+        assert r["dh"] < 1e-5, (case, r)  # fp32 in and out: equal up to tanh's rounding
+        assert r["db"] < 1e-5 * max(1.0, r["db_scale"]), (case, r)  # every row block summed, none twice
+
+
+def test_reference_is_the_derivative_of_gpt2s_gelu():
+    gen = torch.Generator().manual_seed(0)
+    h0 = torch.randn(33, 20, generator=gen, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(20, generator=gen, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(33, 20, generator=gen, dtype=torch.float64)
+    nn.functional.gelu(h0 + bias, approximate="tanh").backward(grad)
+    dh, db = gelu_grad_reference(grad, h0.detach(), bias.detach())
+    torch.testing.assert_close(dh, h0.grad.to(dh.dtype), rtol=1e-6, atol=1e-6)  # fp32 inside
+    torch.testing.assert_close(db, bias.grad, rtol=1e-5, atol=1e-5)
+
+
+def _pair():
+    cfg = PRESETS["tiny"]
+    with torch.random.fork_rng():  # nn.Linear's own init draws from the global generator
+        torch.manual_seed(0)
+        plain = MLP(cfg)
+    copy = MLP(cfg)
+    copy.load_state_dict(plain.state_dict())
+    return plain, KernelMLP(copy)
+
+
+def test_kernel_mlp_is_the_same_function_with_the_same_gradients(same_function):
+    plain, rewired = _pair()
+    with torch.no_grad():
+        plain.c_fc.bias.normal_()  # a non-zero bias, so moving its add is tested
+        rewired.c_fc.bias.copy_(plain.c_fc.bias)
+    x = torch.randn(3, 17, 128, generator=torch.Generator().manual_seed(1))
+    # fp32 throughout; the GELU's derivative is written differently, so the parameters' sums of 51 rows
+    # differ in the last bits (a wrong term or a lost row would be off by orders of magnitude more)
+    same_function(plain, rewired, x, out_tol=(1e-5, 1e-6), x_grad_tol=(1e-5, 1e-6), param_tol=(1e-4, 1e-5))
+
+
+def test_use_gelu_kernel_rewires_every_block_and_keeps_the_state_dict():
+    model = init_weights(GPT(PRESETS["tiny"]), seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    names = use_gelu_kernel(model)
+    assert names == [f"transformer.h.{i}.mlp" for i in range(PRESETS["tiny"].n_layer)]
+    assert all(type(b.mlp) is KernelMLP for b in model.transformer.h)
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert use_gelu_kernel(model) == []  # idempotent
+
+
+def test_float8_mlps_are_left_alone():
+    from gpt2ladder.speedups.float8 import use_float8
+
+    model = init_weights(GPT(PRESETS["tiny"]), seed=0)
+    use_float8(model, mlp=True, attn=False)
+    assert use_gelu_kernel(model) == []
+
+
+def test_compiled_training_steps_match_the_plain_mlp():
+    """Through AOT autograd (compile's tracing of forward and backward) the rewired MLP trains alike."""
+    import dataclasses
+
+    from gpt2ladder.ladder import setup_for
+    from gpt2ladder.runtime.engine import Engine
+
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randint(0, 50257, (2, 32), generator=gen), torch.randint(0, 50257, (2, 32), generator=gen))
+               for _ in range(3)]
+    setup = setup_for(["baseline", "compile", "flash", "vocab", "fused_adamw"])
+    losses = {}
+    for kernel in (False, True):
+        engine = Engine(PRESETS["tiny"], dataclasses.replace(setup, gelu_kernel=kernel), torch.device("cpu"),
+                        compile_backend="aot_eager")
+        assert (type(engine.raw_model.transformer.h[0].mlp) is KernelMLP) == kernel
+        losses[kernel] = [engine.step(x, y).item() for x, y in batches]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+    assert losses[True][-1] < losses[True][0]

@@ -1,0 +1,51 @@
+"""Every Triton kernel of the package compiles for the GPUs it targets, here on a machine without one.
+
+The CPU interpreter (tests/kernels/test_loss_kernel.py, test_gelu_kernel.py) checks what the kernels
+compute, but it runs them as Python and accepts code the compiler rejects (a kernel reading a plain
+module global, for one). Compiling to a cubin for sm_80 and sm_90 needs only the triton package.
+"""
+
+import importlib.util
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
+
+C = "constexpr"
+KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call them at GPT-2's shapes
+    "kernels.loss._loss_stats_kernel": (
+        {"logits_ptr": "*bf16", "targets_ptr": "*i64", "lse_ptr": "*fp32", "loss_ptr": "*fp32", "n_rows": "i32",
+         "n_cols": "i32", "vocab_size": C, "BLOCK_M": C, "BLOCK_V": C, "WIDE": C},
+        {"vocab_size": 50257, "BLOCK_M": 1, "BLOCK_V": 2048, "WIDE": False}),
+    "kernels.loss._loss_grad_kernel": (
+        {"logits_ptr": "*bf16", "targets_ptr": "*i64", "lse_ptr": "*fp32", "g_ptr": "*fp8e5", "gt_ptr": "*fp8e5",
+         "n_rows": "i32", "n_cols": "i32", "vocab_size": "i32", "scale": "fp32", "WRITE_T": C, "BLOCK_M": C,
+         "BLOCK_V": C, "ROWS_FAST": C, "WIDE": C},
+        {"WRITE_T": True, "BLOCK_M": 32, "BLOCK_V": 64, "ROWS_FAST": True, "WIDE": False}),
+    "kernels.gelu._gelu_grad_kernel": (
+        {"grad_ptr": "*bf16", "h0_ptr": "*bf16", "bias_ptr": "*fp32", "dh_ptr": "*bf16", "dbias_ptr": "*fp32",
+         "n_rows": "i32", "n_cols": "i32", "BLOCK_M": C, "BLOCK_N": C, "ROW_BLOCKS": C, "WIDE": C},
+        {"BLOCK_M": 32, "BLOCK_N": 64, "ROW_BLOCKS": 1, "WIDE": False}),
+    "kernels.gelu._gelu_fwd_kernel": (
+        {"h0_ptr": "*bf16", "bias_ptr": "*fp32", "out_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32",
+         "BLOCK_M": C, "BLOCK_N": C, "WIDE": C},
+        {"BLOCK_M": 8, "BLOCK_N": 256, "WIDE": False}),
+}
+
+
+@pytest.mark.parametrize("capability", [80, 90])
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_compiles_to_a_cubin(name, capability):
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    module, kernel = name.rsplit(".", 1)
+    fn = getattr(importlib.import_module(f"gpt2ladder.{module}"), kernel)
+    signature, constexprs = KERNELS[name]
+    if capability < 89 and "fp8" in str(signature):
+        pytest.skip("float8 stores need compute capability 8.9+")
+    compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", capability, 32))
+    assert len(compiled.asm["cubin"]) > 1000

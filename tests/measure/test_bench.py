@@ -1,0 +1,271 @@
+"""The bench climbs the ladder end to end and writes a sane table, JSON, Markdown and chart."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from gpt2ladder.cli import main
+from gpt2ladder.errors import UsageError
+from gpt2ladder.measure.bench import BenchConfig, add_speedups, run_bench
+from gpt2ladder.measure.best import decide
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def record(shakespeare_cache):
+    cfg = BenchConfig(preset="tiny", rungs=("baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw",
+                                            "fused_loss", "fp8_head", "loss_kernel", "cuda_graph", "bf16_residual",
+                                            "gelu_kernel", "fp32_wgrad", "fp8_mlp", "fp8_attn"),
+                      batch_size=2, seq_len=32, steps=3, warmup=1, compile_backend="eager")
+    return run_bench(cfg, CPU, progress=False)
+
+
+def test_record_describes_itself(record):
+    assert record["device"]["type"] == "cpu"
+    assert record["versions"]["torch"] == torch.__version__
+    assert record["config"]["batch_size"] == 2 and record["model"]["n_layer"] == 2
+    assert record["data"]["source"] == "tinyshakespeare" and record["data"]["n_tokens"] == 338_025
+    assert "git_sha" in record and record["date"]
+
+
+def test_cpu_rows_are_measured_or_skipped_with_a_reason(record):
+    status = {r["name"]: r["status"] for r in record["rungs"]}
+    assert status == {"baseline": "ok", "tf32": "skipped", "bf16": "skipped", "compile": "ok", "flash": "ok",
+                      "vocab": "ok", "fused_adamw": "ok", "fused_loss": "ok", "fp8_head": "skipped",
+                      "loss_kernel": "skipped", "cuda_graph": "skipped", "bf16_residual": "skipped",
+                      "gelu_kernel": "skipped", "fp32_wgrad": "skipped", "fp8_mlp": "skipped",
+                      "fp8_attn": "skipped"}
+    for r in record["rungs"]:
+        if r["status"] == "skipped":
+            assert "CUDA" in r["reason"] or "cuda" in r["reason"]
+
+
+def test_measured_rows_have_sane_numbers(record):
+    for r in (r for r in record["rungs"] if r["status"] == "ok"):
+        assert 0 < r["ms_p10"] <= r["ms_per_step"] <= r["ms_p90"]
+        assert r["ms_min"] <= r["ms_p10"] and r["ms_p90"] <= r["ms_max"]
+        assert r["n_timed"] == 3 and len(r["samples_ms"]) == 3
+        assert r["tokens_per_s"] == pytest.approx(2 * 32 / (r["ms_per_step"] / 1000))
+        assert 9.0 < r["loss"] < 11.5  # a few steps from ln(50257) = 10.8
+        assert r["mfu"] is None  # no known peak for a CPU
+        assert r["weight_dtype"] == "float32" and r["logits_dtype"] == "float32"
+
+
+def test_every_fp32_rung_trains_the_same_model(record):
+    """Same seed, same batches, same function: on CPU in fp32 every measured rung ends at the same loss."""
+    losses = [r["loss"] for r in record["rungs"] if r["status"] == "ok"]
+    assert max(losses) - min(losses) < 1e-3
+
+
+def test_speedups():
+    rows = [{"status": "ok", "ms_per_step": 100.0}, {"status": "skipped"}, {"status": "ok", "ms_per_step": 50.0},
+            {"status": "ok", "ms_per_step": 40.0}]
+    add_speedups(rows)
+    assert rows[0]["speedup_vs_baseline"] == 1 and rows[0]["speedup_vs_prev"] is None
+    assert rows[2]["speedup_vs_prev"] == 2 and rows[3]["speedup_vs_baseline"] == 2.5
+
+
+def test_best_keeps_only_rungs_that_pay():
+    rows = [{"name": "a", "status": "ok", "ms_per_step": 40.0}, {"name": "b", "status": "ok", "ms_per_step": 30.0},
+            {"name": "c", "status": "ok", "ms_per_step": 30.5}, {"name": "d", "status": "skipped", "reason": "x"},
+            {"name": "e", "status": "ok", "ms_per_step": 25.0}]
+    kept, decisions = decide(rows)
+    assert kept == ["a", "b", "e"]
+    assert [d["kept"] for d in decisions] == [True, True, False, False, True]
+
+
+def test_best_never_keeps_a_rung_that_fails_parity_however_fast():
+    rows = [{"name": "cuda_graph", "status": "ok", "ms_per_step": 30.0},
+            {"name": "fp8_mlp", "status": "ok", "ms_per_step": 20.0},  # 1.5x faster, and the wrong loss
+            {"name": "fp8_attn", "status": "ok", "ms_per_step": 15.0}]
+    kept, decisions = decide(rows)
+    assert kept == ["cuda_graph", "fp8_attn"]
+    assert "fails parity" in decisions[1]["why"] and not decisions[1]["kept"]
+
+
+def test_cli_writes_table_json_markdown_and_png(shakespeare_cache, tmp_path, capsys):
+    out = tmp_path / "res"
+    code = main(["bench", "--rungs", "baseline,flash,vocab", "--batch-size", "2", "--seq-len", "32", "--steps", "2",
+                 "--warmup", "1", "--out", str(out), "--no-progress"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "ms/step" in text and "baseline" in text and "vocab" in text
+    record = json.loads((out / "ladder.json").read_text())
+    assert [r["name"] for r in record["rungs"]] == ["baseline", "flash", "vocab"]
+    assert all(r["status"] == "ok" and r["ms_per_step"] > 0 for r in record["rungs"])
+    md = (out / "ladder.md").read_text()
+    assert "| baseline |" in md and "| vocab |" in md
+    assert "partial" not in md
+    assert (out / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_rung_is_printed_and_kept_as_it_finishes(shakespeare_cache, tmp_path, capsys):
+    """A long bench that is cut off still leaves the rungs it measured in ladder.json (partial: true)."""
+    seen = []
+
+    def on_row(record):
+        seen.append([r["name"] for r in record["rungs"]])
+        assert record["partial"] is True and list(record["config"]["rungs"]) == ["baseline", "flash", "vocab"]
+
+    cfg = BenchConfig(preset="tiny", rungs=("baseline", "flash", "vocab"), batch_size=2, seq_len=32, steps=2,
+                      warmup=1, compile_backend="eager")
+    final = run_bench(cfg, CPU, progress=False, on_row=on_row)
+    assert seen == [["baseline"], ["baseline", "flash"], ["baseline", "flash", "vocab"]]
+    assert final["partial"] is False
+
+    from gpt2ladder.commands.bench import _partial_writer
+
+    write = _partial_writer(tmp_path)
+    (tmp_path / "ladder.md").write_text("an earlier run's table")
+    write({**final, "partial": True, "rungs": final["rungs"][:2]})
+    assert not (tmp_path / "ladder.md").exists()  # no table that disagrees with the partial json
+    kept = json.loads((tmp_path / "ladder.json").read_text())
+    assert kept["partial"] is True and [r["name"] for r in kept["rungs"]] == ["baseline", "flash"]
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("flash") and "ms" not in line.split()[0]
+    from gpt2ladder.report.bench import format_markdown
+
+    assert "- partial: the run stopped" in format_markdown(kept)
+
+
+def test_bad_bench_config():
+    with pytest.raises(UsageError, match="block size"):
+        BenchConfig(preset="tiny", seq_len=257)
+    with pytest.raises(UsageError, match="positive"):
+        BenchConfig(preset="tiny", steps=0)
+
+
+@pytest.mark.slow
+def test_default_bench_finishes_in_three_minutes(shakespeare_cache, tmp_path):
+    """The README's main job, as a user runs it on a two-core laptop: real inductor compile included."""
+    t0 = time.perf_counter()
+    assert main(["bench", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert time.perf_counter() - t0 < 180
+    record = json.loads((tmp_path / "ladder.json").read_text())
+    assert [r["name"] for r in record["rungs"] if r["status"] == "ok"] == ["baseline", "compile", "flash", "vocab"]
+
+
+def test_last_only_times_just_the_top_rung(shakespeare_cache):
+    cfg = BenchConfig(preset="tiny", rungs=("baseline", "tf32", "compile", "flash"), batch_size=2, seq_len=32,
+                      steps=2, warmup=1, compile_backend="eager", last_only=True)
+    rows = run_bench(cfg, CPU, progress=False)["rungs"]
+    assert [r["name"] for r in rows] == ["flash"]  # tf32 cannot run on a CPU, the rest stack up
+    assert rows[0]["status"] == "ok" and rows[0]["setup"]["compile"] and rows[0]["setup"]["attention"] == "sdpa"
+    assert rows[0]["setup"]["matmul_precision"] == "highest"
+
+
+@pytest.mark.parametrize("threshold", [1, 3, 16, 100, 1000])
+def test_auto_batch_search_finds_the_largest_fit(threshold):
+    from gpt2ladder.measure.batch import search_largest
+
+    tried = []
+
+    def fits(b):
+        tried.append(b)
+        return b <= threshold
+
+    good, bad = search_largest(fits)
+    assert good <= threshold < bad
+    assert threshold - good <= max(1, threshold // 16)  # within about 6% of the true largest
+    assert len(tried) < 25
+
+
+def test_auto_batch_when_nothing_fits():
+    from gpt2ladder.measure.batch import search_largest
+
+    assert search_largest(lambda b: False) == (0, 1)
+
+
+def test_auto_batch_backs_off_when_the_measured_step_does_not_fit(shakespeare_cache, tmp_path, monkeypatch, capsys):
+    """The eager probe only estimates: a rung that still runs out of memory is measured again at 7/8."""
+    import gpt2ladder.measure.batch as batch_search
+    import gpt2ladder.measure.bench as bench
+
+    monkeypatch.setattr(batch_search, "largest_batch", lambda cfg, device, caps: 8)
+    real = bench._time_setup
+
+    def time_setup(setup, cfg, *args, **kwargs):
+        if cfg.batch_size > 5:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(setup, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "_time_setup", time_setup)
+    code = main(["bench", "--batch-size", "auto", "--rungs", "baseline", "--seq-len", "32", "--steps", "2",
+                 "--warmup", "1", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    record = json.loads((tmp_path / "ladder.json").read_text())
+    assert record["auto_batch"] == {"probed": 8, "measured": 5}  # 8 -> 7 -> 6 -> 5
+    assert record["config"]["batch_size"] == 5 and record["rungs"][0]["status"] == "ok"
+    assert "out of memory at 8 when measured; trying 7" in capsys.readouterr().out
+    assert "8 sequences fit the memory probe; measured at 5" in (tmp_path / "ladder.md").read_text()
+
+
+def test_best_batch_candidates_are_fractions_of_the_largest_fit():
+    from gpt2ladder.measure.batch import batch_candidates
+
+    assert batch_candidates(232) == [232, 168, 112, 80, 56]  # multiples of 8 from 16 up
+    assert batch_candidates(8) == [8, 6, 4, 3, 2]
+    assert batch_candidates(1) == [1]
+    assert all(b <= 100 for b in batch_candidates(100)) and len(set(batch_candidates(100))) == 5
+
+
+def test_best_batch_keeps_the_size_with_the_most_tokens_per_second(shakespeare_cache, tmp_path, monkeypatch, capsys):
+    """Each candidate is timed at the top rung; the record is the winner's, with every size tried."""
+    import gpt2ladder.measure.batch as batch_search
+    import gpt2ladder.measure.bench as bench
+
+    monkeypatch.setattr(batch_search, "largest_batch", lambda cfg, device, caps: 8)
+    real = bench._timed_steps
+
+    def timed_steps(engine, batches, cfg, *args, **kwargs):
+        if cfg.batch_size == 6:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        samples, losses = real(engine, batches, cfg, *args, **kwargs)
+        return [s + (1000.0 if cfg.batch_size == 8 else 0.0) for s in samples], losses  # 8 fits but is slow
+
+    monkeypatch.setattr(bench, "_timed_steps", timed_steps)
+    code = main(["bench", "--batch-size", "best", "--rungs", "baseline,compile", "--last-only", "--seq-len", "32",
+                 "--steps", "2", "--warmup", "1", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    record = json.loads((tmp_path / "ladder.json").read_text())
+    search = record["batch_search"]
+    assert [t["batch_size"] for t in search["tried"]] == [8, 6, 4, 3, 2]
+    assert [t["status"] for t in search["tried"]] == ["ok", "oom", "ok", "ok", "ok"]
+    measured = [t for t in search["tried"] if t["status"] == "ok"]
+    fastest = max(measured, key=lambda t: t["tokens_per_s"])
+    assert search["chosen"] == fastest["batch_size"] != 8 and search["largest_fit"] == 8
+    assert record["config"]["batch_size"] == search["chosen"] and record["rungs"][-1]["name"] == "compile"
+    assert record["rungs"][-1]["tokens_per_s"] == fastest["tokens_per_s"]  # the winner's own measurement
+    assert "--batch-size best: 8 sequences fit" in (tmp_path / "ladder.md").read_text()
+    assert "--batch-size best: timing 6 sequences" in capsys.readouterr().out
+
+
+
+def test_mfu_under_torchrun_is_per_gpu(monkeypatch):
+    """N GPUs do N times the tokens against N times the peak: MFU uses the per-GPU share."""
+    import gpt2ladder.measure.bench as bench
+    from gpt2ladder.measure.harness import Row
+    from gpt2ladder.model.config import preset
+    from gpt2ladder.runtime.hardware import Capabilities
+    from gpt2ladder.runtime.metrics import flops_per_token, mfu, peak_flops
+
+    model_cfg = preset("gpt2")
+    timed = {"tokens_per_s": 1_000_000.0, "tokens_per_s_per_gpu": 500_000.0, "model_config": model_cfg,
+             "n_params": 124_000_000}
+    monkeypatch.setattr(bench, "_time_setup", lambda *a, **k: dict(timed))
+    caps = Capabilities("cuda", "NVIDIA H200", (9, 0))
+    cfg = BenchConfig(preset="gpt2", rungs=("baseline",), batch_size=16, seq_len=1024, steps=1, warmup=0)
+    row = bench.measure_rung(Row("baseline", ("baseline",)), cfg, None, CPU, caps, progress=False)
+    per_gpu = mfu(500_000.0, flops_per_token(model_cfg, 1024, 124_000_000), peak_flops("NVIDIA H200"))
+    assert row["mfu"] == pytest.approx(per_gpu) and 0.2 < row["mfu"] < 0.5
+
+
+def test_chart_labels_mark_each_step_up_but_not_the_best_combination():
+    from gpt2ladder.report.plots import ladder_labels
+
+    rows = [{"name": "baseline", "kind": "baseline"}, {"name": "tf32", "kind": "precision"},
+            {"name": "best", "kind": "best"}]
+    assert ladder_labels(rows) == ["baseline", "+ tf32", "best"]

@@ -1,0 +1,318 @@
+"""Tests for measure/parity.py and its report: every rung trains to the baseline's loss, the verdict rule, the outputs."""
+
+import dataclasses
+import json
+import math
+import urllib.request
+
+import pytest
+import torch
+
+from gpt2ladder.cli import main
+from gpt2ladder.commands import parity as parity_command
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.ladder import LADDER, parse_rungs
+from gpt2ladder.measure import parity
+from gpt2ladder.measure.parity import (
+    ParityConfig,
+    allowed_gap,
+    judge,
+    run_parity,
+    verdict,
+)
+from gpt2ladder.report import parity as parity_report
+from gpt2ladder.training.schedule import lr_at
+
+CPU = torch.device("cpu")
+TINY = dict(batch_size=2, seq_len=32, eval_batches=2, compile_backend="eager")
+
+
+@pytest.fixture(scope="module")
+def record(shakespeare_cache):
+    """The whole ladder on CPU: the fp32 rungs run (compile with the eager backend), the rest are skipped."""
+    cfg = ParityConfig(rungs=tuple(parse_rungs("all")), steps=4, eval_every=2, **TINY)
+    return run_parity(cfg, CPU, progress=False)
+
+
+def _ok(record):
+    return [r for r in record["rungs"] if r["status"] == "ok"]
+
+
+# --- the rule, on synthetic numbers ---------------------------------------------------------------
+
+
+def test_allowed_gap_is_the_spread_between_floor_and_tolerance():
+    assert allowed_gap(4.0, spread=0.05, tolerance=0.02, floor=0.005) == pytest.approx(0.05)
+    assert allowed_gap(4.0, spread=0.001, tolerance=0.02, floor=0.005) == pytest.approx(0.02)  # floor
+    assert allowed_gap(4.0, spread=0.5, tolerance=0.02, floor=0.005) == pytest.approx(0.08)  # tolerance cap
+
+
+@pytest.mark.parametrize("val, spread, passes", [
+    (4.03, 0.05, True),  # within the spread
+    (3.96, 0.05, True),  # either direction
+    (4.30, 0.05, False),  # far off
+    (4.06, 0.05, False),  # just outside the spread
+    (4.09, 1.00, False),  # over the 2% tolerance even though the baseline is very noisy
+    (4.019, 0.0, True),  # a zero spread still allows the 0.5% floor
+    (float("nan"), 0.05, False),  # a rung that diverged
+    (float("inf"), 1.00, False),
+])
+def test_verdict(val, spread, passes):
+    assert verdict(val, 4.0, spread, tolerance=0.02, floor=0.005) is passes
+
+
+def test_judge_marks_each_row_against_the_reference():
+    cfg = ParityConfig(tolerance=0.02, floor=0.005)
+    reference = {"final_val": 5.0, "final_train": 5.2, "first_loss": 10.9}
+    rows = [{"name": n, "status": "ok", "final_val": v, "final_train": 5.1, "first_loss": 10.9}
+            for n, v in (("close", 5.04), ("far", 5.5), ("capped", 5.2))]
+    rows.append({"name": "gone", "status": "skipped", "reason": "no GPU"})
+    judge(rows, reference, spread=0.3, cfg=cfg)
+    assert [r.get("verdict") for r in rows] == ["PASS", "FAIL", "FAIL", None]
+    assert rows[0]["val_diff"] == pytest.approx(0.04) and rows[0]["val_rel"] == pytest.approx(0.008)
+    assert rows[0]["train_diff"] == pytest.approx(-0.1)
+
+
+def test_final_train_loss_is_the_mean_of_the_last_tenth():
+    assert parity.final_train_loss([9.0] * 18 + [1.0, 3.0]) == pytest.approx(2.0)
+    assert parity.final_train_loss([5.0]) == 5.0
+
+
+def test_lr_warms_up_then_decays_to_a_tenth():
+    cfg = ParityConfig(steps=100, lr=1e-3, warmup_steps=10)
+    lrs = [lr_at(s, cfg.lr, cfg.lr * parity.MIN_LR_FRACTION, cfg.n_warmup, cfg.steps) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lr_at(100, cfg.lr, cfg.lr * parity.MIN_LR_FRACTION, cfg.n_warmup, cfg.steps) == pytest.approx(1e-4)
+
+
+def test_smooth_is_a_trailing_mean():
+    assert parity_report.smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(seeds=1), "--seeds must be at least 2"),
+    (dict(tolerance=0.0), "--tolerance"),
+    (dict(seq_len=4096), "exceeds the tiny block size"),
+    (dict(eval_every=0), "--eval-every"),
+])
+def test_config_rejects_bad_values(change, message):
+    with pytest.raises(UsageError, match=message):
+        ParityConfig(**change)
+
+
+# --- a real run on CPU ----------------------------------------------------------------------------
+
+
+def test_every_fp32_rung_starts_from_the_baseline_loss(record):
+    """Same weights, same batch: step 0's loss is the same function on every rung, padded vocabulary included."""
+    ref = record["baseline_runs"][0]
+    ran = [r["name"] for r in _ok(record)]
+    assert {"baseline", "flash", "vocab", "fused_adamw"} <= set(ran)
+    for row in _ok(record):
+        assert abs(row["first_loss_diff"]) < 1e-5, row["name"]
+        assert abs(row["val"][0][1] - ref["val"][0][1]) < 1e-5, row["name"]
+    assert ref["first_loss"] == pytest.approx(math.log(50257), abs=0.3)  # an untrained GPT-2 is near uniform
+
+
+def test_identical_setups_train_to_the_same_loss_and_pass(record):
+    for row in _ok(record):
+        assert abs(row["val_diff"]) < 1e-4 and abs(row["train_diff"]) < 1e-4, row["name"]
+        assert row["verdict"] == "PASS"
+    assert record["passed"] is True
+
+
+def test_rungs_this_machine_cannot_run_are_skipped_with_the_reason(record):
+    rows = {r["name"]: r for r in record["rungs"]}
+    assert [r["name"] for r in record["rungs"]] == [r.name for r in LADDER]
+    for name in ("tf32", "bf16", "fp8_head", "cuda_graph"):
+        assert rows[name]["status"] == "skipped" and "CUDA" in rows[name]["reason"]
+    assert rows["vocab"]["setup"]["vocab_multiple"] == 128 and rows["vocab"]["setup"]["attention"] == "sdpa"
+
+
+def test_the_spread_comes_from_runs_that_really_differ(record):
+    runs = record["baseline_runs"]
+    assert [r["seed"] for r in runs] == [0, 1]
+    assert runs[0]["first_loss"] != runs[1]["first_loss"]  # other weights and other batches
+    vals = [r["final_val"] for r in runs]
+    assert record["rule"]["spread"] == pytest.approx(abs(vals[0] - vals[1]))
+    assert record["rule"]["allowed_abs"] == pytest.approx(
+        allowed_gap(vals[0], record["rule"]["spread"], 0.02, 0.005))
+
+
+def test_curves_are_recorded_per_step_and_per_eval(record):
+    for row in _ok(record) + record["baseline_runs"]:
+        assert len(row["train_loss"]) == 4 and all(math.isfinite(v) for v in row["train_loss"])
+        assert [s for s, _ in row["val"]] == [0, 2, 4]
+        assert row["val"][-1][1] < row["val"][0][1]  # it learns
+    assert record["schedule"]["eval_every"] == 2 and record["config"]["compile_backend"] == "eager"
+
+
+def test_outputs_are_written_and_describe_themselves(record, tmp_path):
+    paths = parity_report.write_outputs(record, tmp_path)
+    saved = json.loads(paths[0].read_text())
+    for key in ("git_sha", "versions", "device", "config", "model", "data", "rule", "baseline_runs", "rungs"):
+        assert key in saved
+    assert saved["data"]["source"] == "tinyshakespeare" and "PASS when" in saved["rule"]["text"]
+    md = paths[1].read_text()
+    assert "| vocab |" in md and "| PASS |" in md and "skipped: TF32 needs" in md and "PASS when" in md
+    png = paths[2].read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    table = parity_report.format_table(record)
+    assert "fused_adamw" in table and "all rungs PASS" in table
+
+
+# --- failures -------------------------------------------------------------------------------------
+
+
+def _breaking(real, broken):
+    """train_run that raises broken[field] for setups with that field set."""
+    def train_run(setup, seed, ctx, label):
+        for field, err in broken.items():
+            if getattr(setup, field):
+                raise err
+        return real(setup, seed, ctx, label)
+    return train_run
+
+
+def test_a_rung_that_breaks_is_a_failed_row(shakespeare_cache, monkeypatch):
+    monkeypatch.setattr(parity, "train_run", _breaking(parity.train_run, {
+        "fused_loss": RuntimeError("boom\nsecond line"),  # checked first: this rung has fused_adamw too
+        "fused_adamw": torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"),
+    }))
+    cfg = ParityConfig(rungs=("baseline", "fused_adamw", "fused_loss"), steps=2, **TINY)
+    record = run_parity(cfg, CPU, progress=False)
+    rows = {r["name"]: r for r in record["rungs"]}
+    assert rows["baseline"]["verdict"] == "PASS"
+    assert rows["fused_adamw"]["status"] == "oom" and "out of memory" in rows["fused_adamw"]["reason"]
+    if rows["fused_loss"]["status"] != "skipped":  # fused_loss needs compile, i.e. a C++ compiler here
+        assert rows["fused_loss"]["reason"] == "RuntimeError: boom"
+    assert record["passed"] is False
+    assert "oom: out of memory" in parity_report.format_table(record)
+
+
+def test_a_broken_baseline_stops_the_run(shakespeare_cache, monkeypatch):
+    monkeypatch.setattr(parity, "train_run", _breaking(parity.train_run, {"matmul_precision": RuntimeError("x")}))
+    with pytest.raises(LadderError, match="fp32 baseline .* failed"):
+        run_parity(ParityConfig(steps=1, **TINY), CPU, progress=False)
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+ARGS = ["parity", "--device", "cpu", "--preset", "tiny", "--steps", "2", "--batch-size", "2", "--seq-len", "16",
+        "--eval-batches", "1", "--no-progress"]
+
+
+def test_command_writes_the_files_and_prints_the_table(shakespeare_cache, tmp_path, capsys):
+    assert main(ARGS + ["--rungs", "baseline,flash", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "flash" in out and "PASS" in out and "rule: PASS when" in out
+    assert {p.name for p in tmp_path.iterdir()} >= {"parity.json", "parity.md", "parity.png"}
+    saved = json.loads((tmp_path / "parity.json").read_text())
+    assert saved["config"]["rungs"] == ["baseline", "flash"] and saved["config"]["seeds"] == 2
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seeds", "1"], "--seeds must be at least 2"),
+    (["--rungs", "warp_drive"], "unknown rung"),
+    (["--tolerance", "5"], "--tolerance"),
+])
+def test_command_usage_errors_are_one_line(extra, message, tmp_path, capsys):
+    assert main(ARGS + extra + ["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_data_is_an_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "empty-cache"))
+
+    def offline(*args, **kwargs):
+        raise OSError("network is off in tests")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    assert main(ARGS + ["--rungs", "baseline", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "Tiny Shakespeare" in err and "--data" in err
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ParityConfig().steps = 3
+
+
+# --- shards: one parity spread over several GPUs ---------------------------------------------------
+
+
+def test_shards_merge_into_the_same_report_as_one_run(shakespeare_cache, tmp_path, capsys):
+    """Each training run is independent: three shards plus a merge equal the single-process report."""
+    common = ARGS + ["--rungs", "baseline,compile,flash,vocab", "--seeds", "2"]
+    assert main(common + ["--out", str(tmp_path / "whole")]) == 0
+    for k in range(3):
+        assert main(common + ["--shard", f"{k}/3", "--out", str(tmp_path / f"s{k}")]) == 0
+    assert main(["parity", "--merge"] + [str(tmp_path / f"s{k}") for k in range(3)]
+                + ["--out", str(tmp_path / "merged")]) == 0
+    whole = json.loads((tmp_path / "whole" / "parity.json").read_text())
+    merged = json.loads((tmp_path / "merged" / "parity.json").read_text())
+    assert [r["name"] for r in merged["rungs"]] == [r["name"] for r in whole["rungs"]]
+    for a, b in zip(whole["rungs"], merged["rungs"]):
+        assert a["status"] == b["status"] and a.get("verdict") == b.get("verdict")
+        if a["status"] == "ok":
+            # Same runs, other order in the process: equal up to the last bits of compiled reductions.
+            assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+            assert b["final_val"] == pytest.approx(a["final_val"], rel=1e-5)
+    assert merged["rule"]["spread"] == whole["rule"]["spread"]
+    assert (tmp_path / "merged" / "parity.png").exists()
+
+
+def test_a_missing_shard_is_a_usage_error(shakespeare_cache, tmp_path, capsys):
+    assert main(ARGS + ["--rungs", "baseline", "--shard", "0/2", "--out", str(tmp_path / "s0")]) == 0
+    assert main(["parity", "--merge", str(tmp_path / "s0"), "--out", str(tmp_path / "m")]) == 2
+    assert "parity runs missing from the shards: baseline-seed1" in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_a_shard_is_a_usage_error(tmp_path, capsys):
+    bench_record = tmp_path / "ladder.json"
+    bench_record.write_text(json.dumps({"command": "bench", "rungs": []}))
+    assert main(["parity", "--merge", str(bench_record), "--out", str(tmp_path / "m")]) == 2
+    assert "is not a parity shard record" in capsys.readouterr().err
+
+
+def _shard(rungs, k, n, results, **config):
+    cfg = dataclasses.asdict(ParityConfig(rungs=tuple(rungs), **config))
+    runs = {uid: {"status": "ok", "final_val": val, "final_train": val - 0.5, "first_loss": 10.8, "seed": 0}
+            for uid, val in results.items()}
+    return {"device": {"name": "cpu"}, "git_sha": "abc", "command": "parity-shard", "shard": [k, n],
+            "config": cfg, "skipped": {}, "results": runs}
+
+
+def test_shards_of_a_shorter_path_merge_into_a_longer_one():
+    """A later command adds rungs to an earlier one's runs (its fp32 baselines) instead of repeating them."""
+    first = _shard(["compile"], 0, 2, {"baseline-seed0": 5.0, "baseline-seed1": 5.02})
+    later = _shard(["compile", "flash"], 1, 3, {"compile": 5.01, "flash": 4.99})
+    merged = parity.merge_shards([first, later])
+    assert [r["name"] for r in merged["rungs"]] == ["compile", "flash"]
+    assert [r["verdict"] for r in merged["rungs"]] == ["PASS", "PASS"]
+    assert merged["rule"]["spread"] == pytest.approx(0.02)
+    assert [s["rungs"] for s in merged["shards"]] == [["compile"], ["compile", "flash"]]
+    md = parity_report.format_markdown({**merged, "schedule": {"warmup_steps": 1, "decay": "cosine"},
+                                 "data": {"source": "x"}, "versions": {"torch": "t", "cuda": None},
+                                 "gpt2ladder": "0", "date": "d"})
+    assert "- shard 1 of 3 (rungs compile, flash) at abc: compile, flash" in md
+    with pytest.raises(UsageError, match="missing from the shards: flash"):
+        parity.merge_shards([first, _shard(["compile", "flash"], 1, 3, {"compile": 5.01})])
+
+
+def test_shards_that_cannot_be_one_report_are_usage_errors():
+    base = _shard(["compile"], 0, 2, {"baseline-seed0": 5.0, "baseline-seed1": 5.02})
+    with pytest.raises(UsageError, match="different rung paths"):  # flash's run would not include compile
+        parity.merge_shards([base, _shard(["flash"], 1, 2, {"flash": 5.0})])
+    with pytest.raises(UsageError, match="different settings"):
+        parity.merge_shards([base, _shard(["compile"], 1, 2, {"compile": 5.0}, steps=7)])
+    with pytest.raises(UsageError, match="more than one shard"):
+        parity.merge_shards([base, _shard(["compile"], 1, 2, {"compile": 5.0, "baseline-seed1": 5.02})])
+
+
+@pytest.mark.parametrize("text", ["3/3", "a/b", "1", "-1/2"])
+def test_bad_shard_specs(text):
+    with pytest.raises(UsageError, match="--shard"):
+        parity_command.parse_shard(text)

@@ -1,0 +1,130 @@
+"""The fp32_wgrad rung's Linear computes what nn.Linear computes, with weight gradients in fp32."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gpt2ladder.model.config import PRESETS
+from gpt2ladder.model.gpt import GPT, MLP, Classifier, init_weights
+from gpt2ladder.speedups.common import linear_like
+from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, use_fp32_wgrad, weight_grad
+from gpt2ladder.speedups.gelu_mlp import KernelMLP, use_gelu_kernel
+
+
+def _pair(bias=True):
+    gen = torch.Generator().manual_seed(0)
+    plain = nn.Linear(48, 80, bias=bias)
+    with torch.no_grad():
+        plain.weight.copy_(torch.randn(80, 48, generator=gen) * 0.1)
+        if bias:
+            plain.bias.copy_(torch.randn(80, generator=gen))
+    copy = nn.Linear(48, 80, bias=bias)
+    copy.load_state_dict(plain.state_dict())
+    swapped = linear_like(Fp32WgradLinear, copy)
+    x = torch.randn(3, 21, 48, generator=gen)
+    g = torch.randn(3, 21, 80, generator=gen)
+    return plain, swapped, x, g
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fp32_same_values_and_gradients(bias):
+    plain, swapped, x, g = _pair(bias)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = plain(xa), swapped(xb)
+    torch.testing.assert_close(yb, ya)
+    ya.backward(g), yb.backward(g)
+    torch.testing.assert_close(xb.grad, xa.grad)
+    for (name, a), b in zip(plain.named_parameters(), swapped.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+        assert b.grad.dtype == torch.float32
+
+
+def test_under_bf16_autocast_forward_is_autocasts_and_weight_gradient_is_more_precise():
+    plain, swapped, x, g = _pair()
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ya, yb = plain(xa), swapped(xb)
+    assert yb.dtype == ya.dtype == torch.bfloat16
+    assert torch.equal(yb, ya)  # the same bf16 matmul
+    gb = g.to(torch.bfloat16)
+    ya.backward(gb), yb.backward(gb)
+    torch.testing.assert_close(xb.grad, xa.grad)  # the input gradient is autocast's bf16 matmul too
+    # The exact weight gradient of the bf16 matmul: fp64 over the bf16 operands.
+    exact = gb.double().reshape(-1, 80).t() @ x.to(torch.bfloat16).double().reshape(-1, 48)
+    err_plain = (plain.weight.grad.double() - exact).abs().max().item()
+    err_fp32 = (swapped.weight.grad.double() - exact).abs().max().item()
+    assert swapped.weight.grad.dtype == torch.float32
+    assert err_fp32 < 1e-5 * exact.abs().max().item()
+    assert err_fp32 < err_plain / 20  # autocast rounds its product to bf16 first
+    exact_b = gb.double().reshape(-1, 80).sum(0)
+    assert (swapped.bias.grad.double() - exact_b).abs().max().item() < 1e-5 * exact_b.abs().max().item()
+
+
+def test_weight_grad_off_cuda_is_the_fp32_product():
+    gen = torch.Generator().manual_seed(1)
+    g, x = torch.randn(64, 8, generator=gen).bfloat16(), torch.randn(64, 5, generator=gen).bfloat16()
+    assert torch.equal(weight_grad(g, x), g.float().t() @ x.float())
+
+
+def test_use_fp32_wgrad_swaps_the_blocks_linears_only_and_keeps_the_state_dict():
+    model = init_weights(GPT(PRESETS["tiny"]), seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    names = use_fp32_wgrad(model)
+    per_block = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
+    assert names == [f"transformer.h.{i}.{n}" for i in range(PRESETS["tiny"].n_layer) for n in per_block]
+    assert type(model.lm_head) is Classifier  # the classifier is the fused loss's business
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert use_fp32_wgrad(model) == []
+
+
+def test_float8_linears_are_left_alone():
+    from gpt2ladder.speedups.float8 import Float8Linear, use_float8
+
+    model = init_weights(GPT(PRESETS["tiny"]), seed=0)
+    use_float8(model, mlp=True, attn=False)
+    names = use_fp32_wgrad(model)
+    assert all(name.endswith(("attn.c_attn", "attn.c_proj")) for name in names)
+    assert all(type(b.mlp.c_fc) is Float8Linear for b in model.transformer.h)
+
+
+def test_gelu_kernel_mlp_with_fp32_wgrad_linears_has_the_same_gradients(same_function):
+    model = init_weights(GPT(PRESETS["tiny"]), seed=0)
+    mlp = model.transformer.h[0].mlp
+    with torch.no_grad():
+        mlp.c_fc.bias.normal_()
+    plain = MLP(PRESETS["tiny"])
+    plain.load_state_dict(mlp.state_dict())
+    use_gelu_kernel(model)
+    use_fp32_wgrad(model)
+    mlp = model.transformer.h[0].mlp
+    assert type(mlp) is KernelMLP and type(mlp.c_fc) is Fp32WgradLinear
+    x = torch.randn(2, 9, 128, generator=torch.Generator().manual_seed(2))
+    same_function(plain, mlp, x, x_grad_tol=(1e-4, 1e-6), param_tol=(1e-4, 1e-5))
+
+
+def test_compiled_training_steps_match_without_the_rung():
+    """Through AOT autograd (compile's tracing of forward and backward) the swapped model trains alike."""
+    from gpt2ladder.ladder import setup_for
+    from gpt2ladder.runtime.engine import Engine
+
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randint(0, 50257, (2, 32), generator=gen), torch.randint(0, 50257, (2, 32), generator=gen))
+               for _ in range(3)]
+    setup = setup_for(["baseline", "compile", "flash", "vocab", "fused_adamw"])
+    losses, params = {}, {}
+    for on in (False, True):
+        engine = Engine(PRESETS["tiny"], dataclasses.replace(setup, fp32_wgrad=on), torch.device("cpu"),
+                        compile_backend="aot_eager")
+        assert (type(engine.raw_model.transformer.h[0].attn.c_attn) is Fp32WgradLinear) == on
+        start = {k: v.clone() for k, v in engine.raw_model.state_dict().items()}
+        losses[on] = [engine.step(x, y).item() for x, y in batches]
+        params[on] = engine.raw_model.state_dict()
+    assert losses[True][0] == pytest.approx(losses[False][0], abs=1e-6)  # same weights, same forward
+    assert losses[True] == pytest.approx(losses[False], abs=1e-5)
+    for name, after in params[True].items():  # the same updates: every parameter moved, and alike
+        moved = (params[False][name] - start[name]).abs().max().item()
+        assert moved > 1e-4, name
+        assert (after - params[False][name]).abs().max().item() < 1e-3 * moved, name

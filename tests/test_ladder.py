@@ -1,0 +1,144 @@
+"""Each rung changes only what it declares, and the ladder composes as rung k = rungs 0..k."""
+
+import pytest
+import torch
+
+from gpt2ladder.errors import UsageError
+from gpt2ladder.ladder import (
+    LADDER,
+    SEED_RUNGS,
+    parse_rungs,
+    resolve_rungs,
+    setup_for,
+    why_unavailable,
+)
+from gpt2ladder.model.config import PRESETS
+from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.hardware import Capabilities
+from gpt2ladder.runtime.setup import Setup
+
+CPU = torch.device("cpu")
+
+
+def observe(engine: Engine) -> dict:
+    """What a step actually runs with, read from the built objects rather than from the Setup."""
+    with engine.precision():
+        precision = torch.get_float32_matmul_precision()
+    with engine.autocast():
+        autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    model = engine.raw_model
+    return {
+        "precision": precision,
+        "autocast": autocast,
+        "compiled": engine.forward is not engine.model,
+        "attention": model.config.attention,
+        "rows": model.lm_head.weight.shape[0],
+        "fused_adamw": bool(engine.optimizer.defaults.get("fused")),
+        "loss_fn": model.lm_head.fused,
+        "fp8": getattr(model.lm_head, "fp8", False),
+        "loss_kernel": getattr(model.lm_head, "kernel", False),
+        "residual": model.config.low_precision_residual,
+        "gelu_kernel": sum(type(m).__name__ == "KernelMLP" for m in model.modules()),
+        "fp32_wgrad": sum(type(m).__name__ == "Fp32WgradLinear" for m in model.modules()),
+        "fp8_linears": sorted({n.split(".", 3)[3] for n, m in model.named_modules()
+                               if type(m).__name__ == "Float8Linear"}),
+        "graph": engine.setup.cuda_graph,
+    }
+
+
+EXPECTED = {  # rung -> the observable properties it may change
+    "baseline": set(),
+    "tf32": {"precision"},
+    "bf16": {"autocast"},
+    "compile": {"compiled"},
+    "flash": {"attention"},
+    "vocab": {"rows"},
+    "fused_adamw": {"fused_adamw"},
+    "fused_loss": {"loss_fn"},
+    "fp8_head": {"fp8"},
+    "loss_kernel": {"loss_kernel"},
+    "cuda_graph": {"graph"},
+    "bf16_residual": {"residual"},
+    "gelu_kernel": {"gelu_kernel"},
+    "fp32_wgrad": {"fp32_wgrad"},
+    # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's
+    "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad"},
+    "fp8_attn": {"fp8_linears", "fp32_wgrad"},
+}
+
+
+def test_every_rung_has_an_expectation():
+    assert [r.name for r in LADDER if r.name in EXPECTED] == list(EXPECTED)
+
+
+@pytest.mark.parametrize("k", range(1, len(EXPECTED)))
+def test_each_rung_changes_only_what_it_declares(k):
+    names = list(EXPECTED)
+    before = Engine(PRESETS["tiny"], setup_for(names[:k]), CPU, compile_backend="eager")
+    after = Engine(PRESETS["tiny"], setup_for(names[: k + 1]), CPU, compile_backend="eager")
+    a, b = observe(before), observe(after)
+    changed = {key for key in a if a[key] != b[key]}
+    assert changed == EXPECTED[names[k]]
+    assert torch.get_float32_matmul_precision() == "highest"  # nothing leaks out of the step
+
+
+def test_rungs_have_a_reason_sentence_and_a_kind():
+    for rung in LADDER:
+        assert rung.summary.endswith(".") and len(rung.summary) > 30
+        assert rung.kind in ("precision", "memory", "overhead")
+
+
+def test_seed_rungs_are_the_write_ups_five_plus_baseline():
+    assert SEED_RUNGS == ("baseline", "tf32", "bf16", "compile", "flash", "vocab")
+
+
+def test_parse_rungs():
+    assert parse_rungs("seed") == list(SEED_RUNGS)
+    assert parse_rungs("all") == [r.name for r in LADDER]
+    assert parse_rungs("vocab, baseline") == ["baseline", "vocab"]  # ladder order
+    with pytest.raises(UsageError, match="unknown rung warp"):
+        parse_rungs("baseline,warp")
+
+
+def test_setup_for_is_cumulative():
+    s = setup_for(["baseline", "tf32", "bf16", "compile", "flash", "vocab"])
+    assert s == Setup(matmul_precision="high", autocast="bfloat16", compile=True, attention="sdpa", vocab_multiple=128)
+
+
+CPU_CAPS = Capabilities("cpu", "cpu (x86_64)")
+T4 = Capabilities("cuda", "Tesla T4", (7, 5))
+A100 = Capabilities("cuda", "NVIDIA A100-SXM4-80GB", (8, 0))
+H200 = Capabilities("cuda", "NVIDIA H200", (9, 0))
+NO_TRITON = Capabilities("cuda", "NVIDIA H200", (9, 0), compile_problem="torch.compile on CUDA needs Triton")
+H200_TRITON = Capabilities("cuda", "NVIDIA H200", (9, 0), triton_version="3.5.1")
+T4_TRITON = Capabilities("cuda", "Tesla T4", (7, 5), triton_version="3.5.1")
+
+
+@pytest.mark.parametrize("caps,rung,available", [
+    (CPU_CAPS, "tf32", False), (CPU_CAPS, "bf16", False), (CPU_CAPS, "compile", True), (CPU_CAPS, "cuda_graph", False),
+    (T4, "tf32", False), (T4, "bf16", False), (T4, "fp8_head", False),
+    (A100, "tf32", True), (A100, "bf16", True), (A100, "fp8_head", False),
+    (H200, "fp8_head", True), (H200, "cuda_graph", True),
+    (NO_TRITON, "compile", False), (NO_TRITON, "flash", True),
+    (CPU_CAPS, "loss_kernel", False), (H200, "loss_kernel", False), (NO_TRITON, "loss_kernel", False),
+    (T4_TRITON, "loss_kernel", False), (H200_TRITON, "loss_kernel", True),
+    (CPU_CAPS, "bf16_residual", False), (T4, "bf16_residual", False), (A100, "bf16_residual", True),
+    (CPU_CAPS, "gelu_kernel", False), (H200, "gelu_kernel", False), (T4_TRITON, "gelu_kernel", True),
+    (CPU_CAPS, "fp32_wgrad", False), (T4, "fp32_wgrad", False), (A100, "fp32_wgrad", True),
+])
+def test_availability(caps, rung, available):
+    reason = why_unavailable(rung, caps)
+    assert (reason is None) == available
+    if reason:
+        assert len(reason.splitlines()) == 1
+
+
+def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
+
+    opt_in = [r.name for r in LADDER if r.opt_in]
+    assert opt_in == ["fp8_mlp", "fp8_attn"]
+    assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
+    assert resolve_rungs("auto", H200_TRITON)[-2:] == ["gelu_kernel", "fp32_wgrad"]
+    assert resolve_rungs("best", H200_TRITON)[-2:] == opt_in  # measured; kept only if they pay
+    assert resolve_rungs("all", H200_TRITON)[-2:] == opt_in
+    assert "fp8_mlp" not in resolve_rungs("best", A100)  # and only where float8 exists

@@ -1,0 +1,171 @@
+"""Tests for training/checkpoint.py: atomic writes, integrity checks, one-line errors, RNG states."""
+
+import errno
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.training import checkpoint
+from gpt2ladder.training.checkpoint import (
+    config_differences,
+    load_checkpoint,
+    remove_stale_temps,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+
+
+@pytest.fixture
+def restore_rng():
+    """These tests set the global RNGs; put them back afterwards."""
+    saved = rng_state()
+    yield
+    set_rng_state(saved)
+
+
+def _state(seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    model = {"w": torch.randn(64, 32, generator=gen), "b": torch.zeros(32),
+             "h": torch.randn(8, generator=gen).bfloat16()}
+    return {"model": model, "optimizer": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 1e-3}]},
+            "step": 7, "train_config": {"rungs": ("baseline", "flash"), "data": None}, "rng": rng_state()}
+
+
+def _one_line(err: Exception) -> bool:
+    return "\n" not in str(err) and str(err).strip() != ""
+
+
+def test_round_trip_preserves_every_value(tmp_path, restore_rng):
+    state = _state()
+    path = save_checkpoint(tmp_path / "ckpt.pt", state)
+    loaded = load_checkpoint(path)
+    assert loaded["format"] == "gpt2ladder-checkpoint" and loaded["version"] == 1
+    assert loaded["step"] == 7 and loaded["train_config"]["rungs"] == ("baseline", "flash")
+    for k, v in state["model"].items():
+        assert torch.equal(loaded["model"][k], v) and loaded["model"][k].dtype == v.dtype
+    assert torch.equal(loaded["optimizer"]["state"][0]["step"], torch.tensor(3.0))
+    # plain torch.load with weights_only works too: the file holds no pickled classes
+    raw = torch.load(path, weights_only=True)
+    assert raw["sha256"] == checkpoint.state_digest({k: v for k, v in raw.items() if k != "sha256"})
+
+
+def test_a_directory_means_its_ckpt_pt(tmp_path):
+    save_checkpoint(tmp_path / "ckpt.pt", _state())
+    assert load_checkpoint(tmp_path)["step"] == 7
+
+
+def test_missing_file_is_a_one_line_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no checkpoint at") as err:
+        load_checkpoint(tmp_path / "nope.pt")
+    assert _one_line(err.value)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_tensor_bytes", "text_file", "empty"])
+def test_damaged_file_is_a_one_line_error(tmp_path, damage):
+    path = save_checkpoint(tmp_path / "ckpt.pt", _state())
+    raw = bytearray(path.read_bytes())
+    if damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    elif damage == "flip_tensor_bytes":
+        # the payload of tensor "w" (its first values) sits somewhere in the file: flip one of its bytes
+        needle = _state()["model"]["w"][0, :4].numpy().tobytes()
+        at = bytes(raw).index(needle)
+        raw[at + 2] ^= 0xFF
+    elif damage == "text_file":
+        raw = bytearray(b"hello, I am not a checkpoint\n")
+    else:
+        raw = bytearray()
+    path.write_bytes(bytes(raw))
+    with pytest.raises(LadderError) as err:
+        load_checkpoint(path)
+    assert _one_line(err.value)
+    expected = "do not match their sha256" if damage == "flip_tensor_bytes" else "unreadable"
+    assert expected in str(err.value)
+
+
+def test_foreign_torch_file_is_rejected(tmp_path):
+    torch.save({"state_dict": {"w": torch.ones(2)}}, tmp_path / "other.pt")
+    with pytest.raises(LadderError, match="not a gpt2ladder checkpoint") as err:
+        load_checkpoint(tmp_path / "other.pt")
+    assert _one_line(err.value)
+
+
+def test_other_format_version_is_rejected(tmp_path):
+    payload = {"format": "gpt2ladder-checkpoint", "version": 99, "step": 1}
+    torch.save(payload, tmp_path / "ckpt.pt")
+    with pytest.raises(LadderError, match="format version 99"):
+        load_checkpoint(tmp_path / "ckpt.pt")
+
+
+def test_disk_full_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "ckpt.pt", _state(seed=0))
+    before = path.read_bytes()
+    real_save = torch.save
+
+    def half_then_enospc(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 partial bytes of a new checkpoint")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint.torch, "save", half_then_enospc)
+    with pytest.raises(LadderError) as err:
+        save_checkpoint(path, _state(seed=1))
+    assert _one_line(err.value) and "No space left on device" in str(err.value)
+    assert "previous checkpoint" in str(err.value)
+    assert path.read_bytes() == before  # the old file is byte for byte intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # the temp file is gone
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)
+    assert load_checkpoint(path)["step"] == 7
+
+
+def test_failed_fsync_also_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "ckpt.pt", _state(seed=0))
+    before = path.read_bytes()
+
+    def fail(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fail)
+    with pytest.raises(LadderError, match="Input/output error"):
+        save_checkpoint(path, _state(seed=1))
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+
+
+def test_new_checkpoint_replaces_old_and_is_readable_by_others(tmp_path):
+    path = save_checkpoint(tmp_path / "ckpt.pt", _state(seed=0))
+    save_checkpoint(path, {**_state(seed=1), "step": 8})
+    assert load_checkpoint(path)["step"] == 8
+    assert path.stat().st_mode & 0o044  # not the 0600 of a temp file (unless the umask says so)
+
+
+def test_remove_stale_temps_leaves_the_checkpoint(tmp_path):
+    path = save_checkpoint(tmp_path / "ckpt.pt", _state())
+    (tmp_path / ".ckpt.pt.abc123.tmp").write_bytes(b"half")
+    (tmp_path / "notes.txt").write_text("mine")
+    remove_stale_temps(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "notes.txt"]
+
+
+def test_rng_state_round_trip(tmp_path, restore_rng):
+    torch.manual_seed(1)
+    np.random.seed(2)
+    random.seed(3)
+    save_checkpoint(tmp_path / "ckpt.pt", {"rng": rng_state()})
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(load_checkpoint(tmp_path / "ckpt.pt")["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], again[0])
+    assert np.array_equal(first[1], again[1])
+    assert first[2] == again[2]
+
+
+def test_config_differences_names_each_field():
+    saved = {"n_layer": 2, "n_head": 4, "attention": "manual"}
+    requested = {"n_layer": 12, "n_head": 4, "attention": "sdpa"}
+    assert config_differences(saved, requested) == ["n_layer 2 -> 12", "attention 'manual' -> 'sdpa'"]
+    assert config_differences(saved, requested, ignore=("attention",)) == ["n_layer 2 -> 12"]

@@ -1,0 +1,434 @@
+"""Tests for training/ and `gpt2ladder train`: schedule, config, learning on real text, exact resume, failures, signals."""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpt2ladder import cli, data
+from gpt2ladder.commands.defaults import defaults
+from gpt2ladder.commands.train import COMPILE_BACKEND_ENV, config_from_args
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.ladder import resolve_rungs
+from gpt2ladder.runtime.distributed import Dist
+from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.training import checkpoint, schedule
+from gpt2ladder.training.checkpoint import load_checkpoint, rng_state, set_rng_state
+from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.runlog import read_log
+from gpt2ladder.training.trainer import Trainer, run_training
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    return schedule.lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _real_text_offline(shakespeare_cache, monkeypatch):
+    """Every test trains on the real Tiny Shakespeare from the cache, never the network; the global
+    RNGs that training seeds and a resume restores are put back afterwards."""
+
+    def no_network(*args, **kwargs):
+        raise urllib.error.URLError("network is off in tests")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    saved = rng_state()
+    yield
+    set_rng_state(saved)
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(preset="tiny", rungs=("baseline",), batch_size=2, seq_len=32, tokens_per_step=64, steps=6, lr=1e-3,
+                min_lr=1e-4, warmup_steps=2, eval_every=0, eval_batches=2, ckpt_every=0, seed=0)
+    return TrainConfig(**{**base, **kw})
+
+
+def _train(cfg: TrainConfig, out, **kw):
+    return run_training(cfg, CPU, out, progress=False, **kw)
+
+
+def _cli_args(out, *extra) -> list[str]:
+    return ["train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--batch-size", "2",
+            "--seq-len", "32", "--steps", "6", "--ckpt-every", "3", "--eval-every", "0", "--no-progress",
+            "--out", str(out), *extra]
+
+
+def _cli(capsys, args):
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(err: str) -> bool:
+    return err.startswith("gpt2ladder: error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+# --- the schedule and the config ------------------------------------------------------------------
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
+    cfg = _cfg(steps=100, warmup_steps=10, lr=1e-3, min_lr=1e-4)
+    assert lr_at(0, cfg) == pytest.approx(1e-4)
+    assert lr_at(4, cfg) == pytest.approx(5e-4)
+    assert lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(10, cfg) == pytest.approx(1e-3)
+    assert lr_at(55, cfg) == pytest.approx(5.5e-4)  # half way through the decay: the mean of lr and min_lr
+    assert lr_at(100, cfg) == pytest.approx(1e-4) and lr_at(500, cfg) == pytest.approx(1e-4)
+    after = [lr_at(s, cfg) for s in range(10, 100)]
+    assert all(a > b for a, b in zip(after, after[1:]))
+    assert min(after) > 1e-4
+    assert lr_at(0, _cfg(steps=10, warmup_steps=0)) == pytest.approx(1e-3)  # no warm-up: start at the peak
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"seq_len": 512}, "--seq-len 512 exceeds the model's block size of 256"),
+    ({"tokens_per_step": 100}, "--tokens-per-step 100 is not a multiple"),
+    ({"steps": 0}, "--steps must be a positive integer"),
+    ({"batch_size": -1}, "--batch-size must be a positive integer"),
+    ({"eval_every": -1}, "--eval-every must be zero or more"),
+    ({"lr": float("nan")}, "--lr must be a finite number"),
+    ({"min_lr": 1.0}, "need 0 < --min-lr <= --lr"),
+    ({"preset": "gpt5"}, "unknown preset 'gpt5'"),
+])
+def test_bad_config_is_a_one_line_usage_error(changes, message):
+    with pytest.raises(UsageError) as err:
+        _cfg(**changes)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_accumulation_must_divide_over_processes():
+    cfg = _cfg(tokens_per_step=4 * 64)
+    assert cfg.grad_accum(1) == 4 and cfg.grad_accum(2) == 2
+    with pytest.raises(UsageError, match="x 3 = 192"):
+        cfg.grad_accum(3)
+
+
+def _args(**kw):
+    names = ("preset", "steps", "batch_size", "seq_len", "init_from", "tokens_per_step", "min_lr", "warmup_steps",
+             "eval_every", "ckpt_every", "data")
+    base = {n: None for n in names}
+    base.update(rungs="auto", lr=6e-4, weight_decay=0.1, grad_clip=1.0, eval_batches=20, seed=0)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_cpu_defaults_and_auto_rungs(monkeypatch):
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "eager")
+    caps = detect(CPU)
+    cfg = config_from_args(_args(), CPU, caps)
+    assert (cfg.preset, cfg.batch_size, cfg.seq_len, cfg.steps) == ("tiny", 8, 128, 200)
+    assert cfg.tokens_per_step == 8 * 128 and cfg.grad_accum() == 1
+    assert (cfg.warmup_steps, cfg.eval_every, cfg.ckpt_every) == (10, 20, 40)
+    assert cfg.min_lr == pytest.approx(6e-5)
+    assert cfg.rungs == tuple(resolve_rungs("auto", caps))
+    assert cfg.compile_backend == "eager"
+    assert defaults("train", torch.device("cuda")) == {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 1000}
+
+
+def test_rungs_this_machine_cannot_run_are_left_out_with_a_reason():
+    notes = []
+    cfg = config_from_args(_args(rungs="baseline,tf32,flash"), CPU, detect(CPU), notify=notes.append)
+    assert cfg.rungs == ("baseline", "flash")
+    assert len(notes) == 1 and "tf32" in notes[0] and "CUDA" in notes[0]
+
+
+# --- learning -------------------------------------------------------------------------------------
+
+
+def test_training_lowers_the_validation_loss_on_tiny_shakespeare(tmp_path):
+    cfg = _cfg(batch_size=4, seq_len=32, tokens_per_step=128, steps=24, lr=3e-3, min_lr=3e-4, warmup_steps=3,
+               eval_every=8, eval_batches=4)
+    result = _train(cfg, tmp_path)
+    log = read_log(tmp_path / "log.jsonl")
+    assert [e["step"] for e in log] == list(range(1, 25))
+    assert all({"step", "loss", "lr", "ms", "tokens_per_s"} <= set(e) for e in log)
+    assert abs(log[0]["loss"] - math.log(50257)) < 0.5  # an untrained model guesses uniformly
+    vals = [e["val_loss"] for e in log if "val_loss" in e]
+    assert [e["step"] for e in log if "val_loss" in e] == [8, 16, 24]
+    assert vals[-1] < vals[0] - 0.5, vals
+    assert result.exit_code == 0 and result.step == 24 and result.val_loss == vals[-1]
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    record = json.loads((tmp_path / "config.json").read_text())
+    assert record["train_config"]["steps"] == 24 and record["data"]["source"] == "tinyshakespeare"
+    assert load_checkpoint(tmp_path)["step"] == 24
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    one = _train(_cfg(batch_size=4, tokens_per_step=128, steps=2), tmp_path / "one")
+    two = _train(_cfg(batch_size=2, tokens_per_step=128, steps=2), tmp_path / "two")
+    a, b = read_log(one.out / "log.jsonl"), read_log(two.out / "log.jsonl")
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+    assert len(a) == len(b) == 2
+
+
+def test_training_and_evaluation_under_compile(tmp_path):
+    eager = _train(_cfg(steps=4, eval_every=2), tmp_path / "eager")
+    try:
+        compiled = _train(_cfg(steps=4, eval_every=2, rungs=("baseline", "compile"), compile_backend="eager"),
+                          tmp_path / "compiled")
+    finally:
+        torch._dynamo.reset()
+    a, b = read_log(eager.out / "log.jsonl"), read_log(compiled.out / "log.jsonl")
+    for x, y in zip(a, b):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5)
+    assert [e.get("val_loss") for e in b][1::2] == pytest.approx([e.get("val_loss") for e in a][1::2], rel=1e-5)
+    state = load_checkpoint(compiled.out)
+    assert state["setup"]["compile"] is True
+    assert not [k for k in state["model"] if k.startswith(("_orig_mod.", "module."))]
+
+
+def test_other_ranks_write_nothing_and_get_their_share_of_each_batch(tmp_path):
+    cfg = _cfg(tokens_per_step=128, steps=2)  # 2 processes x micro-batch 2 x 32 tokens
+    trainer = Trainer(cfg, CPU, tmp_path, Dist(rank=1, world_size=2))
+    full = data.Batches(trainer.tokens.train, 4, 32, seed=0).batch(0)[0]
+    assert torch.equal(trainer.batches.batch(0)[0], full[2:])
+    result = _train(cfg, tmp_path, ranks=Dist(rank=1, world_size=2))
+    assert result.step == 2 and list(tmp_path.iterdir()) == []
+
+
+# --- resume ---------------------------------------------------------------------------------------
+
+
+def _subprocess_env() -> dict:
+    # one thread: the same float operations in the same order in every process, so losses match bit for bit
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _train_args(out, *extra) -> list[str]:
+    return [sys.executable, "-m", "gpt2ladder", "train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline",
+            "--batch-size", "2", "--seq-len", "32", "--steps", "30", "--ckpt-every", "5", "--eval-every", "10",
+            "--eval-batches", "2", "--no-progress", "--out", str(out), *extra]
+
+
+def _wait_for_log(path, n_lines: int, proc, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and path.read_text().count("\n") >= n_lines:
+            return
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        time.sleep(0.002)
+    raise AssertionError(f"{path} did not reach {n_lines} lines")
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_gives_exactly_the_same_losses(tmp_path):
+    env = _subprocess_env()
+    subprocess.run(_train_args(tmp_path / "whole"), env=env, check=True, capture_output=True, timeout=300)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train_args(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # step 15's line is written just before step 15's checkpoint: the kill often lands mid-save
+        _wait_for_log(killed / "log.jsonl", 15, proc)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    saved_step = load_checkpoint(killed)["step"]
+    assert saved_step in (10, 15)
+    resumed = subprocess.run(_train_args(killed, "--resume"), env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from step {saved_step}" in resumed.stdout
+    whole, again = read_log(tmp_path / "whole" / "log.jsonl"), read_log(killed / "log.jsonl")
+    assert [e["step"] for e in again] == list(range(1, 31))  # no step logged twice
+    assert [e["loss"] for e in again] == [e["loss"] for e in whole]  # exact float equality
+    assert [e.get("val_loss") for e in again] == [e.get("val_loss") for e in whole]
+    assert sorted(p.name for p in killed.iterdir()) == ["ckpt.pt", "config.json", "log.jsonl", "loss.png"]
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_saves_and_exits_143(tmp_path):
+    proc = subprocess.Popen(_train_args(tmp_path, "--steps", "1000", "--ckpt-every", "0"), env=_subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_log(tmp_path / "log.jsonl", 3, proc)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    steps = [e["step"] for e in read_log(tmp_path / "log.jsonl")]
+    assert load_checkpoint(tmp_path)["step"] == steps[-1] >= 3
+    assert f"stopped by SIGTERM after step {steps[-1]}" in out and "--resume" in out
+    assert err == ""
+
+
+def test_ctrl_c_saves_and_restores_the_signal_handlers(tmp_path, monkeypatch):
+    real_step, calls = Engine.step, []
+
+    def step_then_ctrl_c(self, x, y):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives mid-step; the step still completes
+        return real_step(self, x, y)
+
+    monkeypatch.setattr(Engine, "step", step_then_ctrl_c)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    result = _train(_cfg(steps=10, ckpt_every=0), tmp_path)
+    assert result.exit_code == 130 and result.step == 3
+    assert load_checkpoint(tmp_path)["step"] == 3
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.parametrize("saved_lr, live_lr", [(0.5, torch.tensor(0.1)), (torch.tensor(0.5), 0.1), (0.5, 0.1)])
+def test_loading_optimizer_state_keeps_the_learning_rate_type(saved_lr, live_lr):
+    from gpt2ladder.training.trainer import load_optimizer_state
+
+    saved = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=saved_lr).state_dict()
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=live_lr)
+    load_optimizer_state(optimizer, saved)
+    lr = optimizer.param_groups[0]["lr"]
+    assert float(lr) == 0.5
+    if isinstance(live_lr, torch.Tensor):
+        assert lr is live_lr  # the same tensor a captured CUDA graph would read
+    else:
+        assert isinstance(lr, float)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, shakespeare_cache):
+    """A 6-step run with checkpoints at steps 3 and 6, made once; tests work on copies."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert cli.main(_cli_args(out)) == 0
+    return out
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    return shutil.copytree(finished_run, tmp_path / "run")
+
+
+def test_resume_can_extend_a_finished_run(run_copy, capsys):
+    code, out, _ = _cli(capsys, _cli_args(run_copy, "--steps", "8", "--resume"))
+    assert code == 0
+    assert "resuming from step 6" in out and "steps 6 -> 8" in out  # a changed setting is pointed out
+    assert [e["step"] for e in read_log(run_copy / "log.jsonl")] == list(range(1, 9))
+    assert load_checkpoint(run_copy)["step"] == 8
+
+
+def test_resume_with_another_model_names_the_fields(run_copy, capsys):
+    args = _cli_args(run_copy, "--resume")
+    args[args.index("baseline")] = "baseline,vocab"
+    before = (run_copy / "ckpt.pt").read_bytes()
+    code, _, err = _cli(capsys, args)
+    assert code == 2 and _one_line_error(err) and "vocab_multiple 1 -> 128" in err
+    assert (run_copy / "ckpt.pt").read_bytes() == before
+
+
+def test_fresh_run_will_not_overwrite_a_checkpoint(run_copy, capsys):
+    code, _, err = _cli(capsys, _cli_args(run_copy))
+    assert code == 2 and _one_line_error(err) and "--resume" in err
+
+
+def test_resume_without_a_checkpoint_is_one_line(tmp_path, capsys):
+    code, _, err = _cli(capsys, _cli_args(tmp_path / "empty", "--resume"))
+    assert code == 2 and _one_line_error(err) and "no checkpoint at" in err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_bytes"])
+def test_corrupt_checkpoint_is_one_line_and_left_as_it_was(run_copy, capsys, damage):
+    raw = bytearray((run_copy / "ckpt.pt").read_bytes())
+    if damage == "truncate":
+        raw = raw[: len(raw) * 2 // 3]
+    else:
+        for i in range(len(raw) // 2, len(raw) // 2 + 64):  # bytes deep inside the tensor data
+            raw[i] ^= 0x5A
+    (run_copy / "ckpt.pt").write_bytes(bytes(raw))
+    log_before = (run_copy / "log.jsonl").read_bytes()
+    code, _, err = _cli(capsys, _cli_args(run_copy, "--resume"))
+    assert code == 1 and _one_line_error(err)
+    assert ("unreadable" if damage == "truncate" else "sha256") in err
+    assert (run_copy / "ckpt.pt").read_bytes() == bytes(raw)  # nothing was written over it
+    assert (run_copy / "log.jsonl").read_bytes() == log_before
+
+
+# --- failures -------------------------------------------------------------------------------------
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    real_step, calls, saved = Engine.step, [], {}
+
+    def nan_at_fifth(self, x, y):
+        loss = real_step(self, x, y)
+        calls.append(1)
+        if len(calls) == 5:
+            saved["bytes"] = (tmp_path / "ckpt.pt").read_bytes()
+            return torch.tensor(float("nan"))
+        return loss
+
+    monkeypatch.setattr(Engine, "step", nan_at_fifth)
+    with pytest.raises(LadderError) as err:
+        _train(_cfg(steps=10, ckpt_every=3), tmp_path)
+    message = str(err.value)
+    assert "at step 5" in message and "still holds step 3" in message and "\n" not in message
+    assert (tmp_path / "ckpt.pt").read_bytes() == saved["bytes"]
+    assert [e["step"] for e in read_log(tmp_path / "log.jsonl")] == [1, 2, 3, 4]
+
+
+def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
+    real_step, calls = Engine.step, []
+
+    def poison(self, x, y):
+        loss = real_step(self, x, y)
+        calls.append(1)
+        if len(calls) == 2:
+            with torch.no_grad():
+                self.raw_model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("inf")
+        return loss  # the loss of this step was still finite
+
+    monkeypatch.setattr(Engine, "step", poison)
+    with pytest.raises(LadderError, match="weights became non-finite at step 2; .*no checkpoint was written"):
+        _train(_cfg(steps=4, ckpt_every=2), tmp_path)
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+def test_huge_learning_rate_stops_with_one_line(tmp_path, capsys):
+    code, _, err = _cli(capsys, _cli_args(tmp_path, "--lr", "1e30", "--ckpt-every", "1", "--eval-every", "1",
+                                          "--eval-batches", "1"))
+    assert code == 1 and _one_line_error(err) and "at step 1" in err and "lower --lr" in err
+    assert not (tmp_path / "ckpt.pt").exists()  # step 1's weights were finite but useless: not saved
+
+
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    real_save, saved = torch.save, {}
+
+    def second_save_fails(obj, f, *args, **kwargs):
+        if (tmp_path / "ckpt.pt").exists():
+            saved["bytes"] = (tmp_path / "ckpt.pt").read_bytes()
+            f.write(b"the first bytes of a checkpoint that will not fit")
+            raise OSError(28, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", second_save_fails)
+    with pytest.raises(LadderError, match="could not write checkpoint .*No space left on device") as err:
+        _train(_cfg(steps=6, ckpt_every=3), tmp_path)
+    assert "\n" not in str(err.value)
+    assert (tmp_path / "ckpt.pt").read_bytes() == saved["bytes"]
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)
+    assert load_checkpoint(tmp_path)["step"] == 3
+    assert not list(tmp_path.glob(".ckpt.pt.*"))
+
+
+def test_missing_text_is_an_error_not_random_tokens(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "empty-cache"))
+    code, _, err = _cli(capsys, _cli_args(tmp_path / "run"))
+    assert code == 1 and _one_line_error(err) and "Tiny Shakespeare" in err and "--data" in err
+    assert not (tmp_path / "run" / "log.jsonl").exists()
+
+
+def test_tokens_per_step_must_divide_on_the_command_line(tmp_path, capsys):
+    code, _, err = _cli(capsys, _cli_args(tmp_path, "--tokens-per-step", "100"))
+    assert code == 2 and _one_line_error(err) and "--tokens-per-step 100" in err
