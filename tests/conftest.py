@@ -10,19 +10,29 @@ from pathlib import Path
 import pytest
 import torch
 
+TEXT_ENV = "GPT2LADDER_TEST_TEXT"  # an explicit path to Tiny Shakespeare's input.txt
+
+
+def _real_text() -> Path | None:
+    """Tiny Shakespeare from $GPT2LADDER_TEST_TEXT, else from the cache $GPT2LADDER_CACHE names."""
+    if os.environ.get(TEXT_ENV):
+        return Path(os.environ[TEXT_ENV])
+    if os.environ.get("GPT2LADDER_CACHE"):
+        return Path(os.environ["GPT2LADDER_CACHE"]) / "tinyshakespeare" / "input.txt"
+    return None
+
 
 @pytest.fixture(scope="session")
 def shakespeare_cache(tmp_path_factory):
-    """A cache folder holding the real Tiny Shakespeare, set as $GPT2LADDER_CACHE for the session.
+    """A fresh cache folder holding the real Tiny Shakespeare, set as $GPT2LADDER_CACHE for the session.
 
-    The text is copied from the shared data folder, never downloaded: tests run without network.
-    Session-scoped so the real text is tokenized once per test run.
+    The text is copied from $GPT2LADDER_TEST_TEXT or from the cache $GPT2LADDER_CACHE names (CI seeds
+    one), never downloaded: tests run without network. Session-scoped so it is tokenized once.
     """
-    repo = Path(__file__).resolve().parents[1]
-    candidates = [repo.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"]
-    source = next((p for p in candidates if p.is_file()), None)
-    if source is None:
-        pytest.skip(f"real Tiny Shakespeare not found at {candidates[0]}")
+    source = _real_text()
+    if source is None or not source.is_file():
+        pytest.skip(f"the real Tiny Shakespeare was not found: set {TEXT_ENV} to its input.txt or "
+                    "GPT2LADDER_CACHE to a cache that holds tinyshakespeare/input.txt")
     cache = tmp_path_factory.mktemp("gpt2ladder-cache")
     (cache / "tinyshakespeare").mkdir()
     shutil.copyfile(source, cache / "tinyshakespeare" / "input.txt")

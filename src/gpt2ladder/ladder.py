@@ -154,7 +154,7 @@ LADDER: tuple[Rung, ...] = (
          "fp32 baseline's (opt-in; never kept by best).",
          "precision", {"fp8_mlp": True}, _needs_fp8, opt_in=True,
          parity_failure="val loss 0.99% below the fp32 baseline's after 300 steps of GPT-2 124M on an H200, "
-                        "where 0.50% is allowed (docs/results.md, parity)"),
+                        "where 0.50% is allowed (docs/experiments.md, parity)"),
     Rung("fp8_attn", "The attention's input and output projections run in float8 as well (the attention itself "
          "stays bf16); smaller matmuls, so the casts weigh even more (opt-in).",
          "precision", {"fp8_attn": True}, _needs_fp8, opt_in=True),

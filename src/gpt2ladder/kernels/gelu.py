@@ -4,7 +4,7 @@ GPT-2's GELU is 0.5 h (1 + tanh(z)), z = sqrt(2/pi) (h + 0.044715 h^3). Compiled
 evaluates tanh with a long libdevice sequence, and at GPT-2 124M's 16384 x 3072 (B=16 x 1024) that
 arithmetic, not memory, bounds it: 0.070 ms per layer on an H200, 2.9 TB/s. Its backward is two
 kernels: a pointwise one writing the gradient dh and a column sum over (N, 4C) again for c_fc's bias
-(0.079 + 0.033 ms per layer, profile of the `cuda_graph` rung, benchmarks/results/2026-11-29-h200-loss-kernel).
+(0.079 + 0.033 ms per layer, profile of the `cuda_graph` rung; docs/experiments.md).
 
 Here 0.5 (1 + tanh z) is written as sigmoid(2z) = 1 / (1 + e), e = exp(-2z): one exp2 and one division,
 exact in value (more exact, in fact, in the negative tail, where 1 + tanh z cancels in fp32):
@@ -12,13 +12,13 @@ exact in value (more exact, in fact, in the negative tail, where 1 + tanh z canc
     forward saves h0 = c_fc(x) without the bias;
   - `_gelu_grad_kernel`: one (rows x columns) tile per program writes dh = g gelu'(h0 + bias) and adds
     the tile's column sums of dh (fp32) into the bias gradient, one atomic per column.
-Measured on the H200 (benchmarks/results/2026-11-30-h200-wgrad-gelu, gelu_kernel_micro.py): forward
+Measured on the H200 (benchmarks/micro/gelu_kernel.py; docs/experiments.md): forward
 0.053 ms (3.8 TB/s), backward with the bias gradient 0.089 ms (3.4 TB/s); in the step, 0.5-0.6 ms
 faster (27.9 -> 27.3 and 27.4 ms, same GPU, A/B/C order A B C C B A).
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
 `gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:
-tests/test_gelu_kernel.py runs the kernels through Triton's CPU interpreter, tests/test_gpu.py on a GPU
+tests/kernels/test_gelu_kernel.py runs the kernels through Triton's CPU interpreter, test_kernels_gpu.py on a GPU
 (the forward against fp64). The bias gradient's atomics add in no fixed order, so it is not
 bit-reproducible from run to run (compiled steps are not either).
 """
@@ -38,7 +38,7 @@ SQRT_2_OVER_PI = 0.7978845608028654
 GELU_CUBIC = 0.044715  # GPT-2's tanh approximation: 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))
 LOG2_E = 1.4426950408889634
 # Tile shapes (rows, columns, warps; the backward also row blocks per program), from
-# benchmarks/scripts/gelu_kernel_micro.py on the H200: the forward took 0.053 ms at every tile tried; the
+# benchmarks/micro/gelu_kernel.py on the H200: the forward took 0.053 ms at every tile tried; the
 # backward 0.089 ms at 32 x 64, 2 warps (0.090-0.111 ms at the others; looping over more row blocks
 # per program, to make fewer atomics, was slower at every setting tried).
 FWD_TILE = (8, 256, 4)

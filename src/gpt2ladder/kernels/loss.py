@@ -17,11 +17,11 @@ Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 1.65 GB written (two float
 bf16). Measured on the H200 with the tiles below: 0.52 ms and 1.23 ms (3.2 and 2.7 TB/s, where a plain
 copy of the logits reaches 4.3 TB/s), against 2.65 ms for the compiled expressions. Offsets are 32-bit
 below 2^31 elements (as at GPT-2's shape): fewer integer instructions per element, though the step's
-profile showed no change (1.33 and 0.53 ms, benchmarks/results/2026-11-30-h200-wgrad-gelu/profile-auto).
+profile showed no change (1.33 and 0.53 ms; docs/experiments.md).
 
 `logit_grad` is a custom op, so torch.compile and CUDA graphs treat it as one opaque call. Off CUDA, or
 without Triton, the fused loss keeps its PyTorch expressions, which this op must match:
-tests/test_loss_kernel.py checks the kernels through Triton's CPU interpreter, tests/test_gpu.py on a GPU
+tests/kernels/test_loss_kernel.py checks the kernels through Triton's CPU interpreter, test_kernels_gpu.py on a GPU
 (float8 rounding, both layouts bit for bit).
 """
 
@@ -37,7 +37,7 @@ except ImportError:  # CPU-only installs: the fused loss uses its PyTorch expres
 
 # Tile shapes: statistics pass (rows per program, columns per step, warps, pipeline stages); gradient
 # pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks). Chosen by
-# benchmarks/scripts/loss_kernel_micro.py on the H200 (benchmarks/results/2026-11-29-h200-loss-kernel/).
+# benchmarks/micro/loss_kernel.py on the H200 (docs/experiments.md).
 STATS = (1, 2048, 2, 1)
 GRAD = (32, 64, 4, True)
 
@@ -103,7 +103,7 @@ if triton is not None:
         """Run both kernels into preallocated outputs (g_t=None: no transposed copy).
 
         `stats` = (rows, columns, warps, stages) and `grad` = (rows, columns, warps, rows_fast) override
-        the tile shapes (benchmarks/scripts/loss_kernel_micro.py compares them).
+        the tile shapes (benchmarks/micro/loss_kernel.py compares them).
         """
         n, v = logits.shape
         wide = logits.numel() >= 2**31

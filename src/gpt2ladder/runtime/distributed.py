@@ -163,7 +163,7 @@ def resolve_strategy(strategy: str, preset_name: str, dist: Dist) -> str | None:
 # DDP's default 25 MB buckets cut GPT-2 124M's fp32 gradients (~500 MB) into ~20 graphs, losing fusion
 # and adding launches. On 2 H200s (B=16 per GPU, rungs to fp8_head) the scaling efficiency was 73%
 # with 25 MB buckets, 92% and 95% in two runs with 200 MB, 94% with one uncut graph (no overlap at
-# all); benchmarks/results/2026-11-29-h200x2-ddp. 200 MB keeps some overlap for the larger presets.
+# all; docs/experiments.md). 200 MB keeps some overlap for the larger presets.
 DDP_BUCKET_MB = 200
 
 

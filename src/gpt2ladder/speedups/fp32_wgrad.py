@@ -3,7 +3,7 @@
 Under bf16 autocast a Linear's weight gradient is a bf16 matmul (the (N, out) gradient transposed
 times the (N, in) input), rounded to bf16 on the way out, then cast to fp32 by a separate kernel,
 because the parameter and its `.grad` are fp32. For GPT-2 124M that is 48 such casts per step,
-0.26 ms on an H200 (profile of the `bf16_residual` rung, docs/results.md).
+0.26 ms on an H200 (profile of the `bf16_residual` rung, docs/experiments.md).
 
 Here the matmul writes fp32 itself (`torch.mm(..., out_dtype=torch.float32)`, cuBLAS accumulating in
 fp32 as always): no cast kernel, no rounding to bf16 in between. The gradient is the same sum, only

@@ -1,0 +1,98 @@
+"""The rewrites that exist only on CUDA train like the model without them; skipped without a GPU."""
+
+import pytest
+import torch
+from gpu_support import GPU, needs_cuda, needs_triton, random_batches, step_losses
+
+pytestmark = pytest.mark.gpu
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="float8 matmuls need compute capability 8.9+")
+def test_fp8_head_trains_like_bf16():
+    batches = random_batches(8)
+    bf16 = step_losses(["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_loss"], batches)
+    fp8 = step_losses(["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_loss", "fp8_head"], batches)
+    assert fp8[0] == pytest.approx(bf16[0], abs=2e-2)
+    assert fp8[-1] == pytest.approx(bf16[-1], rel=2e-2)
+    assert fp8[-1] < fp8[0]
+
+
+@needs_cuda
+def test_fused_loss_matches_on_gpu():
+    batches = random_batches(4)
+    plain = step_losses(["baseline", "tf32", "bf16", "compile", "flash", "vocab"], batches)
+    fused = step_losses(["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_loss"], batches)
+    assert fused == pytest.approx(plain, rel=5e-3)
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="float8 matmuls need compute capability 8.9+")
+def test_fp8_linears_train_like_bf16():
+    """The Blocks' Linears in float8, compiled and graphed: the same losses as bf16 within float8's precision."""
+    batches = random_batches(8)
+    upto = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw"]
+    bf16 = step_losses(upto, batches)
+    fp8 = step_losses(upto + ["fp8_mlp", "fp8_attn", "cuda_graph"], batches)
+    assert fp8[0] == pytest.approx(bf16[0], abs=2e-2)
+    assert fp8[-1] == pytest.approx(bf16[-1], rel=2e-2)
+    assert fp8[-1] < fp8[0]
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="float8 matmuls need compute capability 8.9+")
+def test_loss_kernel_trains_like_the_expressions():
+    """Whole compiled, graphed float8-head steps with the kernels and with the expressions they replace."""
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head"]
+    batches = random_batches(8)
+    without = step_losses(names + ["cuda_graph"], batches)
+    with_kernel = step_losses(names + ["loss_kernel", "cuda_graph"], batches)
+    assert with_kernel == pytest.approx(without, rel=5e-3)
+    assert with_kernel[-1] < with_kernel[0]
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
+def test_bf16_residual_trains_like_the_fp32_residual():
+    """Compiled, graphed steps with the residual stream in bf16 and in fp32 follow the same losses."""
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw"]
+    batches = random_batches(8)
+    fp32 = step_losses(names + ["cuda_graph"], batches)
+    bf16 = step_losses(names + ["bf16_residual", "cuda_graph"], batches)
+    assert bf16 != fp32  # the residual really changed precision
+    assert bf16 == pytest.approx(fp32, rel=5e-3)
+    assert bf16[-1] < bf16[0]
+
+
+@needs_cuda
+def test_fp32_wgrad_gradients_are_the_fp32_product_on_gpu():
+    from gpt2ladder.speedups.common import linear_like
+    from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
+
+    gen = torch.Generator().manual_seed(2)
+    lin = linear_like(Fp32WgradLinear, torch.nn.Linear(768, 3072).to(GPU))
+    x = (torch.randn(4, 1024, 768, generator=gen)).to(GPU).requires_grad_()
+    g = torch.randn(4, 1024, 3072, generator=gen).to(GPU, torch.bfloat16)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = lin(x)
+    y.backward(g)
+    xb = x.detach().to(torch.bfloat16).double().reshape(-1, 768)
+    exact = g.double().reshape(-1, 3072).t() @ xb
+    assert lin.weight.grad.dtype == torch.float32
+    assert (lin.weight.grad.double() - exact).abs().max() < 1e-5 * exact.abs().max()
+    assert x.grad.dtype == torch.float32
+
+
+@needs_cuda
+@pytest.mark.parametrize("rung", ["fp32_wgrad", pytest.param("gelu_kernel", marks=needs_triton)])
+def test_rung_trains_like_the_compiled_graphed_step_without_it(rung):
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph"]
+    batches = random_batches(8)
+    without = step_losses(names, batches)
+    with_rung = step_losses(names + [rung], batches)
+    assert with_rung == pytest.approx(without, rel=5e-3)
+    assert with_rung[-1] < with_rung[0]

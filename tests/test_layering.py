@@ -1,0 +1,66 @@
+"""The package's folders are layers: a module imports only from its own layer or the ones below it.
+
+Read from the source (every import statement, at any depth, except those under `if TYPE_CHECKING:`),
+so a violation fails here before it can become an import cycle.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpt2ladder"
+# Lowest first. kernels import nothing else of the package; cli and __main__ sit on top.
+LAYERS = ["errors", "kernels", "model", "speedups", "data", "runtime", "ladder", "report", "training",
+          "measure", "commands", "cli"]
+RANK = {name: i for i, name in enumerate(LAYERS)} | {"__main__": len(LAYERS), "__init__": -1}
+
+
+def _unit(module: str) -> str:
+    """gpt2ladder.runtime.engine -> runtime; gpt2ladder.cli -> cli."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in RANK else "__init__"  # __version__ and the like
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+               and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpt2ladder"):
+            found += [node.module] if node.module != "gpt2ladder" else [f"gpt2ladder.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("gpt2ladder.")]
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_from_a_layer_above_it(path):
+    rel = path.relative_to(PACKAGE)
+    unit = rel.parts[0].removesuffix(".py")
+    assert unit in RANK, f"{rel}: a new top-level unit must be placed in LAYERS"
+    for module in _imports(path):
+        other = _unit(module)
+        if unit == "kernels":
+            assert other == "kernels", f"{rel} imports {module}: kernels import nothing else of the package"
+        if unit == "__init__":
+            continue
+        assert RANK[other] <= RANK[unit], f"{rel} ({unit}) imports {module} ({other}), a layer above it"
+
+
+def test_every_folder_is_a_layer():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert folders <= set(LAYERS)
+
+
+def test_no_source_file_cites_a_dated_results_folder():
+    import re
+
+    for path in MODULES:
+        assert not re.search(r"results/20\d\d-", path.read_text()), f"{path.relative_to(PACKAGE)} cites a dated record"
