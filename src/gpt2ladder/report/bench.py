@@ -5,6 +5,26 @@ from __future__ import annotations
 from gpt2ladder.report.tables import fmt, markdown_table, rung_rows, text_table
 
 
+def within_noise(row: dict, prev: dict) -> bool:
+    """Whether two measured rows' p10-p90 ranges overlap: then the step did not measurably change."""
+    return row["ms_p10"] <= prev["ms_p90"] and prev["ms_p10"] <= row["ms_p90"]
+
+
+def readme_table(record: dict) -> str:
+    """The short Markdown table the README shows for a bench record: each measured rung's median and
+    spread, its gain over the rung before (or "within noise"), tokens/s, MFU and peak memory."""
+    lines = ["| rung | ms/step (p10–p90) | vs rung before | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|"]
+    prev = None
+    for r in (r for r in record["rungs"] if r["status"] == "ok"):
+        gain = "—" if prev is None else ("within noise" if within_noise(r, prev) else f"{prev['ms_per_step'] / r['ms_per_step']:.2f}×")
+        mfu = "—" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        mem = "—" if r["peak_mem_bytes"] is None else f"{r['peak_mem_bytes'] / 2**30:.1f}"
+        lines.append(f"| {r['name']} | {r['ms_per_step']:.1f} ({r['ms_p10']:.1f}–{r['ms_p90']:.1f}) | {gain} | "
+                     f"{r['tokens_per_s']:,.0f} | {mfu} | {mem} |")
+        prev = r
+    return "\n".join(lines) + "\n"
+
+
 def ladder_rows(record: dict) -> list[list[str]]:
     """The table the terminal and Markdown share: one row per rung."""
     return rung_rows(record["rungs"], _ladder_cells)

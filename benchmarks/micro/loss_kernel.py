@@ -1,13 +1,13 @@
-"""Tile shapes for the loss kernels (src/gpt2ladder/loss_kernel.py) at GPT-2's B=16 x 1024 on one GPU:
+"""Tile shapes for the loss kernels (src/gpt2ladder/kernels/loss.py) at GPT-2's B=16 x 1024 on one GPU:
 times each statistics-pass and gradient-pass configuration with triton.testing.do_bench, checks its
 outputs against the PyTorch expressions, and prints the bandwidth each reaches.
-Run on a GPU: python benchmarks/scripts/loss_kernel_micro.py"""
+Run on a GPU: python benchmarks/micro/loss_kernel.py"""
 
 import torch
 import triton
 
-from gpt2ladder import loss_kernel as lk
-from gpt2ladder.fused import E5M2, GRAD_SCALE, _logit_grad, _lse_and_loss
+from gpt2ladder.kernels import loss as lk
+from gpt2ladder.speedups.fused_loss import E5M2, GRAD_SCALE, _logit_grad, _lse_and_loss
 
 N, V, REAL = 16384, 50304, 50257
 gen = torch.Generator().manual_seed(0)

@@ -1,6 +1,6 @@
 """Run a gpt2ladder command with Inductor config options set first: an A/B harness for compile knobs.
 
-    python3 benchmarks/scripts/inductor_knobs.py triton.enable_pdl=1 combo_kernels=1 -- bench ...
+    python3 benchmarks/micro/inductor_knobs.py triton.enable_pdl=1 combo_kernels=1 -- bench ...
 
 Each KEY=VALUE before `--` is set on `torch._inductor.config` (VALUE read as a Python literal);
 what follows `--` is gpt2ladder's own command line. Prints the options it set.

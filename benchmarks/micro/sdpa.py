@@ -2,7 +2,7 @@
 T=1024, head size 64, bf16, causal) on this GPU: forward and forward + backward per backend, with
 q, k, v laid out as the model makes them (views of the c_attn output), against PyTorch's own choice.
 Each backend's output and input gradients are checked against the math backend in fp32.
-Run on a GPU: python benchmarks/scripts/sdpa_micro.py"""
+Run on a GPU: python benchmarks/micro/sdpa.py"""
 
 import torch
 import torch.nn.functional as F

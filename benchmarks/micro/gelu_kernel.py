@@ -1,12 +1,12 @@
-"""The GELU kernels (src/gpt2ladder/gelu_kernel.py) at GPT-2 124M's MLP shape (16384 x 3072, bf16) on
+"""The GELU kernels (src/gpt2ladder/kernels/gelu.py) at GPT-2 124M's MLP shape (16384 x 3072, bf16) on
 one GPU: the compiled PyTorch expressions they replace against the kernels at several tile shapes,
 forward (gelu(h0 + bias)) and backward (input gradient and the bias gradient), with each one's error
-and bandwidth. Run on a GPU: python benchmarks/scripts/gelu_kernel_micro.py"""
+and bandwidth. Run on a GPU: python benchmarks/micro/gelu_kernel.py"""
 
 import torch
 import triton
 
-from gpt2ladder import gelu_kernel as gk
+from gpt2ladder.kernels import gelu as gk
 
 N, C = 16384, 3072
 gen = torch.Generator().manual_seed(0)

@@ -1,7 +1,7 @@
 """Weight-gradient matmuls of GPT-2 124M (B=16 x 1024): bf16 output then a cast to fp32, against
 `torch.mm(..., out_dtype=torch.float32)` writing fp32 straight from the matmul; eager and compiled.
 
-    python3 benchmarks/scripts/mm_out_dtype_micro.py
+    python3 benchmarks/micro/mm_out_dtype.py
 """
 
 import torch

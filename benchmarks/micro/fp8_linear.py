@@ -1,6 +1,6 @@
 """Where the float8 Linears' time goes on one GPU: an MLP (layer norm, c_fc, GELU, c_proj) and an
 attention projection, forward + backward, compiled, bf16 autocast against `Float8Linear`, with the
-profiler's kernel table for each. Run on a GPU: python benchmarks/scripts/fp8_linear_micro.py"""
+profiler's kernel table for each. Run on a GPU: python benchmarks/micro/fp8_linear.py"""
 
 import sys
 
@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
-from gpt2ladder.fp8 import Float8Linear
+from gpt2ladder.speedups.common import linear_like, replace_modules
+from gpt2ladder.speedups.float8 import Float8Linear
 
 N, C = 16 * 1024, 768
 
@@ -61,9 +62,7 @@ def main():
         for fp8 in (False, True):
             m = make().cuda()
             if fp8:
-                for mod in m.modules():
-                    if type(mod) is nn.Linear:
-                        mod.__class__ = Float8Linear
+                replace_modules(m, lambda _, mod: type(mod) is nn.Linear, lambda mod: linear_like(Float8Linear, mod))
             x = torch.randn(N, C, device="cuda", dtype=dtype, requires_grad=True)
             med, p10, p90, prof = timed(m, x)
             print(f"== {name} {'fp8' if fp8 else 'bf16'}: {med:.3f} ms (p10 {p10:.3f}, p90 {p90:.3f}) fwd+bwd", flush=True)

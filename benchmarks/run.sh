@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Run the jobs of a results folder and keep everything they print and write.
+#
+#   bash benchmarks/run.sh benchmarks/results/NAME/jobs.txt [RESULTS_DIR]
+#
+# From the repository root, on the machine to measure. jobs.txt has one job per line:
+#   NAME  GPUS  LIMIT_S  COMMAND...
+# (blank lines and lines starting with # are skipped). Each COMMAND runs with CUDA_VISIBLE_DEVICES=GPUS
+# under a time limit of LIMIT_S seconds, its output in RESULTS_DIR/logs/NAME.log; in COMMAND, $R is the
+# results folder and $G is `python3 -m gpt2ladder` from this checkout. Jobs run one after the other, so
+# figures of one run are comparable. RESULTS_DIR defaults to a fresh folder under /tmp.
+#
+# What the machine is gets written first (env.txt: nvidia-smi, Python, torch, CUDA, Triton, git SHA),
+# a timeline of the jobs last (timeline.txt). Optional, for machines without a network or a checkout:
+# wheels in .whl/ are installed into /tmp/site first, .devdata/input.txt seeds the Tiny Shakespeare
+# cache, .devdata/GIT_SHA names the commit. If $OUT is set, the results folder is also packed into
+# $OUT/results.tgz every 10 s, so a run cut off by a time limit still returns what it had.
+set -u
+jobs_file=${1:?usage: bash benchmarks/run.sh JOBS_FILE [RESULTS_DIR]}
+R=$(realpath -m "${2:-$(mktemp -d /tmp/gpt2ladder-results.XXXX)}")
+mkdir -p "$R/logs"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
+if [ -f .devdata/input.txt ]; then
+  export GPT2LADDER_CACHE=${GPT2LADDER_CACHE:-/tmp/gpt2ladder-cache}
+  mkdir -p "$GPT2LADDER_CACHE/tinyshakespeare" && cp .devdata/input.txt "$GPT2LADDER_CACHE/tinyshakespeare/"
+fi
+[ -f .devdata/GIT_SHA ] && export GPT2LADDER_GIT_SHA=$(cat .devdata/GIT_SHA)
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
+export R G="python3 -m gpt2ladder"
+
+{ nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv 2>&1
+  python3 -c 'import platform, torch; print("python", platform.python_version(), "torch", torch.__version__,
+"cuda", torch.version.cuda); import triton; print("triton", triton.__version__)' 2>&1
+  echo "git ${GPT2LADDER_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; echo "jobs $jobs_file"; } > "$R/env.txt"
+cp "$jobs_file" "$R/jobs.txt"
+
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$R/timeline.txt"; }
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/.r.tgz" --exclude=ckpt.pt --exclude='*.pt' -C "$(dirname "$R")" "$(basename "$R")" 2>/dev/null \
+         && mv "$OUT/.r.tgz" "$OUT/results.tgz"; return 0; }
+( while true; do pack; sleep 10; done ) & packer=$!
+python3 -c "import matplotlib.pyplot" 2>/dev/null &  # matplotlib's font cache, off the clock
+
+while read -r name gpus limit cmd; do
+  case "$name" in ''|'#'*) continue ;; esac
+  stamp "start $name on GPU $gpus"
+  CUDA_VISIBLE_DEVICES=$gpus timeout "$limit" bash -c "$cmd" < /dev/null > "$R/logs/$name.log" 2>&1
+  stamp "end $name rc=$?"
+done < "$jobs_file"
+
+stamp "all done"
+kill $packer 2>/dev/null; pack
+echo "results in $R"
