@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpt2ladder.commands.defaults import DEFAULTS
+from gpt2ladder.commands.defaults import default_text as D
 from gpt2ladder.errors import LadderError, UsageError
 
 
@@ -38,11 +40,28 @@ def _batch_size(text: str):
         raise argparse.ArgumentTypeError(str(err).replace("a positive integer", "a positive integer, 'auto' or 'best'")) from None
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
 def _common(p: argparse.ArgumentParser, preset: bool = True) -> None:
     if preset:
         p.add_argument("--preset", help="model size: tiny, gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl "
                        "(default: gpt2 on a GPU, tiny on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    p.add_argument("--gpu-memory", type=_positive_float, metavar="GIB",
+                   help="cap this GPU's memory at GIB GiB and plan every choice for it, so a large card stands in "
+                   "for a smaller one (default: the whole card)")
+
+
+def _out(p: argparse.ArgumentParser, command: str, what: str) -> None:
+    p.add_argument("--out", default=f"runs/{command}", help=f"{what} (default: runs/{command})")
 
 
 def _add_bench(sub) -> None:
@@ -54,14 +73,16 @@ def _add_bench(sub) -> None:
                    help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports but the opt-in "
                    "ones), 'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed)")
     p.add_argument("--batch-size", type=_batch_size, help="sequences per step (per GPU under torchrun, so the "
-                   "global batch grows with the GPUs), 'auto' for the largest that fits, or 'best' for the fastest (in tokens/s) "
-                   "of a few sizes up to the largest that fits, each timed at the top rung (default: 16 on a GPU, 4 on CPU)")
-    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the block size on a GPU, 128 on CPU)")
-    p.add_argument("--steps", type=_positive_int, help="timed steps per rung (default: 20 on a GPU, 10 on CPU)")
-    p.add_argument("--warmup", type=int, help="untimed steps first (default: 5 on a GPU, 3 on CPU)")
+                   "global batch grows with the GPUs), 'auto' for the largest at which every rung fits, or 'best' for "
+                   "the fastest (in tokens/s) of a few sizes up to the largest that fits, each timed at the top rung "
+                   f"(default: on a GPU the largest up to {D('bench', 'batch_size').split(' on')[0]} at which every rung "
+                   f"fits, {DEFAULTS['bench']['cpu']['batch_size']} on CPU)")
+    p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('bench', 'seq_len')})")
+    p.add_argument("--steps", type=_positive_int, help=f"timed steps per rung (default: {D('bench', 'steps')})")
+    p.add_argument("--warmup", type=int, help=f"untimed steps first (default: {D('bench', 'warmup')})")
     p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
     p.add_argument("--seed", type=int, default=0, help="the weights and batches every rung shares (default: 0)")
-    p.add_argument("--out", default="ladder-results", help="output directory (default: ./ladder-results)")
+    _out(p, "bench", "output directory for ladder.json, ladder.md and ladder.png")
     p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
     p.add_argument("--baseline-json", help="a one-GPU ladder.json of the same preset, batch and seq-len: report "
                    "the scaling efficiency of this (torchrun) run against it")
@@ -85,12 +106,15 @@ def _add_train(sub) -> None:
     _common(p)
     p.add_argument("--rungs", default="auto", help="'auto' (everything this machine supports but the opt-in rungs), 'seed', 'all' or names")
     p.add_argument("--data", help="a text file (default: Tiny Shakespeare)")
-    p.add_argument("--out", default="runs/train", help="run directory: log.jsonl, checkpoints, plots")
-    p.add_argument("--steps", type=_positive_int, help="optimizer steps (default: 1000 on a GPU, 200 on CPU)")
-    p.add_argument("--batch-size", type=_positive_int, help="micro-batch, sequences (default: 16 on a GPU, 8 on CPU)")
-    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: block size on a GPU, 128 on CPU)")
+    _out(p, "train", "run directory: config.json, log.jsonl, checkpoints, loss.png, tb/")
+    p.add_argument("--steps", type=_positive_int, help=f"optimizer steps (default: {D('train', 'steps')})")
+    p.add_argument("--batch-size", type=_positive_int, help="micro-batch, sequences per forward pass (default: on a "
+                   f"GPU the largest that fits and divides the step, {DEFAULTS['train']['cpu']['batch_size']} on CPU)")
+    p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('train', 'seq_len')})")
     p.add_argument("--tokens-per-step", type=_positive_int,
-                   help="tokens per optimizer step; gradient accumulation makes up the difference (default: one micro-batch)")
+                   help="tokens per optimizer step, over all processes; gradient accumulation makes up the difference, "
+                   f"so the loss curve does not depend on the card (default: {D('train', 'batch_size')} sequences "
+                   "per process)")
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
     p.add_argument("--min-lr", type=float, help="final learning rate of the cosine decay (default: lr/10)")
     p.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up steps (default: 5%% of --steps)")
@@ -142,9 +166,10 @@ def _add_parity(sub) -> None:
     _common(p)
     p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
                    "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
-    p.add_argument("--steps", type=_positive_int, help="steps per rung (default: 300 on a GPU, 60 on CPU)")
-    p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: 16 on a GPU, 4 on CPU)")
-    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the block size on a GPU, 64 on CPU)")
+    p.add_argument("--steps", type=_positive_int, help=f"steps per rung (default: {D('parity', 'steps')})")
+    p.add_argument("--batch-size", type=_positive_int, help="sequences per optimizer step; on a GPU the micro-batch "
+                   f"is the largest divisor of it that fits (default: {D('parity', 'batch_size')})")
+    p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('parity', 'seq_len')})")
     p.add_argument("--seeds", type=_positive_int, default=2,
                    help="fp32 baseline runs with different initial weights and data order, for the spread (default: 2)")
     p.add_argument("--tolerance", type=float, default=0.02, help="largest relative loss gap accepted (default: 0.02 = 2%%)")
@@ -153,7 +178,7 @@ def _add_parity(sub) -> None:
     p.add_argument("--eval-batches", type=_positive_int, default=10, help="validation batches (default: 10)")
     p.add_argument("--seed", type=int, default=0, help="the weights and batches every rung shares (default: 0)")
     p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
-    p.add_argument("--out", default="parity-results", help="output directory (default: ./parity-results)")
+    _out(p, "parity", "output directory for parity.json, parity.md and parity.png")
     p.add_argument("--shard", metavar="K/N", help="run only every N-th training run from K (0-based), to spread "
                    "one parity over N GPUs; writes parity-shard-K-of-N.json")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="make the report from the shard files in these "
@@ -176,8 +201,9 @@ def _add_profile(sub) -> None:
     _common(p)
     p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
                    "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
-    p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: 16 on a GPU, 4 on CPU)")
-    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: the block size on a GPU, 128 on CPU)")
+    p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: on a GPU the largest up "
+                   f"to 16 at which every rung fits, {DEFAULTS['profile']['cpu']['batch_size']} on CPU)")
+    p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('profile', 'seq_len')})")
     p.add_argument("--steps", type=_positive_int, default=5, help="profiled steps per rung (default: 5)")
     p.add_argument("--warmup", type=int, default=5, help="unprofiled steps first (default: 5)")
     p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
@@ -185,7 +211,7 @@ def _add_profile(sub) -> None:
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace per rung (OUT/trace-<rung>.json)")
     p.add_argument("--last-only", action="store_true", help="profile only the top rung (every named rung "
                    "applied together)")
-    p.add_argument("--out", default="profile-results", help="output directory (default: ./profile-results)")
+    _out(p, "profile", "output directory for profile.json, profile.md, profile.png (and traces)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_profile)
 
@@ -200,8 +226,9 @@ def _add_doctor(sub) -> None:
     p = sub.add_parser("doctor", help="which rungs this machine can use, and why not",
                        description="Report the device, memory and versions; whether TF32, bf16, fp16 + GradScaler, "
                        "FP8, torch.compile, CUDA graphs and each attention kernel can run here, each with a "
-                       "one-line reason; and the rungs --rungs auto will climb.")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+                       "one-line reason; the rungs --rungs auto will climb; and, on a GPU, the largest batch per "
+                       "rung and the micro-batch train will use.")
+    _common(p, preset=False)
     p.add_argument("--json", action="store_true", help="print one JSON object, for scripts")
     p.set_defaults(handler=_doctor)
 

@@ -300,7 +300,7 @@ def test_two_process_training_follows_the_one_process_curve(one_process_run, tmp
     assert_same_curve(curve(out), curve(one_process_run))
     config = json.loads((out / "config.json").read_text())
     assert config["world_size"] == 2 and config["strategy"] == "ddp" and config["grad_accum"] == 2
-    assert proc.stdout.count("gpt2ladder train:") == 1  # rank 0 alone speaks
+    assert proc.stdout.count("gpt2ladder train: micro-batch") == 1  # rank 0 alone speaks
     assert "(2 x 32 x 2 micro-batches x 2 processes, ddp)" in proc.stdout
 
 

@@ -10,23 +10,23 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import defaults
 from gpt2ladder.errors import LadderError, UsageError
-from gpt2ladder.ladder import resolve_rungs
+from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure import batch as batch_search
 from gpt2ladder.measure.bench import BenchConfig, run_bench
-from gpt2ladder.measure.best import add_best
-from gpt2ladder.measure.harness import nothing_measured, tokens_for
+from gpt2ladder.measure.best import add_best, best_summary
+from gpt2ladder.measure.harness import climb, cpu_warning, nothing_measured, tokens_for
 from gpt2ladder.measure.scaling import add_scaling, load_baseline
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.bench import (
     format_markdown,
     format_scaling,
-    format_table,
-    ladder_rows,
+    stream_header,
+    stream_row,
 )
 from gpt2ladder.report.plots import ladder_chart
 from gpt2ladder.report.records import prepare_out_dir, write_json, write_record
 from gpt2ladder.runtime import distributed
-from gpt2ladder.runtime.hardware import Capabilities, detect
+from gpt2ladder.runtime.hardware import Capabilities, cap_memory, detect
 
 
 def bench_command(args) -> int:
@@ -36,7 +36,7 @@ def bench_command(args) -> int:
 
 def _bench(args, dist: distributed.Dist) -> int:
     device = distributed.local_device(dist, args.device)
-    caps = detect(device)
+    caps = cap_memory(device, detect(device), args.gpu_memory)
     cfg = bench_config(args, device, caps, dist)
     baseline = load_baseline(args.baseline_json, dataclasses.asdict(cfg)) if args.baseline_json else None
     say = print if dist.is_main else (lambda *a, **k: None)
@@ -44,24 +44,26 @@ def _bench(args, dist: distributed.Dist) -> int:
     tokens = tokens_for(cfg.data, cfg.seed, notify=say)  # a bad --data fails here, in one line, before any work
     data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len)  # as does a text too short for one sequence
     out = prepare_out_dir(args.out)
+    cfg, plan = _choose_batch(args, cfg, device, caps, dist)
     search = winner = None
-    if args.batch_size in ("auto", "best"):
-        cfg = dataclasses.replace(cfg, batch_size=batch_search.largest_batch(cfg, device, caps))
     if args.batch_size == "best":
-        cfg, search, winner = batch_search.fastest_batch(cfg, device, tokens, progress, say)
-    _announce(cfg, caps, dist, say)
-    on_row = _partial_writer(out) if dist.is_main else None
+        cfg, search, winner = batch_search.fastest_batch(cfg, device, tokens, progress, say, caps)
+    _announce(cfg, caps, dist, plan, say)
+    if device.type == "cpu" and cfg.preset != "tiny":
+        say(cpu_warning(preset(cfg.preset), cfg, len(cfg.rungs)), flush=True)
+    on_row = _row_writer(out, say) if dist.is_main else None
     if winner and cfg.last_only:
         record = winner  # the top rung at the chosen size was just measured
     else:
-        record = run_bench(cfg, device, dist, progress=progress, notify=say, tokens=tokens, on_row=on_row)
-    if args.batch_size == "auto":
-        record = batch_search.back_off_if_oom(record, cfg, device, tokens, progress, say, on_row)
+        record = run_bench(cfg, device, dist, progress=progress, notify=say, tokens=tokens, on_row=on_row, caps=caps)
+    if plan:
+        record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     if search:
         record["batch_search"] = search
     failure = nothing_measured(record, out / "ladder.json")
     if args.rungs == "best" and failure is None:
         add_best(record, cfg, device, caps, dist, progress=progress)
+        say(best_summary(record), flush=True)
     scaled = dist.enabled or baseline is not None
     if scaled:
         add_scaling(record, baseline)
@@ -73,8 +75,27 @@ def _bench(args, dist: distributed.Dist) -> int:
     return 0
 
 
-def _announce(cfg: BenchConfig, caps: Capabilities, dist: distributed.Dist, say) -> None:
-    say(f"gpt2ladder bench: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
+def _choose_batch(args, cfg: BenchConfig, device, caps: Capabilities, dist: distributed.Dist):
+    """On a GPU, one batch that fits every rung measured (`measure.batch.plan_batch`): at most the size
+    asked for (16 by default), as large as fits with --batch-size auto, the top rung's largest with
+    best. A number given is kept as it is; on a CPU the default stays."""
+    if device.type != "cuda" or isinstance(args.batch_size, int):
+        return cfg, None
+    strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
+    rows = [(r.name, setup_for(list(r.applied)))
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, strategy), cfg.last_only) if r.reason is None]
+    if args.batch_size == "best":
+        rows = rows[-1:]
+    want = cfg.batch_size if args.batch_size is None else None
+    plan = batch_search.plan_batch(preset(cfg.preset), rows, cfg.seq_len, caps, device, want=want, seed=cfg.seed)
+    batch = int(distributed.reduce_floats([plan.batch], dist, "min")[0])  # every rank runs the same batch
+    return dataclasses.replace(cfg, batch_size=batch), plan
+
+
+def _announce(cfg: BenchConfig, caps: Capabilities, dist: distributed.Dist, plan, say) -> None:
+    if plan:
+        say(f"gpt2ladder bench: {plan.reason()}", flush=True)
+    say(f"{'' if plan else 'gpt2ladder bench: '}{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
         f"{cfg.steps} timed steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
     if dist.enabled:
         strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
@@ -82,8 +103,9 @@ def _announce(cfg: BenchConfig, caps: Capabilities, dist: distributed.Dist, say)
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
 
 
-def _partial_writer(out: Path):
-    """After each rung: its one-line result on stdout and the rows so far in ladder.json (partial: true).
+def _row_writer(out: Path, say=print):
+    """After each rung: its row of the table on stdout (the table is printed once, a row at a time) and
+    the rows so far in ladder.json (partial: true).
 
     A ladder.md or ladder.png already in `out` belongs to an earlier run and goes, so a run cut off
     before its end never leaves a table or chart that disagrees with its ladder.json.
@@ -92,7 +114,9 @@ def _partial_writer(out: Path):
         for stale in ("ladder.md", "ladder.png"):
             (out / stale).unlink(missing_ok=True)
         write_json(out / "ladder.json", record)
-        print("  " + "  ".join(ladder_rows({"rungs": record["rungs"][-1:]})[0]), flush=True)
+        if len(record["rungs"]) == 1:
+            say(stream_header(), flush=True)
+        say(stream_row(record["rungs"][-1]), flush=True)
 
     return on_row
 
@@ -103,7 +127,6 @@ def write_outputs(record: dict, out: Path, scaled: bool) -> list[Path]:
         return format_markdown(r) + ("\n" + format_scaling(r) if scaled else "")
 
     paths = write_record(out, "ladder", record, markdown, ladder_chart)
-    print(format_table(record))
     if scaled:
         print("\n" + format_scaling(record), end="")
     print(f"wrote {', '.join(str(p) for p in paths)}")
@@ -114,12 +137,12 @@ def bench_config(args, device: torch.device, caps: Capabilities, dist: distribut
     d = defaults("bench", device)
     name = args.preset or d["preset"]
     distributed.resolve_strategy(args.strategy, name, dist)  # a bad --strategy fails before any work
-    if args.batch_size in ("auto", "best") and dist.enabled:
-        raise UsageError(f"--batch-size {args.batch_size} probes memory on one GPU; under torchrun pass a number "
-                         f"(find it with a one-GPU `gpt2ladder bench --batch-size {args.batch_size}`)")
+    if args.batch_size == "best" and dist.enabled:
+        raise UsageError("--batch-size best times sizes on one GPU; under torchrun pass a number "
+                         "(find it with a one-GPU `gpt2ladder bench --batch-size best`)")
     return BenchConfig(
         preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
-        batch_size=1 if args.batch_size in ("auto", "best") else (args.batch_size or d["batch_size"]),
+        batch_size=args.batch_size if isinstance(args.batch_size, int) else d["batch_size"],
         seq_len=args.seq_len or d["seq_len"] or preset(name).block_size,
         steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,
         seed=args.seed, data=args.data, strategy=args.strategy, last_only=args.last_only,

@@ -7,7 +7,10 @@ preset's block size. `--help` texts are written from this table, so they cannot 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a type only: the CLI reads this table for --help without importing torch
+    import torch
 
 DEFAULTS: dict[str, dict[str, dict]] = {
     "bench": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 20, "warmup": 5},
@@ -21,7 +24,7 @@ DEFAULTS: dict[str, dict[str, dict]] = {
 }
 
 
-def defaults(command: str, device: torch.device) -> dict:
+def defaults(command: str, device: "torch.device") -> dict:
     """The defaults of `command` for this device."""
     return DEFAULTS[command]["gpu" if device.type == "cuda" else "cpu"]
 

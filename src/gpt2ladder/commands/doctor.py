@@ -7,12 +7,12 @@ import sys
 
 from gpt2ladder.measure.doctor import diagnose
 from gpt2ladder.report.doctor import format_report, marks_for
-from gpt2ladder.runtime.hardware import detect, resolve_device
+from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 
 
 def doctor_command(args) -> int:
     device = resolve_device(args.device)
-    caps = detect(device, probe=True)
+    caps = cap_memory(device, detect(device, probe=True), args.gpu_memory)
     if args.json:
         print(json.dumps(diagnose(caps), indent=2))
     else:

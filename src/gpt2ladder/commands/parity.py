@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,12 +11,15 @@ import torch
 
 from gpt2ladder.commands.defaults import defaults
 from gpt2ladder.errors import UsageError
-from gpt2ladder.ladder import resolve_rungs
+from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
+from gpt2ladder.measure.batch import plan_batch
+from gpt2ladder.measure.harness import climb
 from gpt2ladder.measure.parity import ParityConfig, merge_shards, run_parity
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.parity import format_table, write_outputs
 from gpt2ladder.report.records import prepare_out_dir, write_json
-from gpt2ladder.runtime.hardware import detect, resolve_device
+from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
+from gpt2ladder.runtime.setup import Setup
 
 
 def config_from_args(args, device: torch.device, caps) -> ParityConfig:
@@ -29,19 +33,36 @@ def config_from_args(args, device: torch.device, caps) -> ParityConfig:
     )
 
 
+def _plan(cfg: ParityConfig, device, caps):
+    """On a GPU, the micro-batch at which every training run fits (the fp32 baseline is one of them):
+    the largest divisor of --batch-size that fits, accumulation doing the rest."""
+    if device.type != "cuda":
+        return cfg, None
+    rows = [("baseline", Setup())] + [(r.name, setup_for(list(r.applied)))
+                                     for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps)) if r.reason is None]
+    plan = plan_batch(preset(cfg.preset), rows, cfg.seq_len, caps, device, want=cfg.batch_size,
+                      divides=cfg.batch_size, seed=cfg.seed)
+    return dataclasses.replace(cfg, micro_batch=plan.batch), plan
+
+
 def parity_command(args) -> int:
     """Exit 0 when every rung that ran passes, 1 when one fails or breaks (skipped rungs do not count)."""
     if args.merge:
         return _merge_command(args)
     device = resolve_device(args.device)
-    caps = detect(device)
+    caps = cap_memory(device, detect(device), args.gpu_memory)
     cfg = config_from_args(args, device, caps)
     shard = parse_shard(args.shard)
     out = prepare_out_dir(args.out)
-    print(f"gpt2ladder parity: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
+    cfg, plan = _plan(cfg, device, caps)
+    print(f"gpt2ladder parity: micro-batch {cfg.micro} x {cfg.batch_size // cfg.micro} accumulation steps = "
+          f"batch {cfg.batch_size}" + (f"; {plan.reason()}" if plan else ""), flush=True)
+    print(f"{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
           f"{cfg.steps} steps per run, {cfg.seeds} baseline seeds, rungs: {', '.join(cfg.rungs)}"
           + (f", shard {shard[0]} of {shard[1]}" if shard[1] > 1 else ""), flush=True)
-    record = run_parity(cfg, device, progress=not args.no_progress, shard=shard)
+    record = run_parity(cfg, device, progress=not args.no_progress, shard=shard, caps=caps)
+    if plan:
+        record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     if shard[1] > 1:
         path = out / f"parity-shard-{shard[0]}-of-{shard[1]}.json"
         write_json(path, record)

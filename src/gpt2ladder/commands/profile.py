@@ -3,20 +3,35 @@ profile.json, .md, .png."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpt2ladder.commands.defaults import defaults
 from gpt2ladder.errors import LadderError
-from gpt2ladder.ladder import resolve_rungs
-from gpt2ladder.measure.harness import nothing_measured
+from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
+from gpt2ladder.measure.batch import plan_batch
+from gpt2ladder.measure.harness import climb, nothing_measured
 from gpt2ladder.measure.profile import ProfileConfig, run_profile
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.profile import format_table, write_outputs
 from gpt2ladder.report.records import prepare_out_dir
-from gpt2ladder.runtime.hardware import detect, resolve_device
+from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
+
+
+def _plan(cfg: ProfileConfig, args, device, caps):
+    """On a GPU without --batch-size: the one batch that fits every rung profiled, at most the default."""
+    if device.type != "cuda" or args.batch_size:
+        return cfg, None
+    rows = [(r.name, setup_for(list(r.applied)))
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps), cfg.last_only) if r.reason is None]
+    if not rows:
+        return cfg, None
+    plan = plan_batch(preset(cfg.preset), rows, cfg.seq_len, caps, device, want=cfg.batch_size, seed=cfg.seed)
+    return dataclasses.replace(cfg, batch_size=plan.batch), plan
 
 
 def profile_command(args) -> int:
     device = resolve_device(args.device)
-    caps = detect(device)
+    caps = cap_memory(device, detect(device), args.gpu_memory)
     d = defaults("profile", device)
     name = args.preset or d["preset"]
     out = prepare_out_dir(args.out)
@@ -25,9 +40,14 @@ def profile_command(args) -> int:
                         seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps,
                         warmup=args.warmup, seed=args.seed, data=args.data,
                         trace_dir=str(out) if args.trace else None, last_only=args.last_only)
-    print(f"gpt2ladder profile: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
+    cfg, plan = _plan(cfg, args, device, caps)
+    if plan:
+        print(f"gpt2ladder profile: {plan.reason()}", flush=True)
+    print(f"{'' if plan else 'gpt2ladder profile: '}{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
           f"{cfg.steps} profiled steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
-    record = run_profile(cfg, device, progress=not args.no_progress)
+    record = run_profile(cfg, device, progress=not args.no_progress, caps=caps)
+    if plan:
+        record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     paths = write_outputs(record, out)
     print(format_table(record))
     print(f"wrote {', '.join(str(p) for p in paths)}")

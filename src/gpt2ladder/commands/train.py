@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 
 from gpt2ladder.commands.defaults import defaults
-from gpt2ladder.ladder import resolve_rungs, why_unavailable
+from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
+from gpt2ladder.measure.batch import plan_batch
 from gpt2ladder.report.records import prepare_out_dir
 from gpt2ladder.runtime import distributed
-from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.runtime.hardware import cap_memory, detect
 from gpt2ladder.training.config import TrainConfig, model_config_for
 from gpt2ladder.training.trainer import run_training
 
@@ -34,15 +36,19 @@ def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print) -> 
 
 def config_from_args(args, device: torch.device, caps, world_size: int = 1, notify=print,
                      strategy: str | None = None) -> TrainConfig:
+    """The run's config. Tokens per step: --tokens-per-step, else the default batch (16 x 1024 for
+    gpt2 on a GPU) per process. The micro-batch: --batch-size, else on a GPU the largest that fits and
+    divides the step (`measure.batch.plan_batch`), accumulation making up the rest."""
     d = defaults("train", device)
     steps = args.steps or d["steps"]
-    batch = args.batch_size or d["batch_size"]
     name = args.preset or d["preset"]
     block = model_config_for(name, args.init_from).block_size
     seq_len = args.seq_len or min(d["seq_len"] or block, block)
-    return TrainConfig(
-        preset=name, rungs=usable_rungs(args.rungs, caps, strategy, notify), batch_size=batch, seq_len=seq_len,
-        tokens_per_step=args.tokens_per_step or batch * seq_len * world_size, steps=steps,
+    batch = args.batch_size or d["batch_size"]
+    tokens_per_step = args.tokens_per_step or batch * seq_len * world_size
+    rungs = usable_rungs(args.rungs, caps, strategy, notify)
+    cfg = TrainConfig(
+        preset=name, rungs=rungs, batch_size=batch, seq_len=seq_len, tokens_per_step=tokens_per_step, steps=steps,
         lr=args.lr, min_lr=args.lr / 10 if args.min_lr is None else args.min_lr,
         warmup_steps=int(0.05 * steps) if args.warmup_steps is None else args.warmup_steps,
         weight_decay=args.weight_decay, grad_clip=args.grad_clip,
@@ -52,6 +58,27 @@ def config_from_args(args, device: torch.device, caps, world_size: int = 1, noti
         seed=args.seed, data=args.data, init_from=args.init_from,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
     )
+    return cfg
+
+
+def planned_config(args, device: torch.device, caps, world_size: int, notify, strategy) -> tuple[TrainConfig, object]:
+    """config_from_args, with the micro-batch planned on a GPU when --batch-size is not given."""
+    cfg = config_from_args(args, device, caps, world_size, notify, strategy)
+    if args.batch_size or device.type != "cuda":
+        return cfg, None
+    per_rank = cfg.tokens_per_step // (cfg.seq_len * world_size)
+    plan = plan_batch(cfg.model_config(), [(cfg.rungs[-1], setup_for(list(cfg.rungs)))], cfg.seq_len, caps, device,
+                      want=per_rank, divides=per_rank, seed=cfg.seed)
+    return dataclasses.replace(cfg, batch_size=plan.batch), plan
+
+
+def first_line(cfg: TrainConfig, world_size: int, plan) -> str:
+    """micro-batch x accumulation = tokens per step, and why that micro-batch."""
+    accum = cfg.grad_accum(world_size)
+    text = (f"gpt2ladder train: micro-batch {cfg.batch_size} x {accum} accumulation step{'s' if accum > 1 else ''}"
+            f"{f' x {world_size} processes' if world_size > 1 else ''} = {cfg.tokens_per_step:,} tokens per step "
+            f"({cfg.tokens_per_step // cfg.seq_len} sequences of {cfg.seq_len})")
+    return text + (f"; {plan.reason()}" if plan else "")
 
 
 def train_command(args) -> int:
@@ -61,10 +88,18 @@ def train_command(args) -> int:
 
 def _train_command(args, dist: distributed.Dist) -> int:
     device = distributed.local_device(dist, args.device)
-    notify = print if dist.is_main else (lambda *a, **k: None)
+    say = print if dist.is_main else (lambda *a, **k: None)
+    caps = cap_memory(device, detect(device), args.gpu_memory)
     strategy = distributed.resolve_strategy(args.strategy, args.preset or defaults("train", device)["preset"], dist)
-    cfg = config_from_args(args, device, detect(device), dist.world_size, notify, strategy)
+    notices: list[str] = []
+    cfg, plan = planned_config(args, device, caps, dist.world_size, notices.append, strategy)
+    if plan is not None and dist.enabled:  # every rank must run the same micro-batch
+        batch = int(distributed.reduce_floats([cfg.batch_size], dist, "min")[0])
+        cfg = dataclasses.replace(cfg, batch_size=batch)
+    say(first_line(cfg, dist.world_size, plan), flush=True)
+    for line in notices:
+        say(line, flush=True)
     out = prepare_out_dir(args.out)
     result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
-                          strategy=strategy)
+                          strategy=strategy, caps=caps, batch_plan=plan)
     return result.exit_code

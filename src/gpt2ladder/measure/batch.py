@@ -1,44 +1,140 @@
-"""`--batch-size auto`: the largest micro-batch that fits this GPU's memory for the chosen rungs, and
-`--batch-size best`: the fastest of a few sizes up to that one.
+"""Choosing the batch: one size that fits every rung asked for, and `--batch-size best`'s search.
 
-The probe runs eager steps (no compile, no graph capture: compiled steps use less memory, so the answer
-errs on the safe side and costs seconds, not a compile per size). It doubles the batch until a step
-runs out of memory or passes the headroom limit, then bisects between the last fit and the first
-failure. Out-of-memory is caught and freed on the way; it never ends the run. The probe is an estimate:
-if the measured (compiled, graphed) step still runs out of memory, `bench` measures again at 7/8 of
-the size.
+`plan_batch` estimates each rung's step memory from its shapes and dtypes (`runtime/memory.py`), takes
+the largest batch at which the heaviest rung fits (capped at the size asked for, 16 for GPT-2 by
+default), then confirms it with a probe: two eager steps of the heaviest rung at that size, under the
+allocator's cap. Eager steps need at least the memory of the compiled ones, so a size the probe passes
+fits every rung. If the probe does not fit, the size shrinks by what it measured, a few probes at most;
+a rung that still runs out of memory when timed is reported as such, never retried.
+
+`fastest_batch` (`--batch-size best`) times the top rung at a few sizes up to the largest that fits
+and keeps the one with the most tokens/s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
 from gpt2ladder.errors import LadderError
-from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.bench import BenchConfig, run_bench
-from gpt2ladder.model.config import preset
+from gpt2ladder.model.config import GPT2_VOCAB_SIZE, ModelConfig
 from gpt2ladder.runtime.engine import Engine
-from gpt2ladder.runtime.hardware import free_memory
+from gpt2ladder.runtime.hardware import Capabilities, free_memory
+from gpt2ladder.runtime.memory import HEADROOM, GiB, StepMemory, step_memory
+from gpt2ladder.runtime.setup import Setup
 
-HEADROOM = 0.90  # never plan past 90% of device memory: the allocator and compile need slack
-LIMIT = 4096
+PROBES = 4  # at most this many probe steps before giving up on a size
 
 
-def largest_batch(cfg, device: torch.device, caps, notify=print) -> int:
-    if device.type != "cuda":
-        notify(f"notice: the memory probe of --batch-size auto/best needs a GPU; on {device.type} starting "
-               f"from {cfg.batch_size if cfg.batch_size > 1 else 4}")
-        return cfg.batch_size if cfg.batch_size > 1 else 4
-    names = [n for n in cfg.rungs if why_unavailable(n, caps) is None]
-    setup = dataclasses.replace(setup_for(names), compile=False, cuda_graph=False)
-    good, bad = _probe(cfg, setup, device, caps.total_memory)
-    free_memory(device)  # the probe's engine is gone with its frame
-    if good == 0:
-        raise LadderError("out of memory even at batch size 1 for these rungs and sequence length")
-    notify(f"--batch-size auto: {good} sequences of {cfg.seq_len} fit (first failure at {bad})")
-    return good
+@dataclass(frozen=True)
+class BatchPlan:
+    """The micro-batch every rung runs at, and why."""
+
+    batch: int
+    largest: int  # the most sequences the heaviest rung fits (by the estimate, then the probe)
+    heaviest: str  # that rung
+    per_sequence: int  # bytes per sequence the heaviest rung needs (estimated)
+    memory: int  # bytes planned against: the --gpu-memory cap, else the card
+    capped: bool
+    probed_peak: int | None  # bytes the probe's step peaked at, None when not probed
+    asked: int | None = None  # the size asked for (the default 16, say); None: as large as fits
+
+    def reason(self) -> str:
+        """The line the commands print first, e.g. 'batch 3: the fp32 baseline needs 1.74 GiB per sequence
+        on this 8 GiB card'."""
+        gib = self.memory / GiB
+        card = f"{gib:.0f} GiB" if abs(gib - round(gib)) < 0.05 else f"{gib:.1f} GiB"
+        card += " (--gpu-memory)" if self.capped else ""
+        who = "the fp32 baseline" if self.heaviest == "baseline" else f"the {self.heaviest} rung"
+        need = f"{who} needs {self.per_sequence / GiB:.2f} GiB per sequence"
+        if self.asked and self.batch >= self.asked:
+            return f"batch {self.batch}: fits ({need}; up to {self.largest} fit on this {card} GPU)"
+        if self.batch < self.largest:
+            return f"batch {self.batch}: {need}; {self.largest} fit on this {card} GPU, {self.batch} divides the step"
+        return f"batch {self.batch}: {need} on this {card} GPU"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def eager(setup: Setup) -> Setup:
+    """The same step without compile or graph capture: what the probe runs (at least as much memory)."""
+    return dataclasses.replace(setup, compile=False, compile_mode=None, cuda_graph=False)
+
+
+def plan_batch(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], seq_len: int, caps: Capabilities,
+               device: torch.device, want: int | None = None, divides: int | None = None, probe: bool = True,
+               seed: int = 0) -> BatchPlan:
+    """The batch for these (name, setup) rungs: the largest that fits, at most `want`, and (when given) a
+    divisor of `divides` (train's accumulation needs micro-batch x steps = the batch it keeps)."""
+    estimates = {name: _estimate(model_cfg, setup, seq_len) for name, setup in rungs}
+    heaviest = max(estimates, key=lambda n: (estimates[n].per_sequence, estimates[n].fixed))
+    est = estimates[heaviest]
+    memory = caps.usable_memory
+    largest = est.largest_batch(memory)
+    peak = None
+    if probe and largest:
+        setup = dict(rungs)[heaviest]
+        largest, peak = _confirm(model_cfg, eager(setup), seq_len, device, memory, min(largest, want or largest),
+                                 est, seed)
+    batch = _fitting(min(largest, want or largest), divides)
+    if batch == 0:
+        raise LadderError(f"not even one sequence of {seq_len} tokens fits: the {heaviest} rung needs "
+                          f"{est.at(1) / GiB:.1f} GiB of this {memory / GiB:.1f} GiB GPU; try a smaller --seq-len "
+                          "or --preset")
+    return BatchPlan(batch, largest, heaviest, est.per_sequence, memory, bool(caps.memory_cap), peak, want)
+
+
+def _estimate(model_cfg: ModelConfig, setup: Setup, seq_len: int) -> StepMemory:
+    """The larger of the rung's own estimate and its eager step's (which the probe runs): the eager
+    step saves more activations, a CUDA graph keeps a pool of its own."""
+    own, plain = step_memory(model_cfg, setup, seq_len), step_memory(model_cfg, eager(setup), seq_len)
+    return StepMemory(max(own.fixed, plain.fixed), max(own.per_sequence, plain.per_sequence))
+
+
+def _fitting(batch: int, divides: int | None) -> int:
+    """The largest size <= batch that divides `divides` (any size when None)."""
+    if divides is None:
+        return batch
+    return max([d for d in range(1, batch + 1) if divides % d == 0], default=0)
+
+
+def _confirm(model_cfg, setup: Setup, seq_len: int, device, memory: int, batch: int, est: StepMemory,
+             seed: int) -> tuple[int, int | None]:
+    """(a size whose probe fits, its peak bytes); shrinks by what each failed probe measured."""
+    budget = HEADROOM * memory
+    for _ in range(PROBES):
+        if batch < 1:
+            break
+        peak = probe_peak(model_cfg, setup, seq_len, batch, device, seed)
+        if peak is not None and peak <= budget:
+            return batch, peak
+        over = (peak or est.at(batch) * 1.25) / budget  # out of memory: assume a quarter more than estimated
+        batch = min(batch - 1, int(batch / over))
+    return 0, None
+
+
+def probe_peak(model_cfg, setup: Setup, seq_len: int, batch: int, device, seed: int = 0) -> int | None:
+    """Peak allocated bytes of two training steps at this batch (the second holds AdamW's state), or
+    None when they run out of memory."""
+    engine = None
+    try:
+        engine = Engine(model_cfg, setup, device, seed=seed)
+        gen = torch.Generator().manual_seed(batch)
+        x = torch.randint(0, GPT2_VOCAB_SIZE, (batch, seq_len), generator=gen).to(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(2):
+            engine.step(x, x)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+    except torch.OutOfMemoryError:
+        peak = None
+    del engine
+    free_memory(device)
+    return peak
 
 
 BEST_FRACTIONS = (1, 3 / 4, 1 / 2, 3 / 8, 1 / 4)  # of the largest batch that fits: what `best` times
@@ -56,62 +152,7 @@ def batch_candidates(largest: int) -> list[int]:
     return sizes
 
 
-def _probe(cfg, setup, device, total_memory: int) -> tuple[int, int]:
-    engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed)
-    return search_largest(lambda b: _fits(engine, b, cfg.seq_len, device, total_memory))
-
-
-def search_largest(fits, limit: int = LIMIT) -> tuple[int, int]:
-    """The largest batch for which `fits` holds (0 if none), and the first that failed.
-
-    Doubles from 1 until a failure, then bisects to within about 6%: a handful of probes, never one
-    past the first failure's size.
-    """
-    good, b = 0, 1
-    while b <= limit and fits(b):
-        good, b = b, b * 2
-    bad = b
-    while bad - good > max(1, good // 16):
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if fits(mid) else (good, mid)
-    return good, bad
-
-
-def _fits(engine: Engine, batch: int, seq_len: int, device, total_memory: int) -> bool:
-    gen = torch.Generator().manual_seed(batch)
-    x = torch.randint(0, 50257, (batch, seq_len), generator=gen).to(device)
-    try:
-        torch.cuda.reset_peak_memory_stats(device)
-        engine.step(x, x)
-        torch.cuda.synchronize(device)
-        ok = torch.cuda.max_memory_reserved(device) <= HEADROOM * total_memory
-    except torch.OutOfMemoryError:
-        ok = False
-    engine.optimizer.zero_grad(set_to_none=True)
-    free_memory(device)
-    return ok
-
-
-AUTO_BACKOFF = 7 / 8  # when the measured step does not fit the probed batch: try this fraction of it
-AUTO_RETRIES = 4
-
-
-def back_off_if_oom(record: dict, cfg: BenchConfig, device, tokens, progress: bool, say, on_row) -> dict:
-    """--batch-size auto: the probe's eager steps stand in for the real ones; if a measured rung still
-    runs out of memory at the probed size, measure again at 7/8 of it (a few times at most)."""
-    probed = cfg.batch_size
-    for _ in range(AUTO_RETRIES):
-        if not any(r["status"] == "oom" for r in record["rungs"]) or cfg.batch_size == 1:
-            break
-        cfg = dataclasses.replace(cfg, batch_size=max(1, int(cfg.batch_size * AUTO_BACKOFF)))
-        say(f"--batch-size auto: out of memory at {record['config']['batch_size']} when measured; "
-            f"trying {cfg.batch_size}", flush=True)
-        record = run_bench(cfg, device, progress=progress, notify=say, tokens=tokens, on_row=on_row)
-    record["auto_batch"] = {"probed": probed, "measured": cfg.batch_size}
-    return record
-
-
-def fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say) -> tuple[BenchConfig, dict, dict]:
+def fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say, caps=None) -> tuple[BenchConfig, dict, dict]:
     """--batch-size best: the top rung timed at each candidate size up to the largest that fits; the
     config at the size with the most tokens/s, the search (every size tried) and the winner's record.
 
@@ -122,7 +163,7 @@ def fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say) -> tupl
     for b in batch_candidates(largest):
         say(f"--batch-size best: timing {b} sequences", flush=True)
         rec = run_bench(dataclasses.replace(cfg, batch_size=b, last_only=True), device, progress=progress,
-                        notify=lambda *a, **k: None, tokens=tokens)
+                        notify=lambda *a, **k: None, tokens=tokens, caps=caps)
         row = rec["rungs"][-1]
         tried.append({"batch_size": b, "status": row["status"], "ms_per_step": row.get("ms_per_step"),
                       "tokens_per_s": row.get("tokens_per_s")})

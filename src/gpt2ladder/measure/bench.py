@@ -50,13 +50,15 @@ class BenchConfig:
 
 
 def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = distributed.SINGLE, *,
-              progress: bool = True, notify=print, tokens: data_mod.TokenData | None = None, on_row=None) -> dict:
+              progress: bool = True, notify=print, tokens: data_mod.TokenData | None = None, on_row=None,
+              caps: Capabilities | None = None) -> dict:
     """Measure every rung in `cfg.rungs` (cumulatively) and return the self-describing record.
 
     `on_row(record)`, if given, sees the record so far after each rung: a long run that is cut off
-    still leaves the rungs it measured.
+    still leaves the rungs it measured. `caps` (default: detected) is what the record says of the device,
+    a --gpu-memory cap included.
     """
-    caps = detect(device)
+    caps = detect(device) if caps is None else caps
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
     rows = []
@@ -153,7 +155,8 @@ def _dtypes(engine: Engine, x: torch.Tensor) -> tuple[str, str]:
 
 
 def add_speedups(rows: list[dict]) -> None:
-    """Speed-up against the baseline (first measured rung) and against the previous measured rung."""
+    """Speed-up against the baseline (first measured rung) and against the previous measured rung, and
+    whether the rung is within noise of that one (their p10-p90 ranges overlap)."""
     measured = [r for r in rows if r["status"] == "ok"]
     if not measured:
         return
@@ -161,5 +164,11 @@ def add_speedups(rows: list[dict]) -> None:
     prev = None
     for r in measured:
         r["speedup_vs_baseline"] = base / r["ms_per_step"]
-        r["speedup_vs_prev"] = prev / r["ms_per_step"] if prev else None
-        prev = r["ms_per_step"]
+        r["speedup_vs_prev"] = prev["ms_per_step"] / r["ms_per_step"] if prev else None
+        r["within_noise_of_prev"] = within_noise(r, prev) if prev else None
+        prev = r
+
+
+def within_noise(row: dict, prev: dict) -> bool:
+    """Whether two measured rows' p10-p90 ranges overlap: then the step did not measurably change."""
+    return row["ms_p10"] <= prev["ms_p90"] and prev["ms_p10"] <= row["ms_p90"]

@@ -1,15 +1,15 @@
 """`--rungs best`: keep only the rungs that pay on this machine, and measure that combination.
 
 Every rung of the full ladder has been timed (rung k = rungs 0..k); a rung beyond the baseline is kept
-when its step is at least `MIN_GAIN` faster than the one before it and `parity` has not found it
-changing the loss (`Rung.parity_failure`). The kept combination is then timed
+when its step is at least `MIN_GAIN` faster than the one before it, outside the noise (its p10-p90
+below the other's), and `parity` has not found it changing the loss (`Rung.parity_failure`). The kept combination is then timed
 for real, as one more row, so the record never claims a figure it did not measure.
 """
 
 from __future__ import annotations
 
 from gpt2ladder.ladder import RUNGS_BY_NAME
-from gpt2ladder.measure.bench import add_speedups, measure_rung
+from gpt2ladder.measure.bench import add_speedups, measure_rung, within_noise
 from gpt2ladder.measure.harness import Row, tokens_for
 from gpt2ladder.runtime import distributed
 
@@ -23,16 +23,19 @@ def decide(rows: list[dict]) -> tuple[list[str], list[dict]]:
         if r["status"] != "ok":
             decisions.append({"rung": r["name"], "kept": False, "why": f"{r['status']}: {r.get('reason', '')}"})
             continue
-        gain = prev / r["ms_per_step"] if prev else None
-        keep = gain is None or gain >= MIN_GAIN
+        gain = prev["ms_per_step"] / r["ms_per_step"] if prev else None
+        noise = prev is not None and within_noise(r, prev)
+        keep = gain is None or (gain >= MIN_GAIN and not noise)
         why = "baseline" if gain is None else f"{gain:.3f}x vs the rung before it (need {MIN_GAIN:.2f}x)"
+        if noise:
+            why += ", within noise (the p10-p90 ranges overlap)"
         rung = RUNGS_BY_NAME.get(r["name"])
         if rung is not None and rung.parity_failure:
             keep, why = False, f"{why}; fails parity: {rung.parity_failure}"
         decisions.append({"rung": r["name"], "kept": keep, "why": why})
         if keep:
             kept.append(r["name"])
-        prev = r["ms_per_step"]
+        prev = r
     return kept, decisions
 
 
@@ -41,9 +44,25 @@ def add_best(record: dict, cfg, device, caps, dist: distributed.Dist = distribut
     """Decide which measured rungs pay, then measure them together as one more row, named 'best'."""
     kept, decisions = decide(record["rungs"])
     record["best"] = {"rungs": kept, "decisions": decisions, "rule": f"keep a rung when it is >= {MIN_GAIN}x faster"
-                      " than the rung before it; the kept set is then measured as the row 'best'"}
+                      " than the rung before it and outside the noise; the kept set is then measured as the row 'best'"}
     tokens = tokens_for(cfg.data, cfg.seed, notify=lambda *_: None)
     row = measure_rung(Row(kept[-1], tuple(kept)), cfg, tokens, device, caps, dist, progress)
     row.update(name="best", summary="The rungs that paid here: " + ", ".join(kept) + ".", kind="best")
     record["rungs"].append(row)
     add_speedups(record["rungs"])
+
+
+def best_summary(record: dict) -> str:
+    """What --rungs best kept and why each other rung was dropped, and how the kept set measured."""
+    best = record["best"]
+    lines = [f"--rungs best kept: {', '.join(best['rungs'])}"]
+    lines += [f"  dropped {d['rung']}: {d['why']}" for d in best["decisions"] if not d["kept"]]
+    row = record["rungs"][-1]
+    if row["status"] == "ok":
+        base = next(r for r in record["rungs"] if r["status"] == "ok")
+        gain = base["ms_per_step"] / row["ms_per_step"]
+        lines.append(f"  the kept set together: {row['ms_per_step']:.1f} ms/step, {gain:.2f}x the {base['name']}"
+                     + (" (slower than it, in this run)" if gain < 1 else ""))
+    else:
+        lines.append(f"  the kept set together: {row['status']}: {row.get('reason', '')}")
+    return "\n".join(lines)

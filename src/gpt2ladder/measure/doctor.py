@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpt2ladder.ladder import LADDER, available_rungs, why_unavailable
+from gpt2ladder.ladder import LADDER, available_rungs, setup_for, why_unavailable
+from gpt2ladder.model.config import preset
 from gpt2ladder.runtime.hardware import SDPA_BACKENDS, Capabilities
+from gpt2ladder.runtime.memory import GiB, step_memory
 
 SDPA_LABELS = {"flash": "flash", "mem_efficient": "memory-efficient", "cudnn": "cuDNN", "math": "math"}
 
@@ -90,6 +92,27 @@ def rung_checks(caps: Capabilities) -> list[Check]:
     return checks
 
 
+def memory_plan(caps: Capabilities, preset_name: str = "gpt2", batch: int = 16) -> dict | None:
+    """On a GPU: for each rung of `auto` (cumulative), the largest batch of the preset's block size that
+    fits this card's memory (the estimate of `runtime/memory.py`, not probed), and the micro-batch and
+    accumulation `train` would use for its default step of `batch` sequences. None off CUDA."""
+    if caps.device_type != "cuda" or not caps.usable_memory:
+        return None
+    cfg = preset(preset_name)
+    rungs, applied = {}, []
+    for name in available_rungs(caps):
+        applied.append(name)
+        est = step_memory(cfg, setup_for(applied), cfg.block_size)
+        rungs[name] = {"largest_batch": est.largest_batch(caps.usable_memory),
+                       "gib_per_sequence": round(est.per_sequence / GiB, 3)}
+    fits = rungs[applied[-1]]["largest_batch"] if applied else 0
+    micro = max([d for d in range(1, batch + 1) if batch % d == 0 and d <= fits], default=0)
+    return {"preset": preset_name, "seq_len": cfg.block_size, "memory_bytes": caps.usable_memory,
+            "capped": bool(caps.memory_cap), "rungs": rungs,
+            "train": {"micro_batch": micro, "accumulation": batch // micro if micro else None,
+                      "tokens_per_step": batch * cfg.block_size}}
+
+
 def diagnose(caps: Capabilities) -> dict:
     """The whole report as plain data: what `--json` prints."""
     def table(checks: list[Check]) -> dict:
@@ -107,6 +130,7 @@ def diagnose(caps: Capabilities) -> dict:
         "sdpa": {"probe": caps.sdpa_probe or None, "backends": table(sdpa_checks(caps))},
         "rungs": table(rung_checks(caps)),
         "recommended_rungs": recommended_rungs(caps),
+        "memory": memory_plan(caps),
     }
 
 

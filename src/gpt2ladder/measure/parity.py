@@ -45,7 +45,8 @@ GRAD_CLIP = 1.0
 class ParityConfig:
     preset: str = "tiny"
     rungs: tuple[str, ...] = ("baseline",)
-    batch_size: int = 4
+    batch_size: int = 4  # sequences per optimizer step
+    micro_batch: int | None = None  # sequences per forward pass (gradient accumulation); None: batch_size
     seq_len: int = 64
     steps: int = 60
     seeds: int = 2  # fp32 baseline runs (seed, seed+1, ...) whose spread is the yardstick
@@ -60,6 +61,8 @@ class ParityConfig:
     compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
+        if self.micro_batch is not None and (self.micro_batch <= 0 or self.batch_size % self.micro_batch):
+            raise UsageError(f"the micro-batch {self.micro_batch} must divide --batch-size {self.batch_size}")
         for name in ("batch_size", "seq_len", "steps", "eval_batches"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
@@ -74,6 +77,10 @@ class ParityConfig:
         if self.seq_len > preset(self.preset).block_size:
             raise UsageError(f"--seq-len {self.seq_len} exceeds the {self.preset} block size of "
                              f"{preset(self.preset).block_size}")
+
+    @property
+    def micro(self) -> int:
+        return self.micro_batch or self.batch_size
 
     @property
     def n_warmup(self) -> int:
@@ -151,7 +158,10 @@ def train_run(setup: Setup, seed: int, ctx: _Context, label: str) -> dict:
     bar = progress_bar(cfg.steps, label, ctx.progress)
     for step in range(cfg.steps):
         engine.set_lr(lr_at(step, cfg.lr, cfg.lr * MIN_LR_FRACTION, cfg.n_warmup, cfg.steps))
-        losses.append(engine.step(*data_mod.to_device(*batches.next(), ctx.device)))
+        x, y = batches.next()
+        if cfg.micro != cfg.batch_size:  # (accumulation steps, micro-batch, T): one optimizer step
+            x, y = (t.view(-1, cfg.micro, cfg.seq_len) for t in (x, y))
+        losses.append(engine.step(*data_mod.to_device(x, y, ctx.device)))
         if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
             val.append([step + 1, evaluate(engine, ctx.evals)])
             bar.set_postfix_str(f"val {val[-1][1]:.4f}")
@@ -198,7 +208,7 @@ def work_units(cfg: ParityConfig, caps) -> tuple[list[dict], dict[str, str]]:
 
 def run_units(ctx: _Context, units: list[dict]) -> dict[str, dict]:
     return {u["id"]: guarded(lambda u=u: train_run(u["setup"], u["seed"], ctx, u["label"]), ctx.device,
-                             ctx.cfg.batch_size) for u in units}
+                             ctx.cfg.micro) for u in units}
 
 
 def assemble(cfg: ParityConfig, results: dict[str, dict], skipped: dict[str, str]) -> dict:
@@ -251,18 +261,19 @@ def judge(rows: list[dict], reference: dict, spread: float, cfg: ParityConfig) -
 
 def _context(cfg: ParityConfig, device: torch.device, progress: bool) -> tuple[_Context, data_mod.TokenData]:
     tokens = data_mod.load_tokens(Path(cfg.data) if cfg.data else None)  # DataUnavailable is the error
-    evals = [data_mod.to_device(x, y, device)
-             for x, y in data_mod.eval_batches(tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)]
+    # Built at the step's batch size and cut to the micro-batch: the same validation data on any card.
+    full = data_mod.eval_batches(tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
+    evals = [data_mod.to_device(x, y, device) for x, y in data_mod.micro_batches(full, cfg.micro)]
     return _Context(cfg, preset(cfg.preset), tokens, evals, device, progress), tokens
 
 
 def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
-               shard: tuple[int, int] = (0, 1)) -> dict:
+               shard: tuple[int, int] = (0, 1), caps=None) -> dict:
     """Train the baseline seeds and every rung (or shard k of n of those runs); the record.
 
     With n > 1 the record holds this shard's raw results only; `merge_shards` makes the report.
     """
-    caps = detect(device)
+    caps = detect(device) if caps is None else caps
     ctx, tokens = _context(cfg, device, progress)
     units, skipped = work_units(cfg, caps)
     k, n = shard
@@ -283,7 +294,8 @@ def merge_shards(shards: list[dict]) -> dict:
     can add rungs to an earlier one's runs (its fp32 baselines, for one) instead of repeating them.
     """
     def settings(s: dict) -> str:
-        return json.dumps({k: v for k, v in s["config"].items() if k != "rungs"}, sort_keys=True)
+        # The micro-batch only splits the same step over accumulation: shards of cards of any size merge.
+        return json.dumps({k: v for k, v in s["config"].items() if k not in ("rungs", "micro_batch")}, sort_keys=True)
 
     if len({settings(s) for s in shards}) != 1:
         raise UsageError("the parity shards were run with different settings; merge shards of one configuration")

@@ -26,10 +26,14 @@ Decisions about categories (the names are the rule table `RULES` below):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import os
 import re
 import statistics
+import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +227,30 @@ def top_kernels(items, wall_us: float, steps: int, n: int = TOP_KERNELS) -> list
 # --- profiling the rungs ----------------------------------------------------------------------------
 
 
+_KINETO_LINE = re.compile(r"^(USDT|STAGE|INFO|WARNING):?\S*\s*\d{4}-\d\d-\d\d .*\.cpp:\d+\]")
+
+
+@contextlib.contextmanager
+def kineto_lines_dropped():
+    """The profiler's C++ library logs its start and stop to the process's stderr ("USDT:... profiler_start"),
+    past Python and past its own log-level settings; those lines are dropped, anything else on stderr is
+    passed on when the block ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().decode(errors="replace").splitlines(keepends=True)
+                    if not _KINETO_LINE.match(line)]
+            sys.stderr.write("".join(kept))
+
+
 def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label: str, progress: bool) -> dict:
     """Warm up, then profile `cfg.steps` steps of one setup; the attribution of their time."""
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -236,7 +264,7 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
         bar.update(1)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     clock_ms = []  # the same steps by the wall clock: an independent check of the profiler's total
-    with profile(activities=activities) as prof:
+    with kineto_lines_dropped(), profile(activities=activities) as prof:
         for _ in range(cfg.steps):
             clock_ms.append(timed_step(engine, batches, device, functools.partial(record_function, STEP_MARK))[0])
             bar.update(1)
@@ -261,9 +289,9 @@ def profile_rung(row: Row, cfg: ProfileConfig, tokens, device, progress: bool) -
     return {**row.row(), "applied": list(row.applied), "setup": setup.to_dict(), **result}
 
 
-def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print) -> dict:
+def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, caps=None) -> dict:
     """Profile every rung in `cfg.rungs` (cumulatively) and return the self-describing record."""
-    caps = detect(device)
+    caps = detect(device) if caps is None else caps
     tokens = tokens_for(cfg.data, cfg.seed, notify)
     rows = [profile_rung(row, cfg, tokens, device, progress)
             for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps), cfg.last_only)]

@@ -5,9 +5,17 @@ from __future__ import annotations
 from gpt2ladder.report.tables import fmt, markdown_table, rung_rows, text_table
 
 
-def within_noise(row: dict, prev: dict) -> bool:
-    """Whether two measured rows' p10-p90 ranges overlap: then the step did not measurably change."""
-    return row["ms_p10"] <= prev["ms_p90"] and prev["ms_p10"] <= row["ms_p90"]
+def _noise(row: dict, prev: dict) -> bool:
+    """The record's own flag; for records older than it, the same rule from their p10-p90."""
+    flag = row.get("within_noise_of_prev")
+    return flag if flag is not None else (row["ms_p10"] <= prev["ms_p90"] and prev["ms_p10"] <= row["ms_p90"])
+
+
+def vs_prev(row: dict) -> str:
+    """The 'vs prev' cell: the gain over the rung before, or 'noise' when the two overlap."""
+    if row.get("speedup_vs_prev") is None:
+        return "-"
+    return "noise" if row.get("within_noise_of_prev") else f"{row['speedup_vs_prev']:.2f}x"
 
 
 def readme_table(record: dict) -> str:
@@ -16,7 +24,7 @@ def readme_table(record: dict) -> str:
     lines = ["| rung | ms/step (p10–p90) | vs rung before | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|"]
     prev = None
     for r in (r for r in record["rungs"] if r["status"] == "ok"):
-        gain = "—" if prev is None else ("within noise" if within_noise(r, prev) else f"{prev['ms_per_step'] / r['ms_per_step']:.2f}×")
+        gain = "—" if prev is None else ("within noise" if _noise(r, prev) else f"{prev['ms_per_step'] / r['ms_per_step']:.2f}×")
         mfu = "—" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         mem = "—" if r["peak_mem_bytes"] is None else f"{r['peak_mem_bytes'] / 2**30:.1f}"
         lines.append(f"| {r['name']} | {r['ms_per_step']:.1f} ({r['ms_p10']:.1f}–{r['ms_p90']:.1f}) | {gain} | "
@@ -34,7 +42,7 @@ def _ladder_cells(r: dict) -> list[str]:
     mem = fmt(r["peak_mem_bytes"] and r["peak_mem_bytes"] / 2**30, ".2f")
     return [
         r["name"], f"{r['ms_per_step']:.1f}", f"{r['ms_p10']:.1f}-{r['ms_p90']:.1f}",
-        f"{r['speedup_vs_baseline']:.2f}x", fmt(r["speedup_vs_prev"], ".2f", "-") + ("x" if r["speedup_vs_prev"] else ""),
+        f"{r['speedup_vs_baseline']:.2f}x", vs_prev(r),
         f"{r['tokens_per_s']:,.0f}", fmt(r["mfu"] and 100 * r["mfu"], ".1f"), mem,
         f"{r['loss']:.4f}", r["logits_dtype"], r["weight_dtype"],
     ]
@@ -46,6 +54,22 @@ HEADERS = ["rung", "ms/step", "p10-p90", "vs base", "vs prev", "tokens/s", "MFU 
 
 def format_table(record: dict) -> str:
     return text_table(HEADERS, ladder_rows(record))
+
+
+WIDTHS = [13, 8, 13, 8, 7, 10, 6, 8, 7, 13, 8]  # the streamed table's columns: wide enough for GPT-2's rows
+
+
+def stream_header() -> str:
+    """The header of the table bench prints a row at a time, as each rung finishes."""
+    return "  ".join(h.ljust(w) for h, w in zip(HEADERS, WIDTHS)).rstrip()
+
+
+def stream_row(row: dict) -> str:
+    """One rung's line under `stream_header`; a rung that did not run is its status and reason."""
+    cells = rung_rows([row], _ladder_cells)[0]
+    if len(cells) != len(HEADERS):
+        return f"{cells[0].ljust(WIDTHS[0])}  {cells[1]}"
+    return "  ".join(c.ljust(w) for c, w in zip(cells, WIDTHS)).rstrip()
 
 
 def format_markdown(record: dict) -> str:
@@ -63,10 +87,18 @@ def format_markdown(record: dict) -> str:
         f"- {record['date']}",
         "",
     ]
-    auto = record.get("auto_batch")
-    if auto:
-        head.insert(-2, f"- --batch-size auto: {auto['probed']} sequences fit the memory probe; measured at "
-                        f"{auto['measured']}")
+    plan = record.get("batch_plan")
+    if plan:
+        head.insert(-2, f"- {plan['reason']}" + ("; confirmed by a probe of its eager step" if plan["probed_peak"] else ""))
+    cap = dev.get("memory_cap_bytes")
+    if cap:
+        head.insert(-2, f"- the allocator was capped at {cap / 2**30:.1f} GiB (--gpu-memory) of this card's "
+                        f"{dev['memory_bytes'] / 2**30:.1f} GiB: a smaller card's memory, this card's speed")
+    head.insert(-2, "- vs prev 'noise': the rung's p10-p90 overlaps the rung before it, no difference was measured")
+    best = record.get("best")
+    if best:
+        head.insert(-2, "- --rungs best kept: " + ", ".join(best["rungs"]) + "; dropped: "
+                    + ("; ".join(f"{d['rung']} ({d['why']})" for d in best["decisions"] if not d["kept"]) or "none"))
     search = record.get("batch_search")
     if search:
         sizes = ", ".join(f"{t['batch_size']}: " + (f"{t['tokens_per_s']:,.0f}" if t["status"] == "ok" else t["status"])

@@ -36,7 +36,25 @@ def format_report(d: dict, marks: tuple[str, str, str] = ("✓", "✗", "?")) ->
     lines += _section(f"attention kernels behind the flash rung{probe}", d["sdpa"]["backends"], marks)
     lines += _section("rungs", d["rungs"], marks)
     lines += ["", f"recommended (what --rungs auto runs): {','.join(d['recommended_rungs'])}"]
+    if d.get("memory"):
+        lines += _memory(d["memory"])
     return "\n".join(lines)
+
+
+def _memory(m: dict) -> list[str]:
+    cap = " (--gpu-memory)" if m["capped"] else ""
+    lines = ["", f"memory: {m['preset']} at {m['seq_len']} tokens per sequence on {_gib(m['memory_bytes'])}{cap}, "
+             "the largest batch per rung (estimated from shapes and dtypes; bench confirms it with a probe)"]
+    width = max(len(n) for n in m["rungs"])
+    lines += [f"  {name.ljust(width)}  {r['largest_batch']:>4} sequences  ({r['gib_per_sequence']:.2f} GiB each)"
+              for name, r in m["rungs"].items()]
+    t = m["train"]
+    if t["micro_batch"]:
+        lines.append(f"train: {t['tokens_per_step']:,} tokens per step as micro-batch {t['micro_batch']} x "
+                     f"{t['accumulation']} accumulation steps")
+    else:
+        lines.append("train: not even one sequence fits at the top rung; use a smaller --seq-len or --preset")
+    return lines
 
 
 def marks_for(stream) -> tuple[str, str, str]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpt2ladder.ladder import SEED_RUNGS
+
 KIND_COLOURS = {"baseline": "#8C8C8C", "precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452", "best": "#8172B3"}
 KIND_LABELS = {"baseline": "baseline", "precision": "precision", "memory": "memory traffic", "overhead": "launch / optimizer overhead",
                "best": "the rungs that pay, together"}
@@ -28,29 +30,28 @@ def ladder_labels(rungs: list[dict]) -> list[str]:
 
 
 def ladder_chart(record: dict, path: Path) -> Path:
-    """Milliseconds per step per rung, coloured by kind, labelled with the median and p10-p90 whiskers."""
+    """Milliseconds per step per rung, coloured by kind, with the median on each bar and p10-p90 whiskers.
+
+    The write-up's rungs and gpt2ladder's own are set apart by a dashed line; a rung within noise of
+    the one before it (their p10-p90 overlap) says so under its value.
+    """
     plt = pyplot()
     rungs = record["rungs"]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rungs) + 2), 4.6))
-    top = max([r["ms_per_step"] for r in rungs if r["status"] == "ok"] + [1.0])
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rungs) + 2), 4.8))
+    top = max([r["ms_p90"] for r in rungs if r["status"] == "ok"] + [1.0])
     for i, r in enumerate(rungs):
-        if r["status"] != "ok":
-            ax.bar(i, top * 0.04, color="none", edgecolor="#999999", hatch="//")
-            ax.text(i, top * 0.06, r["status"], ha="center", va="bottom", fontsize=8, color="#777777", rotation=90)
-            continue
-        err = [[r["ms_per_step"] - r["ms_p10"]], [r["ms_p90"] - r["ms_per_step"]]]
-        ax.bar(i, r["ms_per_step"], color=KIND_COLOURS[_kind(i, r)], yerr=err, capsize=3,
-               error_kw={"elinewidth": 0.8, "ecolor": "#333333"})
-        ax.text(i, r["ms_p90"] + top * 0.015, f"{r['ms_per_step']:.1f}", ha="center", va="bottom", fontsize=9)
+        _bar(ax, i, r, top)
     ax.set_xticks(range(len(rungs)), ladder_labels(rungs), rotation=30, ha="right")
-    ax.set_ylabel("ms per training step (median)")
+    ax.set_ylabel("ms per training step (median, p10-p90)")
+    ax.set_ylim(0, top * 1.25)  # room above the tallest whisker for its label and the section names
+    _mark_seed_rungs(ax, rungs, top)
     cfg = record["config"]
-    ax.set_title(f"{cfg['preset']}, batch {cfg['batch_size']} x {cfg['seq_len']} on {record['device']['name']}",
-                 fontsize=10)
-    kinds = dict.fromkeys(_kind(i, r) for i, r in enumerate(rungs) if r["status"] == "ok")
+    cap = record["device"].get("memory_cap_bytes")
+    where = record["device"]["name"] + (f" capped at {cap / 2**30:.0f} GiB" if cap else "")
+    ax.set_title(f"{cfg['preset']}, batch {cfg['batch_size']} x {cfg['seq_len']} on {where}", fontsize=10)
+    kinds = dict.fromkeys(_kind(r) for r in rungs if r["status"] == "ok")
     handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLOURS[k]) for k in kinds]
-    ax.legend(handles, [KIND_LABELS[k] for k in kinds], frameon=False, fontsize=8)
-    ax.set_ylim(0, top * 1.15)
+    ax.legend(handles, [KIND_LABELS[k] for k in kinds], frameon=False, fontsize=8, loc="upper right")
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -58,9 +59,33 @@ def ladder_chart(record: dict, path: Path) -> Path:
     return path
 
 
-def _kind(i: int, row: dict) -> str:
-    """The first bar is the reference whatever its rung; the others take their rung's colour."""
-    return "baseline" if i == 0 else row["kind"]
+def _bar(ax, i: int, r: dict, top: float) -> None:
+    if r["status"] != "ok":
+        ax.bar(i, top * 0.04, color="none", edgecolor="#999999", hatch="//")
+        ax.text(i, top * 0.06, r["status"], ha="center", va="bottom", fontsize=8, color="#777777", rotation=90)
+        return
+    err = [[r["ms_per_step"] - r["ms_p10"]], [r["ms_p90"] - r["ms_per_step"]]]
+    ax.bar(i, r["ms_per_step"], color=KIND_COLOURS[_kind(r)], yerr=err, capsize=3,
+           error_kw={"elinewidth": 0.8, "ecolor": "#333333"})
+    label = f"{r['ms_per_step']:.1f}" + ("\nwithin noise" if r.get("within_noise_of_prev") else "")
+    ax.text(i, r["ms_p90"] + top * 0.015, label, ha="center", va="bottom", fontsize=8, linespacing=0.9)
+
+
+def _mark_seed_rungs(ax, rungs: list[dict], top: float) -> None:
+    """A dashed line after the write-up's rungs when gpt2ladder's own follow them."""
+    seed = [i for i, r in enumerate(rungs) if r["name"] in SEED_RUNGS]
+    own = [i for i, r in enumerate(rungs) if r["name"] not in SEED_RUNGS]
+    if not seed or not own or max(seed) > min(own):
+        return
+    x = max(seed) + 0.5
+    ax.axvline(x, color="#999999", linestyle="--", linewidth=0.8)
+    ax.text(x - 0.1, top * 1.2, "the write-up's rungs", ha="right", va="top", fontsize=8, color="#555555")
+    ax.text(x + 0.1, top * 1.2, "gpt2ladder's own", ha="left", va="top", fontsize=8, color="#555555")
+
+
+def _kind(row: dict) -> str:
+    """The colour of a bar: its rung's kind (the baseline rung, grey)."""
+    return "baseline" if row["name"] == "baseline" else row["kind"]
 
 
 def loss_curves(curves: dict[str, tuple[list[int], list[float]]], path: Path, title: str,

@@ -50,11 +50,17 @@ class Capabilities:
     # empty until `probe_sdpa` has run, which only `doctor` asks for (it costs a few kernel launches).
     sdpa: tuple[tuple[str, str | None], ...] = ()
     sdpa_probe: str = ""  # the shapes and dtype the probe used, e.g. "bfloat16, head size 64"
+    memory_cap: int = 0  # bytes the allocator was capped to (--gpu-memory); 0 when not capped
 
     @property
     def bf16_supported(self) -> bool:
         """bfloat16 on tensor cores: CUDA compute capability 8.0 (Ampere) or newer."""
         return self.device_type == "cuda" and self.capability >= (8, 0)
+
+    @property
+    def usable_memory(self) -> int:
+        """The memory every decision plans against: the cap when there is one, else the card's."""
+        return self.memory_cap or self.total_memory
 
     @property
     def capability_text(self) -> str:
@@ -243,6 +249,21 @@ def _host_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # Windows has no sysconf
         return 0
+
+
+def cap_memory(device: torch.device, caps: Capabilities, gib: float | None) -> Capabilities:
+    """Cap this process's CUDA allocator at `gib` GiB (--gpu-memory), so a big card stands in for a
+    smaller one; the returned capabilities plan against the cap. None: no cap."""
+    if gib is None:
+        return caps
+    if device.type != "cuda":
+        raise UsageError(f"--gpu-memory caps a CUDA GPU's memory; this is {device.type}")
+    cap = int(gib * 2**30)
+    if not 0 < cap <= caps.total_memory:
+        raise UsageError(f"--gpu-memory {gib:g} must be above 0 and at most this GPU's "
+                         f"{caps.total_memory / 2**30:.1f} GiB")
+    torch.cuda.set_per_process_memory_fraction(cap / caps.total_memory, device)
+    return dataclasses.replace(caps, memory_cap=cap)
 
 
 def synchronize(device: torch.device) -> None:

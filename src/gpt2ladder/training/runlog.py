@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from gpt2ladder.report.plots import loss_curves
+from gpt2ladder.report.progress import on_terminal
 from gpt2ladder.training.config import TrainConfig
 
 
@@ -51,8 +52,8 @@ class Reporter:
         self.tb = _tensorboard(out / "tb")
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=cfg.steps, initial=start, unit="step", desc="train", disable=not progress,
-                        dynamic_ncols=True)
+        self.bar = tqdm(total=cfg.steps, initial=start, unit="step", desc="train",
+                        disable=not (progress and on_terminal()), dynamic_ncols=True)
 
     def message(self, text: str) -> None:
         if self.enabled:

@@ -119,7 +119,11 @@ class Trainer:
         self.engine = build_engine(cfg, self.setup, device, parallelize)
         self.batches = data_mod.Batches(self.tokens.train, cfg.tokens_per_step // cfg.seq_len, cfg.seq_len,
                                         seed=cfg.seed, rank=ranks.rank, world_size=ranks.world_size)
-        self.val = (data_mod.eval_batches(self.tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
+        # Validation batches of a whole step's sequences, cut to the micro-batch: the same data on any card
+        # and any number of processes (every rank evaluates all of them).
+        step_batch = cfg.tokens_per_step // cfg.seq_len
+        self.val = (data_mod.micro_batches(data_mod.eval_batches(self.tokens.val, step_batch, cfg.seq_len,
+                                                                 cfg.eval_batches), cfg.batch_size)
                     if cfg.eval_every else [])
         self.ckpt_path = out / FILENAME
         self.step = 0
@@ -255,8 +259,11 @@ class Trainer:
 
 
 def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: bool = False,
-                 progress: bool = True, ranks=distributed.SINGLE, strategy: str | None = None) -> TrainResult:
-    """Train (or continue) the run in `out`; every user-visible side effect happens on the main rank."""
+                 progress: bool = True, ranks=distributed.SINGLE, strategy: str | None = None, caps=None,
+                 batch_plan=None) -> TrainResult:
+    """Train (or continue) the run in `out`; every user-visible side effect happens on the main rank.
+
+    `caps` (default: detected) and `batch_plan` (how the micro-batch was chosen) go into config.json."""
     ckpt = out / FILENAME
     if not resume and ckpt.exists():
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
@@ -265,7 +272,7 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
     if ranks.is_main:
         prepare_out_dir(out)
         remove_stale_temps(ckpt)
-        _write_config(out, trainer, ranks)
+        _write_config(out, trainer, ranks, caps or detect(device), batch_plan)
     report = Reporter(out, cfg, is_main=ranks.is_main, progress=progress, start=trainer.step)
     try:
         _announce(report, trainer, changed, resume)
@@ -277,8 +284,9 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
     return _finish(report, trainer, code, stop.signum)
 
 
-def _write_config(out: Path, trainer: Trainer, ranks) -> None:
-    record = {**record_header(detect(trainer.device), trainer.device), "command": "train",
+def _write_config(out: Path, trainer: Trainer, ranks, caps, batch_plan=None) -> None:
+    plan = {**batch_plan.to_dict(), "reason": batch_plan.reason()} if batch_plan else None
+    record = {**record_header(caps, trainer.device), "command": "train", "batch_plan": plan,
               "train_config": trainer.cfg.to_dict(), "model": trainer.engine.raw_model.config.to_dict(),
               "setup": trainer.setup.to_dict(), "world_size": ranks.world_size, "strategy": trainer.strategy,
               "grad_accum": trainer.accum,

@@ -1,0 +1,80 @@
+"""How much GPU memory a training step takes, estimated from the shapes and dtypes of a `Setup`.
+
+A step holds a fixed part, the fp32 parameters with their gradients and AdamW's two moments (16 bytes
+per parameter), and a part that grows with the batch: the activations saved for backward. Per
+sequence of T tokens that part is
+
+    L * T * C * block  +  L * H * T^2 * attention (the four-line attention only)  +  T * Vp * head
+
+bytes, with per-element byte counts that depend on how the step runs:
+- block, every Block's saved activations per channel: 63 bytes in fp32, 36 under 16-bit autocast;
+- attention, the (T, T) scores the four-line attention keeps: 4 bytes in fp32 (the softmax output),
+  6 under eager autocast (that fp32 output and its bf16 copy for the matmul), 4 compiled;
+- head, the classifier's logits and their gradient: 12 bytes eager (logits, log-softmax, gradient),
+  8 compiled, 4 with the fused loss (one 16-bit gradient, written once).
+The numbers were fitted to the peak memory of every rung of GPT-2 124M at B=16 x 1024 on an H200
+(docs/experiments.md, "Memory"): against those records the estimate is over, never
+under, by at most 0.15 GiB for the eager rungs that set the batch (0.3 GiB at B=4) and 1.6 GiB for
+the others; a test checks that it stays so. A CUDA graph keeps its warm-up's allocations in a pool of its own: 0.5 GiB.
+
+The estimate picks a batch; a probe of the heaviest rung confirms it (`measure/batch.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.runtime.setup import Setup
+
+GiB = 2**30
+OPTIMIZER_BYTES_PER_PARAM = 16  # fp32 weight, gradient, AdamW's exp_avg and exp_avg_sq
+GRAPH_POOL_BYTES = GiB // 2
+HEADROOM = 0.92  # plan to use at most this share of the memory: the allocator fragments, cuBLAS needs workspace
+
+
+def parameters(cfg: ModelConfig, setup: Setup) -> int:
+    """Parameters of the model this setup trains (the tied classifier counted once)."""
+    C, L = cfg.n_embd, cfg.n_layer
+    vocab = -(-cfg.vocab_size // setup.vocab_multiple) * setup.vocab_multiple
+    per_block = 12 * C * C + 13 * C  # attention (4 C^2 + 4 C), MLP (8 C^2 + 5 C), two layer norms (4 C)
+    return vocab * C + cfg.block_size * C + L * per_block + 2 * C
+
+
+def _bytes_per_element(setup: Setup) -> tuple[int, int, int]:
+    """(block, attention, head) bytes per element of the step's saved activations."""
+    block = 36 if setup.autocast else 63
+    if setup.compile:
+        attention = 4
+    else:
+        attention = 6 if setup.autocast else 4
+    if setup.fused_loss or setup.fp8_head:
+        head = 4
+    else:
+        head = 8 if setup.compile else 12
+    return block, attention, head
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    fixed: int  # bytes that do not depend on the batch
+    per_sequence: int  # bytes each sequence of the batch adds
+
+    def at(self, batch: int) -> int:
+        return self.fixed + batch * self.per_sequence
+
+    def largest_batch(self, memory: int) -> int:
+        """The most sequences that fit in `memory` bytes with the headroom kept free (0 if none)."""
+        return max(0, int((HEADROOM * memory - self.fixed) // self.per_sequence))
+
+
+def step_memory(cfg: ModelConfig, setup: Setup, seq_len: int) -> StepMemory:
+    """The estimate for one training step of this setup at sequences of `seq_len` tokens."""
+    T, C, L, H = seq_len, cfg.n_embd, cfg.n_layer, cfg.n_head
+    vocab = -(-cfg.vocab_size // setup.vocab_multiple) * setup.vocab_multiple
+    block, attention, head = _bytes_per_element(setup)
+    per_sequence = L * T * C * block + T * vocab * head
+    if setup.attention == "manual":
+        per_sequence += L * H * T * T * attention
+    fixed = OPTIMIZER_BYTES_PER_PARAM * parameters(cfg, setup) + (GRAPH_POOL_BYTES if setup.cuda_graph else 0)
+    return StepMemory(fixed, per_sequence)
