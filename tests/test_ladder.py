@@ -142,3 +142,16 @@ def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
     assert resolve_rungs("best", H200_TRITON)[-2:] == opt_in  # measured; kept only if they pay
     assert resolve_rungs("all", H200_TRITON)[-2:] == opt_in
     assert "fp8_mlp" not in resolve_rungs("best", A100)  # and only where float8 exists
+
+
+def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
+    from gpt2ladder.ladder import left_out_of_auto
+
+    graph_only = ["bf16_residual", "gelu_kernel", "fp32_wgrad"]
+    assert left_out_of_auto(H200_TRITON) == {} and left_out_of_auto(H200_TRITON, "ddp") == {}
+    left = left_out_of_auto(H200_TRITON, "fsdp")
+    assert sorted(left) == sorted(graph_only) and all("CUDA graph" in why for why in left.values())
+    fsdp_auto = resolve_rungs("auto", H200_TRITON, "fsdp")
+    assert "cuda_graph" not in fsdp_auto and not set(graph_only) & set(fsdp_auto)
+    assert resolve_rungs("auto", H200_TRITON, "ddp") == resolve_rungs("auto", H200_TRITON)  # graphed under DDP too
+    assert set(graph_only) <= set(resolve_rungs("best", H200_TRITON, "fsdp"))  # best measures them anyway

@@ -33,6 +33,9 @@ class Rung:
     # Where `parity` found its loss off the fp32 baseline's by more than the rule allows: the rung is still
     # measured (`all`, `best`) and reported, but `best` never keeps it, however fast.
     parity_failure: str | None = None
+    # Cuts GPU work that, without a CUDA graph, launch gaps hide: `auto` leaves it out where no graph can
+    # be captured (FSDP2), since there it measured slower (see GRAPH_ONLY_REASON).
+    pays_with_graph: bool = False
 
     def apply(self, setup: Setup) -> Setup:
         return dataclasses.replace(setup, **self.changes)
@@ -141,14 +144,15 @@ LADDER: tuple[Rung, ...] = (
     Rung("bf16_residual", "The residual stream between Blocks is kept in bfloat16 (autocast leaves it in fp32), so "
          "every residual add, layer norm and their gradients move half the bytes (the norms still compute in "
          "fp32, and the embeddings' gradients still add up in fp32).",
-         "memory", {"bf16_residual": True, "autocast": "bfloat16"}, _needs_ampere("a bfloat16 residual stream")),
+         "memory", {"bf16_residual": True, "autocast": "bfloat16"}, _needs_ampere("a bfloat16 residual stream"),
+         pays_with_graph=True),
     Rung("gelu_kernel", "The MLP's GELU runs as two Triton kernels: forward as h / (1 + exp(-2z)), one exp2 and a "
          "division where compile's kernel evaluates a long tanh and was bound by that arithmetic, not by memory; "
          "backward writes the input gradient and c_fc's bias gradient in one pass.",
-         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the gelu_kernel rung")),
+         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the gelu_kernel rung"), pays_with_graph=True),
     Rung("fp32_wgrad", "Each Block's weight gradients leave their bf16 matmul in fp32 (cuBLAS's out_dtype), "
          "instead of being rounded to bf16 and cast to fp32 by 48 extra kernels; more precise as well.",
-         "memory", {"fp32_wgrad": True}, _needs_mm_out_dtype),
+         "memory", {"fp32_wgrad": True}, _needs_mm_out_dtype, pays_with_graph=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",
@@ -194,22 +198,35 @@ def why_unavailable(name: str, caps: Capabilities, strategy: str | None = None) 
 
 def strategy_problem(name: str, strategy: str | None) -> str | None:
     """Why a rung cannot run under this data-parallel strategy ("ddp", "fsdp"; None: one process)."""
-    if name != "cuda_graph" or strategy is None:
+    if name != "cuda_graph" or strategy in (None, "ddp"):
         return None
-    if strategy == "fsdp":
-        # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not.
-        return "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"
-    # PyTorch's CUDA-graph notes: capturing DDP's all-reduces needs DDP built on a side stream, 11+ eager
-    # warm-up steps and NCCL's async error handling off; the engine's capture does none of that.
-    return "capturing DDP's gradient all-reduces in a CUDA graph is not supported here"
+    # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not.
+    # (Under DDP the graph captures the all-reduces too: runtime/engine.py.)
+    return "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"
+
+
+GRAPH_ONLY_REASON = ("it pays only inside a CUDA graph, which cannot be captured here: ungraphed, bf16_residual "
+                     "measured 1.6 ms slower on one H200, and the DDP step with the rungs after cuda_graph 36.3 ms "
+                     "against 34.5 without them (docs/experiments.md)")
+
+
+def left_out_of_auto(caps: Capabilities, strategy: str | None = None) -> dict[str, str]:
+    """The rungs this machine can run that `auto` leaves out, and why (opt-in ones are not listed)."""
+    if why_unavailable("cuda_graph", caps, strategy) is None:
+        return {}
+    return {r.name: GRAPH_ONLY_REASON for r in LADDER
+            if r.pays_with_graph and why_unavailable(r.name, caps, strategy) is None}
 
 
 def available_rungs(caps: Capabilities, opt_in: bool = False, strategy: str | None = None) -> list[str]:
     """Every rung this machine can run, in ladder order: what `--rungs auto` climbs and `doctor` recommends.
 
-    With `opt_in` also the rungs that did not pay where they were measured (`--rungs best` tries them).
+    With `opt_in` also the rungs that did not pay where they were measured (`--rungs best` tries them,
+    and measures which pay); without it, also not those that pay only inside a CUDA graph where none
+    can be captured.
     """
-    return [r.name for r in LADDER if why_unavailable(r.name, caps, strategy) is None and (opt_in or not r.opt_in)]
+    names = [r.name for r in LADDER if why_unavailable(r.name, caps, strategy) is None and (opt_in or not r.opt_in)]
+    return names if opt_in else [n for n in names if n not in left_out_of_auto(caps, strategy)]
 
 
 def resolve_rungs(spec: str, caps: Capabilities, strategy: str | None = None) -> list[str]:

@@ -10,7 +10,12 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import defaults
 from gpt2ladder.errors import LadderError, UsageError
-from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
+from gpt2ladder.ladder import (
+    left_out_of_auto,
+    resolve_rungs,
+    setup_for,
+    why_unavailable,
+)
 from gpt2ladder.measure import batch as batch_search
 from gpt2ladder.measure.bench import BenchConfig, run_bench
 from gpt2ladder.measure.best import add_best, best_summary
@@ -49,6 +54,9 @@ def _bench(args, dist: distributed.Dist) -> int:
     if args.batch_size == "best":
         cfg, search, winner = batch_search.fastest_batch(cfg, device, tokens, progress, say, caps)
     _announce(cfg, caps, dist, plan, say)
+    if args.rungs == "auto":
+        for name, why in left_out_of_auto(caps, distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)).items():
+            say(f"notice: auto leaves out rung {name}: {why}", flush=True)
     if device.type == "cpu" and cfg.preset != "tiny":
         say(cpu_warning(preset(cfg.preset), cfg, len(cfg.rungs)), flush=True)
     on_row = _row_writer(out, say) if dist.is_main else None
@@ -140,8 +148,9 @@ def bench_config(args, device: torch.device, caps: Capabilities, dist: distribut
     if args.batch_size == "best" and dist.enabled:
         raise UsageError("--batch-size best times sizes on one GPU; under torchrun pass a number "
                          "(find it with a one-GPU `gpt2ladder bench --batch-size best`)")
+    strategy = distributed.resolve_strategy(args.strategy, name, dist)
     return BenchConfig(
-        preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
+        preset=name, rungs=tuple(resolve_rungs(args.rungs, caps, strategy)),
         batch_size=args.batch_size if isinstance(args.batch_size, int) else d["batch_size"],
         seq_len=args.seq_len or d["seq_len"] or preset(name).block_size,
         steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,

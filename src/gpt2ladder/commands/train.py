@@ -8,7 +8,12 @@ import os
 import torch
 
 from gpt2ladder.commands.defaults import defaults
-from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
+from gpt2ladder.ladder import (
+    left_out_of_auto,
+    resolve_rungs,
+    setup_for,
+    why_unavailable,
+)
 from gpt2ladder.measure.batch import plan_batch
 from gpt2ladder.report.records import prepare_out_dir
 from gpt2ladder.runtime import distributed
@@ -25,7 +30,10 @@ def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print) -> 
     """The requested rungs less those this machine (or the data-parallel strategy) cannot run, each
     named with its reason."""
     usable = []
-    for name in resolve_rungs(spec, caps):
+    if spec == "auto":
+        for name, why in left_out_of_auto(caps, strategy).items():
+            notify(f"notice: auto leaves out rung {name}: {why}")
+    for name in resolve_rungs(spec, caps, strategy):
         reason = why_unavailable(name, caps, strategy)
         if reason:
             notify(f"notice: leaving out rung {name}: {reason}")

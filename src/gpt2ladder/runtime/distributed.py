@@ -37,6 +37,9 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 # NVLink multicast (NVLS) can put a shared host's GPUs out of service; it stays off unless the user
 # explicitly turns it on in their own environment. setdefault: an existing value is never changed.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# A CUDA graph that holds DDP's all-reduces needs NCCL's async error handling off (PyTorch's CUDA-graph
+# notes); set before the process group starts, and only where the user has not set it.
+GRAPH_SAFE_NCCL = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def init_from_env(device_spec: str = "auto") -> Dist:
     if not under_torchrun():
         return SINGLE
     rank, local, world = _env_ints(os.environ)
-    for name, value in MULTICAST_OFF.items():
+    for name, value in {**MULTICAST_OFF, **GRAPH_SAFE_NCCL}.items():
         os.environ.setdefault(name, value)
     device = _base_device(device_spec)
     if device.type == "cuda":
@@ -179,8 +182,16 @@ def wrap_for_data_parallel(model: nn.Module, dist: Dist, strategy: str | None) -
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [dist.local_rank] if dist.backend == "nccl" else None
+        # Built on a side stream, so a CUDA graph can later capture its all-reduces (PyTorch's notes).
         # Gradients live in the all-reduce buckets themselves: one copy fewer per step.
-        return DDP(model, device_ids=ids, gradient_as_bucket_view=True, bucket_cap_mb=DDP_BUCKET_MB)
+        stream = torch.cuda.Stream() if dist.backend == "nccl" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            # broadcast_buffers off: the only buffer is the constant causal mask, the same on every rank.
+            wrapped = DDP(model, device_ids=ids, gradient_as_bucket_view=True, bucket_cap_mb=DDP_BUCKET_MB,
+                          broadcast_buffers=False)
+        if stream is not None:
+            torch.cuda.current_stream().wait_stream(stream)
+        return wrapped
     if strategy == "fsdp":
         return shard_model(model, dist)
     raise UsageError(f"unknown data-parallel strategy {strategy!r}")

@@ -29,6 +29,8 @@ from gpt2ladder.model.gpt import GPT, init_weights
 from gpt2ladder.runtime.setup import Setup
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+WARMUP_STEPS = 3  # eager steps before a CUDA graph capture: compile, autotuning, optimizer state
+DDP_WARMUP_STEPS = 11  # PyTorch's CUDA-graph notes: DDP needs 11 eager iterations before a full capture
 
 
 @dataclass(frozen=True)
@@ -188,14 +190,22 @@ class Engine:
         return self._static_loss.clone()
 
     def _capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Warm up on a side stream, capture one whole step, then undo the warm-up's updates."""
+        """Warm up on a side stream, capture one whole step, then undo the warm-up's updates.
+
+        Under DDP the all-reduces are captured too (NCCL 2.9.6+): PyTorch's CUDA-graph notes ask for DDP
+        built on a side stream (`distributed.wrap_for_data_parallel` does), at least 11 eager DDP steps
+        before the capture, and NCCL's async error handling off (`distributed.init_from_env`).
+        Gradient accumulation's inner micro-steps run under `no_sync` while capturing, so the graph
+        all-reduces once per step, after the last one.
+        """
+        ddp = hasattr(self.model, "no_sync")
         self._static_x, self._static_y = x.clone(), y.clone()
         snapshot = _snapshot(self.raw_model, self.optimizer)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(3):  # compile, autotuning and optimizer-state creation happen here
-                self.optimizer.zero_grad(set_to_none=True)
+            for _ in range(DDP_WARMUP_STEPS if ddp else WARMUP_STEPS):  # compile, autotuning, optimizer state
+                self.optimizer.zero_grad(set_to_none=not ddp)
                 self._eager_step(self._static_x, self._static_y)
         torch.cuda.current_stream().wait_stream(side)
         self._graph = torch.cuda.CUDAGraph()
@@ -203,8 +213,9 @@ class Engine:
             # Gradients set to None, not zeroed: backward then hands each parameter its gradient tensor,
             # allocated in the graph's own memory pool (the same addresses on every replay), instead of
             # zeroing every gradient and adding the new one into it. For GPT-2 on the H200 that removes
-            # 7 multi-tensor zeroing kernels and 149 fp32 adds, 0.72 ms per step.
-            self.optimizer.zero_grad(set_to_none=True)
+            # 7 multi-tensor zeroing kernels and 149 fp32 adds, 0.72 ms per step. Under DDP the gradients
+            # are views into its all-reduce buckets, which must stay: they are zeroed instead.
+            self.optimizer.zero_grad(set_to_none=not ddp)
             self._static_loss = self._eager_step(self._static_x, self._static_y)
         _restore(self.raw_model, self.optimizer, snapshot)
 

@@ -78,3 +78,11 @@ def step_memory(cfg: ModelConfig, setup: Setup, seq_len: int) -> StepMemory:
         per_sequence += L * H * T * T * attention
     fixed = OPTIMIZER_BYTES_PER_PARAM * parameters(cfg, setup) + (GRAPH_POOL_BYTES if setup.cuda_graph else 0)
     return StepMemory(fixed, per_sequence)
+
+
+def eval_bytes_per_sequence(cfg: ModelConfig, seq_len: int) -> int:
+    """What one sequence of a no-grad forward with its loss holds at its peak: the logits in 16 bits,
+    their fp32 copy and log-softmax for the loss (10 bytes per logit), and a few Blocks' transient
+    activations in fp32 (not fitted to a measurement: a bound that errs high)."""
+    vocab = cfg.padded_vocab_size if cfg.vocab_multiple > 1 else cfg.vocab_size
+    return seq_len * vocab * 10 + 4 * seq_len * cfg.n_embd * 16

@@ -37,6 +37,7 @@ from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import Engine, OptimConfig, build_model
 from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.runtime.memory import HEADROOM, eval_bytes_per_sequence
 from gpt2ladder.runtime.metrics import flops_per_token, mfu, peak_flops
 from gpt2ladder.runtime.setup import Setup
 from gpt2ladder.training.checkpoint import (
@@ -132,6 +133,7 @@ class Trainer:
         self.flops_per_token = flops_per_token(raw.config, cfg.seq_len, raw.num_params())
         self.peak = peak_flops(detect(device).name)
         self.step_ms: list[float] = []  # this session's steps
+        self.caps = None  # what validation plans its memory against (run_training sets it)
         self.last_loss: float | None = None
         self.last_val_loss: float | None = None
 
@@ -218,6 +220,7 @@ class Trainer:
         model.eval()
         try:
             total = torch.zeros((), device=self.device)
+            self.val = self._val_that_fits()
             with self.engine.precision():
                 for x, y in self.val:
                     total += self.engine.loss(*data_mod.to_device(x, y, self.device)).float()
@@ -228,6 +231,19 @@ class Trainer:
             raise LadderError(f"the validation loss became {loss} at step {self.step}; stopped without "
                               f"saving ({self._kept()}); try a lower --lr")
         return loss
+
+    def _val_that_fits(self) -> list:
+        """The validation batches, cut further where the micro-batch's no-grad forward would not fit next to
+        what training holds (a CUDA graph keeps its activations' memory): the same rows, equal pieces."""
+        if self.device.type != "cuda" or not self.val or self.caps is None:
+            return self.val
+        size = len(self.val[0][0])
+        free = HEADROOM * self.caps.usable_memory - torch.cuda.memory_allocated(self.device)
+        per = eval_bytes_per_sequence(self.engine.raw_model.config, self.cfg.seq_len)
+        fits = max(1, int(free // per))
+        if fits >= size:
+            return self.val
+        return data_mod.micro_batches(self.val, max(d for d in range(1, fits + 1) if size % d == 0))
 
     def _due(self, every: int) -> bool:
         return bool(every) and (self.step % every == 0 or self.step == self.cfg.steps)
@@ -268,6 +284,7 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
     if not resume and ckpt.exists():
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
     trainer = Trainer(cfg, device, out, ranks, strategy)
+    trainer.caps = caps or detect(device)
     changed = trainer.resume() if resume else []  # fails before the log or checkpoint is touched
     if ranks.is_main:
         prepare_out_dir(out)
