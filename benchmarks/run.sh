@@ -14,7 +14,7 @@
 # a timeline of the jobs last (timeline.txt). Optional, for machines without a network or a checkout:
 # wheels in .whl/ are installed into /tmp/site first, .devdata/input.txt seeds the Tiny Shakespeare
 # cache, .devdata/GIT_SHA names the commit. If $OUT is set, the results folder is also packed into
-# $OUT/results.tgz every 10 s, so a run cut off by a time limit still returns what it had.
+# $OUT/<results folder>.tgz every 10 s, so a run cut off by a time limit still returns what it had.
 set -u
 jobs_file=${1:?usage: bash benchmarks/run.sh JOBS_FILE [RESULTS_DIR]}
 R=$(realpath -m "${2:-$(mktemp -d /tmp/gpt2ladder-results.XXXX)}")
