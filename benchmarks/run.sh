@@ -42,7 +42,7 @@ cp "$jobs_file" "$R/jobs.txt"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$R/timeline.txt"; }
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/.r.tgz" --exclude=ckpt.pt --exclude='*.pt' -C "$(dirname "$R")" "$(basename "$R")" 2>/dev/null \
-         && mv "$OUT/.r.tgz" "$OUT/results.tgz"; return 0; }
+         && mv "$OUT/.r.tgz" "$OUT/$(basename "$R").tgz"; return 0; }
 ( while true; do pack; sleep 10; done ) & packer=$!
 python3 -c "import matplotlib.pyplot" 2>/dev/null &  # matplotlib's font cache, off the clock
 
