@@ -41,7 +41,7 @@ cp "$jobs_file" "$R/jobs.txt"
 
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$R/timeline.txt"; }
-pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/.r.tgz" --exclude=ckpt.pt --exclude='*.pt' -C "$(dirname "$R")" "$(basename "$R")" 2>/dev/null \
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/.r.tgz" --exclude='*.pt' --exclude='*.tmp' --exclude=tb -C "$(dirname "$R")" "$(basename "$R")" 2>/dev/null \
          && mv "$OUT/.r.tgz" "$OUT/$(basename "$R").tgz"; return 0; }
 ( while true; do pack; sleep 10; done ) & packer=$!
 python3 -c "import matplotlib.pyplot" 2>/dev/null &  # matplotlib's font cache, off the clock
@@ -54,5 +54,6 @@ while read -r name gpus limit cmd; do
 done < "$jobs_file"
 
 stamp "all done"
+du -ah "$R" | sort -h | tail -5 > "$R/largest-files.txt"
 kill $packer 2>/dev/null; pack
 echo "results in $R"

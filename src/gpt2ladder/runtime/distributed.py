@@ -182,16 +182,11 @@ def wrap_for_data_parallel(model: nn.Module, dist: Dist, strategy: str | None) -
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [dist.local_rank] if dist.backend == "nccl" else None
-        # Built on a side stream, so a CUDA graph can later capture its all-reduces (PyTorch's notes).
-        # Gradients live in the all-reduce buckets themselves: one copy fewer per step.
-        stream = torch.cuda.Stream() if dist.backend == "nccl" else None
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            # broadcast_buffers off: the only buffer is the constant causal mask, the same on every rank.
-            wrapped = DDP(model, device_ids=ids, gradient_as_bucket_view=True, bucket_cap_mb=DDP_BUCKET_MB,
-                          broadcast_buffers=False)
-        if stream is not None:
-            torch.cuda.current_stream().wait_stream(stream)
-        return wrapped
+        # Gradients live in the all-reduce buckets themselves: one copy fewer per step. No buffer
+        # broadcast: the only buffer is the constant causal mask, the same on every rank. (For a CUDA
+        # graph the engine calls this on its capture stream, as PyTorch's CUDA-graph notes ask.)
+        return DDP(model, device_ids=ids, gradient_as_bucket_view=True, bucket_cap_mb=DDP_BUCKET_MB,
+                   broadcast_buffers=False)
     if strategy == "fsdp":
         return shard_model(model, dist)
     raise UsageError(f"unknown data-parallel strategy {strategy!r}")

@@ -91,7 +91,14 @@ class Engine:
         self.compile_backend = compile_backend
         self.raw_model = model if model is not None else build_model(model_cfg, setup, device, seed)
         # What forward calls: the raw model, a DDP wrapper, or (FSDP2) the raw model sharded in place.
-        self.model = parallelize(self.raw_model) if parallelize else self.raw_model
+        # The stream a CUDA graph's warm-up and capture run on. DDP is built on it too: DDP keeps each
+        # parameter's gradient accumulator, which remembers the stream it was made on, and a backward on
+        # another stream would synchronise with it at every gradient (PyTorch warns of exactly that).
+        self._stream = torch.cuda.Stream(device) if setup.cuda_graph and device.type == "cuda" else None
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            self.model = parallelize(self.raw_model) if parallelize else self.raw_model
+        if self._stream is not None:
+            torch.cuda.current_stream(device).wait_stream(self._stream)
         self.forward = self._compiled(self.model, compile_backend)
         self.optimizer = make_optimizer(self.raw_model, optim, setup, device)
         self.scaler = torch.amp.GradScaler(device.type) if setup.autocast == "float16" else None
@@ -193,7 +200,7 @@ class Engine:
         """Warm up on a side stream, capture one whole step, then undo the warm-up's updates.
 
         Under DDP the all-reduces are captured too (NCCL 2.9.6+): PyTorch's CUDA-graph notes ask for DDP
-        built on a side stream (`distributed.wrap_for_data_parallel` does), at least 11 eager DDP steps
+        built on a side stream (the engine builds it on the capture stream), at least 11 eager DDP steps
         before the capture, and NCCL's async error handling off (`distributed.init_from_env`).
         Gradient accumulation's inner micro-steps run under `no_sync` while capturing, so the graph
         all-reduces once per step, after the last one.
@@ -201,7 +208,7 @@ class Engine:
         ddp = hasattr(self.model, "no_sync")
         self._static_x, self._static_y = x.clone(), y.clone()
         snapshot = _snapshot(self.raw_model, self.optimizer)
-        side = torch.cuda.Stream()
+        side = self._stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(DDP_WARMUP_STEPS if ddp else WARMUP_STEPS):  # compile, autotuning, optimizer state
@@ -209,7 +216,7 @@ class Engine:
                 self._eager_step(self._static_x, self._static_y)
         torch.cuda.current_stream().wait_stream(side)
         self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
+        with torch.cuda.graph(self._graph, stream=side):
             # Gradients set to None, not zeroed: backward then hands each parameter its gradient tensor,
             # allocated in the graph's own memory pool (the same addresses on every replay), instead of
             # zeroing every gradient and adding the new one into it. For GPT-2 on the H200 that removes

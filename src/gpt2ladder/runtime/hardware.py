@@ -262,7 +262,8 @@ def cap_memory(device: torch.device, caps: Capabilities, gib: float | None) -> C
     if not 0 < cap <= caps.total_memory:
         raise UsageError(f"--gpu-memory {gib:g} must be above 0 and at most this GPU's "
                          f"{caps.total_memory / 2**30:.1f} GiB")
-    torch.cuda.set_per_process_memory_fraction(cap / caps.total_memory, device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(cap / caps.total_memory, index)
     return dataclasses.replace(caps, memory_cap=cap)
 
 
