@@ -215,6 +215,10 @@ class Engine:
                 self.optimizer.zero_grad(set_to_none=not ddp)
                 self._eager_step(self._static_x, self._static_y)
         torch.cuda.current_stream().wait_stream(side)
+        # The graph allocates from a pool of its own: hand the warm-up's cached activations back first,
+        # or a step holds two sets of them (a card that fits one step would run out of memory here).
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         self._graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph, stream=side):
             # Gradients set to None, not zeroed: backward then hands each parameter its gradient tensor,
