@@ -70,11 +70,12 @@ def plan_batch(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], seq_len: 
                seed: int = 0) -> BatchPlan:
     """The batch for these (name, setup) rungs: the largest that fits, at most `want`, and (when given) a
     divisor of `divides` (train's accumulation needs micro-batch x steps = the batch it keeps)."""
-    estimates = {name: _estimate(model_cfg, setup, seq_len) for name, setup in rungs}
-    heaviest = max(estimates, key=lambda n: (estimates[n].per_sequence, estimates[n].fixed))
-    est = estimates[heaviest]
     memory = caps.usable_memory
+    heaviest, est = _heaviest(model_cfg, rungs, seq_len, accumulates=False)
     largest = est.largest_batch(memory)
+    if divides is not None and want and largest < want:  # the step will accumulate micro-batches
+        heaviest, est = _heaviest(model_cfg, rungs, seq_len, accumulates=True)
+        largest = est.largest_batch(memory)
     peak = None
     if probe and largest:
         setup = dict(rungs)[heaviest]
@@ -88,11 +89,21 @@ def plan_batch(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], seq_len: 
     return BatchPlan(batch, largest, heaviest, est.per_sequence, memory, bool(caps.memory_cap), peak, want)
 
 
-def _estimate(model_cfg: ModelConfig, setup: Setup, seq_len: int) -> StepMemory:
+def _heaviest(model_cfg: ModelConfig, rungs, seq_len: int, accumulates: bool) -> tuple[str, StepMemory]:
+    estimates = {name: _estimate(model_cfg, setup, seq_len, accumulates) for name, setup in rungs}
+    name = max(estimates, key=lambda n: (estimates[n].per_sequence, estimates[n].fixed))
+    return name, estimates[name]
+
+
+def _estimate(model_cfg: ModelConfig, setup: Setup, seq_len: int, accumulates: bool = False) -> StepMemory:
     """The larger of the rung's own estimate and its eager step's (which the probe runs): the eager
-    step saves more activations, a CUDA graph keeps a pool of its own."""
+    step saves more activations, a CUDA graph keeps a pool of its own. A graph that captures several
+    accumulated micro-batches is counted at twice each micro-batch's activations: on an H200 capped at
+    8 GiB, GPT-2's graphed step of micro-batch 8 x 2 ran out of memory while capturing, 4 x 4 peaked at
+    4.5 GiB and 8 x 2 without the graph at 6.2 GiB (benchmarks, 2026-12-01 memory runs)."""
     own, plain = step_memory(model_cfg, setup, seq_len), step_memory(model_cfg, eager(setup), seq_len)
-    return StepMemory(max(own.fixed, plain.fixed), max(own.per_sequence, plain.per_sequence))
+    per_sequence = max(own.per_sequence, plain.per_sequence) * (2 if accumulates and setup.cuda_graph else 1)
+    return StepMemory(max(own.fixed, plain.fixed), per_sequence)
 
 
 def _fitting(batch: int, divides: int | None) -> int:

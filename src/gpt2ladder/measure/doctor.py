@@ -7,9 +7,12 @@ recommends are `ladder.available_rungs`, the very list `--rungs auto` uses.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
+from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import LADDER, available_rungs, setup_for, why_unavailable
+from gpt2ladder.measure.batch import plan_batch
 from gpt2ladder.model.config import preset
 from gpt2ladder.runtime.hardware import SDPA_BACKENDS, Capabilities
 from gpt2ladder.runtime.memory import GiB, step_memory
@@ -105,8 +108,11 @@ def memory_plan(caps: Capabilities, preset_name: str = "gpt2", batch: int = 16) 
         est = step_memory(cfg, setup_for(applied), cfg.block_size)
         rungs[name] = {"largest_batch": est.largest_batch(caps.usable_memory),
                        "gib_per_sequence": round(est.per_sequence / GiB, 3)}
-    fits = rungs[applied[-1]]["largest_batch"] if applied else 0
-    micro = max([d for d in range(1, batch + 1) if batch % d == 0 and d <= fits], default=0)
+    micro = 0
+    if applied:
+        with contextlib.suppress(LadderError):  # nothing fits: said so below
+            micro = plan_batch(cfg, [(applied[-1], setup_for(applied))], cfg.block_size, caps, None, want=batch,
+                               divides=batch, probe=False).batch
     return {"preset": preset_name, "seq_len": cfg.block_size, "memory_bytes": caps.usable_memory,
             "capped": bool(caps.memory_cap), "rungs": rungs,
             "train": {"micro_batch": micro, "accumulation": batch // micro if micro else None,
