@@ -101,7 +101,8 @@ def _add_train(sub) -> None:
     p.add_argument("--ckpt-every", type=int, default=None, help="checkpoint every N steps, 0 = only at the end "
                    "(default: steps/5)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    p.add_argument("--init-from", help="a Hugging Face-format GPT-2 model.safetensors to start from")
+    p.add_argument("--init-from", help="Hugging Face GPT-2 weights to start from: a folder holding model.safetensors "
+                   "(its config.json gives the shape) or the .safetensors file")
     p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
     p.add_argument("--seed", type=int, default=0, help="initial weights and batch order (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -115,8 +116,12 @@ def _train(args) -> int:
 
 
 def _add_sample(sub) -> None:
-    p = sub.add_parser("sample", help="generate text from a checkpoint")
-    p.add_argument("checkpoint", help="a checkpoint file or a run directory holding ckpt.pt")
+    p = sub.add_parser("sample", help="generate text from a run or a Hugging Face GPT-2",
+                       description="Continue a prompt with a trained run's model, or with Hugging Face GPT-2 "
+                       "weights (a folder holding model.safetensors and config.json, or the .safetensors file "
+                       "with its config.json beside it). A one-line banner naming the model goes to stderr, "
+                       "the text to stdout.")
+    p.add_argument("checkpoint", help="a run directory, its ckpt.pt, a Hugging Face folder or a model.safetensors")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     p.add_argument("--num-tokens", type=_positive_int, default=200, help="tokens to generate per sample (default: 200)")
@@ -259,10 +264,12 @@ Each command has its own --help with examples. Errors are one line; --debug show
     "train": """examples:
   gpt2ladder train --steps 2000 --out runs/shakespeare
   gpt2ladder train --out runs/shakespeare --resume     continue from runs/shakespeare/ckpt.pt
-  gpt2ladder train --data my.txt --preset tiny --device cpu""",
+  gpt2ladder train --data my.txt --preset tiny --device cpu
+  gpt2ladder train --init-from hf/gpt2 --steps 500     start from Hugging Face GPT-2 weights (their shape)""",
     "sample": """examples:
   gpt2ladder sample runs/shakespeare --prompt "ROMEO:" --num-tokens 300
-  gpt2ladder sample runs/shakespeare/ckpt.pt --num-samples 3 --temperature 0.9""",
+  gpt2ladder sample runs/shakespeare/ckpt.pt --num-samples 3 --temperature 0.9
+  gpt2ladder sample hf/shakespeare --temperature 0      a Hugging Face folder (e.g. from export)""",
     "export": """examples:
   gpt2ladder export runs/shakespeare hf/shakespeare
   gpt2ladder export runs/shakespeare/ckpt.pt hf/shakespeare --dtype bfloat16 --force

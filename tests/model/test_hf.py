@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from gpt2ladder import cli
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
@@ -153,7 +154,7 @@ def _with_config(folder, **fields):
 
 
 @pytest.mark.parametrize("field, value", REFUSED, ids=lambda v: str(v))
-def test_config_values_not_implemented_are_refused(tmp_path, source_model, field, value):
+def test_config_values_not_implemented_are_refused(tmp_path, source_model, field, value, capsys):
     write_hf_gpt2(source_model, tmp_path / "gpt2")
     _with_config(tmp_path / "gpt2", **{field: value})
     with pytest.raises(UsageError, match=rf"{field} = .* is not implemented") as err:
@@ -161,6 +162,14 @@ def test_config_values_not_implemented_are_refused(tmp_path, source_model, field
     assert "\n" not in str(err.value)
     with pytest.raises(UsageError, match=field):  # loading into a model checks the same file
         load_hf_gpt2(tmp_path / "gpt2", GPT(SHAPE))
+    for argv in (["sample", tmp_path / "gpt2", "--device", "cpu"],
+                 ["train", "--device", "cpu", "--init-from", tmp_path / "gpt2" / "model.safetensors",
+                  "--out", tmp_path / "run", "--no-progress"]):
+        code = cli.main([str(a) for a in argv])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("gpt2ladder: error: ") and err.count("\n") == 1, err
+        assert f"{field} = " in err and "not implemented" in err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("field, value", ACCEPTED, ids=lambda v: str(v))
@@ -217,3 +226,16 @@ def test_written_folder_loads_back_into_a_padded_model(tmp_path, source_model):
     assert torch.equal(_logits(back, idx), _logits(padded, idx))
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["n_head"] == 2 and config["n_positions"] == 64 and config["tie_word_embeddings"] is True
+
+
+def test_train_init_from_a_folder_names_the_shape_it_read(tmp_path, source_model, capsys, monkeypatch):
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "cache"))  # the test text's tokens stay private
+    (tmp_path / "text.txt").write_text("To be, or not to be, that is the question.\n" * 200)
+    write_hf_gpt2(source_model, tmp_path / "gpt2")
+    code = cli.main(["train", "--device", "cpu", "--init-from", str(tmp_path / "gpt2"), "--data", str(tmp_path / "text.txt"),
+                     "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--rungs", "baseline", "--eval-every", "0",
+                     "--out", str(tmp_path / "run"), "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"gpt2ladder train: 2 layers, 2 heads, 32 wide, 1.6M parameters from {tmp_path / 'gpt2'} on cpu" in out
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["block_size"] == 64

@@ -144,7 +144,8 @@ def describe_shape(model: GPT) -> str:
     come from a file (a preset's name would not say what was read). Padded vocabulary rows are not counted."""
     c = model.config
     n = model.num_params(non_embedding=False) - (c.padded_vocab_size - c.vocab_size) * c.n_embd
-    return f"{c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, {n / 1e6:.1f}M parameters"
+    layers, heads = (f"{k} {word}{'s' if k != 1 else ''}" for k, word in ((c.n_layer, "layer"), (c.n_head, "head")))
+    return f"{layers}, {heads}, {c.n_embd} wide, {n / 1e6:.1f}M parameters"
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
