@@ -147,7 +147,7 @@ def _add_export(sub) -> None:
                        "generation_config.json, the GPT-2 tokenizer files and a model card (README.md) with the "
                        "run's data, steps and validation loss. No optimizer state: this is also the file to share. "
                        "The folder is written beside OUT_DIR and renamed into place when complete.")
-    p.add_argument("run", help="a run directory or its ckpt.pt")
+    p.add_argument("run", metavar="RUN", help="a run directory or its ckpt.pt")
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (absent or empty, unless --force)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
                    help="weights' dtype in model.safetensors (default: float32)")
