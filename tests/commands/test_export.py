@@ -105,6 +105,14 @@ def test_a_folder_that_is_not_empty_needs_force(run, tmp_path, capsys):
     assert _export(capsys, run, tmp_path / "empty")[0] == 0  # an empty folder is filled
 
 
+def test_an_out_dir_that_is_a_file_or_under_one_is_one_line(run, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("keep me")
+    for target, words in ((tmp_path / "notes.txt", "is not a folder"), (tmp_path / "notes.txt" / "hf", "cannot write to")):
+        code, _, err = _export(capsys, run, target, "--force")
+        assert _one_line_error(err, code, 2) and words in err
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
 def test_the_run_itself_is_never_replaced(run, capsys):
     before = (run / "ckpt.pt").read_bytes()
     for target in (run, run.parent):
