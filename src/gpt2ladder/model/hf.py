@@ -26,7 +26,8 @@ file takes transformers' default, which is GPT-2's and ours:
 Ignored, because they do not change the logits of a loaded model: dropout (resid/embd/attn_pdrop;
 gpt2ladder trains without it), initializer_range, the summary_* fields (GPT2DoubleHeadsModel's extra
 head), token ids (bos/eos/pad), use_cache and other generation settings, dtype (weights are cast to the
-model's), architectures, transformers_version, n_ctx and the fine-tuning label fields.
+model's), architectures, transformers_version, n_ctx (the positions are n_positions, as in transformers)
+and the fine-tuning label fields.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ IMPLEMENTED = {
     "is_encoder_decoder": (False,), "pruned_heads": ({},), "quantization_config": (None,),
 }
 WEIGHTS_NAME = "model.safetensors"
-GPT2_EOT_ID = GPT2_VOCAB_SIZE - 1  # <|endoftext|>, GPT-2's only special token
 CONFIG_NAME = "config.json"
+GPT2_EOT_ID = GPT2_VOCAB_SIZE - 1  # <|endoftext|>, GPT-2's only special token
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def hf_model_config(path: str | Path) -> ModelConfig | None:
         raw = json.loads(cfg_path.read_text())
         check_implemented(raw, cfg_path)
         return ModelConfig(n_layer=int(raw["n_layer"]), n_head=int(raw["n_head"]), n_embd=int(raw["n_embd"]),
-                           block_size=int(raw.get("n_positions", raw.get("n_ctx"))),
+                           block_size=int(raw.get("n_positions", 1024)),  # transformers' default
                            vocab_size=int(raw.get("vocab_size", GPT2_VOCAB_SIZE)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise UsageError(f"cannot read the GPT-2 shape from {cfg_path}: {type(err).__name__}: {err}") from None
