@@ -125,7 +125,8 @@ def _add_train(sub) -> None:
     p.add_argument("--ckpt-every", type=int, default=None, help="checkpoint every N steps, 0 = only at the end "
                    "(default: steps/5)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    p.add_argument("--init-from", help="a Hugging Face-format GPT-2 model.safetensors to start from")
+    p.add_argument("--init-from", help="Hugging Face GPT-2 weights to start from: a folder holding model.safetensors "
+                   "(its config.json gives the shape) or the .safetensors file")
     p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
     p.add_argument("--seed", type=int, default=0, help="initial weights and batch order (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -139,8 +140,12 @@ def _train(args) -> int:
 
 
 def _add_sample(sub) -> None:
-    p = sub.add_parser("sample", help="generate text from a checkpoint")
-    p.add_argument("checkpoint", help="a checkpoint file or a run directory holding ckpt.pt")
+    p = sub.add_parser("sample", help="generate text from a run or a Hugging Face GPT-2",
+                       description="Continue a prompt with a trained run's model, or with Hugging Face GPT-2 "
+                       "weights (a folder holding model.safetensors and config.json, or the .safetensors file "
+                       "with its config.json beside it). A one-line banner naming the model goes to stderr, "
+                       "the text to stdout.")
+    p.add_argument("checkpoint", help="a run directory, its ckpt.pt, a Hugging Face folder or a model.safetensors")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     p.add_argument("--num-tokens", type=_positive_int, default=200, help="tokens to generate per sample (default: 200)")
@@ -156,6 +161,28 @@ def _sample(args) -> int:
     from gpt2ladder.commands.sample import sample_command
 
     return sample_command(args)
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a run as a Hugging Face GPT-2 folder (weights only)",
+                       description="Write a run's weights as a folder that transformers loads with "
+                       "GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained: config.json, "
+                       "model.safetensors (50257 vocabulary rows, Conv1D layout, tied classifier), "
+                       "generation_config.json, the GPT-2 tokenizer files and a model card (README.md) with the "
+                       "run's data, steps and validation loss. No optimizer state: this is also the file to share. "
+                       "The folder is written beside OUT_DIR and renamed into place when complete.")
+    p.add_argument("run", metavar="RUN", help="a run directory or its ckpt.pt")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (absent or empty, unless --force)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
+                   help="weights' dtype in model.safetensors (default: float32)")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty")
+    p.set_defaults(handler=_export)
+
+
+def _export(args) -> int:
+    from gpt2ladder.commands.export import export_command
+
+    return export_command(args)
 
 
 def _add_parity(sub) -> None:
@@ -264,10 +291,17 @@ Each command has its own --help with examples. Errors are one line; --debug show
     "train": """examples:
   gpt2ladder train --steps 2000 --out runs/shakespeare
   gpt2ladder train --out runs/shakespeare --resume     continue from runs/shakespeare/ckpt.pt
-  gpt2ladder train --data my.txt --preset tiny --device cpu""",
+  gpt2ladder train --data my.txt --preset tiny --device cpu
+  gpt2ladder train --init-from hf/gpt2 --steps 500     start from Hugging Face GPT-2 weights (their shape)""",
     "sample": """examples:
   gpt2ladder sample runs/shakespeare --prompt "ROMEO:" --num-tokens 300
-  gpt2ladder sample runs/shakespeare/ckpt.pt --num-samples 3 --temperature 0.9""",
+  gpt2ladder sample runs/shakespeare/ckpt.pt --num-samples 3 --temperature 0.9
+  gpt2ladder sample hf/shakespeare --temperature 0      a Hugging Face folder (e.g. from export)""",
+    "export": """examples:
+  gpt2ladder export runs/shakespeare hf/shakespeare
+  gpt2ladder export runs/shakespeare/ckpt.pt hf/shakespeare --dtype bfloat16 --force
+then, in Python:
+  GPT2LMHeadModel.from_pretrained("hf/shakespeare"), AutoTokenizer.from_pretrained("hf/shakespeare")""",
     "parity": """examples:
   gpt2ladder parity --rungs seed --steps 300
   gpt2ladder parity --device cpu --steps 60""",
@@ -288,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpt2ladder {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for add in (_add_bench, _add_train, _add_sample, _add_parity, _add_profile, _add_doctor):
+    for add in (_add_bench, _add_train, _add_sample, _add_export, _add_parity, _add_profile, _add_doctor):
         add(sub)
     for name, p in sub.choices.items():
         p.formatter_class, p.epilog = _Formatter, _EXAMPLES.get(name)

@@ -1,4 +1,5 @@
-"""Tests for model/generate.py and `gpt2ladder sample`: deterministic generation, real-vocabulary-only ids, compile, the command."""
+"""Tests for model/generate.py and `gpt2ladder sample`: deterministic generation, real-vocabulary-only ids, compile,
+the command on a run and on Hugging Face weights."""
 
 import pytest
 import torch
@@ -116,6 +117,31 @@ def test_sample_command_with_compile(run_dir, capsys, monkeypatch):
         torch._dynamo.reset()
     assert code == 0 and backends == ["eager"]
     assert text == eager_text and text.count("-" * 40) == 1
+
+
+def test_sample_reads_hugging_face_weights(run_dir, tmp_path, capsys):
+    """The run's model exported to a Hugging Face folder samples the same greedy text, from the folder or
+    its model.safetensors; the banner names the shape it read."""
+    from gpt2ladder.model.hf import save_hf_gpt2
+    from gpt2ladder.training.checkpoint import load_checkpoint, model_from_checkpoint
+
+    save_hf_gpt2(model_from_checkpoint(load_checkpoint(run_dir), torch.device("cpu")), tmp_path / "hf")
+    code, from_run, err = _sample(capsys, run_dir, "--temperature", 0, "--prompt", "ROMEO:")
+    assert code == 0 and err == f"gpt2ladder sample: 1 layer, 2 heads, 32 wide, 1.6M parameters from {run_dir / 'ckpt.pt'} (step 1) on cpu\n"
+    for path in (tmp_path / "hf", tmp_path / "hf" / "model.safetensors"):
+        code, text, err = _sample(capsys, path, "--temperature", 0, "--prompt", "ROMEO:")
+        assert code == 0 and text == from_run
+        assert err == f"gpt2ladder sample: 1 layer, 2 heads, 32 wide, 1.6M parameters from {tmp_path / 'hf' / 'model.safetensors'} on cpu\n"
+
+
+def test_sample_of_weights_without_config_json_is_one_line(run_dir, tmp_path, capsys):
+    from gpt2ladder.model.hf import save_hf_gpt2
+    from gpt2ladder.training.checkpoint import load_checkpoint, model_from_checkpoint
+
+    save_hf_gpt2(model_from_checkpoint(load_checkpoint(run_dir), torch.device("cpu")), tmp_path / "hf")
+    (tmp_path / "hf" / "config.json").unlink()
+    code, _, err = _sample(capsys, tmp_path / "hf")
+    assert code == 2 and "no config.json beside" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,16 +1,25 @@
-"""Tests for gpt2ladder.hf: loading a Hugging Face-format GPT-2 safetensors file written by the test."""
+"""Tests for model/hf.py: loading a Hugging Face-format GPT-2 file written by the test, the config.json values
+it refuses, and writing the format (without transformers: tests/commands/test_hugging_face.py loads it there)."""
 
 import json
 from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+from gpt2ladder import cli
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
-from gpt2ladder.model.hf import CONV1D_SUFFIXES, hf_model_config, load_hf_gpt2
+from gpt2ladder.model.hf import (
+    CONV1D_SUFFIXES,
+    hf_model_config,
+    hf_tensors,
+    load_hf_gpt2,
+    load_hf_model,
+    save_hf_gpt2,
+)
 from gpt2ladder.runtime.engine import model_config_for
 from gpt2ladder.runtime.setup import Setup
 
@@ -117,3 +126,116 @@ def test_train_init_from_starts_from_the_file(tmp_path, source_model):
     engine = build_engine(cfg, Setup(), torch.device("cpu"))
     for name, value in source_model.state_dict().items():
         assert torch.equal(engine.raw_model.state_dict()[name], value), name
+
+
+# --- which config.json values load ------------------------------------------------------------------
+
+# (field, a value gpt2ladder's GPT does not compute): each must be refused in one line naming the field
+REFUSED = [
+    ("tie_word_embeddings", False), ("activation_function", "gelu"), ("activation_function", "relu"),
+    ("layer_norm_epsilon", 1e-6), ("scale_attn_weights", False), ("scale_attn_by_inverse_layer_idx", True),
+    ("reorder_and_upcast_attn", True), ("n_inner", 100), ("add_cross_attention", True), ("vocab_size", 50304),
+    ("model_type", "gpt_neo"), ("is_encoder_decoder", True), ("pruned_heads", {"0": [1]}),
+    ("quantization_config", {"quant_method": "bitsandbytes"}),
+]
+# values transformers computes the same function for: the tanh GELU's other names, fields that only
+# matter for training, generation or storage
+ACCEPTED = [
+    ("activation_function", "gelu_new"), ("activation_function", "gelu_pytorch_tanh"),
+    ("activation_function", "gelu_fast"), ("n_inner", None), ("n_inner", 4 * SHAPE.n_embd),
+    ("resid_pdrop", 0.1), ("initializer_range", 0.5), ("use_cache", False), ("dtype", "bfloat16"),
+    ("summary_type", "mean"), ("pad_token_id", 0), ("layer_norm_epsilon", 1e-05),
+]
+
+
+def _with_config(folder, **fields):
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+@pytest.mark.parametrize("field, value", REFUSED, ids=lambda v: str(v))
+def test_config_values_not_implemented_are_refused(tmp_path, source_model, field, value, capsys):
+    write_hf_gpt2(source_model, tmp_path / "gpt2")
+    _with_config(tmp_path / "gpt2", **{field: value})
+    with pytest.raises(UsageError, match=rf"{field} = .* is not implemented") as err:
+        hf_model_config(tmp_path / "gpt2")
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match=field):  # loading into a model checks the same file
+        load_hf_gpt2(tmp_path / "gpt2", GPT(SHAPE))
+    for argv in (["sample", tmp_path / "gpt2", "--device", "cpu"],
+                 ["train", "--device", "cpu", "--init-from", tmp_path / "gpt2" / "model.safetensors",
+                  "--out", tmp_path / "run", "--no-progress"]):
+        code = cli.main([str(a) for a in argv])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("gpt2ladder: error: ") and err.count("\n") == 1, err
+        assert f"{field} = " in err and "not implemented" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field, value", ACCEPTED, ids=lambda v: str(v))
+def test_config_values_that_compute_the_same_function_load(tmp_path, source_model, field, value):
+    write_hf_gpt2(source_model, tmp_path / "gpt2")
+    _with_config(tmp_path / "gpt2", **{field: value})
+    assert hf_model_config(tmp_path / "gpt2") == SHAPE
+
+
+def test_an_untied_classifier_is_refused(tmp_path, source_model):
+    path = write_hf_gpt2(source_model, tmp_path / "gpt2")
+    tensors = load_file(str(path))
+    tensors["lm_head.weight"] = tensors["wte.weight"] + 1e-3
+    save_file(tensors, str(path))
+    with pytest.raises(UsageError, match="lm_head.weight differs from transformer.wte.weight") as err:
+        load_hf_gpt2(path, GPT(SHAPE))
+    assert "\n" not in str(err.value)
+
+
+def test_head_count_comes_from_config_json(tmp_path, source_model):
+    """The tensors of 2 and 4 heads have the same shapes: only config.json tells them apart."""
+    write_hf_gpt2(source_model, tmp_path / "gpt2")
+    four_heads = GPT(ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=64))
+    with pytest.raises(UsageError, match="n_head 2 there, 4 here"):
+        load_hf_gpt2(tmp_path / "gpt2", four_heads)
+    assert load_hf_model(tmp_path / "gpt2").config == SHAPE
+    write_hf_gpt2(source_model, tmp_path / "bare", config=False)
+    with pytest.raises(UsageError, match="no config.json beside"):
+        load_hf_model(tmp_path / "bare")
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def test_written_tensors_have_the_hugging_face_layout(source_model):
+    tensors = hf_tensors(source_model)
+    assert "lm_head.weight" not in tensors and all(k.startswith("transformer.") for k in tensors)
+    assert tensors["transformer.wte.weight"].shape == (50257, SHAPE.n_embd)
+    fc = source_model.transformer.h[1].mlp.c_fc.weight  # (out, in) = (128, 32) here
+    assert tensors["transformer.h.1.mlp.c_fc.weight"].shape == (32, 128)
+    assert torch.equal(tensors["transformer.h.1.mlp.c_fc.weight"], fc.t())
+    assert tensors["transformer.h.0.attn.c_proj.weight"].is_contiguous()
+    assert hf_tensors(source_model, torch.bfloat16)["transformer.ln_f.weight"].dtype == torch.bfloat16
+
+
+def test_written_folder_loads_back_into_a_padded_model(tmp_path, source_model):
+    padded = GPT(model_config_for(SHAPE, Setup(vocab_multiple=128))).eval()
+    load_hf_gpt2(write_hf_gpt2(source_model, tmp_path / "src"), padded)  # the same weights, padded
+    files = save_hf_gpt2(padded, tmp_path / "out")
+    assert sorted(p.name for p in files) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert load_file(str(tmp_path / "out" / "model.safetensors"))["transformer.wte.weight"].shape[0] == 50257
+    back = load_hf_model(tmp_path / "out")
+    idx = torch.randint(0, SHAPE.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(_logits(back, idx), _logits(padded, idx))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["n_head"] == 2 and config["n_positions"] == 64 and config["tie_word_embeddings"] is True
+
+
+def test_train_init_from_a_folder_names_the_shape_it_read(tmp_path, source_model, capsys, monkeypatch):
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "cache"))  # the test text's tokens stay private
+    (tmp_path / "text.txt").write_text("To be, or not to be, that is the question.\n" * 200)
+    write_hf_gpt2(source_model, tmp_path / "gpt2")
+    code = cli.main(["train", "--device", "cpu", "--init-from", str(tmp_path / "gpt2"), "--data", str(tmp_path / "text.txt"),
+                     "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--rungs", "baseline", "--eval-every", "0",
+                     "--out", str(tmp_path / "run"), "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"gpt2ladder train: 2 layers, 2 heads, 32 wide, 1.6M parameters from {tmp_path / 'gpt2'} on cpu" in out
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["block_size"] == 64

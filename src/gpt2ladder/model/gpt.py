@@ -139,6 +139,15 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
 
+def describe_shape(model: GPT) -> str:
+    """"12 layers, 12 heads, 768 wide, 124.4M parameters": the shape itself, for a banner when the weights
+    come from a file (a preset's name would not say what was read). Padded vocabulary rows are not counted."""
+    c = model.config
+    n = model.num_params(non_embedding=False) - (c.padded_vocab_size - c.vocab_size) * c.n_embd
+    layers, heads = (f"{k} {word}{'s' if k != 1 else ''}" for k, word in ((c.n_layer, "layer"), (c.n_head, "head")))
+    return f"{layers}, {heads}, {c.n_embd} wide, {n / 1e6:.1f}M parameters"
+
+
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Mean next-token loss over the real vocabulary only.
 

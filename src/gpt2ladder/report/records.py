@@ -1,12 +1,15 @@
 """Results that describe themselves: the header every record carries (versions, device, git SHA, date),
-and writing records safely (an output folder checked before any work, atomic JSON)."""
+and writing records safely (an output folder checked before any work, atomic JSON, a folder that
+appears whole or not at all)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -75,3 +78,49 @@ def write_record(out: Path, stem: str, record: dict, markdown, plot) -> list[Pat
     paths[1].write_text(markdown(record))
     plot(record, paths[2])
     return paths
+
+
+def check_new_folder(out: Path, force: bool = False) -> None:
+    """UsageError unless `out` is absent, an empty folder, or a folder that `force` allows to replace."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UsageError(f"{out} already exists and is not empty; give another folder, or --force to replace it")
+
+
+@contextlib.contextmanager
+def folder_written_whole(out: str | Path, force: bool = False):
+    """Yield a hidden temp folder beside `out` to write into. When the block succeeds the temp folder
+    is renamed to `out` (an old `out` moved aside first, and removed after); when it fails, it is
+    deleted. So `out` is never a half-written folder, whatever stops the block. (No fsync: a power cut
+    may leave files cut short, and the command is simply run again.)"""
+    out = Path(out)
+    check_new_folder(out, force)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    except OSError as err:
+        raise UsageError(f"cannot write to {out.parent}: {err.strerror or err}") from None
+    try:
+        yield tmp
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's 0700 would make the folder private to this user
+        _replace_folder(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _replace_folder(new: Path, out: Path) -> None:
+    if not out.exists():
+        os.rename(new, out)
+        return
+    old = new.with_suffix(".old")
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except OSError:
+        os.rename(old, out)  # put the previous folder back: nothing is lost
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -29,7 +29,7 @@ class TrainConfig:
     ckpt_every: int = 40  # 0 = only at the end and on a signal
     seed: int = 0
     data: str | None = None  # a text file; None = Tiny Shakespeare (never random tokens)
-    init_from: str | None = None  # a local Hugging Face GPT-2 model.safetensors
+    init_from: str | None = None  # local Hugging Face GPT-2 weights: a folder, or its model.safetensors
     compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:

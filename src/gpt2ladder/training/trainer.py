@@ -33,6 +33,7 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import setup_for
+from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import Engine, OptimConfig, build_model
@@ -295,7 +296,8 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
         _announce(report, trainer, changed, resume)
         with StopSignals() as stop:
             code = trainer.run(stop, report)
-        report.plot(f"{cfg.preset} on {trainer.tokens.source}, {cfg.tokens_per_step:,} tokens/step")
+        model = Path(cfg.init_from).name if cfg.init_from else cfg.preset
+        report.plot(f"{model} on {trainer.tokens.source}, {cfg.tokens_per_step:,} tokens/step")
     finally:
         report.close()
     return _finish(report, trainer, code, stop.signum)
@@ -313,10 +315,17 @@ def _write_config(out: Path, trainer: Trainer, ranks, caps, batch_plan=None) -> 
     write_json(out / "config.json", record)
 
 
+def _model_label(trainer: Trainer) -> str:
+    """The preset, or the shape actually read when the weights come from a file (the preset did not choose it)."""
+    cfg, raw = trainer.cfg, trainer.engine.raw_model
+    if cfg.init_from:
+        return f"{describe_shape(raw)} from {cfg.init_from}"
+    return f"{cfg.preset} ({raw.num_params(non_embedding=False) / 1e6:.1f}M parameters)"
+
+
 def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bool) -> None:
     cfg = trainer.cfg
-    n_params = trainer.engine.raw_model.num_params(non_embedding=False)
-    report.message(f"gpt2ladder train: {cfg.preset} ({n_params / 1e6:.1f}M parameters) on {trainer.device}, "
+    report.message(f"gpt2ladder train: {_model_label(trainer)} on {trainer.device}, "
                    f"rungs: {', '.join(cfg.rungs)}; {cfg.steps} steps of {cfg.tokens_per_step:,} tokens "
                    f"({cfg.batch_size} x {cfg.seq_len} x {trainer.accum} micro-batches"
                    f"{f' x {trainer.ranks.world_size} processes, {trainer.strategy}' if trainer.strategy else ''}); "

@@ -1,0 +1,143 @@
+"""Tests for `gpt2ladder export` without transformers: the files, what the model card states, one-line
+errors, and a folder that appears whole or not at all. tests/commands/test_hugging_face.py loads the
+export in transformers."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gpt2ladder import cli
+from gpt2ladder.data.tokenizer import _bpe_files
+from gpt2ladder.model.hf import CONV1D_SUFFIXES
+from gpt2ladder.training.checkpoint import load_checkpoint
+from gpt2ladder.training.runlog import read_log
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, shakespeare_cache):
+    """A real 4-step run of the tiny preset with a padded vocabulary, validated at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("export") / "run"
+    code = cli.main(["train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline,vocab", "--batch-size", "2",
+                     "--seq-len", "32", "--steps", "4", "--eval-every", "2", "--eval-batches", "1", "--ckpt-every", "0",
+                     "--no-progress", "--out", str(out)])
+    assert code == 0
+    return out
+
+
+@pytest.fixture
+def run(trained_run, tmp_path):
+    return shutil.copytree(trained_run, tmp_path / "run")
+
+
+def _export(capsys, *args):
+    code = cli.main(["export", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(err: str, code: int, expected: int) -> bool:
+    return code == expected and err.startswith("gpt2ladder: error: ") and err.count("\n") == 1
+
+
+def test_export_writes_the_hugging_face_files(run, tmp_path, capsys):
+    code, out, _ = _export(capsys, run, tmp_path / "hf")
+    assert code == 0 and "2 layers, 4 heads, 128 wide" in out
+    names = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert names == ["README.md", "config.json", "generation_config.json", "merges.txt", "model.safetensors",
+                     "tokenizer.json", "tokenizer_config.json", "vocab.json"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folder left
+    state = load_checkpoint(run)
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert tensors["transformer.wte.weight"].shape == (50257, 128)  # the run's 50304 rows cut back
+    assert state["model"]["transformer.wte.weight"].shape == (50304, 128)
+    assert torch.equal(tensors["transformer.wte.weight"], state["model"]["transformer.wte.weight"][:50257])
+    for suffix in CONV1D_SUFFIXES:  # Conv1D layout: (in, out)
+        name = f"transformer.h.1.{suffix}"
+        assert torch.equal(tensors[name], state["model"][name].t())
+    assert "lm_head.weight" not in tensors  # tied: transformers ties it back to wte
+    encoder_json, vocab_bpe = _bpe_files()
+    assert (tmp_path / "hf" / "vocab.json").read_bytes() == encoder_json.read_bytes()
+    assert (tmp_path / "hf" / "merges.txt").read_bytes() == vocab_bpe.read_bytes()
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["n_layer"], config["n_head"], config["n_embd"], config["n_positions"]) == (2, 4, 128, 256)
+    assert config["vocab_size"] == 50257 and config["dtype"] == "float32"
+
+
+def test_model_card_states_what_the_run_recorded(run, tmp_path, capsys):
+    log = read_log(run / "log.jsonl")
+    with open(run / "log.jsonl", "a") as f:  # a step logged after the checkpoint was written
+        f.write(json.dumps({"step": 5, "loss": 1.0, "val_loss": 0.5}) + "\n")
+    assert _export(capsys, run / "ckpt.pt", tmp_path / "hf")[0] == 0
+    card = (tmp_path / "hf" / "README.md").read_text()
+    record = json.loads((run / "config.json").read_text())
+    assert f"| data | tinyshakespeare ({record['data']['n_tokens']:,} tokens, sha256 " in card
+    assert "| steps | 4 of 4 planned, 64 tokens per step |" in card
+    assert f"| validation loss | {log[3]['val_loss']:.4f} at step 4 (mean over 1 batches of 2 x 32 tokens) |" in card
+    assert f"| training loss | {log[3]['loss']:.4f} at step 4 |" in card
+    assert "0.5000" not in card and "random weights, seed 0" in card and "baseline, vocab" in card
+
+
+def test_export_in_bfloat16(run, tmp_path, capsys):
+    assert _export(capsys, run, tmp_path / "hf", "--dtype", "bfloat16")[0] == 0
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_missing_run_is_one_line(tmp_path, capsys):
+    code, _, err = _export(capsys, tmp_path / "nothing", tmp_path / "hf")
+    assert _one_line_error(err, code, 2) and "no checkpoint at" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_folder_that_is_not_empty_needs_force(run, tmp_path, capsys):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "mine.txt").write_text("keep me")
+    code, _, err = _export(capsys, run, tmp_path / "hf")
+    assert _one_line_error(err, code, 2) and "--force" in err
+    assert (tmp_path / "hf" / "mine.txt").read_text() == "keep me"
+    assert _export(capsys, run, tmp_path / "hf", "--force")[0] == 0
+    assert not (tmp_path / "hf" / "mine.txt").exists() and (tmp_path / "hf" / "model.safetensors").is_file()
+    (tmp_path / "empty").mkdir()
+    assert _export(capsys, run, tmp_path / "empty")[0] == 0  # an empty folder is filled
+
+
+def test_an_out_dir_that_is_a_file_or_under_one_is_one_line(run, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("keep me")
+    for target, words in ((tmp_path / "notes.txt", "is not a folder"), (tmp_path / "notes.txt" / "hf", "cannot write to")):
+        code, _, err = _export(capsys, run, target, "--force")
+        assert _one_line_error(err, code, 2) and words in err
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_the_run_itself_is_never_replaced(run, capsys):
+    before = (run / "ckpt.pt").read_bytes()
+    for target in (run, run.parent):
+        code, _, err = _export(capsys, run, target, "--force")
+        assert _one_line_error(err, code, 2) and "holds the run being exported" in err
+    assert (run / "ckpt.pt").read_bytes() == before
+
+
+def test_a_failure_leaves_no_half_folder(run, tmp_path, capsys, monkeypatch):
+    def full_disk(folder, model_max_length):
+        (folder / "vocab.json").write_text("{")  # half a file, then the disk is full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("gpt2ladder.commands.export.write_hf_tokenizer", full_disk)
+    code, _, err = _export(capsys, run, tmp_path / "hf")
+    assert _one_line_error(err, code, 1) and "No space left" in err
+    assert list(tmp_path.iterdir()) == [run]  # neither the folder nor its temp twin
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "mine.txt").write_text("keep me")
+    assert _export(capsys, run, tmp_path / "old", "--force")[0] == 1
+    assert [p.name for p in (tmp_path / "old").iterdir()] == ["mine.txt"]  # the old folder is kept
+
+
+def test_export_help_has_an_example(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["export", "--help"])
+    text = capsys.readouterr().out
+    assert "gpt2ladder export runs/shakespeare hf/shakespeare" in text and "(default: float32)" in text
