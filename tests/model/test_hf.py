@@ -237,5 +237,5 @@ def test_train_init_from_a_folder_names_the_shape_it_read(tmp_path, source_model
                      "--out", str(tmp_path / "run"), "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0
-    assert f"gpt2ladder train: 2 layers, 2 heads, 32 wide, 1.6M parameters from {tmp_path / 'gpt2'} on cpu" in out
+    assert f"model: 2 layers, 2 heads, 32 wide, 1.6M parameters from {tmp_path / 'gpt2'} on cpu" in out
     assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["block_size"] == 64

@@ -325,7 +325,7 @@ def _model_label(trainer: Trainer) -> str:
 
 def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bool) -> None:
     cfg = trainer.cfg
-    report.message(f"gpt2ladder train: {_model_label(trainer)} on {trainer.device}, "
+    report.message(f"model: {_model_label(trainer)} on {trainer.device}, "
                    f"rungs: {', '.join(cfg.rungs)}; {cfg.steps} steps of {cfg.tokens_per_step:,} tokens "
                    f"({cfg.batch_size} x {cfg.seq_len} x {trainer.accum} micro-batches"
                    f"{f' x {trainer.ranks.world_size} processes, {trainer.strategy}' if trainer.strategy else ''}); "
