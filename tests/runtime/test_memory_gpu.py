@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from gpu_support import GPU, needs_cuda
+
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
 from gpt2ladder.measure.harness import climb

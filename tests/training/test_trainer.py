@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from gpt2ladder import cli, data
-from gpt2ladder.commands.defaults import defaults
-from gpt2ladder.commands.train import COMPILE_BACKEND_ENV, config_from_args
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
+from gpt2ladder.commands.train import config_from_args
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.runtime.distributed import Dist

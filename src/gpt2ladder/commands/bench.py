@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import torch
 
 from gpt2ladder import data as data_mod
-from gpt2ladder.commands.defaults import defaults
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import (
     left_out_of_auto,
@@ -155,4 +156,5 @@ def bench_config(args, device: torch.device, caps: Capabilities, dist: distribut
         seq_len=args.seq_len or d["seq_len"] or preset(name).block_size,
         steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,
         seed=args.seed, data=args.data, strategy=args.strategy, last_only=args.last_only,
+        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
     )

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from gpt2ladder.commands.defaults import defaults
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
 from gpt2ladder.ladder import (
     left_out_of_auto,
     resolve_rungs,
@@ -20,10 +20,6 @@ from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import cap_memory, detect
 from gpt2ladder.training.config import TrainConfig, model_config_for
 from gpt2ladder.training.trainer import run_training
-
-# Lets CPU tests run the compile rung with backend "eager" (seconds, not minutes). Not a user setting;
-# the default is Inductor, the backend the rung is about.
-COMPILE_BACKEND_ENV = "GPT2LADDER_COMPILE_BACKEND"
 
 
 def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print) -> tuple[str, ...]:
