@@ -235,6 +235,24 @@ def test_oom_outside_bench_is_one_line(capsys, monkeypatch):
     assert_one_line_error(code, err, 1, "out of memory", "--batch-size auto")
 
 
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                 "to allocate 51463168000 bytes. Error code 12 (Cannot allocate memory)"),
+    MemoryError("Unable to allocate 149. GiB for an array with shape (20000000000,) and data type int64"),
+])
+def test_host_out_of_memory_in_train_is_one_line_naming_the_allocation(tmp_path, capsys, text_file, monkeypatch,
+                                                                       error):
+    """`train --batch-size 1000 --seq-len 256` on CPU: the allocator's failure, not a traceback."""
+    def out_of_memory(self, x, y):
+        raise error
+
+    monkeypatch.setattr(Engine, "step", out_of_memory)
+    code, _, err = run(capsys, "train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--steps", "1",
+                       "--batch-size", "2", "--seq-len", "16", "--data", text_file, "--out", tmp_path / "run",
+                       "--no-progress")
+    assert_one_line_error(code, err, 1, "out of host memory", str(error)[:40], "--batch-size")
+
+
 # --- one line, always; --debug shows the traceback -----------------------------------------------
 
 

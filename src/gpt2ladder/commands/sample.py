@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -23,8 +24,8 @@ def _precision(device: torch.device, setup: dict):
 
 
 def _check_args(args) -> None:
-    if args.temperature < 0:
-        raise UsageError(f"--temperature must be zero (greedy) or positive, got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UsageError(f"--temperature must be zero (greedy) or a finite positive number, got {args.temperature}")
     if args.top_k < 0:
         raise UsageError(f"--top-k must be zero (all tokens) or positive, got {args.top_k}")
 

@@ -67,8 +67,8 @@ class ParityConfig:
             raise UsageError(f"--seeds must be at least 2 (the spread needs two baseline runs), got {self.seeds}")
         if not 0 < self.tolerance < 1:
             raise UsageError(f"--tolerance is a fraction between 0 and 1 (0.02 = 2%), got {self.tolerance}")
-        if not self.lr > 0:
-            raise UsageError(f"--lr must be positive, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UsageError(f"--lr must be a finite positive number, got {self.lr}")
         if self.eval_every is not None and self.eval_every <= 0:
             raise UsageError(f"--eval-every must be a positive integer, got {self.eval_every}")
         if self.seq_len > preset(self.preset).block_size:
