@@ -1,11 +1,14 @@
 """The bad-input list as a table: each row is a command line, its exit code and a fragment of the one line
 it must print on stderr, with no traceback. A new case is one line in CASES.
 
-Placeholders in a row's arguments name things the `places` fixture makes once for the module: {run} a
+A flag given twice takes its last value, so a row overrides a default by appending. Placeholders in a
+row's arguments name things the `places` fixture makes once for the module: {run} a
 trained run directory, {text} a small text, {out} a fresh output directory, and damaged files.
 Everything runs through `cli.main` in-process (fast); tests that need a real process (signals, kill)
 live next to the code they test.
 """
+
+import os
 
 import pytest
 
@@ -31,6 +34,9 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("parity tolerance nan", [*PARITY, "--tolerance", "nan"], 2, "--tolerance"),
     ("sample temperature nan", [*SAMPLE, "--temperature", "nan"], 2, "--temperature must be zero"),
     ("sample temperature inf", [*SAMPLE, "--temperature", "inf"], 2, "--temperature must be zero"),
+    # data that is not a text file
+    ("train data FIFO", [*TRAIN, "--data", "{fifo}"], 2, "is not a regular file"),
+    ("parity data device", [*PARITY, "--data", "/dev/zero"], 2, "is not a regular file"),
     # numbers that fit a flag but not the memory: numpy's _ArrayMemoryError (2**61 bytes, beyond any
     # address space, so it fails at once on every machine)
     ("train tokens per step 2**60", [*TRAIN, "--tokens-per-step", str(2**60)], 1, "out of host memory"),
@@ -42,7 +48,8 @@ def places(tmp_path_factory):
     """The paths the placeholders stand for; the run is a two-step tiny training run, made once."""
     root = tmp_path_factory.mktemp("bad-inputs")
     (root / "small.txt").write_text(TEXT)
-    paths = {"text": root / "small.txt", "run": root / "run", "root": root}
+    paths = {"text": root / "small.txt", "run": root / "run", "root": root, "fifo": root / "fifo"}
+    os.mkfifo(paths["fifo"])  # nothing ever writes to it: reading it would hang
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GPT2LADDER_CACHE", str(root / "cache"))
         assert main(_fill(TRAIN, {**paths, "out": paths["run"]})) == 0

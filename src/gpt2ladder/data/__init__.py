@@ -1,5 +1,6 @@
-"""Text into training batches: the GPT-2 tokenizer (`tokenizer`), the text and its token cache
-(`text`), and the batch sampler (`batches`). Deterministic, and offline once the text is on disk."""
+"""Text into training batches: the GPT-2 tokenizer (`tokenizer`), the text (`text`), its token cache
+(`cache`), safe file writes (`files`) and the batch sampler (`batches`). Deterministic, and offline
+once the text is on disk."""
 
 from gpt2ladder.data.batches import Batches, eval_batches, to_device
 from gpt2ladder.data.text import (

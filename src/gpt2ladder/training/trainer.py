@@ -54,6 +54,10 @@ from gpt2ladder.training.schedule import lr_at
 from gpt2ladder.training.signals import StopSignals
 
 
+def _silent(*args, **kwargs) -> None:
+    """The notices of ranks other than 0 (every rank finds the same)."""
+
+
 @dataclass(frozen=True)
 class TrainResult:
     exit_code: int  # 0 done, 128 + signal number when stopped by a signal
@@ -112,7 +116,7 @@ class Trainer:
         self.cfg, self.device, self.out, self.ranks = cfg, device, out, ranks
         self.strategy = strategy  # "ddp" or "fsdp" under torchrun (ranks is then a distributed.Dist)
         self.accum = cfg.grad_accum(ranks.world_size)
-        self.tokens = data_mod.load_tokens(cfg.data)  # DataUnavailable: no random stand-in for training
+        self.tokens = data_mod.load_tokens(cfg.data, notify=print if ranks.is_main else _silent)  # no random stand-in
         self.setup = setup_for(list(cfg.rungs))
         parallelize = (functools.partial(distributed.wrap_for_data_parallel, dist=ranks, strategy=strategy)
                        if strategy else None)
