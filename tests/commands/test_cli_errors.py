@@ -106,7 +106,7 @@ def test_seq_len_above_the_block_size(tmp_path, capsys, text_file):
     ("--steps", "2.5", ["--steps", "positive integer", "'2.5'"]),
     ("--seq-len", "0", ["--seq-len", "positive integer"]),
     ("--warmup", "-1", ["--warmup", "zero or more"]),
-    ("--seed", "x", ["--seed", "invalid int value"]),
+    ("--seed", "x", ["--seed", "expected a seed", "'x'"]),
 ])
 def test_bad_numbers(tmp_path, capsys, text_file, flag, value, words):
     code, _, err = run(capsys, *bench(tmp_path, "--data", text_file, flag, value))
