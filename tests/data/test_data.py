@@ -235,6 +235,16 @@ def test_too_short_text_for_a_sequence_is_usage_error(tmp_cache, tmp_path):
         Batches(td.train, batch_size=2, seq_len=64)
 
 
+def test_a_split_too_short_names_the_whole_text(tmp_cache, tmp_path):
+    """Not "the text has 24 tokens" for a 240-token text whose validation split is 24 tokens."""
+    td = load_tokens(_write(tmp_path / "t.txt", ("Words of a short text.\n" * 40).encode()))
+    data.check_splits(td, seq_len=32, validate=False)  # the training split holds one sequence
+    with pytest.raises(UsageError) as err:
+        data.check_splits(td, seq_len=32, validate=True)
+    assert (f"the text has {td.n_tokens} tokens, and its validation split (the last 10%) {len(td.val)}: too few for "
+            "one sequence of 33") in str(err.value) and "--eval-every 0" in str(err.value)
+
+
 # --- streaming: chunked tokenization, hashing, only regular files -----------------------------------
 
 

@@ -251,6 +251,7 @@ def judge(rows: list[dict], reference: dict, spread: float, cfg: ParityConfig) -
 
 def _context(cfg: ParityConfig, device: torch.device, progress: bool) -> tuple[_Context, data_mod.TokenData]:
     tokens = data_mod.load_tokens(Path(cfg.data) if cfg.data else None)  # DataUnavailable is the error
+    data_mod.check_splits(tokens, cfg.seq_len, validate=True)
     evals = [data_mod.to_device(x, y, device)
              for x, y in data_mod.eval_batches(tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)]
     return _Context(cfg, preset(cfg.preset), tokens, evals, device, progress), tokens
