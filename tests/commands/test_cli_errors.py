@@ -170,6 +170,19 @@ def test_output_directory_under_a_regular_file(tmp_path, capsys, text_file):
     assert blocker.read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("command", ["parity", "profile"])
+def test_a_failed_run_leaves_no_empty_output_directory(tmp_path, capsys, command):
+    """parity and profile make --out before their work; a run that fails removes it again if it is empty
+    and was the run's own (train does the same: tests/training/test_run_safety.py)."""
+    (tmp_path / "mine").mkdir()
+    for out, kept in ((tmp_path / "new" / "out", False), (tmp_path / "mine", True)):
+        code, _, err = run(capsys, command, "--device", "cpu", "--preset", "tiny", "--rungs", "baseline",
+                           "--data", tmp_path / "missing.txt", "--out", out)
+        assert_one_line_error(code, err, 2, "does not exist")
+        assert out.is_dir() == kept
+    assert not (tmp_path / "new").exists()
+
+
 def test_failed_run_leaves_earlier_results_untouched(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()

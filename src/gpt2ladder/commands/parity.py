@@ -14,7 +14,7 @@ from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.measure.parity import ParityConfig, merge_shards, run_parity
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.parity import format_table, write_outputs
-from gpt2ladder.report.records import prepare_out_dir, write_json
+from gpt2ladder.report.records import output_dir, prepare_out_dir, write_json
 from gpt2ladder.runtime.hardware import detect, resolve_device
 
 
@@ -37,7 +37,11 @@ def parity_command(args) -> int:
     caps = detect(device)
     cfg = config_from_args(args, device, caps)
     shard = parse_shard(args.shard)
-    out = prepare_out_dir(args.out)
+    with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
+        return _run(args, cfg, caps, device, shard, out)
+
+
+def _run(args, cfg: ParityConfig, caps, device: torch.device, shard: tuple[int, int], out: Path) -> int:
     print(f"gpt2ladder parity: {cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
           f"{cfg.steps} steps per run, {cfg.seeds} baseline seeds, rungs: {', '.join(cfg.rungs)}"
           + (f", shard {shard[0]} of {shard[1]}" if shard[1] > 1 else ""), flush=True)
