@@ -8,7 +8,7 @@ import torch
 
 from gpt2ladder.commands.defaults import defaults
 from gpt2ladder.ladder import resolve_rungs, why_unavailable
-from gpt2ladder.report.records import prepare_out_dir
+from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training.config import TrainConfig, model_config_for
@@ -64,7 +64,7 @@ def _train_command(args, dist: distributed.Dist) -> int:
     notify = print if dist.is_main else (lambda *a, **k: None)
     strategy = distributed.resolve_strategy(args.strategy, args.preset or defaults("train", device)["preset"], dist)
     cfg = config_from_args(args, device, detect(device), dist.world_size, notify, strategy)
-    out = prepare_out_dir(args.out)
-    result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
-                          strategy=strategy)
+    with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
+        result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
+                              strategy=strategy, allow_data_change=args.allow_data_change)
     return result.exit_code

@@ -6,6 +6,9 @@ any moment (even kill -9) and resumed with --resume logs the same per-step losse
 interrupted: batch i is a function of (seed, i), the learning rate a function of the step, and the
 checkpoint holds weights, optimizer, data position and RNG states.
 
+One process owns the run directory at a time (training/lock.py), and --resume refuses another text
+than the checkpoint's unless --allow-data-change is given.
+
 Exit codes: 0 when done; 130 after Ctrl-C (SIGINT) and 143 after SIGTERM, both of which finish the
 step in flight and save a checkpoint first; 1 or 2 with a one-line error otherwise.
 
@@ -39,6 +42,7 @@ from gpt2ladder.runtime.engine import Engine, OptimConfig, build_model
 from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.runtime.metrics import flops_per_token, mfu, peak_flops
 from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.training import lock
 from gpt2ladder.training.checkpoint import (
     FILENAME,
     config_differences,
@@ -117,6 +121,7 @@ class Trainer:
         self.strategy = strategy  # "ddp" or "fsdp" under torchrun (ranks is then a distributed.Dist)
         self.accum = cfg.grad_accum(ranks.world_size)
         self.tokens = data_mod.load_tokens(cfg.data, notify=print if ranks.is_main else _silent)  # no random stand-in
+        data_mod.check_splits(self.tokens, cfg.seq_len, validate=bool(cfg.eval_every))
         self.setup = setup_for(list(cfg.rungs))
         parallelize = (functools.partial(distributed.wrap_for_data_parallel, dist=ranks, strategy=strategy)
                        if strategy else None)
@@ -134,6 +139,7 @@ class Trainer:
         self.step_ms: list[float] = []  # this session's steps
         self.last_loss: float | None = None
         self.last_val_loss: float | None = None
+        self.notices: list[str] = []  # what resuming found, said when the run starts
 
     # checkpoints
 
@@ -164,7 +170,7 @@ class Trainer:
             return "no checkpoint was written"
         return f"{self.ckpt_path} still holds step {self.saved_step}"
 
-    def resume(self) -> list[str]:
+    def resume(self, allow_data_change: bool = False) -> list[str]:
         """Load OUT/ckpt.pt into this run; returns the train-config fields that differ from the saved."""
         state = load_checkpoint(self.ckpt_path)
         raw = self.engine.raw_model
@@ -173,6 +179,7 @@ class Trainer:
         if diffs:
             raise UsageError(f"--resume: {self.ckpt_path} holds another model than requested "
                              f"({'; '.join(diffs)}); use the run's --preset and --rungs, or another --out")
+        self._check_data(state, self.ckpt_path, allow_data_change)
         if distributed.is_sharded(raw):  # every rank keeps its shard of the full tensors
             distributed.load_state(raw, self.engine.optimizer, state["model"], state["optimizer"])
         else:
@@ -184,6 +191,19 @@ class Trainer:
         set_rng_state(state["rng"])
         self.step = self.saved_step = int(state["step"])
         return config_differences(state["train_config"], self.cfg.to_dict())
+
+    def _check_data(self, state: dict, path: Path, allowed: bool) -> bool:
+        """Whether the text differs from the checkpoint's; a UsageError unless that is allowed."""
+        saved = state.get("data_source") or {}
+        if not saved.get("sha256") or saved["sha256"] == self.tokens.sha256:
+            return False
+        change = (f"{saved.get('source')} (sha256 {saved['sha256'][:12]}...) -> {self.tokens.source} "
+                  f"(sha256 {self.tokens.sha256[:12]}...)")
+        if not allowed:
+            raise UsageError(f"--resume: {path} was trained on another text than this run's ({change}); pass "
+                             "--allow-data-change to continue on the new one, or give the run's own --data")
+        self.notices.append(f"notice: resuming on another text than the checkpoint's: {change}")
+        return True
 
     # steps
 
@@ -259,15 +279,42 @@ class Trainer:
 
 
 def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: bool = False,
-                 progress: bool = True, ranks=distributed.SINGLE, strategy: str | None = None) -> TrainResult:
-    """Train (or continue) the run in `out`; every user-visible side effect happens on the main rank."""
+                 progress: bool = True, ranks=distributed.SINGLE, strategy: str | None = None,
+                 allow_data_change: bool = False) -> TrainResult:
+    """Train (or continue) the run in `out`, which this process holds locked meanwhile; every
+    user-visible side effect happens on the main rank."""
+    held = _lock(out, ranks)
+    try:
+        return _run_locked(cfg, device, out, resume, progress, ranks, strategy, allow_data_change)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _lock(out: Path, ranks) -> lock.RunLock | None:
+    """Rank 0 locks `out` (the others never write there); every rank learns whether it could."""
+    if ranks.is_main:
+        prepare_out_dir(out)
+    held, holder = lock.try_lock(out) if ranks.is_main else (None, None)
+    if ranks.is_main and not lock.CAN_LOCK:
+        print(f"notice: this platform has no fcntl.flock; nothing stops a second run from using {out} too")
+    free = float(holder is None)
+    if ranks.world_size > 1:  # a collective: every rank stops if rank 0 could not lock
+        free = float(ranks.mean(torch.tensor(free)))
+    if free < 1:
+        raise UsageError(f"{out} is in use by another gpt2ladder run ({holder or 'rank 0 found it locked'}); "
+                         "wait for it to finish, or use another --out")
+    return held
+
+
+def _run_locked(cfg: TrainConfig, device: torch.device, out: Path, resume: bool, progress: bool, ranks,
+                strategy: str | None, allow_data_change: bool) -> TrainResult:
     ckpt = out / FILENAME
     if not resume and ckpt.exists():
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
     trainer = Trainer(cfg, device, out, ranks, strategy)
-    changed = trainer.resume() if resume else []  # fails before the log or checkpoint is touched
+    changed = trainer.resume(allow_data_change) if resume else []  # fails before the log or checkpoint is touched
     if ranks.is_main:
-        prepare_out_dir(out)
         remove_stale_temps(ckpt)
         _write_config(out, trainer, ranks)
     report = Reporter(out, cfg, is_main=ranks.is_main, progress=progress, start=trainer.step)
@@ -300,6 +347,8 @@ def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bo
                    f"({cfg.batch_size} x {cfg.seq_len} x {trainer.accum} micro-batches"
                    f"{f' x {trainer.ranks.world_size} processes, {trainer.strategy}' if trainer.strategy else ''}); "
                    f"data: {trainer.tokens.source}")
+    for notice in trainer.notices:
+        report.message(notice)
     if resume:
         report.message(f"resuming from step {trainer.step} of {trainer.ckpt_path}")
     if changed:

@@ -1,0 +1,147 @@
+"""Nothing lost: one process per run directory, another text refused, no empty --out."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from gpt2ladder import cli, data
+from gpt2ladder.runtime.distributed import Dist
+from gpt2ladder.training import lock
+from gpt2ladder.training.checkpoint import load_checkpoint
+from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.trainer import run_training
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
+
+
+@pytest.fixture(autouse=True)
+def _cache(shakespeare_cache):
+    """Tiny Shakespeare from the session's cache, never the network."""
+
+
+def _args(out, *extra) -> list[str]:
+    return ["train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--batch-size", "2",
+            "--seq-len", "32", "--steps", "6", "--ckpt-every", "3", "--eval-every", "0", "--no-progress",
+            "--out", str(out), *extra]
+
+
+def _cli(capsys, args):
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(err: str, *words) -> bool:
+    return (err.startswith("gpt2ladder: error: ") and err.count("\n") == 1 and "Traceback" not in err
+            and all(w in err for w in words))
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory, shakespeare_cache):
+    """Six good steps, checkpoints at 3 and 6 (ckpt.prev.pt and ckpt.pt); tests work on copies."""
+    out = tmp_path_factory.mktemp("good") / "run"
+    assert cli.main(_args(out)) == 0
+    return out
+
+
+@pytest.fixture
+def run(good_run, tmp_path):
+    return shutil.copytree(good_run, tmp_path / "run")
+
+
+def _files(run) -> dict:
+    return {p.name: p.read_bytes() for p in run.iterdir()}
+
+
+# --- one process per run directory ----------------------------------------------------------------
+
+
+def test_a_second_run_on_a_locked_directory_says_who_holds_it(run, capsys):
+    before = _files(run)
+    held, holder = lock.try_lock(run)
+    try:
+        assert holder is None
+        code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "8"))
+    finally:
+        held.release()
+    assert code == 2 and _one_line_error(err, "in use by another gpt2ladder run", f"pid {os.getpid()}",
+                                        socket.gethostname(), "another --out")
+    assert _files(run) == before  # nothing was touched
+    assert not (run / ".lock").exists()  # released: the file goes with the lock
+    assert _cli(capsys, _args(run, "--resume", "--steps", "7"))[0] == 0  # free again
+
+
+def test_only_rank_0_locks(tmp_path):
+    """Under torchrun rank 0 holds the directory; the other ranks never write there, so they do not lock."""
+    held, _ = lock.try_lock(tmp_path)
+    try:
+        cfg = TrainConfig(preset="tiny", batch_size=2, seq_len=32, tokens_per_step=128, steps=2, warmup_steps=0,
+                          eval_every=0, ckpt_every=0)
+        result = run_training(cfg, torch.device("cpu"), tmp_path, progress=False, ranks=Dist(rank=1, world_size=2))
+    finally:
+        held.release()
+    assert result.exit_code == 0 and result.step == 2
+
+
+def test_without_fcntl_the_run_goes_on_unlocked_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(lock, "CAN_LOCK", False)
+    code, out, _ = _cli(capsys, _args(tmp_path / "run", "--steps", "1"))
+    assert code == 0 and "no fcntl.flock" in out and not (tmp_path / "run" / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_holder_leaves_no_lock_behind(tmp_path, capsys):
+    """A live run holds its directory; kill -9 ends the hold with the process (the file stays, unlocked)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gpt2ladder", *_args(out, "--steps", "100000", "--ckpt-every", "0")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "log.jsonl").is_file() or not (out / "log.jsonl").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.05)
+        code, _, err = _cli(capsys, _args(out, "--steps", "1"))
+        assert code == 2 and _one_line_error(err, f"pid {proc.pid}")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (out / ".lock").exists()  # kill -9 ran no cleanup
+    assert _cli(capsys, _args(out, "--steps", "1"))[0] == 0
+
+
+# --- the text ---------------------------------------------------------------------------------------
+
+
+def test_resume_refuses_another_text_unless_allowed(run, tmp_path, capsys):
+    (tmp_path / "other.txt").write_text(TEXT)
+    before = _files(run)
+    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "8", "--data", tmp_path / "other.txt"))
+    assert code == 2 and _one_line_error(err, "another text", "tinyshakespeare", "other.txt", "--allow-data-change")
+    assert _files(run) == before  # config.json too: its data hash is the checkpoint's
+    code, out, _ = _cli(capsys, _args(run, "--resume", "--steps", "8", "--data", tmp_path / "other.txt",
+                                      "--allow-data-change"))
+    assert code == 0 and "notice: resuming on another text" in out
+    assert load_checkpoint(run)["data_source"]["source"] == "other.txt"
+
+
+def test_a_text_too_short_for_validation_counts_the_whole_text(tmp_path, capsys):
+    (tmp_path / "short.txt").write_text(TEXT[: len(TEXT) // 4])  # about 220 tokens, 22 of them for validation
+    code, _, err = _cli(capsys, _args(tmp_path / "run", "--data", tmp_path / "short.txt", "--eval-every", "2"))
+    n = len(data.get_tokenizer().encode_ordinary(TEXT[: len(TEXT) // 4]))
+    assert code == 2 and _one_line_error(err, f"the text has {n} tokens", f"validation split (the last 10%) "
+                                         f"{n - int(n * 0.9)}", "--eval-every 0")
+
+
+def test_a_failed_run_leaves_no_empty_out_behind(tmp_path, capsys):
+    code, _, _ = _cli(capsys, _args(tmp_path / "new" / "deeper", "--data", tmp_path / "missing.txt"))
+    assert code == 2 and not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    code, _, _ = _cli(capsys, _args(tmp_path / "mine", "--data", tmp_path / "missing.txt"))
+    assert code == 2 and (tmp_path / "mine").is_dir()  # there before the run: not the run's to remove
