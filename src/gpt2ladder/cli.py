@@ -117,7 +117,8 @@ def _add_train(sub) -> None:
     p.add_argument("--eval-batches", type=_positive_int, default=20, help="validation batches (default: 20)")
     p.add_argument("--ckpt-every", type=int, default=None, help="checkpoint every N steps, 0 = only at the end "
                    "(default: steps/5)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (or, if that is missing or "
+                   "damaged, OUT/ckpt.prev.pt)")
     p.add_argument("--allow-data-change", action="store_true", help="with --resume: continue on another text than "
                    "the checkpoint was trained on (refused otherwise)")
     p.add_argument("--init-from", help="a Hugging Face-format GPT-2 model.safetensors to start from")

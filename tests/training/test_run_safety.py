@@ -1,4 +1,5 @@
-"""Nothing lost: one process per run directory, another text refused, no empty --out."""
+"""Nothing lost: one process per run directory, a checkpoint only of weights known good, best.pt, the
+last good checkpoint for --resume and sample, another text refused, no empty --out."""
 
 import os
 import shutil
@@ -12,10 +13,11 @@ import torch
 
 from gpt2ladder import cli, data
 from gpt2ladder.runtime.distributed import Dist
-from gpt2ladder.training import lock
+from gpt2ladder.training import checkpoint, lock
 from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.config import TrainConfig
-from gpt2ladder.training.trainer import run_training
+from gpt2ladder.training.runlog import read_log
+from gpt2ladder.training.trainer import Trainer, run_training
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
 
@@ -114,6 +116,82 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path, capsys):
         proc.wait()
     assert (out / ".lock").exists()  # kill -9 ran no cleanup
     assert _cli(capsys, _args(out, "--steps", "1"))[0] == 0
+
+
+# --- a checkpoint only of weights known good ------------------------------------------------------
+
+
+@pytest.mark.parametrize("eval_every", ["1", "0"])
+def test_a_diverged_but_finite_model_never_replaces_the_last_good_checkpoint(run, capsys, eval_every):
+    """The issue's reproduction: resume a good run with --lr 1e6 --grad-clip 0 --ckpt-every 1. Step 7's
+    weights are finite but useless (loss ~1e13); validation, or without it one batch, catches them."""
+    before = (run / "ckpt.pt").read_bytes()
+    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "9", "--lr", "1e6", "--grad-clip", "0",
+                                      "--ckpt-every", "1", "--eval-every", eval_every, "--eval-batches", "1"))
+    assert code == 1 and _one_line_error(err, "at step 7", "ckpt.pt still holds step 6", "lower --lr")
+    assert "exploded" in err or "non-finite" in err or "became nan" in err
+    assert (run / "ckpt.pt").read_bytes() == before
+    assert load_checkpoint(run / "ckpt.prev.pt")["step"] == 3
+    assert _cli(capsys, ["sample", run, "--device", "cpu", "--num-tokens", "3"])[0] == 0
+
+
+def test_best_pt_holds_the_lowest_validation_loss(tmp_path, monkeypatch):
+    """Validation at 2, 4 and 6 (scripted); checkpoints at 3 and 6: best.pt is step 4, saved on its own."""
+    scripted = {2: 9.0, 4: 7.0, 6: 8.0}
+    monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches: scripted.get(self.step, 9.5))
+    assert cli.main(_args(tmp_path / "run", "--eval-every", "2", "--eval-batches", "1")) == 0
+    best, last = load_checkpoint(tmp_path / "run" / "best.pt"), load_checkpoint(tmp_path / "run")
+    assert best["step"] == 4 and best["val_loss"] == 7.0
+    assert last["step"] == 6 and last["val_loss"] == 8.0 and last["best"] == {"step": 4, "val_loss": 7.0}
+
+
+def test_best_pt_is_ckpt_pt_itself_when_the_last_step_is_best(tmp_path, monkeypatch):
+    monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches: 10.0 - self.step / 10)
+    assert cli.main(_args(tmp_path / "run", "--eval-every", "3", "--eval-batches", "1")) == 0
+    run = tmp_path / "run"
+    assert os.stat(run / "best.pt").st_ino == os.stat(run / "ckpt.pt").st_ino  # a hard link: no extra space
+    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "ckpt.prev.pt", "ckpt.pt", "config.json",
+                                                     "log.jsonl", "loss.png"]
+
+
+def test_resume_keeps_the_best_so_far(run, capsys, monkeypatch):
+    monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches: 5.0 if self.step == 7 else 6.0)
+    assert _cli(capsys, _args(run, "--resume", "--steps", "9", "--eval-every", "1", "--eval-batches", "1"))[0] == 0
+    assert load_checkpoint(run / "best.pt")["step"] == 7 and load_checkpoint(run)["best"]["step"] == 7
+
+
+# --- the last good checkpoint is what --resume and sample use ---------------------------------------
+
+
+def test_a_run_killed_between_the_renames_resumes_from_ckpt_prev(run, capsys):
+    os.replace(run / "ckpt.pt", run / "ckpt.prev.pt")  # what a kill right after the first rename leaves
+    code, _, err = _cli(capsys, ["sample", run, "--device", "cpu", "--num-tokens", "3"])
+    assert code == 0 and "notice: no checkpoint at" in err and "ckpt.prev.pt (step 6)" in err
+    code, out, _ = _cli(capsys, _args(run, "--resume", "--steps", "8"))
+    assert code == 0 and "resuming from step 6 of" in out and "ckpt.prev.pt" in out
+    assert load_checkpoint(run)["step"] == 8 and [e["step"] for e in read_log(run / "log.jsonl")] == list(range(1, 9))
+
+
+def test_a_checkpoint_with_a_valid_hash_but_missing_keys_is_one_line(run, capsys):
+    state = load_checkpoint(run)
+    del state["optimizer"], state["rng"]
+    checkpoint.save_checkpoint(run / "ckpt.pt", state)
+    before = _files(run)
+    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "8"))
+    assert code == 1 and _one_line_error(err, "lacks optimizer, rng")
+    assert _files(run) == before
+    del state["model_config"]
+    checkpoint.save_checkpoint(run / "odd.pt", state)
+    code, _, err = _cli(capsys, ["sample", run / "odd.pt", "--device", "cpu"])
+    assert code == 1 and _one_line_error(err, "lacks model_config")
+
+
+def test_a_checkpoint_with_odd_contents_cannot_be_resumed_in_one_line(run, capsys):
+    state = load_checkpoint(run)
+    state["data"] = {"position": "far"}  # the right keys, the wrong values
+    checkpoint.save_checkpoint(run / "ckpt.pt", state)
+    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "8"))
+    assert code == 1 and _one_line_error(err, "cannot be resumed", "ValueError")
 
 
 # --- the text ---------------------------------------------------------------------------------------

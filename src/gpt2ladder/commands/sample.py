@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 
 import torch
 
@@ -12,7 +13,7 @@ from gpt2ladder.errors import UsageError
 from gpt2ladder.model.generate import generate
 from gpt2ladder.model.gpt import GPT
 from gpt2ladder.runtime.hardware import detect, resolve_device
-from gpt2ladder.training.checkpoint import load_checkpoint, model_from_checkpoint
+from gpt2ladder.training.checkpoint import SAMPLE_KEYS, last_good, model_from_checkpoint
 
 
 def _precision(device: torch.device, setup: dict):
@@ -40,8 +41,9 @@ def _compiled(model: GPT, device: torch.device):
 def sample_command(args) -> int:
     _check_args(args)
     device = resolve_device(args.device)
-    state = load_checkpoint(args.checkpoint)
-    model = model_from_checkpoint(state, device)
+    # A run directory means its newest good checkpoint; notices go to stderr, stdout is the text.
+    state, path = last_good(args.checkpoint, notify=lambda text: print(text, file=sys.stderr), needs=SAMPLE_KEYS)
+    model = model_from_checkpoint(state, device, path)
     forward = _compiled(model, device) if args.compile else model
     enc = get_tokenizer()
     prompt = enc.encode_ordinary(args.prompt) or [GPT2_EOT]
