@@ -257,3 +257,51 @@ def test_a_model_config_gpt2ladder_cannot_build_is_one_line(tmp_path):
         with pytest.raises(LadderError, match="does not hold a GPT") as err:
             model_from_checkpoint({"model_config": config, "model": {}}, torch.device("cpu"), "x.pt")
         assert _one_line(err.value)
+
+
+# --- what a failed write says ------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_says_so_not_torchs_unexpected_pos(tmp_path, monkeypatch):
+    """torch.save on a full disk raises "unexpected pos N vs M"; the message must name ENOSPC."""
+    path = save_checkpoint(tmp_path / "ckpt.pt", _state(seed=0))
+    before = path.read_bytes()
+    real_mkstemp = checkpoint.tempfile.mkstemp
+
+    def onto_a_full_disk(**kw):  # the temp file is real, its writes go to /dev/full (ENOSPC on every write)
+        fd, name = real_mkstemp(**kw)
+        os.dup2(os.open("/dev/full", os.O_WRONLY), fd)
+        return fd, name
+
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", onto_a_full_disk)
+    with pytest.raises(LadderError) as err:
+        save_checkpoint(path, {**_state(seed=1), "big": torch.zeros(100_000)})
+    message = str(err.value)
+    assert "No space left on device" in message and "unexpected pos" not in message and _one_line(err.value)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+
+
+def test_a_ctrl_c_inside_torch_save_stays_a_ctrl_c(tmp_path, monkeypatch):
+    """torch's writer turns an exception in a write into RuntimeError; the KeyboardInterrupt comes back out."""
+    real_save = torch.save
+
+    class Interrupting:
+        def __init__(self, f):
+            self.f, self.writes = f, 0
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes == 3:
+                self.f.error = KeyboardInterrupt()  # as if it landed inside the recording writer
+                raise self.f.error
+            return self.f.write(data)
+
+        def flush(self):
+            self.f.flush()
+
+    monkeypatch.setattr(checkpoint.torch, "save", lambda obj, f: real_save(obj, Interrupting(f)))
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path / "ckpt.pt", _state())
+    assert list(tmp_path.iterdir()) == []

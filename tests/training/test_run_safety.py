@@ -1,8 +1,9 @@
 """Nothing lost: one process per run directory, a checkpoint only of weights known good, best.pt, the
-last good checkpoint for --resume and sample, another text refused, no empty --out."""
+last good checkpoint for --resume and sample, another text refused, a second Ctrl-C, no empty --out."""
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 
 from gpt2ladder import cli, data
 from gpt2ladder.runtime.distributed import Dist
+from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.training import checkpoint, lock
 from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.config import TrainConfig
@@ -223,3 +225,41 @@ def test_a_failed_run_leaves_no_empty_out_behind(tmp_path, capsys):
     (tmp_path / "mine").mkdir()
     code, _, _ = _cli(capsys, _args(tmp_path / "mine", "--data", tmp_path / "missing.txt"))
     assert code == 2 and (tmp_path / "mine").is_dir()  # there before the run: not the run's to remove
+
+
+# --- a second Ctrl-C --------------------------------------------------------------------------------
+
+
+def test_a_second_ctrl_c_during_the_checkpoint_write_exits_130(tmp_path, capsys, monkeypatch):
+    """The first Ctrl-C stops the run after its step and saves; the second lands inside torch.save's writer,
+    which reports it as a failed write: the exit must still be Ctrl-C's, with the last checkpoint kept."""
+    real_step, real_save, steps = Engine.step, checkpoint.torch.save, []
+
+    def ctrl_c_at_step_3(self, x, y):
+        steps.append(1)
+        if len(steps) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, x, y)
+
+    class CtrlCMidWrite:
+        def __init__(self, f):
+            self.f, self.writes = f, 0
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes == 3:
+                os.kill(os.getpid(), signal.SIGINT)  # its KeyboardInterrupt is raised inside torch's writer
+            return self.f.write(data)
+
+        def flush(self):
+            self.f.flush()
+
+    def save(obj, f):
+        return real_save(obj, CtrlCMidWrite(f) if len(steps) == 3 else f)
+
+    monkeypatch.setattr(Engine, "step", ctrl_c_at_step_3)
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    code, _, err = _cli(capsys, _args(tmp_path / "run", "--steps", "10", "--ckpt-every", "2"))
+    assert code == 130 and err == "gpt2ladder: interrupted\n"
+    assert load_checkpoint(tmp_path / "run")["step"] == 2
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]  # no temp file, no lock

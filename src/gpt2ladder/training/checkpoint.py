@@ -13,6 +13,7 @@ they are the same step, so it costs no space then.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import random
@@ -92,10 +93,12 @@ def save_checkpoint(path: str | Path, state: dict, previous: Path | None = None)
     payload.pop("sha256", None)
     payload["sha256"] = state_digest(payload)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    writer = None
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make checkpoints private to this user
         with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
+            writer = _RecordingWriter(f)
+            torch.save(payload, writer)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the checkpoint
         if previous is not None and path.exists():
@@ -105,12 +108,46 @@ def save_checkpoint(path: str | Path, state: dict, previous: Path | None = None)
     except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(err, (OSError, RuntimeError)):  # torch.save reports some write failures as RuntimeError
-            reason = getattr(err, "strerror", None) or _first_line(err)
-            raise LadderError(f"could not write checkpoint {path}: {reason}; "
-                              "the previous checkpoint (if any) is kept") from err
-        raise
+        _raise_save_failure(err, writer, path)
     return path
+
+
+class _RecordingWriter:
+    """The file torch.save writes into, remembering what a write raised: torch's zip writer reports any
+    failed write as "unexpected pos N vs M", which hides a full disk (ENOSPC) or a second Ctrl-C."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except BaseException as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _raise_save_failure(err: BaseException, writer: _RecordingWriter | None, path: Path):
+    """The failure's real cause: the OSError or KeyboardInterrupt behind torch's RuntimeError, re-raised as
+    itself (Ctrl-C stays Ctrl-C) or as one line naming the reason."""
+    cause = writer.error if isinstance(err, RuntimeError) and writer and writer.error else err
+    if not isinstance(cause, (OSError, RuntimeError)):
+        raise cause
+    reason = getattr(cause, "strerror", None) or _first_line(cause)
+    if "unexpected pos" in reason and _disk_full(path.parent):  # a write failure torch alone saw
+        reason = os.strerror(errno.ENOSPC)
+    raise LadderError(f"could not write checkpoint {path}: {reason}; "
+                      "the previous checkpoint (if any) is kept") from err
+
+
+def _disk_full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free == 0
+    except OSError:
+        return False
 
 
 def link_or_copy(source: Path, dest: Path) -> None:

@@ -308,6 +308,16 @@ class Trainer:
         self.best = {"step": self.step, "val_loss": val}
         return True
 
+    def _save_unless_forced(self, stop: StopSignals) -> None:
+        """save(), but a second Ctrl-C during it exits as Ctrl-C (130): torch.save reports a
+        KeyboardInterrupt raised inside its writer as a failed write ("unexpected pos")."""
+        try:
+            self.save()
+        except LadderError:
+            if stop.forced:
+                raise KeyboardInterrupt from None
+            raise
+
     def _due(self, every: int) -> bool:
         return bool(every) and (self.step % every == 0 or self.step == self.cfg.steps)
 
@@ -331,7 +341,7 @@ class Trainer:
             report.step(entry)  # logged before the checkpoint, so the log always reaches its step
             stopping = self._stop_agreed(stop)
             if self._due(self.cfg.ckpt_every) or stopping:
-                self.save()
+                self._save_unless_forced(stop)
             if best:
                 self.save_best()
             if stopping:
