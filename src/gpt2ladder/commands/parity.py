@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import torch
 
 from gpt2ladder.commands.defaults import defaults
-from gpt2ladder.errors import UsageError
+from gpt2ladder.errors import LadderError, UsageError, describe_failure
 from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.measure.parity import ParityConfig, merge_shards, run_parity
 from gpt2ladder.model.config import preset
@@ -58,6 +60,10 @@ def _finish(record: dict, out: Path) -> int:
     paths = write_outputs(record, out)
     print(format_table(record))
     print(f"wrote {', '.join(str(p) for p in paths)}")
+    diverged = [f"seed {r['seed']}: {r['final_val']}" for r in record["baseline_runs"] if not math.isfinite(r["final_val"])]
+    if diverged:  # every verdict then fails for a reason the table alone does not say
+        raise LadderError(f"the fp32 baseline diverged (final val loss {', '.join(diverged)}), so no rung can be "
+                          "judged; try a lower --lr")
     return 0 if record["passed"] else 1
 
 
@@ -87,4 +93,20 @@ def _merge_command(args) -> int:
         if not isinstance(shard, dict) or shard.get("command") != "parity-shard" or not {
                 "shard", "config", "skipped", "results", "device"} <= shard.keys():
             raise UsageError(f"{f} is not a parity shard record (one written by `parity --shard K/N`)")
-    return _finish(merge_shards(shards), prepare_out_dir(args.out))
+        _check_shard_config(f, shard["config"])
+    try:
+        record = merge_shards(shards)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:  # a field missing or of a wrong type
+        raise UsageError(f"a parity shard in {', '.join(args.merge)} is damaged or from another gpt2ladder: "
+                         f"{describe_failure(err)}") from None
+    return _finish(record, prepare_out_dir(args.out))
+
+
+def _check_shard_config(path: Path, config) -> None:
+    """The shard's settings must be exactly ParityConfig's fields (another version's shard says so here)."""
+    fields = {f.name for f in dataclasses.fields(ParityConfig)}
+    keys = set(config) if isinstance(config, dict) else set()
+    if not isinstance(config, dict) or keys != fields:
+        odd = sorted(keys - fields) + [f"{k} (missing)" for k in sorted(fields - keys)]
+        raise UsageError(f"{path} has settings this gpt2ladder does not know ({', '.join(odd) or 'not a dict'}); "
+                         "merge shards written by the same version")
