@@ -263,3 +263,23 @@ def test_a_second_ctrl_c_during_the_checkpoint_write_exits_130(tmp_path, capsys,
     assert code == 130 and err == "gpt2ladder: interrupted\n"
     assert load_checkpoint(tmp_path / "run")["step"] == 2
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]  # no temp file, no lock
+
+
+# --- what a run reads back: its log, its data file's name --------------------------------------------
+
+
+def test_a_damaged_log_is_read_around_on_resume(run, capsys):
+    with open(run / "log.jsonl", "ab") as f:  # stray bytes, a line of the wrong types, a cut line
+        f.write(b"\xff\xfe garbage\n" + b'{"step": 9, "loss": "high"}\n' + b'{"step": 10, "lo')
+    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "7"))
+    assert code == 0, err
+    assert [e["step"] for e in read_log(run / "log.jsonl")] == list(range(1, 8))
+    assert (run / "loss.png").stat().st_size > 0
+
+
+def test_a_data_file_whose_name_is_not_utf8_trains_and_plots(tmp_path, capsys):
+    path = tmp_path / os.fsdecode(b"bad\xffname.txt")
+    path.write_text(TEXT)
+    code, out, err = _cli(capsys, _args(tmp_path / "run", "--data", path, "--seq-len", "16", "--steps", "2"))
+    assert code == 0 and err == "" and "data: bad\ufffdname.txt" in out
+    assert (tmp_path / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"
