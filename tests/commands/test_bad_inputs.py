@@ -66,6 +66,8 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
      "settings this gpt2ladder does not know (flux_capacitor)"),
     ("merge shard with a broken result", ["parity", "--merge", "{shard_broken}", "--out", "{out}"], 2,
      "is damaged or from another gpt2ladder: KeyError"),
+    ("bench baseline json with a damaged row", ["bench", *TINY, "--steps", "1", "--warmup", "0", "--data", "{text}",
+     "--out", "{out}", "--baseline-json", "{baseline_broken}"], 2, "is not a ladder.json written by gpt2ladder bench"),
     ("resume on another text", [*TRAIN, "--out", "{run}", "--resume", "--data", "{other_text}"], 2,
      "--allow-data-change"),
     # numbers that fit a flag but not the memory: numpy's _ArrayMemoryError (2**61 bytes, beyond any
@@ -116,6 +118,9 @@ def _damaged_shards(root) -> dict:
     paths = {"shard_unknown_key": root / "unknown.json", "shard_broken": root / "broken.json"}
     paths["shard_unknown_key"].write_text(json.dumps({**shard, "config": {**config, "flux_capacitor": 1}}))
     paths["shard_broken"].write_text(json.dumps({**shard, "config": config}))  # results without their losses
+    paths["baseline_broken"] = root / "ladder.json"
+    paths["baseline_broken"].write_text(json.dumps({"command": "bench", "config": {"preset": "tiny", "batch_size": 2,
+                                                   "seq_len": 16}, "rungs": [{"name": "baseline", "status": "ok"}]}))
     return paths
 
 
