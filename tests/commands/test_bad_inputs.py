@@ -78,14 +78,14 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
 
 @pytest.fixture(scope="module")
 def places(tmp_path_factory):
-    """The paths the placeholders stand for; the run is a two-step tiny training run, made once."""
+    """The paths the placeholders stand for; the run is a one-step tiny training run, made once."""
     root = tmp_path_factory.mktemp("bad-inputs")
     (root / "small.txt").write_text(TEXT)
     paths = {"text": root / "small.txt", "run": root / "run", "root": root, "fifo": root / "fifo"}
     os.mkfifo(paths["fifo"])  # nothing ever writes to it: reading it would hang
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GPT2LADDER_CACHE", str(root / "cache"))
-        assert main(_fill(TRAIN, {**paths, "out": paths["run"]})) == 0
+        assert main(_fill([*TRAIN, "--steps", "1"], {**paths, "out": paths["run"]})) == 0
     paths.update(_texts(root), **_damaged_checkpoints(root, paths["run"]), **_damaged_shards(root))
     return paths
 

@@ -7,19 +7,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
-import torch
 
 from gpt2ladder import cli, data
 from gpt2ladder.runtime.distributed import Dist
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.training import checkpoint, lock
 from gpt2ladder.training.checkpoint import load_checkpoint
-from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import read_log
-from gpt2ladder.training.trainer import Trainer, run_training
+from gpt2ladder.training.trainer import Trainer, lock_run
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
 
@@ -31,7 +29,7 @@ def _cache(shakespeare_cache):
 
 def _args(out, *extra) -> list[str]:
     return ["train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--batch-size", "2",
-            "--seq-len", "32", "--steps", "6", "--ckpt-every", "3", "--eval-every", "0", "--no-progress",
+            "--seq-len", "32", "--steps", "2", "--ckpt-every", "1", "--eval-every", "0", "--no-progress",
             "--out", str(out), *extra]
 
 
@@ -48,7 +46,7 @@ def _one_line_error(err: str, *words) -> bool:
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory, shakespeare_cache):
-    """Six good steps, checkpoints at 3 and 6 (ckpt.prev.pt and ckpt.pt); tests work on copies."""
+    """Two good steps, checkpoints at 1 and 2 (ckpt.prev.pt and ckpt.pt); tests work on copies."""
     out = tmp_path_factory.mktemp("good") / "run"
     assert cli.main(_args(out)) == 0
     return out
@@ -78,46 +76,53 @@ def test_a_second_run_on_a_locked_directory_says_who_holds_it(run, capsys):
                                         socket.gethostname(), "another --out")
     assert _files(run) == before  # nothing was touched
     assert not (run / ".lock").exists()  # released: the file goes with the lock
-    assert _cli(capsys, _args(run, "--resume", "--steps", "7"))[0] == 0  # free again
+    again, holder = lock.try_lock(run)  # free again
+    assert holder is None
+    again.release()
 
 
 def test_only_rank_0_locks(tmp_path):
     """Under torchrun rank 0 holds the directory; the other ranks never write there, so they do not lock."""
     held, _ = lock.try_lock(tmp_path)
     try:
-        cfg = TrainConfig(preset="tiny", batch_size=2, seq_len=32, tokens_per_step=128, steps=2, warmup_steps=0,
-                          eval_every=0, ckpt_every=0)
-        result = run_training(cfg, torch.device("cpu"), tmp_path, progress=False, ranks=Dist(rank=1, world_size=2))
+        assert lock_run(tmp_path, Dist(rank=1, world_size=2)) is None  # no error although the lock is held
     finally:
         held.release()
-    assert result.exit_code == 0 and result.step == 2
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_without_fcntl_the_run_goes_on_unlocked_and_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(lock, "CAN_LOCK", False)
-    code, out, _ = _cli(capsys, _args(tmp_path / "run", "--steps", "1"))
-    assert code == 0 and "no fcntl.flock" in out and not (tmp_path / "run" / ".lock").exists()
+    assert lock_run(tmp_path) is None
+    assert "no fcntl.flock" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow
+HOLDER = """import pathlib, sys, time
+from gpt2ladder.training import lock
+held, holder = lock.try_lock(pathlib.Path(sys.argv[1]))
+print("held" if held else holder, flush=True)
+time.sleep(600)
+"""
+
+
 def test_a_killed_holder_leaves_no_lock_behind(tmp_path, capsys):
-    """A live run holds its directory; kill -9 ends the hold with the process (the file stays, unlocked)."""
+    """Another live process holds the directory; kill -9 ends its hold (the file stays, unlocked)."""
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "gpt2ladder", *_args(out, "--steps", "100000", "--ckpt-every", "0")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out.mkdir()
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "log.jsonl").is_file() or not (out / "log.jsonl").read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
-            time.sleep(0.05)
+        assert proc.stdout.readline() == "held\n"
         code, _, err = _cli(capsys, _args(out, "--steps", "1"))
-        assert code == 2 and _one_line_error(err, f"pid {proc.pid}")
+        assert code == 2 and _one_line_error(err, f"pid {proc.pid} on {socket.gethostname()}")
     finally:
         proc.kill()
         proc.wait()
     assert (out / ".lock").exists()  # kill -9 ran no cleanup
-    assert _cli(capsys, _args(out, "--steps", "1"))[0] == 0
+    held, holder = lock.try_lock(out)
+    assert holder is None
+    held.release()
 
 
 # --- a checkpoint only of weights known good ------------------------------------------------------
@@ -125,41 +130,35 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path, capsys):
 
 @pytest.mark.parametrize("eval_every", ["1", "0"])
 def test_a_diverged_but_finite_model_never_replaces_the_last_good_checkpoint(run, capsys, eval_every):
-    """The issue's reproduction: resume a good run with --lr 1e6 --grad-clip 0 --ckpt-every 1. Step 7's
+    """The issue's reproduction: resume a good run with --lr 1e6 --grad-clip 0 --ckpt-every 1. Step 3's
     weights are finite but useless (loss ~1e13); validation, or without it one batch, catches them."""
     before = (run / "ckpt.pt").read_bytes()
-    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "9", "--lr", "1e6", "--grad-clip", "0",
+    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "4", "--lr", "1e6", "--grad-clip", "0",
                                       "--ckpt-every", "1", "--eval-every", eval_every, "--eval-batches", "1"))
-    assert code == 1 and _one_line_error(err, "at step 7", "ckpt.pt still holds step 6", "lower --lr")
+    assert code == 1 and _one_line_error(err, "at step 3", "ckpt.pt still holds step 2", "lower --lr")
     assert "exploded" in err or "non-finite" in err or "became nan" in err
     assert (run / "ckpt.pt").read_bytes() == before
-    assert load_checkpoint(run / "ckpt.prev.pt")["step"] == 3
+    assert load_checkpoint(run / "ckpt.prev.pt")["step"] == 1
     assert _cli(capsys, ["sample", run, "--device", "cpu", "--num-tokens", "3"])[0] == 0
 
 
-def test_best_pt_holds_the_lowest_validation_loss(tmp_path, monkeypatch):
-    """Validation at 2, 4 and 6 (scripted); checkpoints at 3 and 6: best.pt is step 4, saved on its own."""
-    scripted = {2: 9.0, 4: 7.0, 6: 8.0}
+def test_best_pt_holds_the_lowest_validation_loss_across_a_resume(tmp_path, capsys, monkeypatch):
+    """Validation every step (scripted). Step 1's best is not a checkpoint step: best.pt is a save of its own.
+    Resumed, the best comes back from the checkpoint, so the worse step 3 does not replace it; step 4's
+    new best is ckpt.pt itself (a hard link, no extra space)."""
+    scripted = {1: 7.0, 2: 9.0, 3: 8.0, 4: 6.5}
     monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches: scripted.get(self.step, 9.5))
-    assert cli.main(_args(tmp_path / "run", "--eval-every", "2", "--eval-batches", "1")) == 0
-    best, last = load_checkpoint(tmp_path / "run" / "best.pt"), load_checkpoint(tmp_path / "run")
-    assert best["step"] == 4 and best["val_loss"] == 7.0
-    assert last["step"] == 6 and last["val_loss"] == 8.0 and last["best"] == {"step": 4, "val_loss": 7.0}
-
-
-def test_best_pt_is_ckpt_pt_itself_when_the_last_step_is_best(tmp_path, monkeypatch):
-    monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches: 10.0 - self.step / 10)
-    assert cli.main(_args(tmp_path / "run", "--eval-every", "3", "--eval-batches", "1")) == 0
-    run = tmp_path / "run"
-    assert os.stat(run / "best.pt").st_ino == os.stat(run / "ckpt.pt").st_ino  # a hard link: no extra space
+    run, validate = tmp_path / "run", ["--eval-every", "1", "--eval-batches", "1"]
+    assert _cli(capsys, _args(run, "--ckpt-every", "2", *validate))[0] == 0
+    assert load_checkpoint(run / "best.pt")["step"] == 1 and load_checkpoint(run)["best"] == {"step": 1, "val_loss": 7.0}
+    assert _cli(capsys, _args(run, "--resume", "--steps", "3", *validate))[0] == 0
+    assert load_checkpoint(run / "best.pt")["step"] == 1
+    assert _cli(capsys, _args(run, "--resume", "--steps", "4", *validate))[0] == 0
+    best, last = load_checkpoint(run / "best.pt"), load_checkpoint(run)
+    assert best["step"] == 4 and best["val_loss"] == 6.5 and last["best"] == {"step": 4, "val_loss": 6.5}
+    assert os.stat(run / "best.pt").st_ino == os.stat(run / "ckpt.pt").st_ino
     assert sorted(p.name for p in run.iterdir()) == ["best.pt", "ckpt.prev.pt", "ckpt.pt", "config.json",
                                                      "log.jsonl", "loss.png"]
-
-
-def test_resume_keeps_the_best_so_far(run, capsys, monkeypatch):
-    monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches: 5.0 if self.step == 7 else 6.0)
-    assert _cli(capsys, _args(run, "--resume", "--steps", "9", "--eval-every", "1", "--eval-batches", "1"))[0] == 0
-    assert load_checkpoint(run / "best.pt")["step"] == 7 and load_checkpoint(run)["best"]["step"] == 7
 
 
 # --- the last good checkpoint is what --resume and sample use ---------------------------------------
@@ -168,10 +167,10 @@ def test_resume_keeps_the_best_so_far(run, capsys, monkeypatch):
 def test_a_run_killed_between_the_renames_resumes_from_ckpt_prev(run, capsys):
     os.replace(run / "ckpt.pt", run / "ckpt.prev.pt")  # what a kill right after the first rename leaves
     code, _, err = _cli(capsys, ["sample", run, "--device", "cpu", "--num-tokens", "3"])
-    assert code == 0 and "notice: no checkpoint at" in err and "ckpt.prev.pt (step 6)" in err
-    code, out, _ = _cli(capsys, _args(run, "--resume", "--steps", "8"))
-    assert code == 0 and "resuming from step 6 of" in out and "ckpt.prev.pt" in out
-    assert load_checkpoint(run)["step"] == 8 and [e["step"] for e in read_log(run / "log.jsonl")] == list(range(1, 9))
+    assert code == 0 and "notice: no checkpoint at" in err and "ckpt.prev.pt (step 2)" in err
+    code, out, _ = _cli(capsys, _args(run, "--resume", "--steps", "3"))
+    assert code == 0 and "resuming from step 2 of" in out and "ckpt.prev.pt" in out
+    assert load_checkpoint(run)["step"] == 3 and [e["step"] for e in read_log(run / "log.jsonl")] == list(range(1, 4))
 
 
 def test_a_checkpoint_with_a_valid_hash_but_missing_keys_is_one_line(run, capsys):
@@ -205,7 +204,7 @@ def test_resume_refuses_another_text_unless_allowed(run, tmp_path, capsys):
     code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "8", "--data", tmp_path / "other.txt"))
     assert code == 2 and _one_line_error(err, "another text", "tinyshakespeare", "other.txt", "--allow-data-change")
     assert _files(run) == before  # config.json too: its data hash is the checkpoint's
-    code, out, _ = _cli(capsys, _args(run, "--resume", "--steps", "8", "--data", tmp_path / "other.txt",
+    code, out, _ = _cli(capsys, _args(run, "--resume", "--steps", "3", "--data", tmp_path / "other.txt",
                                       "--allow-data-change"))
     assert code == 0 and "notice: resuming on another text" in out
     assert load_checkpoint(run)["data_source"]["source"] == "other.txt"
@@ -235,9 +234,9 @@ def test_a_second_ctrl_c_during_the_checkpoint_write_exits_130(tmp_path, capsys,
     which reports it as a failed write: the exit must still be Ctrl-C's, with the last checkpoint kept."""
     real_step, real_save, steps = Engine.step, checkpoint.torch.save, []
 
-    def ctrl_c_at_step_3(self, x, y):
+    def ctrl_c_at_step_2(self, x, y):
         steps.append(1)
-        if len(steps) == 3:
+        if len(steps) == 2:
             os.kill(os.getpid(), signal.SIGINT)
         return real_step(self, x, y)
 
@@ -255,13 +254,13 @@ def test_a_second_ctrl_c_during_the_checkpoint_write_exits_130(tmp_path, capsys,
             self.f.flush()
 
     def save(obj, f):
-        return real_save(obj, CtrlCMidWrite(f) if len(steps) == 3 else f)
+        return real_save(obj, CtrlCMidWrite(f) if len(steps) == 2 else f)
 
-    monkeypatch.setattr(Engine, "step", ctrl_c_at_step_3)
+    monkeypatch.setattr(Engine, "step", ctrl_c_at_step_2)
     monkeypatch.setattr(checkpoint.torch, "save", save)
-    code, _, err = _cli(capsys, _args(tmp_path / "run", "--steps", "10", "--ckpt-every", "2"))
+    code, _, err = _cli(capsys, _args(tmp_path / "run", "--steps", "10", "--ckpt-every", "1"))
     assert code == 130 and err == "gpt2ladder: interrupted\n"
-    assert load_checkpoint(tmp_path / "run")["step"] == 2
+    assert load_checkpoint(tmp_path / "run")["step"] == 1
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]  # no temp file, no lock
 
 
@@ -271,15 +270,15 @@ def test_a_second_ctrl_c_during_the_checkpoint_write_exits_130(tmp_path, capsys,
 def test_a_damaged_log_is_read_around_on_resume(run, capsys):
     with open(run / "log.jsonl", "ab") as f:  # stray bytes, a line of the wrong types, a cut line
         f.write(b"\xff\xfe garbage\n" + b'{"step": 9, "loss": "high"}\n' + b'{"step": 10, "lo')
-    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "7"))
+    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "3"))
     assert code == 0, err
-    assert [e["step"] for e in read_log(run / "log.jsonl")] == list(range(1, 8))
+    assert [e["step"] for e in read_log(run / "log.jsonl")] == list(range(1, 4))
     assert (run / "loss.png").stat().st_size > 0
 
 
 def test_a_data_file_whose_name_is_not_utf8_trains_and_plots(tmp_path, capsys):
     path = tmp_path / os.fsdecode(b"bad\xffname.txt")
     path.write_text(TEXT)
-    code, out, err = _cli(capsys, _args(tmp_path / "run", "--data", path, "--seq-len", "16", "--steps", "2"))
+    code, out, err = _cli(capsys, _args(tmp_path / "run", "--data", path, "--seq-len", "16", "--steps", "1"))
     assert code == 0 and err == "" and "data: bad\ufffdname.txt" in out
     assert (tmp_path / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"

@@ -356,7 +356,7 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
                  allow_data_change: bool = False) -> TrainResult:
     """Train (or continue) the run in `out`, which this process holds locked meanwhile; every
     user-visible side effect happens on the main rank."""
-    held = _lock(out, ranks)
+    held = lock_run(out, ranks)
     try:
         return _run_locked(cfg, device, out, resume, progress, ranks, strategy, allow_data_change)
     finally:
@@ -364,7 +364,7 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
             held.release()
 
 
-def _lock(out: Path, ranks) -> lock.RunLock | None:
+def lock_run(out: Path, ranks=distributed.SINGLE) -> lock.RunLock | None:
     """Rank 0 locks `out` (the others never write there); every rank learns whether it could."""
     if ranks.is_main:
         prepare_out_dir(out)
