@@ -62,6 +62,7 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
      "lacks optimizer"),
     ("sample checkpoint of an unknown model", sample("{odd_model_ckpt}"), 1, "does not hold a GPT"),
     ("sample truncated checkpoint", sample("{truncated_ckpt}"), 1, "unreadable"),
+    ("sample checkpoint of NaN weights", sample("{nan_ckpt}"), 1, "holds non-finite weights"),
     ("merge shard with an unknown setting", ["parity", "--merge", "{shard_unknown_key}", "--out", "{out}"], 2,
      "settings this gpt2ladder does not know (flux_capacitor)"),
     ("merge shard with a broken result", ["parity", "--merge", "{shard_broken}", "--out", "{out}"], 2,
@@ -100,13 +101,16 @@ def _damaged_checkpoints(root, run) -> dict:
     """Checkpoints whose sha256 is valid but whose contents are not what the reader needs, and a cut one."""
     state = load_checkpoint(run)
     without = {"no_config_ckpt": "model_config", "run_without_optimizer": "optimizer"}
-    paths = {name: root / name for name in [*without, "odd_model_ckpt", "truncated_ckpt"]}
+    paths = {name: root / name for name in [*without, "odd_model_ckpt", "truncated_ckpt", "nan_ckpt"]}
     shutil.copytree(run, paths["run_without_optimizer"])
     paths["run_without_optimizer"] /= "ckpt.pt"
     for name, key in without.items():
         save_checkpoint(paths[name], {k: v for k, v in state.items() if k != key})
     save_checkpoint(paths["odd_model_ckpt"], {**state, "model_config": {**state["model_config"], "n_head": 3}})
     paths["truncated_ckpt"].write_bytes((run / "ckpt.pt").read_bytes()[:5000])
+    model = {k: v.clone() for k, v in state["model"].items()}
+    model["transformer.ln_f.weight"][0] = float("nan")
+    save_checkpoint(paths["nan_ckpt"], {**state, "model": model})
     paths["run_without_optimizer"] = paths["run_without_optimizer"].parent
     return paths
 

@@ -249,6 +249,8 @@ def model_from_checkpoint(state: dict, device: torch.device, source: str | Path 
     except (TypeError, ValueError, KeyError, RuntimeError, UsageError) as err:  # a shape or field GPT lacks
         raise LadderError(f"{source} does not hold a GPT that gpt2ladder can build: {type(err).__name__}: "
                           f"{_first_line(err)}") from None
+    if not all(torch.isfinite(p).all() for p in model.parameters()):  # training never saves such weights
+        raise LadderError(f"{source} holds non-finite weights (NaN or inf): it was not written by a healthy run")
     return model.to(device).eval()
 
 
