@@ -11,7 +11,11 @@ import sys
 
 from gpt2ladder.commands.defaults import DEFAULTS
 from gpt2ladder.commands.defaults import default_text as D
-from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory
+
+# The largest integer a flag takes: numpy and torch hold counts and seeds in 64 bits, and a larger
+# number would surface as an overflow deep inside them instead of as this one line.
+INT_LIMIT = 2**63 - 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,6 +32,19 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if value > INT_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to 2**63 - 1, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    """A seed for torch's and numpy's generators: 0 .. 2**63 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a seed (an integer from 0 to 2**63 - 1), got {text!r}") from None
+    if not 0 <= value <= INT_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2**63 - 1, got {value}")
     return value
 
 
@@ -81,7 +98,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--steps", type=_positive_int, help=f"timed steps per rung (default: {D('bench', 'steps')})")
     p.add_argument("--warmup", type=int, help=f"untimed steps first (default: {D('bench', 'warmup')})")
     p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
-    p.add_argument("--seed", type=int, default=0, help="the weights and batches every rung shares (default: 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
     _out(p, "bench", "output directory for ladder.json, ladder.md and ladder.png")
     p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
     p.add_argument("--baseline-json", help="a one-GPU ladder.json of the same preset, batch and seq-len: report "
@@ -124,11 +141,14 @@ def _add_train(sub) -> None:
     p.add_argument("--eval-batches", type=_positive_int, default=20, help="validation batches (default: 20)")
     p.add_argument("--ckpt-every", type=int, default=None, help="checkpoint every N steps, 0 = only at the end "
                    "(default: steps/5)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (or, if that is missing or "
+                   "damaged, OUT/ckpt.prev.pt)")
+    p.add_argument("--allow-data-change", action="store_true", help="with --resume: continue on another text than "
+                   "the checkpoint was trained on (refused otherwise)")
     p.add_argument("--init-from", help="Hugging Face GPT-2 weights to start from: a folder holding model.safetensors "
                    "(its config.json gives the shape) or the .safetensors file")
     p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
-    p.add_argument("--seed", type=int, default=0, help="initial weights and batch order (default: 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="initial weights and batch order (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_train)
 
@@ -152,7 +172,7 @@ def _add_sample(sub) -> None:
     p.add_argument("--num-samples", type=_positive_int, default=1, help="independent samples (default: 1)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default: 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="keep the k most likely tokens (0 = all)")
-    p.add_argument("--seed", type=int, default=1337, help="the same seed gives the same text (default: 1337)")
+    p.add_argument("--seed", type=_seed, default=1337, help="the same seed gives the same text (default: 1337)")
     p.add_argument("--compile", action="store_true", help="generate with the torch.compile'd model")
     p.set_defaults(handler=_sample)
 
@@ -203,7 +223,7 @@ def _add_parity(sub) -> None:
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
     p.add_argument("--eval-every", type=_positive_int, help="validate every N steps (default: steps/10)")
     p.add_argument("--eval-batches", type=_positive_int, default=10, help="validation batches (default: 10)")
-    p.add_argument("--seed", type=int, default=0, help="the weights and batches every rung shares (default: 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
     p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
     _out(p, "parity", "output directory for parity.json, parity.md and parity.png")
     p.add_argument("--shard", metavar="K/N", help="run only every N-th training run from K (0-based), to spread "
@@ -234,7 +254,7 @@ def _add_profile(sub) -> None:
     p.add_argument("--steps", type=_positive_int, default=5, help="profiled steps per rung (default: 5)")
     p.add_argument("--warmup", type=int, default=5, help="unprofiled steps first (default: 5)")
     p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace per rung (OUT/trace-<rung>.json)")
     p.add_argument("--last-only", action="store_true", help="profile only the top rung (every named rung "
                    "applied together)")
@@ -360,10 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpt2ladder: error: {_one_line(err.strerror or str(err))}{where}", file=sys.stderr)
         return 1
     except Exception as err:
-        if debug or not _is_oom(err):
+        if debug or not is_out_of_memory(err):
             raise
-        print("gpt2ladder: error: out of memory at this batch size; use a smaller --batch-size or "
-              "--batch-size auto", file=sys.stderr)
+        print(f"gpt2ladder: error: {_out_of_memory_line(err)}", file=sys.stderr)
         return 1
 
 
@@ -388,7 +407,13 @@ def _quiet_stdout() -> None:
         pass
 
 
-def _is_oom(err: Exception) -> bool:
+def _out_of_memory_line(err: Exception) -> str:
+    """The accelerator's OOM says what to try; the host's names the allocation, since the cause is often a
+    flag far too large (--tokens-per-step 640000000000) rather than the batch."""
     import torch
 
-    return isinstance(err, torch.OutOfMemoryError)
+    if isinstance(err, torch.OutOfMemoryError):
+        return "out of memory at this batch size; use a smaller --batch-size or --batch-size auto"
+    detail = _one_line(str(err))[:200] or type(err).__name__
+    return (f"out of host memory ({detail}); use a smaller --batch-size, --seq-len, --tokens-per-step "
+            "or --eval-batches")

@@ -16,6 +16,20 @@ class UsageError(LadderError):
     exit_code = 2
 
 
+# How the allocators say they ran out: torch's CPU allocator and the CUDA/MPS runtimes raise a plain
+# RuntimeError with these words (only the CUDA caching allocator raises torch.OutOfMemoryError).
+_OOM_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether err is an allocation failure: Python's or numpy's MemoryError, or torch's in any form."""
+    import torch
+
+    if isinstance(err, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(err, RuntimeError) and any(w in str(err).lower() for w in _OOM_WORDS)
+
+
 def describe_failure(err: BaseException) -> str:
     """A rung's exception as one short line for its row (out-of-memory says what to try)."""
     import torch

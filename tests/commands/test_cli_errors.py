@@ -106,7 +106,7 @@ def test_seq_len_above_the_block_size(tmp_path, capsys, text_file):
     ("--steps", "2.5", ["--steps", "positive integer", "'2.5'"]),
     ("--seq-len", "0", ["--seq-len", "positive integer"]),
     ("--warmup", "-1", ["--warmup", "zero or more"]),
-    ("--seed", "x", ["--seed", "invalid int value"]),
+    ("--seed", "x", ["--seed", "expected a seed", "'x'"]),
 ])
 def test_bad_numbers(tmp_path, capsys, text_file, flag, value, words):
     code, _, err = run(capsys, *bench(tmp_path, "--data", text_file, flag, value))
@@ -168,6 +168,19 @@ def test_output_directory_under_a_regular_file(tmp_path, capsys, text_file):
     code, _, err = run(capsys, *argv)
     assert_one_line_error(code, err, 2, "cannot write to output directory", "results.txt")
     assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("command", ["parity", "profile"])
+def test_a_failed_run_leaves_no_empty_output_directory(tmp_path, capsys, command):
+    """parity and profile make --out before their work; a run that fails removes it again if it is empty
+    and was the run's own (train does the same: tests/training/test_run_safety.py)."""
+    (tmp_path / "mine").mkdir()
+    for out, kept in ((tmp_path / "new" / "out", False), (tmp_path / "mine", True)):
+        code, _, err = run(capsys, command, "--device", "cpu", "--preset", "tiny", "--rungs", "baseline",
+                           "--data", tmp_path / "missing.txt", "--out", out)
+        assert_one_line_error(code, err, 2, "does not exist")
+        assert out.is_dir() == kept
+    assert not (tmp_path / "new").exists()
 
 
 def test_failed_run_leaves_earlier_results_untouched(tmp_path, capsys):
@@ -233,6 +246,24 @@ def test_oom_outside_bench_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(gpt2ladder.commands.doctor, "doctor_command", out_of_memory)
     code, _, err = run(capsys, "doctor")
     assert_one_line_error(code, err, 1, "out of memory", "--batch-size auto")
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                 "to allocate 51463168000 bytes. Error code 12 (Cannot allocate memory)"),
+    MemoryError("Unable to allocate 149. GiB for an array with shape (20000000000,) and data type int64"),
+])
+def test_host_out_of_memory_in_train_is_one_line_naming_the_allocation(tmp_path, capsys, text_file, monkeypatch,
+                                                                       error):
+    """`train --batch-size 1000 --seq-len 256` on CPU: the allocator's failure, not a traceback."""
+    def out_of_memory(self, x, y):
+        raise error
+
+    monkeypatch.setattr(Engine, "step", out_of_memory)
+    code, _, err = run(capsys, "train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--steps", "1",
+                       "--batch-size", "2", "--seq-len", "16", "--data", text_file, "--out", tmp_path / "run",
+                       "--no-progress")
+    assert_one_line_error(code, err, 1, "out of host memory", str(error)[:40], "--batch-size")
 
 
 # --- one line, always; --debug shows the traceback -----------------------------------------------

@@ -43,6 +43,12 @@ def test_top_k_one_is_greedy():
     assert torch.equal(sampled, greedy) and torch.equal(greedy, idx)
 
 
+def test_a_tiny_temperature_is_the_greedy_limit_not_nan():
+    """1e-45 divides every logit into +-inf; the sampler must still pick the most likely token."""
+    model = _model()
+    assert torch.equal(_tokens(model, 1, temperature=1e-45), _tokens(model, 2, temperature=0.0))
+
+
 def test_padded_vocabulary_ids_are_never_sampled():
     cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_multiple=128)
     model = _model(cfg)

@@ -2,15 +2,26 @@
 
 import hashlib
 import io
+import json
+import os
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from gpt2ladder import data
-from gpt2ladder.data import Batches, DataUnavailable, load_tokens, text, tokenizer
+from gpt2ladder.data import (
+    Batches,
+    DataUnavailable,
+    cache,
+    load_tokens,
+    text,
+    tokenizer,
+)
 from gpt2ladder.errors import LadderError, UsageError
 
 
@@ -189,15 +200,15 @@ def test_load_tokens_reuses_cache_and_rekeys_on_edit(tmp_cache, tmp_path, monkey
         raise AssertionError("tokenized again although the cache was valid")
 
     with monkeypatch.context() as mp:
-        mp.setattr(text, "get_tokenizer", no_tokenizer)
+        mp.setattr(tokenizer, "get_tokenizer", no_tokenizer)
         second = load_tokens(path)
     assert np.array_equal(first.train, second.train) and np.array_equal(first.val, second.val)
 
     path.write_text("Edited words. " * 10)
     edited = load_tokens(path)
     assert edited.sha256 != first.sha256
-    bins = sorted(p.name for p in (tmp_cache / "tokens").iterdir())
-    assert bins == sorted([f"{first.sha256}.bin", f"{edited.sha256}.bin"])  # no temp files left
+    files = sorted(p.name for p in (tmp_cache / "tokens").iterdir())
+    assert files == sorted(f"{d}.{ext}" for d in (first.sha256, edited.sha256) for ext in ("bin", "json"))  # no temps
 
 
 def _write(path, content):
@@ -222,6 +233,166 @@ def test_too_short_text_for_a_sequence_is_usage_error(tmp_cache, tmp_path):
     td = load_tokens(_write(tmp_path / "short.txt", b"Just a few words."))
     with pytest.raises(UsageError, match="too few for one sequence of 65.*--seq-len"):
         Batches(td.train, batch_size=2, seq_len=64)
+
+
+def test_a_split_too_short_names_the_whole_text(tmp_cache, tmp_path):
+    """Not "the text has 24 tokens" for a 240-token text whose validation split is 24 tokens."""
+    td = load_tokens(_write(tmp_path / "t.txt", ("Words of a short text.\n" * 40).encode()))
+    data.check_splits(td, seq_len=32, validate=False)  # the training split holds one sequence
+    with pytest.raises(UsageError) as err:
+        data.check_splits(td, seq_len=32, validate=True)
+    assert (f"the text has {td.n_tokens} tokens, and its validation split (the last 10%) {len(td.val)}: too few for "
+            "one sequence of 33") in str(err.value) and "--eval-every 0" in str(err.value)
+
+
+# --- streaming: chunked tokenization, hashing, only regular files -----------------------------------
+
+
+@pytest.mark.parametrize("whole", [
+    "word\nnext",
+    "it's\n\n  \nthey'll  go\n\tend",
+    "a  \n  b\n\n\nc d  e\n",
+    "naïve café\n— 日本語 🎭\nÜnï  cödé\n\n",
+    "12,345\n678\n!!\n??",
+])
+def test_a_safe_cut_tokenizes_as_the_whole_text(whole):
+    enc = data.get_tokenizer()
+    for end in range(1, len(whole) + 1):  # every prefix's safe cut, wherever it falls
+        cut = tokenizer.safe_cut(whole[:end])
+        if cut:
+            assert enc.encode_ordinary(whole[:cut]) + enc.encode_ordinary(whole[cut:]) == enc.encode_ordinary(whole)
+
+
+def test_chunked_tokens_equal_the_whole_text_on_tiny_shakespeare(shakespeare_cache, tmp_path, monkeypatch):
+    """Read 4 KiB at a time (about 270 seams), the ids are those of tokenizing the whole text at once."""
+    whole = (shakespeare_cache / "tinyshakespeare" / "input.txt").read_text()
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(text, "READ_BYTES", 4096)
+    (tmp_path / "cache" / "tinyshakespeare").mkdir(parents=True)
+    (tmp_path / "cache" / "tinyshakespeare" / "input.txt").write_text(whole)
+    td = load_tokens(download=False)
+    assert np.concatenate([td.train, td.val]).tolist() == data.get_tokenizer().encode_ordinary(whole)
+    assert td.n_tokens == 338_025
+
+
+def test_a_text_without_a_safe_cut_is_still_tokenized_in_bounded_pieces():
+    chunks = ["abcdefgh" * 4] * 10  # one 320-character word: no newline anywhere
+    pieces = list(tokenizer.encode_stream(chunks, max_carry=100))
+    assert len(pieces) > 2  # cut where it had to be, not carried to the end
+    assert data.get_tokenizer().decode([i for p in pieces for i in p]) == "".join(chunks)
+
+
+def test_the_text_is_hashed_and_read_as_a_stream(tmp_cache, tmp_path, monkeypatch):
+    path = _write(tmp_path / "t.txt", ("Lines of text, read in blocks.\n" * 300).encode())
+    monkeypatch.setattr(text, "READ_BYTES", 512)
+    reads, real_open = [], text.open_text
+
+    class Recorded(io.BufferedReader):
+        def read(self, size=-1):
+            reads.append(size)
+            return super().read(size)
+
+    monkeypatch.setattr(text, "open_text", lambda p: Recorded(real_open(p).detach()))
+    td = load_tokens(path)
+    assert td.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert td.n_tokens == len(data.get_tokenizer().encode_ordinary(path.read_text()))
+    assert set(reads) == {512}  # never the whole file at once
+    assert len(reads) >= 2 * (path.stat().st_size // 512)  # once to hash it, once to tokenize it
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_only_regular_files_are_read(tmp_cache, tmp_path, kind):
+    """A FIFO as --data would block forever on open or read; a device (/dev/zero) would never end."""
+    if kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("no FIFOs here")
+        path = tmp_path / "pipe"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+        if not path.exists():
+            pytest.skip("no /dev/zero here")
+    with pytest.raises(UsageError, match="is not a regular file") as err:
+        load_tokens(path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_name_that_is_not_utf8_still_prints(tmp_cache, tmp_path):
+    path = Path(os.fsdecode(bytes(tmp_path) + b"/bad\xffname.txt"))
+    path.write_text("Some words to tokenize. " * 10)
+    td = load_tokens(path)
+    assert td.source == "bad\ufffdname.txt"
+    td.source.encode("utf-8")  # no surrogate left to fail a print or a plot title
+
+
+# --- the token cache ------------------------------------------------------------------------------
+
+
+def _cached(tmp_cache, tmp_path):
+    path = _write(tmp_path / "t.txt", ("Words to tokenize and cache, line after line.\n" * 50).encode())
+    first = load_tokens(path)
+    return path, first, tmp_cache / "tokens" / f"{first.sha256}.bin"
+
+
+def _ids(td):
+    return np.concatenate([td.train, td.val]).tolist()
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda b: b.write_bytes(b.read_bytes()[: len(b.read_bytes()) // 4 * 2]), "holds"),  # even size: half the tokens
+    (lambda b: b.write_bytes(b.read_bytes()[:-1]), "holds"),  # odd size
+    (lambda b: b.write_bytes(os.urandom(b.stat().st_size)), "checksum"),  # random bytes, the same size
+    (lambda b: b.with_suffix(".json").unlink(), "no record"),  # a cache from before records
+    (lambda b: b.with_suffix(".json").write_text("{not json"), "unreadable record"),
+    (lambda b: b.unlink(), "is missing"),
+])
+def test_a_damaged_token_cache_is_rebuilt_with_a_notice(tmp_cache, tmp_path, damage, says):
+    path, first, bin_path = _cached(tmp_cache, tmp_path)
+    ids = _ids(first)  # read now: `first` maps the very bytes the damage rewrites
+    damage(bin_path)
+    notes = []
+    again = load_tokens(path, notify=notes.append)
+    assert _ids(again) == ids and again.n_tokens == len(ids)
+    assert len(notes) == 1 and str(bin_path) in notes[0] and says in notes[0] and "\n" not in notes[0]
+    assert load_tokens(path, notify=notes.append).n_tokens == first.n_tokens and len(notes) == 1  # valid again
+
+
+def test_a_cache_of_another_tokenizer_is_rebuilt(tmp_cache, tmp_path, monkeypatch):
+    path, first, bin_path = _cached(tmp_cache, tmp_path)
+    record = json.loads(bin_path.with_suffix(".json").read_text())
+    assert record["n_tokens"] == first.n_tokens and record["text_sha256"] == first.sha256
+    record["tokenizer"]["vocab_bpe_sha256"] = "0" * 64
+    bin_path.with_suffix(".json").write_text(json.dumps(record))
+    notes = []
+    load_tokens(path, notify=notes.append)
+    assert "another tokenizer" in notes[0]
+
+
+def test_an_interrupted_tokenization_leaves_no_cache(tmp_cache, tmp_path, monkeypatch):
+    path = _write(tmp_path / "t.txt", ("Line of text.\n" * 400).encode())
+    monkeypatch.setattr(text, "READ_BYTES", 256)
+    real = tokenizer.encode_stream
+
+    def ctrl_c_midway(chunks, **kw):
+        for i, ids in enumerate(real(chunks, **kw)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield ids
+
+    monkeypatch.setattr(cache, "encode_stream", ctrl_c_midway)
+    with pytest.raises(KeyboardInterrupt):
+        load_tokens(path)
+    assert list((tmp_cache / "tokens").iterdir()) == []  # no bin, no record, no temp file
+    monkeypatch.undo()
+    assert load_tokens(path, notify=pytest.fail).n_tokens == 400 * 5  # a first build, not a repair
+
+
+def test_a_large_text_shows_a_progress_bar_on_a_terminal(tmp_cache, tmp_path, monkeypatch, capsys):
+    path = _write(tmp_path / "t.txt", b"Some words.\n" * 100)
+    monkeypatch.setattr(cache, "PROGRESS_BYTES", 1)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    load_tokens(path)
+    assert "tokenizing" in capsys.readouterr().err
 
 
 # --- random_tokens --------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def test_smooth_is_a_trailing_mean():
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(seeds=1), "--seeds must be at least 2"),
+    (dict(seeds=1), "--seeds must be from 2"),
     (dict(tolerance=0.0), "--tolerance"),
     (dict(seq_len=4096), "exceeds the tiny block size"),
     (dict(eval_every=0), "--eval-every"),
@@ -212,8 +212,31 @@ def test_command_writes_the_files_and_prints_the_table(shakespeare_cache, tmp_pa
     assert saved["config"]["rungs"] == ["baseline", "flash"] and saved["config"]["seeds"] == 2
 
 
+def test_a_diverged_baseline_still_writes_the_plot_and_prints_the_summary(shakespeare_cache, tmp_path, capsys):
+    """parity --lr 1e6: every loss is NaN. matplotlib refused NaN axis limits; now the files are written, the
+    table printed, and one line on stderr says why nothing could be judged."""
+    assert main(ARGS + ["--rungs", "baseline,flash", "--lr", "1e6", "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "NOT every rung passes" in out and "FAIL" in out and "nan" in out
+    assert err.count("\n") == 1 and "the fp32 baseline diverged" in err and "lower --lr" in err
+    assert (tmp_path / "parity.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "parity.md").exists()
+
+
+def test_the_plot_copes_with_some_runs_not_finite(tmp_path):
+    record = {"config": {"steps": 4, "preset": "tiny"}, "device": {"name": "cpu"},
+              "rule": {"allowed_abs": 0.05}, "baseline_runs": [
+                  {"seed": 0, "final_val": 5.0, "train_loss": [6.0, 5.5, 5.2, 5.0]},
+                  {"seed": 1, "final_val": 5.02, "train_loss": [6.0, 5.4, 5.3, 5.1]}],
+              "rungs": [{"name": "flash", "status": "ok", "verdict": "FAIL", "final_val": float("inf"),
+                         "train_loss": [6.0, float("inf"), float("nan"), float("nan")]}]}
+    parity_report.plot_parity(record, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize("extra, message", [
-    (["--seeds", "1"], "--seeds must be at least 2"),
+    (["--seeds", "1"], "--seeds must be from 2"),
+    (["--seeds", str(10**12)], "--seeds must be from 2"),
+    (["--eval-batches", str(10**12)], "--eval-batches is at most"),
     (["--rungs", "warp_drive"], "unknown rung"),
     (["--tolerance", "5"], "--tolerance"),
 ])

@@ -169,3 +169,139 @@ def test_config_differences_names_each_field():
     requested = {"n_layer": 12, "n_head": 4, "attention": "sdpa"}
     assert config_differences(saved, requested) == ["n_layer 2 -> 12", "attention 'manual' -> 'sdpa'"]
     assert config_differences(saved, requested, ignore=("attention",)) == ["n_layer 2 -> 12"]
+
+
+# --- the last good checkpoint: ckpt.pt, ckpt.prev.pt, best.pt -------------------------------------
+
+
+def test_a_new_checkpoint_keeps_the_previous_one(tmp_path):
+    path, previous = tmp_path / "ckpt.pt", tmp_path / "ckpt.prev.pt"
+    save_checkpoint(path, {**_state(), "step": 1}, previous=previous)
+    assert not previous.exists()  # nothing to keep yet
+    save_checkpoint(path, {**_state(), "step": 2}, previous=previous)
+    assert load_checkpoint(path)["step"] == 2 and load_checkpoint(previous)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.prev.pt", "ckpt.pt"]
+
+
+def test_a_save_stopped_between_its_renames_leaves_the_previous_one_to_use(tmp_path, monkeypatch):
+    """A kill there leaves no ckpt.pt: the run directory's last good checkpoint is then ckpt.prev.pt."""
+    path, previous = tmp_path / "ckpt.pt", tmp_path / "ckpt.prev.pt"
+    save_checkpoint(path, {**_state(), "step": 1}, previous=previous)
+    real_replace, calls = os.replace, []
+
+    def killed_after_the_first(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # stands in for the process dying right here
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", killed_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, {**_state(), "step": 2}, previous=previous)
+    monkeypatch.undo()
+    assert not path.exists()
+    notes = []
+    state, used = checkpoint.last_good(tmp_path, notify=notes.append)
+    assert used == previous and state["step"] == 1
+    assert "no checkpoint at" in notes[0] and "ckpt.prev.pt (step 1)" in notes[0]
+
+
+def test_a_damaged_ckpt_falls_back_to_the_previous_and_can_be_set_aside(tmp_path):
+    path, previous = tmp_path / "ckpt.pt", tmp_path / "ckpt.prev.pt"
+    save_checkpoint(path, {**_state(), "step": 1}, previous=previous)
+    save_checkpoint(path, {**_state(), "step": 2}, previous=previous)
+    path.write_bytes(path.read_bytes()[:100])
+    assert checkpoint.last_good(tmp_path, notify=lambda _: None)[0]["step"] == 1
+    assert path.exists()  # read-only use (sample) moves nothing
+    notes = []
+    checkpoint.last_good(tmp_path, notify=notes.append, set_aside=True)
+    assert not path.exists() and (tmp_path / "ckpt.pt.damaged").exists() and "ckpt.pt.damaged" in notes[0]
+    with pytest.raises(LadderError, match="unreadable"):  # a file named explicitly is that file, no fallback
+        checkpoint.last_good(tmp_path / "ckpt.pt.damaged")
+
+
+def test_a_foreign_ckpt_is_not_passed_over(tmp_path):
+    """Only damage falls back: a file of another format or version may be someone's, and says so."""
+    save_checkpoint(tmp_path / "ckpt.prev.pt", _state())
+    torch.save({"format": "gpt2ladder-checkpoint", "version": 99}, tmp_path / "ckpt.pt")
+    with pytest.raises(LadderError, match="format version 99"):
+        checkpoint.last_good(tmp_path)
+
+
+def test_best_is_a_hard_link_to_the_checkpoint(tmp_path):
+    path = save_checkpoint(tmp_path / "ckpt.pt", _state())
+    checkpoint.link_or_copy(path, tmp_path / "best.pt")
+    checkpoint.link_or_copy(path, tmp_path / "best.pt")  # replacing it is atomic too
+    assert os.stat(tmp_path / "best.pt").st_ino == os.stat(path).st_ino
+    save_checkpoint(path, {**_state(), "step": 9}, previous=tmp_path / "ckpt.prev.pt")
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == 7  # the link keeps the old one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "ckpt.prev.pt", "ckpt.pt"]
+
+
+@pytest.mark.parametrize("needs, missing", [
+    (checkpoint.RESUME_KEYS, "data"),
+    (checkpoint.SAMPLE_KEYS, "model_config"),
+])
+def test_a_valid_hash_with_missing_keys_is_one_line(tmp_path, needs, missing):
+    state = {k: v for k, v in _state().items() if k not in ("model_config", "data")}
+    path = save_checkpoint(tmp_path / "ckpt.pt", state)
+    with pytest.raises(LadderError, match=f"lacks .*{missing}") as err:
+        load_checkpoint(path, needs=needs)
+    assert _one_line(err.value)
+
+
+def test_a_model_config_gpt2ladder_cannot_build_is_one_line(tmp_path):
+    from gpt2ladder.training.checkpoint import model_from_checkpoint
+
+    for config in ({"n_layer": 2, "flux_capacitor": 1}, {"n_layer": 1, "n_head": 3, "n_embd": 32}):
+        with pytest.raises(LadderError, match="does not hold a GPT") as err:
+            model_from_checkpoint({"model_config": config, "model": {}}, torch.device("cpu"), "x.pt")
+        assert _one_line(err.value)
+
+
+# --- what a failed write says ------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_says_so_not_torchs_unexpected_pos(tmp_path, monkeypatch):
+    """torch.save on a full disk raises "unexpected pos N vs M"; the message must name ENOSPC."""
+    path = save_checkpoint(tmp_path / "ckpt.pt", _state(seed=0))
+    before = path.read_bytes()
+    real_mkstemp = checkpoint.tempfile.mkstemp
+
+    def onto_a_full_disk(**kw):  # the temp file is real, its writes go to /dev/full (ENOSPC on every write)
+        fd, name = real_mkstemp(**kw)
+        os.dup2(os.open("/dev/full", os.O_WRONLY), fd)
+        return fd, name
+
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", onto_a_full_disk)
+    with pytest.raises(LadderError) as err:
+        save_checkpoint(path, {**_state(seed=1), "big": torch.zeros(100_000)})
+    message = str(err.value)
+    assert "No space left on device" in message and "unexpected pos" not in message and _one_line(err.value)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+
+
+def test_a_ctrl_c_inside_torch_save_stays_a_ctrl_c(tmp_path, monkeypatch):
+    """torch's writer turns an exception in a write into RuntimeError; the KeyboardInterrupt comes back out."""
+    real_save = torch.save
+
+    class Interrupting:
+        def __init__(self, f):
+            self.f, self.writes = f, 0
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes == 3:
+                self.f.error = KeyboardInterrupt()  # as if it landed inside the recording writer
+                raise self.f.error
+            return self.f.write(data)
+
+        def flush(self):
+            self.f.flush()
+
+    monkeypatch.setattr(checkpoint.torch, "save", lambda obj, f: real_save(obj, Interrupting(f)))
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path / "ckpt.pt", _state())
+    assert list(tmp_path.iterdir()) == []

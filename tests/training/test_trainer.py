@@ -246,7 +246,8 @@ def test_kill_9_and_resume_gives_exactly_the_same_losses(tmp_path):
     assert [e["step"] for e in again] == list(range(1, 31))  # no step logged twice
     assert [e["loss"] for e in again] == [e["loss"] for e in whole]  # exact float equality
     assert [e.get("val_loss") for e in again] == [e.get("val_loss") for e in whole]
-    assert sorted(p.name for p in killed.iterdir()) == ["ckpt.pt", "config.json", "log.jsonl", "loss.png"]
+    assert sorted(p.name for p in killed.iterdir()) == ["best.pt", "ckpt.prev.pt", "ckpt.pt", "config.json",
+                                                        "log.jsonl", "loss.png"]  # no temp file, no lock left
 
 
 @pytest.mark.slow
@@ -338,21 +339,39 @@ def test_resume_without_a_checkpoint_is_one_line(tmp_path, capsys):
     assert code == 2 and _one_line_error(err) and "no checkpoint at" in err
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_bytes"])
-def test_corrupt_checkpoint_is_one_line_and_left_as_it_was(run_copy, capsys, damage):
-    raw = bytearray((run_copy / "ckpt.pt").read_bytes())
-    if damage == "truncate":
+def _damage(path, how: str) -> bytes:
+    raw = bytearray(path.read_bytes())
+    if how == "truncate":
         raw = raw[: len(raw) * 2 // 3]
     else:
         for i in range(len(raw) // 2, len(raw) // 2 + 64):  # bytes deep inside the tensor data
             raw[i] ^= 0x5A
-    (run_copy / "ckpt.pt").write_bytes(bytes(raw))
+    path.write_bytes(bytes(raw))
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_bytes"])
+def test_corrupt_checkpoint_alone_is_one_line_and_left_as_it_was(run_copy, capsys, damage):
+    (run_copy / "ckpt.prev.pt").unlink()  # no older checkpoint to fall back on
+    raw = _damage(run_copy / "ckpt.pt", damage)
     log_before = (run_copy / "log.jsonl").read_bytes()
     code, _, err = _cli(capsys, _cli_args(run_copy, "--resume"))
     assert code == 1 and _one_line_error(err)
     assert ("unreadable" if damage == "truncate" else "sha256") in err
-    assert (run_copy / "ckpt.pt").read_bytes() == bytes(raw)  # nothing was written over it
+    assert (run_copy / "ckpt.pt").read_bytes() == raw  # nothing was written over it
     assert (run_copy / "log.jsonl").read_bytes() == log_before
+
+
+def test_a_corrupt_checkpoint_resumes_from_the_one_before_it(finished_run, run_copy, capsys):
+    """(A truncated one falls back alike: tests/training/test_checkpoint.py.)"""
+    raw = _damage(run_copy / "ckpt.pt", "flip_bytes")
+    code, out, _ = _cli(capsys, _cli_args(run_copy, "--resume"))
+    assert code == 0
+    assert "ckpt.prev.pt (step 3)" in out and "resuming from step 3" in out and "ckpt.pt.damaged" in out
+    assert (run_copy / "ckpt.pt.damaged").read_bytes() == raw  # kept for a look, out of the rotation
+    assert load_checkpoint(run_copy)["step"] == 6
+    again, whole = read_log(run_copy / "log.jsonl"), read_log(finished_run / "log.jsonl")
+    assert [e["loss"] for e in again] == [e["loss"] for e in whole]
 
 
 # --- failures -------------------------------------------------------------------------------------

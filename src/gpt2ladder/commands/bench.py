@@ -48,7 +48,7 @@ def _bench(args, dist: distributed.Dist) -> int:
     say = print if dist.is_main else (lambda *a, **k: None)
     progress = not args.no_progress
     tokens = tokens_for(cfg.data, cfg.seed, notify=say)  # a bad --data fails here, in one line, before any work
-    data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len)  # as does a text too short for one sequence
+    data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # as does a text too short for one sequence
     out = prepare_out_dir(args.out)
     cfg, plan = _choose_batch(args, cfg, device, caps, dist)
     search = winner = None

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import torch
 
 from gpt2ladder.commands.defaults import defaults
-from gpt2ladder.errors import UsageError
+from gpt2ladder.errors import LadderError, UsageError, describe_failure
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
 from gpt2ladder.measure.harness import climb
 from gpt2ladder.measure.parity import ParityConfig, merge_shards, run_parity
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.parity import format_table, write_outputs
-from gpt2ladder.report.records import prepare_out_dir, write_json
+from gpt2ladder.report.records import output_dir, prepare_out_dir, write_json
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 from gpt2ladder.runtime.setup import Setup
 
@@ -53,7 +54,11 @@ def parity_command(args) -> int:
     caps = cap_memory(device, detect(device), args.gpu_memory)
     cfg = config_from_args(args, device, caps)
     shard = parse_shard(args.shard)
-    out = prepare_out_dir(args.out)
+    with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
+        return _run(args, cfg, caps, device, shard, out)
+
+
+def _run(args, cfg: ParityConfig, caps, device: torch.device, shard: tuple[int, int], out: Path) -> int:
     cfg, plan = _plan(cfg, device, caps)
     print(f"gpt2ladder parity: micro-batch {cfg.micro} x {cfg.batch_size // cfg.micro} accumulation steps = "
           f"batch {cfg.batch_size}" + (f"; {plan.reason()}" if plan else ""), flush=True)
@@ -75,6 +80,10 @@ def _finish(record: dict, out: Path) -> int:
     paths = write_outputs(record, out)
     print(format_table(record))
     print(f"wrote {', '.join(str(p) for p in paths)}")
+    diverged = [f"seed {r['seed']}: {r['final_val']}" for r in record["baseline_runs"] if not math.isfinite(r["final_val"])]
+    if diverged:  # every verdict then fails for a reason the table alone does not say
+        raise LadderError(f"the fp32 baseline diverged (final val loss {', '.join(diverged)}), so no rung can be "
+                          "judged; try a lower --lr")
     return 0 if record["passed"] else 1
 
 
@@ -104,4 +113,20 @@ def _merge_command(args) -> int:
         if not isinstance(shard, dict) or shard.get("command") != "parity-shard" or not {
                 "shard", "config", "skipped", "results", "device"} <= shard.keys():
             raise UsageError(f"{f} is not a parity shard record (one written by `parity --shard K/N`)")
-    return _finish(merge_shards(shards), prepare_out_dir(args.out))
+        _check_shard_config(f, shard["config"])
+    try:
+        record = merge_shards(shards)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:  # a field missing or of a wrong type
+        raise UsageError(f"a parity shard in {', '.join(args.merge)} is damaged or from another gpt2ladder: "
+                         f"{describe_failure(err)}") from None
+    return _finish(record, prepare_out_dir(args.out))
+
+
+def _check_shard_config(path: Path, config) -> None:
+    """The shard's settings must be exactly ParityConfig's fields (another version's shard says so here)."""
+    fields = {f.name for f in dataclasses.fields(ParityConfig)}
+    keys = set(config) if isinstance(config, dict) else set()
+    if not isinstance(config, dict) or keys != fields:
+        odd = sorted(keys - fields) + [f"{k} (missing)" for k in sorted(fields - keys)]
+        raise UsageError(f"{path} has settings this gpt2ladder does not know ({', '.join(odd) or 'not a dict'}); "
+                         "merge shards written by the same version")

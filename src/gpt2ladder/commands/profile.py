@@ -4,6 +4,7 @@ profile.json, .md, .png."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from gpt2ladder.commands.defaults import defaults
 from gpt2ladder.errors import LadderError
@@ -13,7 +14,7 @@ from gpt2ladder.measure.harness import climb, nothing_measured
 from gpt2ladder.measure.profile import ProfileConfig, run_profile
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.profile import format_table, write_outputs
-from gpt2ladder.report.records import prepare_out_dir
+from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 
 
@@ -34,7 +35,11 @@ def profile_command(args) -> int:
     caps = cap_memory(device, detect(device), args.gpu_memory)
     d = defaults("profile", device)
     name = args.preset or d["preset"]
-    out = prepare_out_dir(args.out)
+    with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
+        return _run(args, device, caps, d, name, out)
+
+
+def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
     cfg = ProfileConfig(preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
                         batch_size=args.batch_size or d["batch_size"],
                         seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps,

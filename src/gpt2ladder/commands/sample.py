@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from pathlib import Path
 
@@ -17,8 +18,9 @@ from gpt2ladder.model.hf import is_hf_weights, load_hf_model, weights_file
 from gpt2ladder.runtime.hardware import detect, resolve_device
 from gpt2ladder.training.checkpoint import (
     FILENAME,
-    checkpoint_path,
-    load_checkpoint,
+    PREVIOUS,
+    SAMPLE_KEYS,
+    last_good,
     model_from_checkpoint,
 )
 
@@ -32,8 +34,8 @@ def _precision(device: torch.device, setup: dict):
 
 
 def _check_args(args) -> None:
-    if args.temperature < 0:
-        raise UsageError(f"--temperature must be zero (greedy) or positive, got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UsageError(f"--temperature must be zero (greedy) or a finite positive number, got {args.temperature}")
     if args.top_k < 0:
         raise UsageError(f"--top-k must be zero (all tokens) or positive, got {args.top_k}")
 
@@ -46,12 +48,16 @@ def _compiled(model: GPT, device: torch.device):
 
 
 def load_model(path: str, device: torch.device) -> tuple[GPT, dict, str]:
-    """(model in eval mode, the run's setup, where it came from) for a run or Hugging Face weights."""
+    """(model in eval mode, the run's setup, where it came from) for a run or Hugging Face weights.
+
+    A run directory means its newest good checkpoint (ckpt.pt, else ckpt.prev.pt); notices go to
+    stderr, stdout is the text."""
     run = Path(path).expanduser()
-    if is_hf_weights(path) and not (run.is_dir() and (run / FILENAME).is_file()):  # a run's ckpt.pt comes first
+    has_run = run.is_dir() and ((run / FILENAME).is_file() or (run / PREVIOUS).is_file())
+    if is_hf_weights(path) and not has_run:  # a run's checkpoint comes first
         return load_hf_model(path).to(device), {}, str(weights_file(path))  # no setup recorded: fp32
-    state = load_checkpoint(path)
-    return model_from_checkpoint(state, device), state.get("setup", {}), f"{checkpoint_path(path)} (step {state.get('step')})"
+    state, ckpt = last_good(path, notify=lambda text: print(text, file=sys.stderr), needs=SAMPLE_KEYS)
+    return model_from_checkpoint(state, device, ckpt), state.get("setup", {}), f"{ckpt} (step {state.get('step')})"
 
 
 def sample_command(args) -> int:

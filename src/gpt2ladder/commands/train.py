@@ -15,7 +15,7 @@ from gpt2ladder.ladder import (
     why_unavailable,
 )
 from gpt2ladder.measure.batch import plan_batch
-from gpt2ladder.report.records import prepare_out_dir
+from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import cap_memory, detect
 from gpt2ladder.training.config import TrainConfig, model_config_for
@@ -103,7 +103,8 @@ def _train_command(args, dist: distributed.Dist) -> int:
     say(first_line(cfg, dist.world_size, plan), flush=True)
     for line in notices:
         say(line, flush=True)
-    out = prepare_out_dir(args.out)
-    result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
-                          strategy=strategy, caps=caps, batch_plan=plan)
+    with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
+        result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
+                              strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
+                              batch_plan=plan)
     return result.exit_code

@@ -26,6 +26,19 @@ def _check_batch_args(n_tokens: int, batch_size: int, seq_len: int,
         )
 
 
+def check_splits(tokens, seq_len: int, validate: bool) -> None:
+    """A UsageError unless the text (a TokenData) holds one sequence of seq_len + 1 tokens in its training
+    split and, when there is validation, in its validation split; the message counts the whole text."""
+    need = seq_len + 1
+    splits = [("training", tokens.train, "first 90%")] + ([("validation", tokens.val, "last 10%")] if validate else [])
+    for name, part, where in splits:
+        if len(part) < need:
+            raise UsageError(
+                f"the text has {tokens.n_tokens:,} tokens, and its {name} split (the {where}) {len(part):,}: too few "
+                f"for one sequence of {need}; use a longer text or a smaller --seq-len"
+                + (", or --eval-every 0" if name == "validation" else ""))
+
+
 class Batches:
     """Random windows of a token array; batch i depends only on (seed, i), never on earlier calls.
 

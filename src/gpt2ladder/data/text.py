@@ -1,14 +1,15 @@
-"""The text to train on: Tiny Shakespeare (downloaded once and verified) or a user's file, tokenized
-once and memory-mapped from a cache keyed by the text's sha256."""
+"""The text to train on: Tiny Shakespeare (downloaded once and verified) or a user's regular file, read
+as a stream (hashed and decoded a block at a time), its tokens memory-mapped from the token cache
+(`cache.py`) keyed by the text's sha256."""
 
 from __future__ import annotations
 
-import contextlib
+import codecs
 import dataclasses
 import hashlib
 import http.client
 import os
-import tempfile
+import stat
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from gpt2ladder.data.tokenizer import get_tokenizer
+from gpt2ladder.data import cache as token_cache
+from gpt2ladder.data.files import atomic_file, sha256_stream
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.model.config import GPT2_VOCAB_SIZE
 
@@ -26,6 +28,7 @@ TINY_SHAKESPEARE_URL = (
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 DOWNLOAD_TIMEOUT_S = 20
 TRAIN_FRACTION = 0.9
+READ_BYTES = 8 * 2**20  # hashing and tokenizing read the text this much at a time
 
 
 class DataUnavailable(LadderError):
@@ -52,25 +55,8 @@ def _sha256_bytes(data: bytes) -> str:
 
 
 def _sha256_file(path: Path) -> str:
-    return _sha256_bytes(path.read_bytes())
-
-
-@contextlib.contextmanager
-def _atomic_file(dest: Path) -> Iterator[BinaryIO]:
-    """Yield a temp file beside dest that replaces dest only if the block finishes.
-
-    Readers (and a later run after a crash or Ctrl-C) then never see a half-written file.
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with open(path, "rb") as f:
+        return sha256_stream(f, READ_BYTES)
 
 
 # --- Tiny Shakespeare ---------------------------------------------------------------------------
@@ -83,7 +69,7 @@ def _download(url: str, dest: Path, sha256: str) -> None:
     if _sha256_bytes(data) != sha256:
         got = _sha256_bytes(data)
         raise ValueError(f"downloaded file has sha256 {got[:12]}..., expected {sha256[:12]}...")
-    with _atomic_file(dest) as f:
+    with atomic_file(dest) as f:
         f.write(data)
 
 
@@ -132,60 +118,67 @@ def _split(tokens: np.ndarray, source: str, sha256: str) -> TokenData:
     return TokenData(tokens[:cut], tokens[cut:], source, sha256, len(tokens))
 
 
-def _read_text_file(path: Path) -> bytes:
-    """The bytes of a user's text file, or a UsageError saying what is wrong with it."""
-    if not path.exists():
-        raise UsageError(f"data file {path} does not exist")
-    if path.is_dir():
-        raise UsageError(f"data file {path} is a directory, not a text file")
+def display_name(path: Path) -> str:
+    """The file's name as text that prints and plots: a byte that is not UTF-8 becomes U+FFFD."""
+    return os.fsencode(path.name).decode("utf-8", "replace")
+
+
+def open_text(path: Path) -> BinaryIO:
+    """A user's text file opened for reading, or a UsageError saying what is wrong with it.
+
+    Only regular files: a FIFO or a device would block or never end. O_NONBLOCK lets the open itself
+    return for a FIFO that has no writer, so fstat can say what it is.
+    """
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise UsageError(f"data file {path} does not exist") from None
     except OSError as e:
-        raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from e
-    if not raw:
-        raise UsageError(f"data file {path} is empty")
-    return raw
+        raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from None
+    info = os.fstat(fd)
+    problem = ("is a directory, not a text file" if stat.S_ISDIR(info.st_mode) else
+               "is not a regular file (a FIFO, socket or device); give a text file" if not stat.S_ISREG(info.st_mode)
+               else "is empty" if info.st_size == 0 else None)
+    if problem:
+        os.close(fd)
+        raise UsageError(f"data file {path} {problem}")
+    return os.fdopen(fd, "rb")
 
 
-def _decode_text(raw: bytes, path: Path) -> str:
+def text_chunks(f: BinaryIO, path: Path, block: int | None = None) -> Iterator[str]:
+    """The text of an open file from its start, decoded a block at a time; UsageError if it is not UTF-8."""
+    block = block or READ_BYTES
+    f.seek(0)
+    decoder = codecs.getincrementaldecoder("utf-8")()
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is None or "\0" in text:  # valid UTF-8 can still be binary (all zeros); text has no NUL
-        raise UsageError(f"data file {path} is not a UTF-8 text file")
-    return text
+        while True:
+            data = f.read(block)
+            text = decoder.decode(data, final=not data)
+            if "\0" in text:  # valid UTF-8 can still be binary (all zeros); text has no NUL
+                raise UnicodeError("NUL")
+            if text:
+                yield text
+            if not data:
+                return
+    except UnicodeError:
+        raise UsageError(f"data file {path} is not a UTF-8 text file") from None
 
 
-def _tokenize_to(raw: bytes, path: Path, bin_path: Path) -> None:
-    """Tokenize the text once and store it as raw uint16 (GPT-2's 50257 ids fit in 16 bits)."""
-    ids = get_tokenizer().encode_ordinary(_decode_text(raw, path))
-    try:
-        with _atomic_file(bin_path) as f:
-            f.write(np.asarray(ids, dtype=np.uint16).tobytes())
-    except OSError as e:
-        raise LadderError(
-            f"cannot write the token cache {bin_path}: {e.strerror or e}; "
-            "set GPT2LADDER_CACHE to a writable folder"
-        ) from e
-
-
-def load_tokens(text_path: Path | str | None = None, *, download: bool = True) -> TokenData:
+def load_tokens(text_path: Path | str | None = None, *, download: bool = True, notify=print) -> TokenData:
     """Tokens of a text file (None: Tiny Shakespeare), tokenized once and then memory-mapped from cache.
 
-    The cache is keyed by the sha256 of the file's bytes, so an edited file is tokenized again.
+    The cache is keyed by the sha256 of the file's bytes, so an edited file is tokenized again; a cache
+    that does not match its record is rebuilt, and `notify` says so.
     """
     if text_path is None:
         path, source = fetch_tinyshakespeare(download), "tinyshakespeare"
     else:
         path = Path(text_path).expanduser()
-        source = path.name
-    raw = _read_text_file(path)
-    digest = _sha256_bytes(raw)
-    bin_path = cache_dir() / "tokens" / f"{digest}.bin"
-    if not bin_path.is_file() or bin_path.stat().st_size == 0:
-        _tokenize_to(raw, path, bin_path)
-    tokens = np.memmap(bin_path, dtype=np.uint16, mode="r")
+        source = display_name(path)
+    with open_text(path) as f:
+        digest = sha256_stream(f, READ_BYTES)
+        tokens = token_cache.load_or_build(cache_dir() / "tokens", digest, lambda: text_chunks(f, path),
+                                           os.fstat(f.fileno()).st_size, notify)
     return _split(tokens, source, digest)
 
 

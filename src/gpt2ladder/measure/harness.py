@@ -105,9 +105,9 @@ def timed_step(engine: Engine, batches: data_mod.Batches, device: torch.device,
 def tokens_for(data: str | None, seed: int, notify=print) -> data_mod.TokenData:
     """The text to time steps on; step time does not depend on it, so random tokens stand in if needed."""
     if data is not None:
-        return data_mod.load_tokens(Path(data))
+        return data_mod.load_tokens(Path(data), notify=notify)
     try:
-        return data_mod.load_tokens(None)
+        return data_mod.load_tokens(None, notify=notify)
     except data_mod.DataUnavailable as err:
         notify(f"notice: {err} -- timing on random tokens instead; the loss column is not meaningful.")
         return data_mod.random_tokens(400_000, seed=seed)

@@ -39,6 +39,8 @@ from gpt2ladder.training.schedule import lr_at
 
 MIN_LR_FRACTION = 0.1  # the cosine decays to lr/10, as nanoGPT does
 GRAD_CLIP = 1.0
+MAX_SEEDS = 100  # the run list is built up front: a huge --seeds would fill the memory, not fail in one line
+MAX_EVAL_BATCHES = 10_000  # on the device for the whole command
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,16 @@ class ParityConfig:
         for name in ("batch_size", "seq_len", "steps", "eval_batches"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
-        if self.seeds < 2:
-            raise UsageError(f"--seeds must be at least 2 (the spread needs two baseline runs), got {self.seeds}")
+        if not 2 <= self.seeds <= MAX_SEEDS:
+            raise UsageError(f"--seeds must be from 2 (the spread needs two baseline runs) to {MAX_SEEDS} (each is "
+                             f"a training run), got {self.seeds}")
+        if self.eval_batches > MAX_EVAL_BATCHES:
+            raise UsageError(f"--eval-batches is at most {MAX_EVAL_BATCHES:,} (they are kept on the device for the "
+                             f"whole command), got {self.eval_batches}")
         if not 0 < self.tolerance < 1:
             raise UsageError(f"--tolerance is a fraction between 0 and 1 (0.02 = 2%), got {self.tolerance}")
-        if not self.lr > 0:
-            raise UsageError(f"--lr must be positive, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UsageError(f"--lr must be a finite positive number, got {self.lr}")
         if self.eval_every is not None and self.eval_every <= 0:
             raise UsageError(f"--eval-every must be a positive integer, got {self.eval_every}")
         if self.seq_len > preset(self.preset).block_size:
@@ -261,6 +267,7 @@ def judge(rows: list[dict], reference: dict, spread: float, cfg: ParityConfig) -
 
 def _context(cfg: ParityConfig, device: torch.device, progress: bool) -> tuple[_Context, data_mod.TokenData]:
     tokens = data_mod.load_tokens(Path(cfg.data) if cfg.data else None)  # DataUnavailable is the error
+    data_mod.check_splits(tokens, cfg.seq_len, validate=True)
     # Built at the step's batch size and cut to the micro-batch: the same validation data on any card.
     full = data_mod.eval_batches(tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
     evals = [data_mod.to_device(x, y, device) for x, y in data_mod.micro_batches(full, cfg.micro)]

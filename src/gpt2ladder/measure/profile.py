@@ -293,6 +293,7 @@ def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True,
     """Profile every rung in `cfg.rungs` (cumulatively) and return the self-describing record."""
     caps = detect(device) if caps is None else caps
     tokens = tokens_for(cfg.data, cfg.seed, notify)
+    data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # one line now, not a failed row per rung
     rows = [profile_rung(row, cfg, tokens, device, progress)
             for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps), cfg.last_only)]
     return {**record_header(caps, device), "command": "profile", "config": dataclasses.asdict(cfg),

@@ -26,7 +26,7 @@ def load_baseline(path: str | Path, config: dict) -> dict:
         raise UsageError(f"--baseline-json {path} does not exist") from None
     except (OSError, ValueError) as err:
         raise UsageError(f"--baseline-json {path} is not a readable ladder.json: {err}") from None
-    if not isinstance(record, dict) or record.get("command") != "bench" or "rungs" not in record:
+    if not isinstance(record, dict) or record.get("command") != "bench" or not _rows_readable(record.get("rungs")):
         raise UsageError(f"--baseline-json {path} is not a ladder.json written by gpt2ladder bench")
     saved = record.get("config", {})
     diffs = [f"{k} {saved.get(k)!r} vs {config.get(k)!r}" for k in MUST_MATCH if saved.get(k) != config.get(k)]
@@ -34,6 +34,13 @@ def load_baseline(path: str | Path, config: dict) -> dict:
         raise UsageError(f"--baseline-json {path} measured another step per GPU ({'; '.join(diffs)}); "
                          "rerun it with the same --preset, --batch-size and --seq-len")
     return {**record, "path": str(path)}
+
+
+def _rows_readable(rows) -> bool:
+    """Every row names its rung and status, and a measured one its tokens/s (a damaged file may not)."""
+    return isinstance(rows, list) and all(
+        isinstance(r, dict) and isinstance(r.get("name"), str) and (
+            r.get("status") != "ok" or isinstance(r.get("tokens_per_s"), (int, float))) for r in rows)
 
 
 def add_scaling(record: dict, baseline: dict | None) -> None:

@@ -29,7 +29,9 @@ def pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator)
     """One token id per row, (B, 1)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
+    # Shifted so the largest logit is 0 before dividing: a tiny temperature (1e-45) then sends the
+    # others to -inf, the greedy limit, instead of every logit to +-inf and the softmax to NaN.
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
     if top_k:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -97,23 +97,32 @@ def _plot_train(ax, record: dict) -> None:
 
 
 def _plot_final_val(ax, record: dict) -> None:
+    """A run whose loss is not finite (a diverged --lr) has no point and no band; the limits come from the
+    finite values only, so matplotlib is never asked for NaN or infinite limits."""
     rule, ref = record["rule"], record["baseline_runs"][0]
     base, allowed = ref["final_val"], rule["allowed_abs"]
     rows = [r for r in record["rungs"] if r["status"] == "ok"]
-    ax.axvspan(base - allowed, base + allowed, color="#55A868", alpha=0.15, label="allowed gap")
-    ax.axvline(base, color="#333333", linewidth=1.0, label=f"fp32 seed {ref['seed']}")
-    for run in record["baseline_runs"][1:]:
-        ax.axvline(run["final_val"], color="#888888", linestyle="--", linewidth=1.0, label=f"fp32 seed {run['seed']}")
+    band = [base - allowed, base + allowed] if math.isfinite(base) and math.isfinite(allowed) else []
+    if band:
+        ax.axvspan(*band, color="#55A868", alpha=0.15, label="allowed gap")
+    for k, run in enumerate(record["baseline_runs"]):
+        if math.isfinite(run["final_val"]):
+            ax.axvline(run["final_val"], color="#333333" if k == 0 else "#888888", linestyle="-" if k == 0 else "--",
+                       linewidth=1.0, label=f"fp32 seed {run['seed']}")
     for i, r in enumerate(rows):
-        ax.plot(r["final_val"], i, "o", color="#4C72B0" if r["verdict"] == "PASS" else "#C44E52")
+        if math.isfinite(r["final_val"]):
+            ax.plot(r["final_val"], i, "o", color="#4C72B0" if r["verdict"] == "PASS" else "#C44E52")
     ax.set_yticks(range(len(rows)), [f"{r['name']} ({r['verdict']})" for r in rows])
     ax.invert_yaxis()
-    xs = [v for v in [r["final_val"] for r in rows + record["baseline_runs"]] if math.isfinite(v)]
-    lo, hi = min(xs + [base - allowed]), max(xs + [base + allowed])
-    ax.set_xlim(lo - 0.15 * (hi - lo), hi + 0.15 * (hi - lo))
+    xs = [v for v in [r["final_val"] for r in rows + record["baseline_runs"]] if math.isfinite(v)] + band
+    if xs:
+        lo, hi = min(xs), max(xs)
+        pad = 0.15 * (hi - lo) or 0.01
+        ax.set_xlim(lo - pad, hi + pad)
     ax.set_title(f"final validation loss; allowed gap {allowed:.4f}", fontsize=10)
     ax.set_xlabel("loss")
-    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    if ax.get_legend_handles_labels()[0]:  # none when every run diverged; matplotlib would warn on stderr
+        ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
     ax.spines[["top", "right"]].set_visible(False)
 
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -62,6 +63,24 @@ def prepare_out_dir(path: str | Path) -> Path:
     except OSError as err:
         raise UsageError(f"cannot write to output directory {out}: {err.strerror or err}") from None
     return out
+
+
+@contextlib.contextmanager
+def output_dir(path: str | Path) -> Iterator[Path]:
+    """`prepare_out_dir`, and if the block fails, remove again the folders this call created that are
+    still empty: a failed run leaves no empty --out behind, and never touches one that was there."""
+    out = Path(path)
+    created = [p for p in [out, *out.parents] if not p.exists()]  # deepest first
+    prepared = prepare_out_dir(out)
+    try:
+        yield prepared
+    except BaseException:
+        for folder in created:
+            try:
+                folder.rmdir()  # only ever succeeds on an empty folder
+            except OSError:
+                break
+        raise
 
 
 def write_json(path: Path, record: dict) -> None:

@@ -1,18 +1,23 @@
 """Checkpoints that survive crashes: atomic writes, a checksum, one-line errors, and the RNG states.
 
 A checkpoint is one `torch.save` file holding plain dicts and tensors only, so it loads with
-`torch.load(weights_only=True)`. It is written to a temp file beside the target, flushed, fsynced and
-renamed over the old one, so a kill -9, a full disk or a power cut leaves either the old checkpoint or
-the new one, never half of one. A sha256 over every value catches bit rot that torch.load misses
-(it reads a flipped byte inside a tensor without complaint).
+`torch.load(weights_only=True)`. It is written to a temp file beside the target, flushed and fsynced;
+then the old checkpoint is renamed to ckpt.prev.pt and the temp file to ckpt.pt. A kill -9, a full
+disk or a power cut at any moment leaves a whole checkpoint: ckpt.pt, or between the two renames
+ckpt.prev.pt, which `last_good` then picks. A sha256 over every value catches bit rot that torch.load
+misses (it reads a flipped byte inside a tensor without complaint); a damaged ckpt.pt also falls back
+to ckpt.prev.pt. best.pt, the state with the lowest validation loss, is a hard link to ckpt.pt when
+they are the same step, so it costs no space then.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -25,7 +30,20 @@ from gpt2ladder.model.gpt import GPT
 
 FORMAT = "gpt2ladder-checkpoint"
 VERSION = 1
-FILENAME = "ckpt.pt"
+FILENAME = "ckpt.pt"  # the newest good checkpoint: what --resume and sample use
+PREVIOUS = "ckpt.prev.pt"  # the one before it, kept until ckpt.pt is replaced by a newer good one
+BEST = "best.pt"  # the state with the lowest validation loss so far
+# What each use of a checkpoint reads; a file with a valid sha256 may still lack them (another tool wrote it).
+RESUME_KEYS = ("model", "optimizer", "step", "train_config", "model_config", "rng", "data")
+SAMPLE_KEYS = ("model", "model_config")
+
+
+class NoCheckpoint(UsageError):
+    """There is no checkpoint file where one was named."""
+
+
+class CheckpointDamaged(LadderError):
+    """The file is truncated, unreadable or fails its sha256: an older copy may stand in for it."""
 
 
 def checkpoint_path(path: str | Path) -> Path:
@@ -65,30 +83,85 @@ def _feed(h, value) -> None:
 # --- save ---------------------------------------------------------------------------------------
 
 
-def save_checkpoint(path: str | Path, state: dict) -> Path:
-    """Write state atomically; on failure the previous file is untouched and the temp file removed."""
+def save_checkpoint(path: str | Path, state: dict, previous: Path | None = None) -> Path:
+    """Write state atomically; on failure the previous file is untouched and the temp file removed.
+
+    With `previous`, the file at `path` is renamed there first, once the new one is safely on disk.
+    """
     path = Path(path)
     payload = {**state, "format": FORMAT, "version": VERSION}
     payload.pop("sha256", None)
     payload["sha256"] = state_digest(payload)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    writer = None
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make checkpoints private to this user
         with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
+            writer = _RecordingWriter(f)
+            torch.save(payload, writer)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the checkpoint
+        if previous is not None and path.exists():
+            os.replace(path, previous)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(err, (OSError, RuntimeError)):  # torch.save reports some write failures as RuntimeError
-            reason = getattr(err, "strerror", None) or _first_line(err)
-            raise LadderError(f"could not write checkpoint {path}: {reason}; "
-                              "the previous checkpoint (if any) is kept") from err
-        raise
+        _raise_save_failure(err, writer, path)
     return path
+
+
+class _RecordingWriter:
+    """The file torch.save writes into, remembering what a write raised: torch's zip writer reports any
+    failed write as "unexpected pos N vs M", which hides a full disk (ENOSPC) or a second Ctrl-C."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except BaseException as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _raise_save_failure(err: BaseException, writer: _RecordingWriter | None, path: Path):
+    """The failure's real cause: the OSError or KeyboardInterrupt behind torch's RuntimeError, re-raised as
+    itself (Ctrl-C stays Ctrl-C) or as one line naming the reason."""
+    cause = writer.error if isinstance(err, RuntimeError) and writer and writer.error else err
+    if not isinstance(cause, (OSError, RuntimeError)):
+        raise cause
+    reason = getattr(cause, "strerror", None) or _first_line(cause)
+    if "unexpected pos" in reason and _disk_full(path.parent):  # a write failure torch alone saw
+        reason = os.strerror(errno.ENOSPC)
+    raise LadderError(f"could not write checkpoint {path}: {reason}; "
+                      "the previous checkpoint (if any) is kept") from err
+
+
+def _disk_full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free == 0
+    except OSError:
+        return False
+
+
+def link_or_copy(source: Path, dest: Path) -> None:
+    """dest becomes the same checkpoint as source, atomically: a hard link (no space), else a copy."""
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(source, tmp)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, dest)
+    with contextlib.suppress(FileNotFoundError):  # rename(2) leaves both names when dest is already that file
+        tmp.unlink()
 
 
 def _umask() -> int:
@@ -118,17 +191,17 @@ def remove_stale_temps(path: str | Path) -> None:
 # --- load ---------------------------------------------------------------------------------------
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """A verified checkpoint dict, or one line saying why the file cannot be one."""
+def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...] = ()) -> dict:
+    """A verified checkpoint dict holding the keys `needs`, or one line saying why the file cannot be one."""
     path = checkpoint_path(path)
     if not path.is_file():
-        raise UsageError(f"no checkpoint at {path}")
+        raise NoCheckpoint(f"no checkpoint at {path}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for truncated or foreign files
         detail = _first_line(err)
-        raise LadderError(f"checkpoint {path} is unreadable (truncated, corrupt or not a PyTorch file)"
-                          + (f": {detail}" if detail else "")) from None
+        raise CheckpointDamaged(f"checkpoint {path} is unreadable (truncated, corrupt or not a PyTorch file)"
+                                + (f": {detail}" if detail else "")) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise LadderError(f"{path} is not a gpt2ladder checkpoint")
     if state.get("version") != VERSION:
@@ -136,14 +209,48 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
                           f"this gpt2ladder reads version {VERSION}")
     expected = state.pop("sha256", None)
     if expected is not None and state_digest(state) != expected:
-        raise LadderError(f"checkpoint {path} is corrupt: its contents do not match their sha256")
+        raise CheckpointDamaged(f"checkpoint {path} is corrupt: its contents do not match their sha256")
+    missing = [k for k in needs if not isinstance(state.get(k), int if k == "step" else dict)]
+    if missing:
+        raise LadderError(f"checkpoint {path} lacks {', '.join(missing)} (or holds them in another form); "
+                          "it was not written by this gpt2ladder")
     return state
 
 
-def model_from_checkpoint(state: dict, device: torch.device) -> GPT:
+def last_good(path: str | Path, notify=print, set_aside: bool = False,
+              needs: tuple[str, ...] = ()) -> tuple[dict, Path]:
+    """The checkpoint a file names, or a run directory's newest one that loads, and its path.
+
+    In a directory that is ckpt.pt, else ckpt.prev.pt: when ckpt.pt is missing (a save stopped between
+    its two renames) or damaged. `set_aside` renames a damaged ckpt.pt to ckpt.pt.damaged, so the next
+    save does not rotate it over the good ckpt.prev.pt.
+    """
+    path = Path(path).expanduser()
+    main, previous = checkpoint_path(path), path / PREVIOUS
+    try:
+        return load_checkpoint(main, needs=needs), main
+    except (NoCheckpoint, CheckpointDamaged) as err:
+        if not (path.is_dir() and previous.is_file()):
+            raise
+        state = load_checkpoint(previous, needs=needs)
+        if set_aside and main.exists():
+            os.replace(main, main.with_name(main.name + ".damaged"))
+        notify(f"notice: {err}; using the checkpoint before it, {previous} (step {state.get('step')})"
+               + (f"; the damaged file is now {main.name}.damaged" if set_aside and isinstance(err, CheckpointDamaged)
+                  else ""))
+        return state, previous
+
+
+def model_from_checkpoint(state: dict, device: torch.device, source: str | Path = "the checkpoint") -> GPT:
     """A GPT of the checkpoint's own shape (padding and attention included), its weights loaded, in eval mode."""
-    model = GPT(ModelConfig(**state["model_config"]))
-    model.load_state_dict(state["model"])
+    try:
+        model = GPT(ModelConfig(**state["model_config"]))
+        model.load_state_dict(state["model"])
+    except (TypeError, ValueError, KeyError, RuntimeError, UsageError) as err:  # a shape or field GPT lacks
+        raise LadderError(f"{source} does not hold a GPT that gpt2ladder can build: {type(err).__name__}: "
+                          f"{_first_line(err)}") from None
+    if not all(torch.isfinite(p).all() for p in model.parameters()):  # training never saves such weights
+        raise LadderError(f"{source} holds non-finite weights (NaN or inf): it was not written by a healthy run")
     return model.to(device).eval()
 
 

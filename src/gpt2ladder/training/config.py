@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.config import ModelConfig, preset
 
+# Validation batches are made once and held for the run: a number meant for --steps would fill the memory
+# before the first step instead of failing in one line.
+MAX_EVAL_BATCHES = 10_000
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -36,6 +40,9 @@ class TrainConfig:
         for name in ("batch_size", "seq_len", "tokens_per_step", "steps", "eval_batches"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"{_flag(name)} must be a positive integer, got {getattr(self, name)}")
+        if self.eval_batches > MAX_EVAL_BATCHES:
+            raise UsageError(f"--eval-batches is at most {MAX_EVAL_BATCHES:,} (they are built once and kept in "
+                             f"memory for the whole run), got {self.eval_batches}")
         for name in ("warmup_steps", "eval_every", "ckpt_every", "seed"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{_flag(name)} must be zero or more, got {getattr(self, name)}")

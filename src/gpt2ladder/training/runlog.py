@@ -14,18 +14,27 @@ from gpt2ladder.training.config import TrainConfig
 
 
 def read_log(path: Path) -> list[dict]:
-    """The entries of a log.jsonl; a line cut short by a kill is skipped."""
+    """The entries of a log.jsonl; a line cut short by a kill, or damaged, is skipped."""
     entries = []
     if not path.is_file():
         return entries
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode("utf-8", "replace").splitlines():  # stray bytes spoil one line, no more
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+        if isinstance(entry, dict) and _is_int(entry.get("step")) and _is_number(entry.get("loss")) and (
+                "val_loss" not in entry or _is_number(entry["val_loss"])):
             entries.append(entry)
     return entries
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _rewrite_log(path: Path, keep_through: int | None) -> None:

@@ -17,10 +17,12 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.forced = False  # a second Ctrl-C came: wherever its KeyboardInterrupt landed, the user wants out
         self._previous: dict = {}
 
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            self.forced = True
             raise KeyboardInterrupt
         self.signum = signum
 

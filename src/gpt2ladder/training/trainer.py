@@ -1,10 +1,17 @@
 """Training: train GPT-2 at the fastest setting this machine allows, and resume exactly.
 
-A run directory holds config.json, log.jsonl (one line per step, flushed as written), ckpt.pt (one
-checkpoint, replaced atomically), loss.png and, when tensorboard is installed, tb/. A run killed at
-any moment (even kill -9) and resumed with --resume logs the same per-step losses as one never
-interrupted: batch i is a function of (seed, i), the learning rate a function of the step, and the
-checkpoint holds weights, optimizer, data position and RNG states.
+A run directory holds config.json, log.jsonl (one line per step, flushed as written), ckpt.pt (the
+newest good checkpoint, replaced atomically), ckpt.prev.pt (the one before it), best.pt (the lowest
+validation loss, when validation runs), loss.png and, when tensorboard is installed, tb/. A run
+killed at any moment (even kill -9) and resumed with --resume logs the same per-step losses as one
+never interrupted: batch i is a function of (seed, i), the learning rate a function of the step, and
+the checkpoint holds weights, optimizer, data position and RNG states.
+
+Nothing lost: one process owns the directory (training/lock.py); a checkpoint is written only once
+its weights are known good, i.e. finite, with a validation loss (or, at a step without validation, the
+loss on one batch) that has not exploded (training/health.py); a run whose loss goes non-finite or
+explodes stops naming the step, and the last good checkpoint stays. --resume refuses another text
+than the checkpoint's unless --allow-data-change is given.
 
 Exit codes: 0 when done; 130 after Ctrl-C (SIGINT) and 143 after SIGTERM, both of which finish the
 step in flight and save a checkpoint first; 1 or 2 with a one-line error otherwise.
@@ -21,7 +28,6 @@ number of processes (the same --tokens-per-step gives the same curve).
 from __future__ import annotations
 
 import functools
-import math
 import signal
 import statistics
 import time
@@ -31,7 +37,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
-from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.errors import LadderError, UsageError, describe_failure
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
@@ -41,19 +47,29 @@ from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.runtime.memory import HEADROOM, eval_bytes_per_sequence
 from gpt2ladder.runtime.metrics import flops_per_token, mfu, peak_flops
 from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.training import lock
 from gpt2ladder.training.checkpoint import (
+    BEST,
     FILENAME,
+    PREVIOUS,
+    RESUME_KEYS,
     config_differences,
-    load_checkpoint,
+    last_good,
+    link_or_copy,
     remove_stale_temps,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
 from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.health import loss_limit, loss_problem
 from gpt2ladder.training.runlog import Reporter
 from gpt2ladder.training.schedule import lr_at
 from gpt2ladder.training.signals import StopSignals
+
+
+def _silent(*args, **kwargs) -> None:
+    """The notices of ranks other than 0 (every rank finds the same)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +130,8 @@ class Trainer:
         self.cfg, self.device, self.out, self.ranks = cfg, device, out, ranks
         self.strategy = strategy  # "ddp" or "fsdp" under torchrun (ranks is then a distributed.Dist)
         self.accum = cfg.grad_accum(ranks.world_size)
-        self.tokens = data_mod.load_tokens(cfg.data)  # DataUnavailable: no random stand-in for training
+        self.tokens = data_mod.load_tokens(cfg.data, notify=print if ranks.is_main else _silent)  # no random stand-in
+        data_mod.check_splits(self.tokens, cfg.seq_len, validate=bool(cfg.eval_every))
         self.setup = setup_for(list(cfg.rungs))
         parallelize = (functools.partial(distributed.wrap_for_data_parallel, dist=ranks, strategy=strategy)
                        if strategy else None)
@@ -130,13 +147,18 @@ class Trainer:
         self.ckpt_path = out / FILENAME
         self.step = 0
         self.saved_step: int | None = None  # the step the checkpoint on disk holds
+        self.kept_path = self.ckpt_path  # where it is (ckpt.prev.pt after resuming from that)
         raw = self.engine.raw_model
         self.flops_per_token = flops_per_token(raw.config, cfg.seq_len, raw.num_params())
         self.peak = peak_flops(detect(device).name)
+        self.limit = loss_limit(raw.config.vocab_size)  # above it a loss has exploded
         self.step_ms: list[float] = []  # this session's steps
         self.caps = None  # what validation plans its memory against (run_training sets it)
         self.last_loss: float | None = None
         self.last_val_loss: float | None = None
+        self.val_step: int | None = None  # the step last_val_loss was measured at
+        self.best: dict | None = None  # {"step", "val_loss"}: the lowest validation loss, kept in best.pt
+        self.notices: list[str] = []  # what resuming found, said when the run starts
 
     # checkpoints
 
@@ -150,32 +172,60 @@ class Trainer:
             "train_config": self.cfg.to_dict(), "model_config": e.raw_model.config.to_dict(),
             "setup": self.setup.to_dict(), "rng": rng_state(), "data": self.batches.state_dict(),
             "data_source": {"source": self.tokens.source, "sha256": self.tokens.sha256},
+            "val_loss": self.last_val_loss if self.val_step == self.step else None, "best": self.best,
         }
 
     def save(self) -> None:
-        """Checkpoint the current step, unless the weights went non-finite (the last good one stays)."""
+        """Checkpoint the current step once its weights are known good; the last good checkpoint stays
+        (as ckpt.prev.pt once this one is in place) otherwise."""
         if not weights_finite(self.engine.raw_model, self.ranks):
             raise LadderError(f"the weights became non-finite at step {self.step}; stopped without saving "
                               f"them ({self._kept()}); try a lower --lr")
+        if self.val_step != self.step:  # validation has not looked at these weights: one batch does
+            self._check_loss("the loss of these weights on one batch", self._mean_loss(self._probe_batch()))
         state = self.state()  # every rank: under FSDP2 gathering the full state is a collective
         if self.ranks.is_main:
-            save_checkpoint(self.ckpt_path, state)
-        self.saved_step = self.step
+            save_checkpoint(self.ckpt_path, state, previous=self.out / PREVIOUS)
+        self.saved_step, self.kept_path = self.step, self.ckpt_path
+
+    def save_best(self) -> None:
+        """best.pt for this step's new lowest validation loss: ckpt.pt itself when just saved, else a save."""
+        if self.saved_step == self.step:
+            if self.ranks.is_main:
+                link_or_copy(self.ckpt_path, self.out / BEST)
+            return
+        state = self.state()
+        if self.ranks.is_main:
+            save_checkpoint(self.out / BEST, state)
 
     def _kept(self) -> str:
         if self.saved_step is None:
             return "no checkpoint was written"
-        return f"{self.ckpt_path} still holds step {self.saved_step}"
+        return f"{self.kept_path} still holds step {self.saved_step}"
 
-    def resume(self) -> list[str]:
-        """Load OUT/ckpt.pt into this run; returns the train-config fields that differ from the saved."""
-        state = load_checkpoint(self.ckpt_path)
+    def resume(self, allow_data_change: bool = False) -> list[str]:
+        """Load the run's last good checkpoint; returns the train-config fields that differ from the saved."""
+        notify = self.notices.append
+        state, path = last_good(self.out, notify, set_aside=self.ranks.is_main, needs=RESUME_KEYS)
         raw = self.engine.raw_model
         # attention ("manual" or "sdpa") changes no tensor, so a run may resume on another kernel
         diffs = config_differences(state["model_config"], raw.config.to_dict(), ignore=("attention",))
         if diffs:
-            raise UsageError(f"--resume: {self.ckpt_path} holds another model than requested "
+            raise UsageError(f"--resume: {path} holds another model than requested "
                              f"({'; '.join(diffs)}); use the run's --preset and --rungs, or another --out")
+        data_changed = self._check_data(state, path, allow_data_change)
+        try:
+            self._load(state)
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:  # a valid hash, odd contents
+            raise LadderError(f"checkpoint {path} cannot be resumed (damaged, or not written by this gpt2ladder): "
+                              f"{describe_failure(err)}") from None
+        self.step = self.saved_step = int(state["step"])
+        self.kept_path = path
+        self.best = None if data_changed else state.get("best")  # a loss on other text is no yardstick
+        return config_differences(state["train_config"], self.cfg.to_dict())
+
+    def _load(self, state: dict) -> None:
+        raw = self.engine.raw_model
         if distributed.is_sharded(raw):  # every rank keeps its shard of the full tensors
             distributed.load_state(raw, self.engine.optimizer, state["model"], state["optimizer"])
         else:
@@ -185,8 +235,20 @@ class Trainer:
             self.engine.scaler.load_state_dict(state["scaler"])
         self.batches.load_state_dict(state["data"])
         set_rng_state(state["rng"])
-        self.step = self.saved_step = int(state["step"])
-        return config_differences(state["train_config"], self.cfg.to_dict())
+
+    def _check_data(self, state: dict, path: Path, allowed: bool) -> bool:
+        """Whether the text differs from the checkpoint's; a UsageError unless that is allowed."""
+        saved = state.get("data_source") or {}
+        if not saved.get("sha256") or saved["sha256"] == self.tokens.sha256:
+            return False
+        change = (f"{saved.get('source')} (sha256 {saved['sha256'][:12]}...) -> {self.tokens.source} "
+                  f"(sha256 {self.tokens.sha256[:12]}...)")
+        if not allowed:
+            raise UsageError(f"--resume: {path} was trained on another text than this run's ({change}); pass "
+                             "--allow-data-change to continue on the new one, or give the run's own --data")
+        self.notices.append(f"notice: resuming on another text than the checkpoint's: {change}; "
+                            "the best validation loss starts again")
+        return True
 
     # steps
 
@@ -202,9 +264,7 @@ class Trainer:
         loss = float(self.ranks.mean(self.engine.step(x, y)))  # the host sync that ends the step
         ms = (time.perf_counter() - t0) * 1000
         self.step += 1
-        if not math.isfinite(loss):
-            raise LadderError(f"the loss became {loss} at step {self.step}; stopped without saving "
-                              f"({self._kept()}); try a lower --lr")
+        self._check_loss("the loss", loss)
         self.step_ms.append(ms)
         tokens_per_s = cfg.tokens_per_step / (ms / 1000)  # all processes together
         entry = {"step": self.step, "loss": loss, "lr": lr, "ms": round(ms, 3),
@@ -214,24 +274,57 @@ class Trainer:
             entry["tokens_per_s_per_gpu"] = round(tokens_per_s / self.ranks.world_size, 1)
         return entry
 
-    @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean validation loss on the fixed batches, through the same (maybe compiled) forward."""
+        """Mean validation loss on the fixed batches; stops the run if it is not finite or has exploded."""
+        self.val = self._val_that_fits()
+        loss = self._mean_loss(self.val)
+        self._check_loss("the validation loss", loss)  # finite but huge weights: do not checkpoint them
+        self.last_val_loss, self.val_step = loss, self.step
+        return loss
+
+    @torch.no_grad()
+    def _mean_loss(self, batches: list) -> float:
+        """Mean loss over batches through the same (maybe compiled) forward, in eval mode, all ranks averaged."""
         model = self.engine.model
         model.eval()
         try:
             total = torch.zeros((), device=self.device)
-            self.val = self._val_that_fits()
             with self.engine.precision():
-                for x, y in self.val:
+                for x, y in batches:
                     total += self.engine.loss(*data_mod.to_device(x, y, self.device)).float()
-            loss = float(self.ranks.mean(total)) / len(self.val)
+            return float(self.ranks.mean(total)) / len(batches)
         finally:
             model.train()
-        if not math.isfinite(loss):  # weights that are finite but huge: do not checkpoint them
-            raise LadderError(f"the validation loss became {loss} at step {self.step}; stopped without "
-                              f"saving ({self._kept()}); try a lower --lr")
-        return loss
+
+    def _probe_batch(self) -> list:
+        """One fixed batch to check weights no validation has seen: the first validation batch, else the
+        first micro-batch of the training stream (a pure function of the seed: no state changes)."""
+        if self.val:
+            return self.val[:1]
+        x, y = self.batches.batch(0)
+        return [(x[:self.cfg.batch_size], y[:self.cfg.batch_size])]
+
+    def _check_loss(self, what: str, loss: float) -> None:
+        problem = loss_problem(loss, self.limit)
+        if problem:
+            raise LadderError(f"{what} {problem} at step {self.step}; stopped without saving "
+                              f"({self._kept()}); try a lower --lr")
+
+    def _improves_best(self, val: float) -> bool:
+        if self.best is not None and val >= self.best["val_loss"]:
+            return False
+        self.best = {"step": self.step, "val_loss": val}
+        return True
+
+    def _save_unless_forced(self, stop: StopSignals) -> None:
+        """save(), but a second Ctrl-C during it exits as Ctrl-C (130): torch.save reports a
+        KeyboardInterrupt raised inside its writer as a failed write ("unexpected pos")."""
+        try:
+            self.save()
+        except LadderError:
+            if stop.forced:
+                raise KeyboardInterrupt from None
+            raise
 
     def _val_that_fits(self) -> list:
         """The validation batches, cut further where the micro-batch's no-grad forward would not fit next to
@@ -262,12 +355,16 @@ class Trainer:
         while self.step < self.cfg.steps:
             entry = self.train_step()
             self.last_loss = entry["loss"]
+            best = False
             if self._due(self.cfg.eval_every):
-                entry["val_loss"] = self.last_val_loss = self.evaluate()
+                entry["val_loss"] = self.evaluate()
+                best = self._improves_best(entry["val_loss"])
             report.step(entry)  # logged before the checkpoint, so the log always reaches its step
             stopping = self._stop_agreed(stop)
             if self._due(self.cfg.ckpt_every) or stopping:
-                self.save()
+                self._save_unless_forced(stop)
+            if best:
+                self.save_best()
             if stopping:
                 return 128 + (stop.signum or signal.SIGTERM)
         if self.saved_step != self.step:
@@ -276,21 +373,47 @@ class Trainer:
 
 
 def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: bool = False,
-                 progress: bool = True, ranks=distributed.SINGLE, strategy: str | None = None, caps=None,
-                 batch_plan=None) -> TrainResult:
-    """Train (or continue) the run in `out`; every user-visible side effect happens on the main rank.
+                 progress: bool = True, ranks=distributed.SINGLE, strategy: str | None = None,
+                 allow_data_change: bool = False, caps=None, batch_plan=None) -> TrainResult:
+    """Train (or continue) the run in `out`, which this process holds locked meanwhile; every
+    user-visible side effect happens on the main rank. `caps` (default: detected) and `batch_plan` (how
+    the micro-batch was chosen) go into config.json."""
+    held = lock_run(out, ranks)
+    try:
+        return _run_locked(cfg, device, out, resume, progress, ranks, strategy, allow_data_change,
+                           caps or detect(device), batch_plan)
+    finally:
+        if held is not None:
+            held.release()
 
-    `caps` (default: detected) and `batch_plan` (how the micro-batch was chosen) go into config.json."""
-    ckpt = out / FILENAME
-    if not resume and ckpt.exists():
-        raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
-    trainer = Trainer(cfg, device, out, ranks, strategy)
-    trainer.caps = caps or detect(device)
-    changed = trainer.resume() if resume else []  # fails before the log or checkpoint is touched
+
+def lock_run(out: Path, ranks=distributed.SINGLE) -> lock.RunLock | None:
+    """Rank 0 locks `out` (the others never write there); every rank learns whether it could."""
     if ranks.is_main:
         prepare_out_dir(out)
-        remove_stale_temps(ckpt)
-        _write_config(out, trainer, ranks, caps or detect(device), batch_plan)
+    held, holder = lock.try_lock(out) if ranks.is_main else (None, None)
+    if ranks.is_main and not lock.CAN_LOCK:
+        print(f"notice: this platform has no fcntl.flock; nothing stops a second run from using {out} too")
+    free = float(holder is None)
+    if ranks.world_size > 1:  # a collective: every rank stops if rank 0 could not lock
+        free = float(ranks.mean(torch.tensor(free)))
+    if free < 1:
+        raise UsageError(f"{out} is in use by another gpt2ladder run ({holder or 'rank 0 found it locked'}); "
+                         "wait for it to finish, or use another --out")
+    return held
+
+
+def _run_locked(cfg: TrainConfig, device: torch.device, out: Path, resume: bool, progress: bool, ranks,
+                strategy: str | None, allow_data_change: bool, caps, batch_plan) -> TrainResult:
+    if not resume and ((out / FILENAME).exists() or (out / PREVIOUS).exists()):
+        raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
+    trainer = Trainer(cfg, device, out, ranks, strategy)
+    trainer.caps = caps
+    changed = trainer.resume(allow_data_change) if resume else []  # fails before the log or checkpoint is touched
+    if ranks.is_main:
+        for name in (FILENAME, PREVIOUS, BEST):
+            remove_stale_temps(out / name)
+        _write_config(out, trainer, ranks, caps, batch_plan)
     report = Reporter(out, cfg, is_main=ranks.is_main, progress=progress, start=trainer.step)
     try:
         _announce(report, trainer, changed, resume)
@@ -330,8 +453,10 @@ def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bo
                    f"({cfg.batch_size} x {cfg.seq_len} x {trainer.accum} micro-batches"
                    f"{f' x {trainer.ranks.world_size} processes, {trainer.strategy}' if trainer.strategy else ''}); "
                    f"data: {trainer.tokens.source}")
+    for notice in trainer.notices:
+        report.message(notice)
     if resume:
-        report.message(f"resuming from step {trainer.step} of {trainer.ckpt_path}")
+        report.message(f"resuming from step {trainer.step} of {trainer.kept_path}")
     if changed:
         report.message(f"notice: resuming with other settings than the checkpoint's: {'; '.join(changed)}")
 

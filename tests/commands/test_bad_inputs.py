@@ -1,0 +1,143 @@
+"""The bad-input list as a table: each row is a command line, its exit code and a fragment of the one line
+it must print on stderr, with no traceback. A new case is one line in CASES.
+
+A flag given twice takes its last value, so a row overrides a default by appending. Placeholders in a
+row's arguments name things the `places` fixture makes once for the module: {run} a
+trained run directory, {text} a small text, {out} a fresh output directory, and damaged files. A row
+must fail before it writes anything, since {run} and the files are shared.
+Everything runs through `cli.main` in-process (fast); tests that need a real process (signals, kill)
+live next to the code they test.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+
+from gpt2ladder.cli import main
+from gpt2ladder.measure.parity import ParityConfig
+from gpt2ladder.training.checkpoint import load_checkpoint, save_checkpoint
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
+TINY = ["--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--batch-size", "2", "--seq-len", "16",
+        "--no-progress"]
+TRAIN = ["train", *TINY, "--steps", "2", "--eval-every", "0", "--data", "{text}", "--out", "{out}"]
+SAMPLE = ["sample", "{run}", "--device", "cpu", "--num-tokens", "2"]
+PARITY = ["parity", *TINY, "--steps", "1", "--eval-batches", "1", "--data", "{text}", "--out", "{out}"]
+
+
+def sample(path: str) -> list[str]:
+    """SAMPLE of another checkpoint (a positional argument is not overridden by appending)."""
+    return ["sample", path, *SAMPLE[2:]]
+
+
+CASES = [  # (id, argv, exit code, a fragment of the one line)
+    # numbers no flag can take
+    ("train seed 2**70", [*TRAIN, "--seed", str(2**70)], 2, "--seed: expected a seed from 0 to 2**63 - 1"),
+    ("sample seed 2**70", [*SAMPLE, "--seed", str(2**70)], 2, "--seed: expected a seed from 0 to 2**63 - 1"),
+    ("parity seed -1", [*PARITY, "--seed", "-1"], 2, "--seed: expected a seed from 0"),
+    ("train batch 2**64", [*TRAIN, "--batch-size", str(2**64)], 2, "up to 2**63 - 1"),
+    ("train lr inf", [*TRAIN, "--lr", "inf"], 2, "--lr must be a finite number"),
+    ("train lr nan", [*TRAIN, "--lr", "nan"], 2, "--lr must be a finite number"),
+    ("train weight decay nan", [*TRAIN, "--weight-decay", "nan"], 2, "--weight-decay must be a finite number"),
+    ("parity lr inf", [*PARITY, "--lr", "inf"], 2, "--lr must be a finite positive number"),
+    ("parity tolerance nan", [*PARITY, "--tolerance", "nan"], 2, "--tolerance"),
+    ("sample temperature nan", [*SAMPLE, "--temperature", "nan"], 2, "--temperature must be zero"),
+    ("sample temperature inf", [*SAMPLE, "--temperature", "inf"], 2, "--temperature must be zero"),
+    # data that is not a text file
+    ("train data FIFO", [*TRAIN, "--data", "{fifo}"], 2, "is not a regular file"),
+    ("parity data device", [*PARITY, "--data", "/dev/zero"], 2, "is not a regular file"),
+    ("profile data FIFO", ["profile", *TINY, "--steps", "1", "--warmup", "0", "--data", "{fifo}", "--out", "{out}"], 2,
+     "is not a regular file"),
+    ("train text too short for validation", [*TRAIN, "--data", "{short}", "--eval-every", "1"], 2,
+     "its validation split (the last 10%)"),
+    ("parity eval batches 10**12", [*PARITY, "--eval-batches", str(10**12)], 2, "--eval-batches is at most"),
+    ("train eval batches 10**12", [*TRAIN, "--eval-batches", str(10**12)], 2, "--eval-batches is at most"),
+    ("parity seeds 10**12", [*PARITY, "--seeds", str(10**12)], 2, "--seeds must be from 2"),
+    # files the tool reads, damaged
+    ("sample checkpoint without model_config", sample("{no_config_ckpt}"), 1, "lacks model_config"),
+    ("resume checkpoint without optimizer", [*TRAIN, "--out", "{run_without_optimizer}", "--resume"], 1,
+     "lacks optimizer"),
+    ("sample checkpoint of an unknown model", sample("{odd_model_ckpt}"), 1, "does not hold a GPT"),
+    ("sample truncated checkpoint", sample("{truncated_ckpt}"), 1, "unreadable"),
+    ("sample checkpoint of NaN weights", sample("{nan_ckpt}"), 1, "holds non-finite weights"),
+    ("merge shard with an unknown setting", ["parity", "--merge", "{shard_unknown_key}", "--out", "{out}"], 2,
+     "settings this gpt2ladder does not know (flux_capacitor)"),
+    ("merge shard with a broken result", ["parity", "--merge", "{shard_broken}", "--out", "{out}"], 2,
+     "is damaged or from another gpt2ladder: KeyError"),
+    ("bench baseline json with a damaged row", ["bench", *TINY, "--steps", "1", "--warmup", "0", "--data", "{text}",
+     "--out", "{out}", "--baseline-json", "{baseline_broken}"], 2, "is not a ladder.json written by gpt2ladder bench"),
+    ("resume on another text", [*TRAIN, "--out", "{run}", "--resume", "--data", "{other_text}"], 2,
+     "--allow-data-change"),
+    # numbers that fit a flag but not the memory: numpy's _ArrayMemoryError (2**61 bytes, beyond any
+    # address space, so it fails at once on every machine)
+    ("train tokens per step 2**60", [*TRAIN, "--tokens-per-step", str(2**60)], 1, "out of host memory"),
+]
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory):
+    """The paths the placeholders stand for; the run is a one-step tiny training run, made once."""
+    root = tmp_path_factory.mktemp("bad-inputs")
+    (root / "small.txt").write_text(TEXT)
+    paths = {"text": root / "small.txt", "run": root / "run", "root": root, "fifo": root / "fifo"}
+    os.mkfifo(paths["fifo"])  # nothing ever writes to it: reading it would hang
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPT2LADDER_CACHE", str(root / "cache"))
+        assert main(_fill([*TRAIN, "--steps", "1"], {**paths, "out": paths["run"]})) == 0
+    paths.update(_texts(root), **_damaged_checkpoints(root, paths["run"]), **_damaged_shards(root))
+    return paths
+
+
+def _texts(root) -> dict:
+    (root / "short.txt").write_text(TEXT[:300])  # a validation split of a few tokens
+    (root / "other.txt").write_text(TEXT.upper())
+    return {"short": root / "short.txt", "other_text": root / "other.txt"}
+
+
+def _damaged_checkpoints(root, run) -> dict:
+    """Checkpoints whose sha256 is valid but whose contents are not what the reader needs, and a cut one."""
+    state = load_checkpoint(run)
+    without = {"no_config_ckpt": "model_config", "run_without_optimizer": "optimizer"}
+    paths = {name: root / name for name in [*without, "odd_model_ckpt", "truncated_ckpt", "nan_ckpt"]}
+    shutil.copytree(run, paths["run_without_optimizer"])
+    paths["run_without_optimizer"] /= "ckpt.pt"
+    for name, key in without.items():
+        save_checkpoint(paths[name], {k: v for k, v in state.items() if k != key})
+    save_checkpoint(paths["odd_model_ckpt"], {**state, "model_config": {**state["model_config"], "n_head": 3}})
+    paths["truncated_ckpt"].write_bytes((run / "ckpt.pt").read_bytes()[:5000])
+    model = {k: v.clone() for k, v in state["model"].items()}
+    model["transformer.ln_f.weight"][0] = float("nan")
+    save_checkpoint(paths["nan_ckpt"], {**state, "model": model})
+    paths["run_without_optimizer"] = paths["run_without_optimizer"].parent
+    return paths
+
+
+def _damaged_shards(root) -> dict:
+    config = dataclasses.asdict(ParityConfig(rungs=("baseline",)))
+    shard = {"device": {"name": "cpu"}, "command": "parity-shard", "shard": [0, 1], "skipped": {},
+             "results": {"baseline-seed0": {"status": "ok"}, "baseline-seed1": {"status": "ok"}}}
+    paths = {"shard_unknown_key": root / "unknown.json", "shard_broken": root / "broken.json"}
+    paths["shard_unknown_key"].write_text(json.dumps({**shard, "config": {**config, "flux_capacitor": 1}}))
+    paths["shard_broken"].write_text(json.dumps({**shard, "config": config}))  # results without their losses
+    paths["baseline_broken"] = root / "ladder.json"
+    paths["baseline_broken"].write_text(json.dumps({"command": "bench", "config": {"preset": "tiny", "batch_size": 2,
+                                                   "seq_len": 16}, "rungs": [{"name": "baseline", "status": "ok"}]}))
+    return paths
+
+
+def _fill(argv: list[str], paths: dict) -> list[str]:
+    return [a.format(**{k: str(v) for k, v in paths.items()}) for a in argv]
+
+
+@pytest.mark.parametrize("argv, code, fragment", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_an_exit_code(places, argv, code, fragment, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(places["root"] / "cache"))
+    got = main(_fill(argv, {**places, "out": tmp_path / "out"}))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert got == code, err
+    assert err.startswith("gpt2ladder: error: ") and err.count("\n") == 1, f"not one line: {err!r}"
+    assert fragment in err, err
