@@ -242,3 +242,13 @@ def test_chart_labels_mark_each_step_up_but_not_the_best_combination():
     rows = [{"name": "baseline", "kind": "baseline"}, {"name": "tf32", "kind": "precision"},
             {"name": "best", "kind": "best"}]
     assert ladder_labels(rows) == ["baseline", "+ tf32", "best"]
+
+
+def test_a_gpt2_bench_on_a_cpu_says_up_front_how_long_it_takes_at_least():
+    from gpt2ladder.measure.harness import cpu_warning
+    from gpt2ladder.model.config import preset
+
+    cfg = BenchConfig(preset="gpt2", rungs=("baseline",), batch_size=4, seq_len=128, steps=10, warmup=3)
+    text = cpu_warning(preset("gpt2"), cfg, n_rungs=4, rate=100e9)  # a CPU at 100 GFLOP/s
+    # 4 x 128 tokens x ~0.75 GFLOP per token = ~0.38 TFLOP a step; 52 steps at 100 GFLOP/s: >= 3 minutes
+    assert "0.4 TFLOP" in text and "52 steps" in text and "at least 3 min" in text and "--preset tiny" in text

@@ -256,3 +256,10 @@ def test_config_rejects_bad_values():
         ProfileConfig(warmup=-1)
     with pytest.raises(UsageError, match="block size"):
         ProfileConfig(seq_len=10_000)
+
+
+def test_the_profilers_own_log_lines_stay_out_of_the_output(shakespeare_cache, tmp_path, capfd):
+    assert main(["profile", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--batch-size", "2",
+                 "--seq-len", "16", "--steps", "1", "--warmup", "1", "--out", str(tmp_path), "--no-progress"]) == 0
+    out, err = capfd.readouterr()
+    assert "profiler_start" not in out + err and "ms/step" in out
