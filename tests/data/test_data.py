@@ -81,12 +81,17 @@ def test_tokenizer_is_gpt2():
     assert data.get_tokenizer() is enc  # built once
 
 
-def test_endoftext_is_plain_text_to_encode_ordinary():
+def test_a_literal_endoftext_in_a_text_is_the_end_of_text_token():
+    from gpt2ladder.data.tokenizer import encode_stream, encode_text
+
     enc = data.get_tokenizer()
-    ids = enc.encode_ordinary("a<|endoftext|>b")
-    assert 50256 not in ids
-    assert enc.decode(ids) == "a<|endoftext|>b"
-    assert enc.encode("<|endoftext|>", allowed_special="all") == [50256]
+    text = "<|endoftext|>a<|endoftext|>b\nc <|endoftext|><|endoftext|>\n"
+    ids = encode_text(text)
+    assert ids.count(50256) == 4 and ids[0] == 50256
+    assert enc.decode(ids) == text
+    assert 50256 not in enc.encode_ordinary(text)  # what the text would be read as otherwise
+    # the streamed (chunked) tokenizing that fills the token cache reads it the same way
+    assert [i for part in encode_stream([text[:5], text[5:17], text[17:]]) for i in part] == ids
 
 
 def test_tokenizer_hash_mismatch_is_ladder_error(monkeypatch):

