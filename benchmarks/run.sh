@@ -11,9 +11,10 @@
 # figures of one run are comparable. RESULTS_DIR defaults to a fresh folder under /tmp.
 #
 # What the machine is gets written first (env.txt: nvidia-smi, Python, torch, CUDA, Triton, git SHA),
-# a timeline of the jobs last (timeline.txt). Optional, for machines without a network or a checkout:
-# wheels in .whl/ are installed into /tmp/site first, .devdata/input.txt seeds the Tiny Shakespeare
-# cache, .devdata/GIT_SHA names the commit. If $OUT is set, the results folder is also packed into
+# a timeline of the jobs as they run (timeline.txt); at the end both are appended to the folder's
+# jobs.txt as comments, so that one file says what ran, where and when. Optional, for machines without
+# a network or a checkout: wheels in .whl/ are installed into /tmp/site first, .devdata/input.txt
+# seeds the Tiny Shakespeare cache, .devdata/GIT_SHA names the commit. If $OUT is set, the results folder is also packed into
 # $OUT/<results folder>.tgz every 10 s, so a run cut off by a time limit still returns what it had.
 set -u
 jobs_file=${1:?usage: bash benchmarks/run.sh JOBS_FILE [RESULTS_DIR]}
@@ -54,6 +55,7 @@ while read -r name gpus limit cmd; do
 done < "$jobs_file"
 
 stamp "all done"
+{ echo "# ran on:"; sed 's/^/#   /' "$R/env.txt"; echo "# when:"; sed 's/^/#   /' "$R/timeline.txt"; } >> "$R/jobs.txt"
 du -ah "$R" | sort -h | tail -5 > "$R/largest-files.txt"
 kill $packer 2>/dev/null; pack
 echo "results in $R"
