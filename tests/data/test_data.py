@@ -223,7 +223,7 @@ def _write(path, content):
 
 @pytest.mark.parametrize("make, match", [
     (lambda d: d / "missing.txt", "does not exist"),
-    (lambda d: d, "is a directory"),
+    (lambda d: d, "holds no token shards .* run gpt2ladder prepare"),  # a folder is a corpus, or has to become one
     (lambda d: _write(d / "empty.txt", b""), "is empty"),
     (lambda d: _write(d / "model.bin", bytes(range(256)) * 4), "is not a UTF-8 text file"),
     (lambda d: _write(d / "zeros.bin", b"\0" * 64), "is not a UTF-8 text file"),

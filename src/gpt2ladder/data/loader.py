@@ -13,12 +13,14 @@ Memory is one shard's permutation, never the corpus's.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
 from gpt2ladder.data.batches import Batches, _check_batch_args, eval_batches
 from gpt2ladder.data.corpus import ShardedTokens
-from gpt2ladder.errors import UsageError
+from gpt2ladder.errors import LadderError, UsageError
 
 ORDER = "windows-v1"  # names this order in checkpoints; a loader of another order refuses them
 
@@ -39,6 +41,7 @@ class OrderedBatches:
                              "--seq-len")
         self._epoch: tuple[int, np.ndarray, np.ndarray] | None = None  # (e, shard order, cumulative windows)
         self._perms: dict[tuple[int, int], np.ndarray] = {}
+        self._lock = threading.Lock()  # the caches above are shared with a prefetching thread
 
     def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         if self._epoch is None or self._epoch[0] != epoch:
@@ -75,7 +78,8 @@ class OrderedBatches:
         """Batch number index for this rank: inputs x and targets y (x shifted by one), int64 (B/W, T)."""
         share = self.batch_size // self.world_size
         first = index * self.batch_size + self.rank * share
-        shards, windows = self.windows(first + np.arange(share, dtype=np.int64))
+        with self._lock:
+            shards, windows = self.windows(first + np.arange(share, dtype=np.int64))
         rows = np.empty((share, self.seq_len + 1), dtype=np.int64)
         span = np.arange(self.seq_len + 1)
         for shard in np.unique(shards):
@@ -102,9 +106,13 @@ class OrderedBatches:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from a checkpoint; the saved seed wins so the resumed run continues the same stream."""
+        if state.get("order", ORDER) != ORDER:
+            raise LadderError(f"the checkpoint's batches follow the order {state['order']!r}, which this gpt2ladder "
+                              f"does not make ({ORDER!r}); resume with the gpt2ladder that wrote it")
         self.position = int(state["position"])
         self.seed = int(state.get("seed", self.seed))
-        self._epoch, self._perms = None, {}
+        with self._lock:
+            self._epoch, self._perms = None, {}
 
 
 def training_batches(tokens, batch_size: int, seq_len: int, seed: int = 0, rank: int = 0,
