@@ -345,16 +345,13 @@ def _parquet_reader(files: list[Path], field: str) -> Callable:
 
 def _parquet_texts(pf, field: str, skip: int, path: Path) -> Iterator[str]:
     """The column's values from row `skip` on; whole row groups before it are not read at all."""
-    groups, seen = [], 0
-    for g in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
-        if seen + n > skip:
-            groups.append(g)
-        else:
-            seen += n
-    if not groups:
+    first, seen, n_groups = 0, 0, pf.metadata.num_row_groups
+    while first < n_groups and seen + pf.metadata.row_group(first).num_rows <= skip:
+        seen += pf.metadata.row_group(first).num_rows
+        first += 1
+    if first == n_groups:
         return
-    for batch in pf.iter_batches(batch_size=1024, columns=[field], row_groups=groups):
+    for batch in pf.iter_batches(batch_size=1024, columns=[field], row_groups=list(range(first, n_groups))):
         values = batch.column(0).to_pylist()
         start, seen = max(0, skip - seen), seen + len(values)
         for value in values[start:]:
