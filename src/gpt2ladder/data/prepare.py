@@ -232,14 +232,16 @@ class Sink:
 
     def _flush(self, val_n: int) -> None:
         spool, self.spool = self.spool, None
-        with fmt.ShardWriter(shard_path(self.cfg, 0)) as val:
-            for block in spool.blocks(0, val_n):
-                val.write(block)
-        self.placed = val_n
-        self._finished(0, val_n)
-        for block in spool.blocks(val_n, spool.n_tokens):
-            self._train(block)
-        spool.remove()
+        try:
+            with fmt.ShardWriter(shard_path(self.cfg, 0)) as val:
+                for block in spool.blocks(0, val_n):
+                    val.write(block)
+            self.placed = val_n
+            self._finished(0, val_n)
+            for block in spool.blocks(val_n, spool.n_tokens):
+                self._train(block)
+        finally:  # interrupted or not, the spool is done with
+            spool.remove()
 
     def _train(self, tokens: np.ndarray) -> None:
         while len(tokens):

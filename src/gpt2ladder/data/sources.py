@@ -157,6 +157,8 @@ def open_source(spec: SourceSpec) -> Source:
         raise UsageError(f"source {spec.source} does not exist")
     if path.is_dir():
         fmt, files = _folder(path, spec.format)
+    elif not path.is_file():  # a FIFO or a device would block or never end
+        raise UsageError(f"source {path} is not a regular file (a FIFO, socket or device)")
     else:
         fmt, files = (format_of(path) if spec.format == "auto" else spec.format), [path]
     if not files:
