@@ -82,7 +82,7 @@ def test_tokenizer_is_gpt2():
 
 
 def test_a_literal_endoftext_in_a_text_is_the_end_of_text_token():
-    from gpt2ladder.data.tokenizer import encode_stream, encode_text
+    from gpt2ladder.data.tokenizer import encode_stream, encode_text, encode_text_array
 
     enc = data.get_tokenizer()
     text = "<|endoftext|>a<|endoftext|>b\nc <|endoftext|><|endoftext|>\n"
@@ -92,6 +92,8 @@ def test_a_literal_endoftext_in_a_text_is_the_end_of_text_token():
     assert 50256 not in enc.encode_ordinary(text)  # what the text would be read as otherwise
     # the streamed (chunked) tokenizing that fills the token cache reads it the same way
     assert [i for part in encode_stream([text[:5], text[5:17], text[17:]]) for i in part] == ids
+    # and so does prepare's, as an array
+    assert encode_text_array(text).tolist() == ids
 
 
 def test_tokenizer_hash_mismatch_is_ladder_error(monkeypatch):

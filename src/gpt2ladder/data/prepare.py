@@ -31,7 +31,7 @@ import numpy as np
 from gpt2ladder.data import manifest as manifest_mod
 from gpt2ladder.data import shards as fmt
 from gpt2ladder.data.sources import Piece, Source, SourceSpec
-from gpt2ladder.data.tokenizer import GPT2_EOT, encode_text, get_tokenizer, tokenizer_id
+from gpt2ladder.data.tokenizer import GPT2_EOT, encode_text_array, get_tokenizer, tokenizer_id
 from gpt2ladder.errors import LadderError, UsageError
 
 BATCH_CHARS = 2**20  # text per task handed to a worker: large enough to pay for the trip, small enough to spread
@@ -85,12 +85,13 @@ def available_cores() -> int:
 
 def encode_pieces(pieces: list[Piece]) -> np.ndarray:
     """The ids of a batch of pieces, <|endoftext|> before each document: what a worker returns."""
-    ids: list[int] = []
+    eot = np.array([GPT2_EOT], dtype=np.uint32)
+    parts = []
     for text, starts_document in pieces:
         if starts_document:
-            ids.append(GPT2_EOT)
-        ids.extend(encode_text(text))
-    return np.array(ids, dtype=fmt.TOKEN)
+            parts.append(eot)
+        parts.append(encode_text_array(text))
+    return np.concatenate(parts).astype(fmt.TOKEN) if parts else np.zeros(0, dtype=fmt.TOKEN)
 
 
 def _worker_init() -> None:
