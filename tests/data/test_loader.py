@@ -130,3 +130,14 @@ def test_a_corpus_too_small_for_a_sequence_is_one_line(tmp_path):
         OrderedBatches(td.train, 2, T)
     with pytest.raises(UsageError, match="validation shards hold 200 tokens, too few for one sequence of 201"):
         validation_batches(td, 2, 200, 1)
+
+
+def test_a_corpus_without_validation_shards_says_so_in_its_terms(tmp_path):
+    from gpt2ladder.data import check_splits
+
+    td = corpus(tmp_path)
+    td = TokenData(td.train, ShardedTokens([]), "c", "id", len(td.train))
+    check_splits(td, T, validate=False)
+    with pytest.raises(UsageError, match=r"the corpus has 331 tokens, and its validation split \(the validation "
+                                         r"\(\*_val_\*\) shards\) 0: too few .*--eval-every 0"):
+        check_splits(td, T, validate=True)
