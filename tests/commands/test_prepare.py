@@ -115,6 +115,12 @@ CASES = [  # (id, make the source in tmp_path -> SOURCE, extra flags, exit code,
 ]
 
 
+def test_out_inside_the_source_folder_is_one_line(tmp_path, capsys):
+    plays = texts(tmp_path / "plays")
+    one_line(*[run(capsys, "prepare", plays, plays / "shards")[i] for i in (0, 2)], 2, "is inside the source folder")
+    assert not (plays / "shards").exists()
+
+
 def _write(path, content):
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     return path

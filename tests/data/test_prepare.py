@@ -132,9 +132,9 @@ def test_a_damaged_or_stray_shard_of_a_killed_run_is_made_again(tmp_path, source
     (out / ".plays_train_000007.bin.x1y2.part").write_bytes(bytes(100))
     notes = []
     source = open_source(config(source_file, out).spec)
-    the_plan = P.plan(config(source_file, out), source, notify=notes.append)
-    assert len(the_plan.kept) == 2 and "making it again" in notes[0]
-    assert P.run(config(source_file, out), source, the_plan) == straight
+    planned = P.plan(config(source_file, out), source, notify=notes.append)
+    assert len(planned.kept) == 2 and "making it again" in notes[0]
+    assert P.run(config(source_file, out), source, planned) == straight
     assert sorted(p.name for p in out.iterdir()) == sorted([s["name"] for s in straight["shards"]] + ["manifest.json"])
 
 
@@ -175,6 +175,7 @@ def test_out_holding_something_else_is_one_line(tmp_path, source_file):
 def test_names_and_sizes():
     assert P.default_name("HuggingFaceFW/fineweb-edu") == "fineweb-edu"
     assert P.default_name("data/input.txt") == "input" and P.default_name("my texts/") == "my-texts"
+    assert P.default_name("data/train.jsonl") == "train-corpus" and P.default_name("my_val_set") == "my-val-set"
     for bad in ("fine_val_web", "train", "a/b", ".hidden", ""):
         with pytest.raises(UsageError, match="--name"):
             P.check_name(bad)

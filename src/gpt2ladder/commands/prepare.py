@@ -20,13 +20,13 @@ def prepare_command(args) -> int:
                         args.val_tokens, args.shard_tokens, args.workers or available_cores())
     source = open_source(spec)
     source.check()  # a missing column or an empty source: one line now, before any work
-    the_plan = plan(cfg, source)
-    if the_plan.finished:
-        print(f"{cfg.out} already holds this corpus ({_counts(the_plan.finished)}); nothing to do")
+    planned = plan(cfg, source)
+    if planned.finished:
+        print(f"{cfg.out} already holds this corpus ({_counts(planned.finished)}); nothing to do")
         return 0
-    print(_banner(cfg, source, the_plan))
+    print(_banner(cfg, source, planned))
     t0 = time.perf_counter()
-    start = the_plan.start
+    start = planned.start
     bar = progress_bar(source.total_documents, "prepare", enabled=not args.no_progress, unit="doc",
                        initial=start["documents"] if start else 0)
     tokens = 0
@@ -38,7 +38,7 @@ def prepare_command(args) -> int:
         bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):,.0f} tokens/s", refresh=False)
 
     try:
-        manifest = run(cfg, source, the_plan, progress)
+        manifest = run(cfg, source, planned, progress)
     except KeyboardInterrupt:
         bar.close()
         print(f"gpt2ladder: interrupted; {_kept(cfg)} kept in {cfg.out}: run the same command to continue",
@@ -52,11 +52,11 @@ def prepare_command(args) -> int:
     return 0
 
 
-def _banner(cfg: PrepareConfig, source: Source, the_plan: Plan) -> str:
+def _banner(cfg: PrepareConfig, source: Source, planned: Plan) -> str:
     what = _describe(source.description)
     docs = f", {source.total_documents:,} documents" if source.total_documents else ""
-    plan_text = (f"continuing after {len(the_plan.kept)} finished shard{'' if len(the_plan.kept) == 1 else 's'}"
-                 if the_plan.kept else
+    plan_text = (f"continuing after {len(planned.kept)} finished shard{'' if len(planned.kept) == 1 else 's'}"
+                 if planned.kept else
                  f"{cfg.name}_val_000000.bin gets the first {cfg.val_tokens:,} tokens (a tenth of the source if it holds "
                  f"fewer than {10 * cfg.val_tokens:,}), then {cfg.name}_train_*.bin {cfg.shard_tokens:,} each")
     return (f"prepare: {what}{docs} -> {cfg.out}: {plan_text}; tokenizing on {cfg.workers} "

@@ -61,7 +61,7 @@ class PrepareConfig:
 
 def check_name(name: str) -> None:
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
-        raise UsageError(f"--name {name!r} must be letters, digits, '-', '_' or '.' (not first)")
+        raise UsageError(f"--name {name!r} must be letters, digits, '-', '_' or '.', and not start with '.'")
     if fmt.SPLIT_WORD.search(name):
         raise UsageError(f"--name {name!r} must not hold 'val' or 'train' between underscores: the shards' "
                          "names say their split")
@@ -69,10 +69,11 @@ def check_name(name: str) -> None:
 
 def default_name(source: str) -> str:
     """The shards' name when --name is not given: the source's last path part, without suffixes, in the
-    characters a name may hold (HuggingFaceFW/fineweb-edu -> fineweb-edu, input.txt -> input)."""
-    part = Path(source.rstrip("/\\")).name.split(".")[0] or "corpus"
-    name = "".join(c if c.isalnum() or c in "-." else "-" for c in part).strip("-.")
-    return name or "corpus"
+    characters a name may hold (HuggingFaceFW/fineweb-edu -> fineweb-edu, input.txt -> input, and
+    train.jsonl -> train-corpus, since a shard's name may not say a split of its own)."""
+    part = Path(source.rstrip("/\\")).name.split(".")[0]
+    name = "".join(c if c.isalnum() or c in "-." else "-" for c in part).strip("-.") or "corpus"
+    return f"{name}-corpus" if fmt.SPLIT_WORD.search(name) else name
 
 
 def available_cores() -> int:
@@ -305,6 +306,10 @@ def plan(cfg: PrepareConfig, source: Source, notify=print) -> Plan:
     base, out = _base(cfg, source), cfg.out
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} is a file; OUT is the folder the shards go into")
+    read_from = source.description.get("path")
+    if read_from and Path(read_from).is_dir() and out.resolve().is_relative_to(read_from):
+        raise UsageError(f"{out} is inside the source folder {read_from}, whose files would then include the "
+                         "shards; give an OUT outside it")
     if (out / manifest_mod.FINAL).is_file():
         found = manifest_mod.read(out / manifest_mod.FINAL)
         if not _same(found, base):
@@ -350,14 +355,14 @@ def _clean(cfg: PrepareConfig, kept: list[dict]) -> None:
             p.unlink(missing_ok=True)
 
 
-def run(cfg: PrepareConfig, source: Source, the_plan: Plan, progress: Callable[[int, int], None] | None = None) -> dict:
+def run(cfg: PrepareConfig, source: Source, planned: Plan, progress: Callable[[int, int], None] | None = None) -> dict:
     """Tokenize the source from where the plan starts into shards; returns the manifest."""
-    if the_plan.finished:
-        return the_plan.finished
+    if planned.finished:
+        return planned.finished
     cfg.out.mkdir(parents=True, exist_ok=True)
-    _clean(cfg, the_plan.kept)
-    start = the_plan.start
-    sink = Sink(cfg, the_plan.base, the_plan.kept, start["skip"] if start else 0)
+    _clean(cfg, planned.kept)
+    start = planned.start
+    sink = Sink(cfg, planned.base, planned.kept, start["skip"] if start else 0)
     documents = start["documents"] if start else 0
     try:
         with contextlib.closing(source.pieces(start["position"] if start else None)) as cursor, \
@@ -383,6 +388,7 @@ def _write(step, cfg: PrepareConfig, sink: Sink, *args):
         kept = len(sink.done)
         full = e.errno in (errno.ENOSPC, errno.EDQUOT)
         what = "the disk holding it is full" if full else f"cannot write it: {e.strerror or e}"
-        raise LadderError(f"{cfg.out}: {what}; the {kept} finished shard{'' if kept == 1 else 's'} and "
-                          f"{manifest_mod.PARTIAL} are kept: {'free some space and ' if full else ''}run the same "
+        shards = (f"the {kept} finished shard{'' if kept == 1 else 's'} and {manifest_mod.PARTIAL} are kept"
+                  if kept else "no shard was finished yet")
+        raise LadderError(f"{cfg.out}: {what}; {shards}: {'free some space and ' if full else ''}run the same "
                           "command again to continue") from e
