@@ -100,7 +100,7 @@ class Prefetcher:
             return x.to(self.device), y.to(self.device)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         slot.copied = torch.cuda.Event()
-        slot.copied.record()
+        slot.copied.record(torch.cuda.current_stream(self.device))  # the stream the copies were queued on
         self._handed = slot
         return x, y
 
