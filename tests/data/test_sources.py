@@ -161,3 +161,10 @@ def test_a_missing_path_and_a_mixed_folder_are_one_line(tmp_path):
     with pytest.raises(UsageError, match="holds csv and jsonl files; name one with --format"):
         open_source(SourceSpec(str(tmp_path)))
     assert documents(open_source(SourceSpec(str(tmp_path), format="csv"))) == ["b"]
+
+
+def test_without_pyarrow_a_parquet_source_says_what_to_install(tmp_path, monkeypatch):
+    (tmp_path / "x.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(LadderError, match=r"reading Parquet needs pyarrow: pip install 'gpt2ladder\[corpus\]'"):
+        open_source(SourceSpec(str(tmp_path / "x.parquet")))
