@@ -295,9 +295,9 @@ def _add_prepare(sub) -> None:
     p.add_argument("source", metavar="SOURCE", help="a text file (one document); a folder of text files (one "
                    "document per file, in sorted order); JSON Lines, Parquet or CSV files (or a folder of them, .gz "
                    "allowed) with a text column; or a Hugging Face dataset name such as HuggingFaceFW/fineweb-edu, "
-                   "streamed, never downloaded whole. There is no default")
+                   "streamed, never downloaded whole (there is no default)")
     p.add_argument("out", metavar="OUT", help="the folder for the shards: absent, empty, or holding an unfinished "
-                   "prepare of the same source to continue. There is no default")
+                   "prepare of the same source to continue (there is no default)")
     p.add_argument("--name", help="the shards' file name prefix (default: SOURCE's last part without its "
                    "suffixes, e.g. fineweb-edu or input)")
     p.add_argument("--format", default="auto", choices=FORMATS, help="how to read SOURCE: auto goes by file "

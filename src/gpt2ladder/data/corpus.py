@@ -172,7 +172,8 @@ def _check_all(shards: list[fmt.Shard], where: str, digest: bool, notify) -> lis
     """checked_sha256 of every shard, saying first how much must be read when the cache has not seen it."""
     todo = sum(s.offset + 2 * s.n_tokens for s in shards if not _remembered(s, digest))
     if todo:
-        notify(f"checking the tokens of {where} ({todo / 1e9:.2f} GB) once; later runs reuse the check")
+        size = f"{todo / 1e9:.1f} GB" if todo >= 1e9 else f"{todo / 1e6:.1f} MB"
+        notify(f"checking the tokens of {where} ({size}) once; later runs reuse the check")
     return [checked_sha256(s, digest) for s in shards]
 
 
