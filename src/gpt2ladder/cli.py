@@ -269,6 +269,63 @@ def _profile(args) -> int:
     return profile_command(args)
 
 
+def _token_count(text: str) -> int:
+    """A token count as a number or with a decimal suffix: 100000, 10M, 1.5B (K, M, B: 10**3, 10**6, 10**9)."""
+    scale = {"K": 10**3, "M": 10**6, "B": 10**9}.get(text[-1:].upper(), 1)
+    try:
+        value = float(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a token count such as 100000, 10M or 1B, got {text!r}") from None
+    if not (value >= 1 and value == int(value)):
+        raise argparse.ArgumentTypeError(f"expected a whole, positive token count, got {text}")
+    return int(value)
+
+
+def _add_prepare(sub) -> None:
+    from gpt2ladder.data.sources import FORMATS
+
+    p = sub.add_parser("prepare", help="tokenize a corpus into token shards for --data",
+                       description="Tokenize SOURCE with GPT-2's tokenizer into llm.c token shards in OUT: "
+                       "NAME_val_000000.bin (validation), then NAME_train_000001.bin, ..., and manifest.json "
+                       "(source, tokenizer, each shard's tokens and sha256), written last. The token stream is the "
+                       "documents in source order, each preceded by <|endoftext|> (50256); a literal "
+                       "\"<|endoftext|>\" inside a text is that token too, as GPT-2's tokenizer on the Hugging Face "
+                       "hub reads it. Tokenizing runs on every core, in constant memory. Interrupted or killed, the "
+                       "same command continues after the last finished shard. Any command's --data takes OUT.")
+    p.add_argument("source", metavar="SOURCE", help="a text file (one document); a folder of text files (one "
+                   "document per file, in sorted order); JSON Lines, Parquet or CSV files (or a folder of them, .gz "
+                   "allowed) with a text column; or a Hugging Face dataset name such as HuggingFaceFW/fineweb-edu, "
+                   "streamed, never downloaded whole (there is no default)")
+    p.add_argument("out", metavar="OUT", help="the folder for the shards: absent, empty, or holding an unfinished "
+                   "prepare of the same source to continue (there is no default)")
+    p.add_argument("--name", help="the shards' file name prefix (default: SOURCE's last part without its "
+                   "suffixes, e.g. fineweb-edu or input)")
+    p.add_argument("--format", default="auto", choices=FORMATS, help="how to read SOURCE: auto goes by file "
+                   "suffix (.jsonl, .json, .parquet, .csv; anything else is text) and takes a name that is not a "
+                   "path for a Hugging Face dataset; hf reads a local folder through the datasets library too "
+                   "(default: auto)")
+    p.add_argument("--text-field", default="text", help="the column or JSON field that holds each document's "
+                   "text (default: text)")
+    p.add_argument("--subset", help="the Hugging Face dataset's configuration, e.g. sample-10BT (default: none, "
+                   "the dataset's default one)")
+    p.add_argument("--split", default="train", help="the Hugging Face dataset's split to read (default: train)")
+    p.add_argument("--val-tokens", type=_token_count, default=10**7, help="tokens in the validation shard, the "
+                   "first of the stream; a source of fewer than ten times this gives its first tenth instead "
+                   "(default: 10M)")
+    p.add_argument("--shard-tokens", type=_token_count, default=10**8, help="tokens per training shard, the "
+                   "last one holding the rest (default: 100M, 200 MB a shard)")
+    p.add_argument("--workers", type=_positive_int, help="tokenizing processes (default: one per core this "
+                   "process may use)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on a terminal)")
+    p.set_defaults(handler=_prepare)
+
+
+def _prepare(args) -> int:
+    from gpt2ladder.commands.prepare import prepare_command
+
+    return prepare_command(args)
+
+
 def _add_doctor(sub) -> None:
     p = sub.add_parser("doctor", help="which rungs this machine can use, and why not",
                        description="Report the device, memory and versions; whether TF32, bf16, fp16 + GradScaler, "
@@ -327,6 +384,11 @@ then, in Python:
   gpt2ladder parity --device cpu --steps 60""",
     "profile": """examples:
   gpt2ladder profile --rungs baseline,compile,flash""",
+    "prepare": """examples:
+  gpt2ladder prepare HuggingFaceFW/fineweb-edu data/edu10B --subset sample-10BT --name edufineweb
+  gpt2ladder prepare my_texts/ data/mine                 one document per file
+  gpt2ladder prepare corpus.jsonl.gz data/corpus --text-field content
+  gpt2ladder train --data data/edu10B                    then train (or bench, parity, profile) on it""",
     "doctor": """examples:
   gpt2ladder doctor
   gpt2ladder doctor --device cuda:1
@@ -342,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpt2ladder {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for add in (_add_bench, _add_train, _add_sample, _add_export, _add_parity, _add_profile, _add_doctor):
+    for add in (_add_bench, _add_train, _add_sample, _add_export, _add_parity, _add_profile, _add_prepare,
+                _add_doctor):
         add(sub)
     for name, p in sub.choices.items():
         p.formatter_class, p.epilog = _Formatter, _EXAMPLES.get(name)

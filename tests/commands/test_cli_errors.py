@@ -63,9 +63,9 @@ def test_data_path_that_does_not_exist(tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # failed before touching the output directory
 
 
-def test_data_path_that_is_a_directory(tmp_path, capsys):
+def test_data_path_that_is_a_folder_without_shards(tmp_path, capsys):
     code, _, err = run(capsys, *bench(tmp_path, "--data", tmp_path))
-    assert_one_line_error(code, err, 2, "is a directory")
+    assert_one_line_error(code, err, 2, "holds no token shards", "gpt2ladder prepare")
 
 
 def test_empty_data_file(tmp_path, capsys):

@@ -82,7 +82,7 @@ def test_tokenizer_is_gpt2():
 
 
 def test_a_literal_endoftext_in_a_text_is_the_end_of_text_token():
-    from gpt2ladder.data.tokenizer import encode_stream, encode_text
+    from gpt2ladder.data.tokenizer import encode_stream, encode_text, encode_text_array
 
     enc = data.get_tokenizer()
     text = "<|endoftext|>a<|endoftext|>b\nc <|endoftext|><|endoftext|>\n"
@@ -92,6 +92,8 @@ def test_a_literal_endoftext_in_a_text_is_the_end_of_text_token():
     assert 50256 not in enc.encode_ordinary(text)  # what the text would be read as otherwise
     # the streamed (chunked) tokenizing that fills the token cache reads it the same way
     assert [i for part in encode_stream([text[:5], text[5:17], text[17:]]) for i in part] == ids
+    # and so does prepare's, as an array
+    assert encode_text_array(text).tolist() == ids
 
 
 def test_tokenizer_hash_mismatch_is_ladder_error(monkeypatch):
@@ -223,7 +225,7 @@ def _write(path, content):
 
 @pytest.mark.parametrize("make, match", [
     (lambda d: d / "missing.txt", "does not exist"),
-    (lambda d: d, "is a directory"),
+    (lambda d: d, "holds no token shards .* run gpt2ladder prepare"),  # a folder is a corpus, or has to become one
     (lambda d: _write(d / "empty.txt", b""), "is empty"),
     (lambda d: _write(d / "model.bin", bytes(range(256)) * 4), "is not a UTF-8 text file"),
     (lambda d: _write(d / "zeros.bin", b"\0" * 64), "is not a UTF-8 text file"),

@@ -176,3 +176,16 @@ def test_doctor_human_report_on_this_machine(capsys):
     assert out.startswith("gpt2ladder doctor") and "versions   Python" in out and torch.__version__ in out
     assert "attention kernels behind the flash rung (causal, float32, head size 64)" in out
     assert "recommended (what --rungs auto runs): baseline," in out
+
+
+def test_doctor_reports_free_disk_for_the_data_cache(capsys, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "not" / "made" / "yet"))
+    assert main(["doctor", "--device", "cpu", "--json"]) == 0
+    disk = json.loads(capsys.readouterr().out)["data_cache"]
+    usage = shutil.disk_usage(tmp_path)  # measured where the cache would be made
+    assert disk["path"] == str(tmp_path / "not" / "made" / "yet") and disk["total_bytes"] == usage.total
+    assert 0 < disk["free_bytes"] <= usage.total
+    assert main(["doctor", "--device", "cpu"]) == 0
+    assert f"data cache {tmp_path / 'not' / 'made' / 'yet'}: " in capsys.readouterr().out

@@ -30,12 +30,15 @@ def check_splits(tokens, seq_len: int, validate: bool) -> None:
     """A UsageError unless the text (a TokenData) holds one sequence of seq_len + 1 tokens in its training
     split and, when there is validation, in its validation split; the message counts the whole text."""
     need = seq_len + 1
-    splits = [("training", tokens.train, "first 90%")] + ([("validation", tokens.val, "last 10%")] if validate else [])
-    for name, part, where in splits:
+    corpus = not isinstance(tokens.train, np.ndarray)  # a corpus of shards: its splits are files, not shares
+    where = ("training shards", "validation (*_val_*) shards") if corpus else ("first 90%", "last 10%")
+    splits = [("training", tokens.train, where[0])] + ([("validation", tokens.val, where[1])] if validate else [])
+    for name, part, place in splits:
         if len(part) < need:
             raise UsageError(
-                f"the text has {tokens.n_tokens:,} tokens, and its {name} split (the {where}) {len(part):,}: too few "
-                f"for one sequence of {need}; use a longer text or a smaller --seq-len"
+                f"the {'corpus' if corpus else 'text'} has {tokens.n_tokens:,} tokens, and its {name} split (the "
+                f"{place}) {len(part):,}: too few for one sequence of {need}; use a "
+                f"{'larger corpus' if corpus else 'longer text'} or a smaller --seq-len"
                 + (", or --eval-every 0" if name == "validation" else ""))
 
 

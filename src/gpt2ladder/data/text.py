@@ -1,6 +1,6 @@
 """The text to train on: Tiny Shakespeare (downloaded once and verified) or a user's regular file, read
 as a stream (hashed and decoded a block at a time), its tokens memory-mapped from the token cache
-(`cache.py`) keyed by the text's sha256."""
+(`cache.py`) keyed by the text's sha256. `load_tokens` hands a corpus of token shards to `corpus.py`."""
 
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ def fetch_tinyshakespeare(download: bool = True) -> Path:
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: comparing arrays with == is ambiguous
 class TokenData:
-    """A tokenized text split into train (first 90%) and val (last 10%) uint16 token arrays."""
+    """A tokenized text split into train (first 90%) and val (last 10%) uint16 token arrays; for a corpus
+    of shards, train and val are `corpus.ShardedTokens` views and sha256 is the corpus's identity."""
 
     train: np.ndarray
     val: np.ndarray
@@ -165,11 +166,16 @@ def text_chunks(f: BinaryIO, path: Path, block: int | None = None) -> Iterator[s
 
 
 def load_tokens(text_path: Path | str | None = None, *, download: bool = True, notify=print) -> TokenData:
-    """Tokens of a text file (None: Tiny Shakespeare), tokenized once and then memory-mapped from cache.
+    """Tokens of a text file (None: Tiny Shakespeare), tokenized once and then memory-mapped from cache;
+    or of a corpus of token shards (a folder, a glob, a shard file: `corpus.load_corpus`).
 
     The cache is keyed by the sha256 of the file's bytes, so an edited file is tokenized again; a cache
     that does not match its record is rebuilt, and `notify` says so.
     """
+    from gpt2ladder.data import corpus  # corpus.py builds on this module's TokenData
+
+    if text_path is not None and corpus.is_corpus(text_path):
+        return corpus.load_corpus(text_path, notify)
     if text_path is None:
         path, source = fetch_tinyshakespeare(download), "tinyshakespeare"
     else:

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import numpy as np
 import tiktoken
 import tiktoken.load
 
@@ -84,6 +85,15 @@ def get_tokenizer() -> tiktoken.Encoding:
 def encode_text(text: str) -> list[int]:
     """The GPT-2 ids of a text, a literal "<|endoftext|>" read as the end-of-text token 50256 (EOT_POLICY)."""
     return get_tokenizer().encode(text, allowed_special={EOT_TEXT})
+
+
+def encode_text_array(text: str) -> np.ndarray:
+    """`encode_text` as a uint32 array that tiktoken fills itself, with no Python int per token: the
+    tokenizing loop of `prepare`, where that conversion would cost about a fifth of the time."""
+    enc = get_tokenizer()
+    if hasattr(enc, "encode_to_numpy"):  # tiktoken 0.8 and later
+        return enc.encode_to_numpy(text, allowed_special={EOT_TEXT})
+    return np.array(enc.encode(text, allowed_special={EOT_TEXT}), dtype=np.uint32)
 
 
 def write_hf_tokenizer(folder: str | Path, model_max_length: int) -> list[Path]:

@@ -8,8 +8,11 @@ recommends are `ladder.available_rungs`, the very list `--rungs auto` uses.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
+from gpt2ladder.data.text import cache_dir
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import LADDER, available_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
@@ -119,8 +122,19 @@ def memory_plan(caps: Capabilities, preset_name: str = "gpt2", batch: int = 16) 
                       "tokens_per_step": batch * cfg.block_size}}
 
 
-def diagnose(caps: Capabilities) -> dict:
-    """The whole report as plain data: what `--json` prints."""
+def data_disk(folder: Path | None = None) -> dict:
+    """Free space where token caches go (`data.cache_dir()`, or `folder`), measured on the nearest folder
+    that exists, since the cache may not have been made yet."""
+    folder = Path(folder or cache_dir())
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    usage = shutil.disk_usage(probe)
+    return {"path": str(folder), "free_bytes": usage.free, "total_bytes": usage.total}
+
+
+def diagnose(caps: Capabilities, disk: dict | None = None) -> dict:
+    """The whole report as plain data: what `--json` prints (`disk`: `data_disk()`, when measured)."""
     def table(checks: list[Check]) -> dict:
         return {c.key: {"label": c.label, "usable": c.usable, "reason": c.reason} for c in checks}
 
@@ -137,6 +151,7 @@ def diagnose(caps: Capabilities) -> dict:
         "rungs": table(rung_checks(caps)),
         "recommended_rungs": recommended_rungs(caps),
         "memory": memory_plan(caps),
+        "data_cache": disk,
     }
 
 

@@ -38,7 +38,14 @@ def format_report(d: dict, marks: tuple[str, str, str] = ("✓", "✗", "?")) ->
     lines += ["", f"recommended (what --rungs auto runs): {','.join(d['recommended_rungs'])}"]
     if d.get("memory"):
         lines += _memory(d["memory"])
+    if d.get("data_cache"):
+        lines += _disk(d["data_cache"])
     return "\n".join(lines)
+
+
+def _disk(disk: dict) -> list[str]:
+    return ["", f"data cache {disk['path']}: {_gib(disk['free_bytes'])} free of {_gib(disk['total_bytes'])} "
+            "(token caches; a prepared corpus takes 2 bytes a token, 20 GB for FineWeb-Edu's 10B)"]
 
 
 def _memory(m: dict) -> list[str]:

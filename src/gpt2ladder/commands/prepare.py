@@ -1,0 +1,86 @@
+"""`gpt2ladder prepare SOURCE OUT`: a source's documents -> llm.c token shards and a manifest
+(`data/prepare.py` does the work; this reads the flags, says what will happen and how it went)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from gpt2ladder.data import manifest as manifest_mod
+from gpt2ladder.data.prepare import PrepareConfig, Plan, available_cores, default_name, plan, run
+from gpt2ladder.data.sources import Source, SourceSpec, open_source
+from gpt2ladder.errors import LadderError
+from gpt2ladder.report.progress import progress_bar
+
+
+def prepare_command(args) -> int:
+    spec = SourceSpec(args.source, args.format, args.text_field, args.subset, args.split)
+    cfg = PrepareConfig(spec, Path(args.out).expanduser(), args.name or default_name(args.source),
+                        args.val_tokens, args.shard_tokens, args.workers or available_cores())
+    source = open_source(spec)
+    source.check()  # a missing column or an empty source: one line now, before any work
+    planned = plan(cfg, source)
+    if planned.finished:
+        print(f"{cfg.out} already holds this corpus ({_counts(planned.finished)}); nothing to do")
+        return 0
+    print(_banner(cfg, source, planned))
+    t0 = time.perf_counter()
+    start = planned.start
+    bar = progress_bar(source.total_documents, "prepare", enabled=not args.no_progress, unit="doc",
+                       initial=start["documents"] if start else 0)
+    tokens = 0
+
+    def progress(n_documents: int, n_tokens: int) -> None:
+        nonlocal tokens
+        tokens += n_tokens
+        bar.update(n_documents)
+        bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):,.0f} tokens/s", refresh=False)
+
+    try:
+        manifest = run(cfg, source, planned, progress)
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"gpt2ladder: interrupted; {_kept(cfg)} kept in {cfg.out}: run the same command to continue",
+              file=sys.stderr)
+        return 130
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    print(f"wrote {cfg.out}: {_counts(manifest)}, in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s "
+          f"on {cfg.workers} worker{'' if cfg.workers == 1 else 's'}); train on it with --data {cfg.out}")
+    return 0
+
+
+def _banner(cfg: PrepareConfig, source: Source, planned: Plan) -> str:
+    what = _describe(source.description)
+    docs = f", {source.total_documents:,} documents" if source.total_documents else ""
+    plan_text = (f"continuing after {len(planned.kept)} finished shard{'' if len(planned.kept) == 1 else 's'}"
+                 if planned.kept else
+                 f"{cfg.name}_val_000000.bin gets the first {cfg.val_tokens:,} tokens (a tenth of the source if it holds "
+                 f"fewer than {10 * cfg.val_tokens:,}), then {cfg.name}_train_*.bin {cfg.shard_tokens:,} each")
+    return (f"prepare: {what}{docs} -> {cfg.out}: {plan_text}; tokenizing on {cfg.workers} "
+            f"worker{'' if cfg.workers == 1 else 's'}")
+
+
+def _describe(d: dict) -> str:
+    if d["kind"] == "hf":
+        subset = f" ({d['subset']})" if d.get("subset") else ""
+        return f"the Hugging Face dataset {d['name']}{subset}, split {d['split']}"
+    return f"{d['path']} ({d['files']:,} {d['kind']} file{'' if d['files'] == 1 else 's'})"
+
+
+def _counts(manifest: dict) -> str:
+    val = [s for s in manifest["shards"] if s["split"] == "val"]
+    train = [s for s in manifest["shards"] if s["split"] == "train"]
+    return (f"{manifest['documents']:,} documents, {manifest['n_tokens']:,} tokens: validation "
+            f"{sum(s['n_tokens'] for s in val):,}, training {sum(s['n_tokens'] for s in train):,} in "
+            f"{len(train)} shard{'' if len(train) == 1 else 's'}")
+
+
+def _kept(cfg: PrepareConfig) -> str:
+    try:
+        n = len(manifest_mod.read(cfg.out / manifest_mod.PARTIAL)["shards"])
+    except LadderError:  # no shard finished yet (no partial manifest), or it is unreadable
+        n = 0
+    return f"the {n} finished shard{'' if n == 1 else 's'}"

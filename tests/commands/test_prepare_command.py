@@ -1,0 +1,194 @@
+"""`gpt2ladder prepare` from the command line: what it says, what it writes, that every command's --data
+takes the result, and one line for each bad input. Ctrl-C and the offline hub run in a real process."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpt2ladder.cli import build_parser, main
+from gpt2ladder.data import manifest
+from gpt2ladder.data import shards as fmt
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+DOC = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "cache"))
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(code, err, expected, *words):
+    assert code == expected, err
+    assert err.count("\n") == 1 and err.startswith("gpt2ladder: error: ") and "Traceback" not in err, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def texts(folder: Path, n: int = 30) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        (folder / f"{i:03d}.txt").write_text(f"Scene {i}.\n" + DOC * (1 + i % 3))
+    return folder
+
+
+@pytest.mark.slow  # a real bench on the shards: the proof that a command's --data takes them
+def test_prepare_then_bench_on_the_shards(tmp_path, capsys):
+    out = tmp_path / "shards"
+    code, stdout, err = run(capsys, "prepare", texts(tmp_path / "plays"), out, "--val-tokens", "200",
+                            "--shard-tokens", "1K", "--workers", "1", "--no-progress")
+    assert code == 0 and err == ""
+    banner, summary = stdout.strip().splitlines()
+    assert banner.startswith("prepare: ") and "(30 text files)" in banner and "plays_val_000000.bin" in banner
+    m = json.loads((out / "manifest.json").read_text())
+    assert summary.startswith(f"wrote {out}: 30 documents, {m['n_tokens']:,} tokens") and "--data" in summary
+    code, _, err = run(capsys, "bench", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--steps", "1",
+                       "--warmup", "0", "--batch-size", "2", "--seq-len", "16", "--data", out, "--out", tmp_path / "b",
+                       "--no-progress")
+    assert code == 0, err
+    assert json.loads((tmp_path / "b" / "ladder.json").read_text())["data"]["n_tokens"] == m["n_tokens"]
+
+
+def test_a_hub_dataset_and_its_local_parquet_give_the_same_shards(tmp_path, capsys):
+    pytest.importorskip("datasets")
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    (tmp_path / "ds").mkdir()
+    pq.write_table(pa.table({"text": [DOC * i for i in range(1, 40)]}), tmp_path / "ds" / "train-00000.parquet",
+                   row_group_size=7)
+    shas = []
+    for how in ("hf", "parquet"):
+        code, _, err = run(capsys, "prepare", tmp_path / "ds", tmp_path / how, "--format", how, "--name", "ds",
+                           "--val-tokens", "300", "--shard-tokens", "2K", "--workers", "1", "--no-progress")
+        assert code == 0, err
+        shas.append([s["sha256"] for s in json.loads((tmp_path / how / "manifest.json").read_text())["shards"]])
+    assert shas[0] == shas[1] and len(shas[0]) > 2
+
+
+def test_a_progress_bar_counts_documents_and_tokens_on_a_terminal(tmp_path, capsys, monkeypatch):
+    import functools
+
+    from gpt2ladder.commands import prepare as command
+    from gpt2ladder.data import prepare as pipeline
+    from gpt2ladder.report import progress
+
+    monkeypatch.setattr(progress, "on_terminal", lambda: True)
+    monkeypatch.setattr(command, "progress_bar", functools.partial(progress.progress_bar, mininterval=0))
+    monkeypatch.setattr(pipeline, "BATCH_CHARS", 500)  # a few batches, so the bar moves
+    code, _, err = run(capsys, "prepare", texts(tmp_path / "p"), tmp_path / "o", "--workers", "1")
+    assert code == 0 and "30/30" in err and "doc/s" in err and "tokens/s" in err
+    code, _, err = run(capsys, "prepare", texts(tmp_path / "p"), tmp_path / "o2", "--workers", "1", "--no-progress")
+    assert code == 0 and err == ""
+
+
+def _parquet(path):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"body": ["a"]}), path)
+    return path
+
+
+CASES = [  # (id, make the source in tmp_path -> SOURCE, extra flags, exit code, fragments of the one line)
+    ("empty jsonl", lambda d: _write(d / "x.jsonl", ""), [], 2, ["holds no documents"]),
+    ("empty folder", lambda d: _mkdir(d / "empty"), [], 2, ["holds no files"]),
+    ("missing field", lambda d: _write(d / "x.jsonl", '{"body": "a"}\n'), [], 2, ["has no field 'text'", "--text-field"]),
+    ("parquet without the column", lambda d: _parquet(d / "x.parquet"), [], 2, ["has no column 'text'"]),
+    ("unknown suffix", lambda d: _write(d / "x.tar", "x"), [], 2, ["of a format prepare does not read"]),
+    ("unknown --format", lambda d: _write(d / "x.txt", "x"), ["--format", "xml"], 2, ["--format: invalid choice"]),
+    ("not text", lambda d: _write(d / "x.txt", b"\xff\xfe\x00"), [], 2, ["is not UTF-8 text"]),
+    ("a FIFO", lambda d: (os.mkfifo(d / "f"), d / "f")[1], [], 2, ["is not a regular file"]),
+    ("no such path", lambda d: d / "nope.jsonl", [], 2, ["does not exist"]),
+    ("val tokens 0", lambda d: _write(d / "x.txt", "x"), ["--val-tokens", "0"], 2, ["--val-tokens", "positive"]),
+    ("val tokens words", lambda d: _write(d / "x.txt", "x"), ["--val-tokens", "lots"], 2, ["such as 100000, 10M"]),
+    ("shard over int32", lambda d: _write(d / "x.txt", "x"), ["--shard-tokens", "3B"], 2, ["2,147,483,647"]),
+    ("a name saying val", lambda d: _write(d / "x.txt", "x"), ["--name", "my_val_set"], 2, ["'val' or 'train'"]),
+]
+
+
+def test_out_inside_the_source_folder_is_one_line(tmp_path, capsys):
+    plays = texts(tmp_path / "plays")
+    one_line(*[run(capsys, "prepare", plays, plays / "shards")[i] for i in (0, 2)], 2, "is inside the source folder")
+    assert not (plays / "shards").exists()
+
+
+def _write(path, content):
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return path
+
+
+def _mkdir(path):
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("make, flags, code, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, make, flags, code, words):
+    source = make(tmp_path)
+    got, stdout, err = run(capsys, "prepare", source, tmp_path / "out", "--workers", "1", *flags)
+    one_line(got, err, code, *words)
+    assert stdout == "" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_file_is_one_line(tmp_path, capsys):
+    path = _write(tmp_path / "x.txt", "secret")
+    path.chmod(0)
+    one_line(*[run(capsys, "prepare", path, tmp_path / "out")[i] for i in (0, 2)], 2, "permission denied")
+
+
+def test_every_option_states_its_default():
+    parser = build_parser()._subparsers._group_actions[0].choices["prepare"]
+    for action in parser._actions:
+        if action.dest not in ("help", "debug"):
+            assert "default" in (action.help or ""), action.dest
+
+
+def _cli(*argv, **env):
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]), **env}
+    return [sys.executable, "-m", "gpt2ladder", *map(str, argv)], full
+
+
+def test_a_hub_name_offline_is_one_line_in_a_real_process(tmp_path):
+    argv, env = _cli("prepare", "HuggingFaceFW/fineweb-edu", tmp_path / "out", "--subset", "sample-10BT",
+                     HF_HUB_OFFLINE="1")
+    env.pop("HF_DATASETS_OFFLINE", None)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "HF_HUB_OFFLINE is set" in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_leaves_only_whole_shards_and_the_same_command_finishes(tmp_path, shakespeare_cache):
+    text = (shakespeare_cache / "tinyshakespeare" / "input.txt").read_text()
+    source = tmp_path / "plays.jsonl"
+    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in text.split("\n\n")) * 6)  # ~2M tokens
+    out = tmp_path / "out"
+    argv, env = _cli("prepare", source, out, "--val-tokens", "2K", "--shard-tokens", "50K", "--workers", "1")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "manifest.partial.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.count("\n") == 1 and "run the same command to continue" in err, err
+    kept = manifest.read(out / "manifest.partial.json")["shards"]
+    left = sorted(p.name for p in out.iterdir())
+    assert not [n for n in left if n.startswith(".")]  # no temporary file, no spool
+    assert {s["name"] for s in kept} <= set(left) and "manifest.json" not in left
+    for name in [n for n in left if n.endswith(".bin")]:  # every shard whole (one closed just before its record counts), the recorded ones verified
+        assert fmt.open_shard(out / name, fmt.LLMC).n_tokens > 0
+    assert all(fmt.file_sha256(out / s["name"]) == s["sha256"] for s in kept)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "continuing after" in done.stdout, done.stderr
+    final = manifest.read(out / "manifest.json")
+    assert final["shards"][:len(kept)] == [{k: s[k] for k in manifest.SHARD_KEYS} for s in kept]
+    assert final["n_tokens"] == sum(s["n_tokens"] for s in final["shards"]) > 1_500_000

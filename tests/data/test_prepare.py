@@ -1,0 +1,184 @@
+"""`prepare`'s pipeline: the token stream of llm.c's FineWeb script (each document after <|endoftext|>,
+in source order) cut into a validation shard and training shards; the same bytes on any number of
+workers; resumable after an interruption, a kill or a full disk, with nothing half-written left behind."""
+
+import errno
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+
+from gpt2ladder.data import load_tokens, manifest
+from gpt2ladder.data import prepare as P
+from gpt2ladder.data import shards as fmt
+from gpt2ladder.data.sources import SourceSpec, open_source
+from gpt2ladder.data.tokenizer import encode_text, tokenizer_id
+from gpt2ladder.errors import LadderError, UsageError
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(P, "BATCH_CHARS", 2000)  # many batches from a small source, as a large one makes
+
+
+@pytest.fixture(scope="module")
+def docs(shakespeare_cache):
+    text = (shakespeare_cache / "tinyshakespeare" / "input.txt").read_text()[:40_000]
+    return text.split("\n\n")  # ~380 speeches
+
+
+@pytest.fixture
+def source_file(tmp_path, docs):
+    path = tmp_path / "plays.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return path
+
+
+def reference(docs) -> np.ndarray:
+    return np.array([t for d in docs for t in [50256, *encode_text(d)]], dtype=np.uint16)
+
+
+def config(source_file, out, **kw) -> P.PrepareConfig:
+    return P.PrepareConfig(SourceSpec(str(source_file)), out, "plays", **{"val_tokens": 400, "shard_tokens": 2500, **kw})
+
+
+def prepare(cfg, progress=None) -> dict:
+    source = open_source(cfg.spec)
+    return P.run(cfg, source, P.plan(cfg, source, notify=lambda *_: None), progress)
+
+
+def stream(out, m) -> np.ndarray:
+    return np.concatenate([fmt.open_shard(out / s["name"], fmt.LLMC).tokens() for s in m["shards"]])
+
+
+def test_the_stream_is_every_document_after_endoftext_in_source_order(tmp_path, source_file, docs):
+    out = tmp_path / "out"
+    m = prepare(config(source_file, out))
+    ref = reference(docs)
+    assert (stream(out, m) == ref).all() and m["n_tokens"] == len(ref) and m["documents"] == len(docs)
+    sizes = [s["n_tokens"] for s in m["shards"]]
+    assert sizes[0] == 400 and all(n == 2500 for n in sizes[1:-1]) and 0 < sizes[-1] <= 2500
+    names = [s["name"] for s in m["shards"]]
+    assert names[:3] == ["plays_val_000000.bin", "plays_train_000001.bin", "plays_train_000002.bin"]
+    assert all(s["sha256"] == fmt.file_sha256(out / s["name"]) for s in m["shards"])
+    assert m["tokenizer"] == tokenizer_id() and m["settings"] == {"val_tokens": 400, "shard_tokens": 2500}
+    assert sorted(p.name for p in out.iterdir()) == sorted(names + ["manifest.json"])  # nothing else left
+    assert manifest.read(out / "manifest.json") == m
+    td = load_tokens(out, notify=lambda *_: None)  # --data takes it as it is
+    assert (len(td.val), len(td.train)) == (400, len(ref) - 400)
+
+
+def test_a_small_source_gives_its_first_tenth_to_validation(tmp_path, source_file, docs):
+    m = prepare(config(source_file, tmp_path / "out", val_tokens=10**7, shard_tokens=10**8))
+    n = len(reference(docs))
+    assert [s["n_tokens"] for s in m["shards"]] == [n // 10, n - n // 10]
+
+
+def test_two_workers_give_the_same_tokens_in_order_with_few_batches_in_flight(source_file, docs):
+    source = open_source(SourceSpec(str(source_file)))
+    pulled = [0]
+
+    def counted():
+        for item in P._batches(source.pieces(), 0):
+            pulled[0] += 1
+            yield item
+
+    parts = []
+    for _, tokens in P.tokenized(counted(), workers=2):
+        parts.append(tokens)
+        assert pulled[0] - len(parts) < P.IN_FLIGHT * 2  # read from the source but not yet written
+    assert len(parts) > 10 and (np.concatenate(parts) == reference(docs)).all()
+
+
+def _interrupt_after(batches: int):
+    seen = itertools.count(1)
+
+    def progress(*_):
+        if next(seen) == batches:
+            raise KeyboardInterrupt
+
+    return progress
+
+
+@pytest.mark.parametrize("batches", [2, 9, 14])  # in the spool (no shard yet), just after it, later on
+def test_an_interrupted_run_continues_after_its_finished_shards(tmp_path, source_file, batches):
+    straight = prepare(config(source_file, tmp_path / "straight"))
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config(source_file, out), _interrupt_after(batches))
+    assert not (out / "manifest.json").exists()
+    left = sorted(p.name for p in out.iterdir())
+    partial = manifest.read(out / "manifest.partial.json")["shards"] if "manifest.partial.json" in left else []
+    assert left == sorted([s["name"] for s in partial] + (["manifest.partial.json"] if partial else []))
+    stamps = {s["name"]: (out / s["name"]).stat().st_mtime_ns for s in partial}
+    assert prepare(config(source_file, out)) == straight
+    assert all((out / n).stat().st_mtime_ns == t for n, t in stamps.items())  # kept, not written again
+    assert (batches > 2) == bool(partial)
+
+
+def test_a_damaged_or_stray_shard_of_a_killed_run_is_made_again(tmp_path, source_file):
+    straight = prepare(config(source_file, tmp_path / "straight"))
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config(source_file, out), _interrupt_after(14))
+    kept = manifest.read(out / "manifest.partial.json")["shards"]
+    assert len(kept) >= 3
+    damaged = out / kept[2]["name"]
+    damaged.write_bytes(damaged.read_bytes()[:-2] + b"\x00\x01")
+    (out / "plays_train_000042.bin").write_bytes(b"a stray shard")  # what a SIGKILL can leave
+    (out / ".plays_train_000007.bin.x1y2.part").write_bytes(bytes(100))
+    notes = []
+    source = open_source(config(source_file, out).spec)
+    planned = P.plan(config(source_file, out), source, notify=notes.append)
+    assert len(planned.kept) == 2 and "making it again" in notes[0]
+    assert P.run(config(source_file, out), source, planned) == straight
+    assert sorted(p.name for p in out.iterdir()) == sorted([s["name"] for s in straight["shards"]] + ["manifest.json"])
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_finished_shards(tmp_path, source_file, monkeypatch):
+    straight = prepare(config(source_file, tmp_path / "straight"))
+    out = tmp_path / "out"
+    real_write = fmt.ShardWriter.write
+
+    def write(self, tokens):
+        if self.path.name == "plays_train_000003.bin" and self.n_tokens > 1000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, tokens)
+
+    monkeypatch.setattr(fmt.ShardWriter, "write", write)
+    with pytest.raises(LadderError, match="the disk holding it is full; the 3 finished shards and "
+                                          "manifest.partial.json are kept") as err:
+        prepare(config(source_file, out))
+    assert "\n" not in str(err.value)
+    kept = manifest.read(out / "manifest.partial.json")["shards"]
+    assert [s["sha256"] for s in kept] == [s["sha256"] for s in straight["shards"][:3]]
+    assert sorted(p.name for p in out.iterdir()) == sorted([s["name"] for s in kept] + ["manifest.partial.json"])
+    monkeypatch.setattr(fmt.ShardWriter, "write", real_write)  # space freed
+    assert prepare(config(source_file, out)) == straight
+
+
+def test_out_holding_something_else_is_one_line(tmp_path, source_file):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="is not empty and holds no gpt2ladder prepare"):
+        prepare(config(source_file, tmp_path / "full"))
+    done = tmp_path / "done"
+    first = prepare(config(source_file, done))
+    assert prepare(config(source_file, done)) == first  # finished: nothing to do
+    with pytest.raises(UsageError, match="already holds a corpus prepared from another source or with other"):
+        prepare(config(source_file, done, shard_tokens=3000))
+
+
+def test_names_and_sizes():
+    assert P.default_name("HuggingFaceFW/fineweb-edu") == "fineweb-edu"
+    assert P.default_name("data/input.txt") == "input" and P.default_name("my texts/") == "my-texts"
+    assert P.default_name("data/train.jsonl") == "train-corpus" and P.default_name("my_val_set") == "my-val-set"
+    for bad in ("fine_val_web", "train", "a/b", ".hidden", ""):
+        with pytest.raises(UsageError, match="--name"):
+            P.check_name(bad)
+    with pytest.raises(UsageError, match="--shard-tokens must be from 1 to 2,147,483,647"):
+        P.PrepareConfig(SourceSpec("x"), "out", "x", shard_tokens=2**31)
+    assert os.path.basename(fmt.shard_name("edu", "val", 0)) == "edu_val_000000.bin"
