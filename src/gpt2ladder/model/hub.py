@@ -89,11 +89,11 @@ def cached_folder(name: str, usable: Callable[[Path], bool]) -> Path | None:
     return None
 
 
-def resolve(name: str, usable: Callable[[Path], bool], notify=None) -> Path:
-    """A local folder holding `name`'s config.json and weights: the cache's, else a fresh download.
+def resolve(name: str, usable: Callable[[Path], bool]) -> Path:
+    """A local folder holding `name`'s config.json and weights: the cache's, else a fresh download (with
+    huggingface_hub's own progress bars, on a terminal).
 
     Offline (HF_HUB_OFFLINE) with nothing usable cached, one line naming the command that fetches it.
-    `notify` (default: stderr) hears of a download before it starts.
     """
     folder = cached_folder(name, usable)
     if folder is not None:
@@ -101,7 +101,6 @@ def resolve(name: str, usable: Callable[[Path], bool], notify=None) -> Path:
     if offline():
         raise UsageError(f"{name} is not in the Hugging Face cache ({hf_cache_dir()}) and HF_HUB_OFFLINE is set, "
                          f"so it cannot be downloaded; fetch it with: {fetch_command(name)}")
-    (notify or _stderr)(f"downloading {repo_id(name)} from the Hugging Face hub into {hf_cache_dir()}")
     for patterns in DOWNLOADS:
         folder = _download(name, patterns)
         if usable(folder):
@@ -131,10 +130,6 @@ def _download(name: str, patterns: list[str]) -> Path:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return (text[0] if text else type(err).__name__)[:200]
-
-
-def _stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def _hub():
