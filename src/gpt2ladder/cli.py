@@ -205,6 +205,38 @@ def _export(args) -> int:
     return export_command(args)
 
 
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="measure a model on a benchmark (HellaSwag)",
+                       description="Score a model on a benchmark the way build-nanogpt and llm.c score GPT-2: for "
+                       "HellaSwag, each of an example's four endings by its summed loss over the ending's tokens "
+                       "(acc) and by its mean loss per token (acc_norm), over the official validation set of "
+                       "10,042 examples, downloaded once into the data cache. Writes OUT/eval.json and prints one "
+                       "line. A literal <|endoftext|> in the data is GPT-2's end-of-text token.")
+    p.add_argument("model", metavar="MODEL", help="a run directory or checkpoint, a Hugging Face folder or "
+                   "weights file, or a hub name such as gpt2 or openai-community/gpt2 (the local Hugging Face "
+                   "cache first, then a download unless HF_HUB_OFFLINE is set)")
+    p.add_argument("--task", default="hellaswag", help="the benchmark; hellaswag is the one there is (default: hellaswag)")
+    p.add_argument("--task-data", metavar="FILE", help="a file in the task's own format to use instead of its "
+                   "official data (default: none; the official validation set from the data cache)")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N examples, for a quick "
+                   "look (default: all of them)")
+    p.add_argument("--batch-size", type=_positive_int, help="examples per forward pass, four rows each "
+                   "(default: 16 on a GPU, 4 on CPU)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    p.add_argument("--out", help="the folder for eval.json (default: the run directory when MODEL is one, "
+                   "else runs/eval)")
+    p.add_argument("--no-compile", action="store_true", help="run the model eagerly on a GPU too (default: "
+                   "compiled on a GPU that can compile, eager on CPU)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on a terminal)")
+    p.set_defaults(handler=_eval)
+
+
+def _eval(args) -> int:
+    from gpt2ladder.commands.eval import eval_command
+
+    return eval_command(args)
+
+
 def _add_parity(sub) -> None:
     p = sub.add_parser("parity", help="show that every rung keeps the loss",
                        description="Train every rung for N steps from the same weights and batches and "
@@ -322,6 +354,10 @@ Each command has its own --help with examples. Errors are one line; --debug show
   gpt2ladder export runs/shakespeare/ckpt.pt hf/shakespeare --dtype bfloat16 --force
 then, in Python:
   GPT2LMHeadModel.from_pretrained("hf/shakespeare"), AutoTokenizer.from_pretrained("hf/shakespeare")""",
+    "eval": """examples:
+  gpt2ladder eval gpt2                             OpenAI's GPT-2 124M from the Hugging Face hub
+  gpt2ladder eval runs/shakespeare --limit 500     a run, on the first 500 examples
+  gpt2ladder eval hf/shakespeare --task-data hellaswag_val.jsonl --device cpu""",
     "parity": """examples:
   gpt2ladder parity --rungs seed --steps 300
   gpt2ladder parity --device cpu --steps 60""",
@@ -342,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpt2ladder {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for add in (_add_bench, _add_train, _add_sample, _add_export, _add_parity, _add_profile, _add_doctor):
+    for add in (_add_bench, _add_train, _add_sample, _add_export, _add_eval, _add_parity, _add_profile,
+                _add_doctor):
         add(sub)
     for name, p in sub.choices.items():
         p.formatter_class, p.epilog = _Formatter, _EXAMPLES.get(name)
