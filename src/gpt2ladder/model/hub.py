@@ -146,3 +146,54 @@ def _errors():
     from huggingface_hub import errors
 
     return errors
+
+
+def known_repo(text: str | None) -> str | None:
+    """The hub repository a model name or path stands for, when that is known for sure: a short name, a
+    path inside the Hugging Face cache (models--ORG--NAME/snapshots/...), or an OWNER/NAME that is no
+    local path and is in the cache (as a name `train --init-from` read leaves it); else None."""
+    if not text:
+        return None
+    if text in SHORT_NAMES:
+        return SHORT_NAMES[text]
+    parts = Path(text).expanduser().parts
+    for part, after in zip(parts, parts[1:]):
+        if part.startswith("models--") and after == "snapshots":
+            return part.removeprefix("models--").replace("--", "/", 1)
+    if is_hub_name(text) and (hf_cache_dir() / f"models--{text.replace('/', '--')}").is_dir():
+        return text
+    return None
+
+
+# --- pushing -------------------------------------------------------------------------------------
+
+_PUSH_NAME = re.compile(r"([A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}")
+
+
+def check_push(repo: str) -> None:
+    """UsageError before any work when `repo` cannot be pushed to: not a repository name, or offline."""
+    if not _PUSH_NAME.fullmatch(repo) or repo.endswith((".git", ".")) or ".." in repo:
+        raise UsageError(f"--push-to-hub {repo!r} is not a Hugging Face repository name (OWNER/NAME, or NAME "
+                         "under your own account: letters, digits, '-', '_' and '.')")
+    if offline():
+        raise UsageError("--push-to-hub needs the network, and HF_HUB_OFFLINE is set")
+    _hub()
+
+
+def push_folder(folder: Path, repo: str, message: str) -> str:
+    """Upload `folder` as the model repository `repo` (created if missing, kept if it exists); its URL."""
+    hub, errors = _hub(), _errors()
+    api = hub.HfApi()
+    try:
+        url = api.create_repo(repo_id=repo, repo_type="model", exist_ok=True)
+        repo = getattr(url, "repo_id", None) or repo  # NAME alone becomes OWNER/NAME
+        api.upload_folder(repo_id=repo, folder_path=str(folder), repo_type="model", commit_message=message)
+    except errors.HfHubHTTPError as err:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        if status in (401, 403):
+            raise LadderError(f"the Hugging Face hub refused to let this account write {repo} ({status}); log in "
+                              "with `hf auth login` or set HF_TOKEN to a token that can write") from None
+        raise LadderError(f"pushing to {repo} on the Hugging Face hub failed: {_first_line(err)}") from None
+    except (OSError, ValueError) as err:  # no network, no token, a name the hub refuses
+        raise LadderError(f"pushing to {repo} on the Hugging Face hub failed: {_first_line(err)}") from None
+    return f"https://huggingface.co/{repo}"
