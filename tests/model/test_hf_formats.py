@@ -161,3 +161,14 @@ def test_a_tensor_of_another_shape_is_named(model, tmp_path, no_model_built):
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(UsageError, match=r"h.1.mlp.c_fc.weight has shape \(32, 100\), not \(32, 128\)"):
         hf_model_config(folder)
+
+
+def test_a_folder_transformers_sharded_loads_the_same(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)  # transformers draws its random weights from the global generator
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64)).eval()
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "hf").glob("model-*-of-*.safetensors"))) > 1
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(load_hf_model(tmp_path / "hf")), hf(IDX).logits, rtol=1e-5, atol=1e-5)
