@@ -151,3 +151,22 @@ def test_eval_help_states_every_default(capsys):
                    "--no-progress"):
         start = text.index(option + " ", text.index("options:"))
         assert "(default:" in text[start:start + 300], option
+
+
+@pytest.mark.parametrize("device, kind, setup, expected", [
+    ("cuda", "run", {"autocast": "bfloat16", "matmul_precision": "high"}, ("bfloat16", "high", True, 16)),
+    ("cuda", "run", {}, (None, "highest", True, 16)),
+    ("cuda", "hub", {}, (None, "high", True, 16)),  # fp32 weights with TF32, as build-nanogpt and llm.c run GPT-2
+    ("cpu", "run", {"autocast": "bfloat16", "matmul_precision": "high"}, (None, "highest", False, 4)),
+])
+def test_settings_are_the_runs_precision_on_a_gpu(device, kind, setup, expected):
+    """Decided once from the source and the device (a CUDA device object needs no GPU to exist)."""
+    from types import SimpleNamespace
+
+    from gpt2ladder.commands.eval import _settings
+
+    loaded = SimpleNamespace(kind=kind, setup=setup)
+    args = SimpleNamespace(batch_size=None, no_compile=False)
+    got = _settings(loaded, torch.device(device), SimpleNamespace(compile_problem=None), args)
+    assert (got["autocast"], got["matmul_precision"], got["compiled"], got["batch_size"]) == expected
+    assert _settings(loaded, torch.device(device), SimpleNamespace(compile_problem="no compiler"), args)["compiled"] is False

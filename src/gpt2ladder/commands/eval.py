@@ -1,7 +1,8 @@
 """`gpt2ladder eval`: a model (a run, a Hugging Face folder or a hub name) measured on a benchmark
 (`evals/`), written as OUT/eval.json and told in one line. A run is evaluated in its own precision
 (its autocast and matmul setting, on a GPU) and, on a GPU, through the compiled forward; Hugging Face
-weights in fp32. By default a run's result goes into the run directory, where `export` finds it for
+weights in fp32, with TF32 matmuls on a GPU, as build-nanogpt's and llm.c's HellaSwag scripts run
+OpenAI's GPT-2 for the figures they publish. By default a run's result goes into the run directory, where `export` finds it for
 the model card."""
 
 from __future__ import annotations
@@ -50,13 +51,14 @@ def eval_command(args) -> int:
 
 
 def _settings(loaded: LoadedModel, device: torch.device, caps, args) -> dict:
-    """How the model runs, decided once: a run's precision on a GPU (fp32 on the CPU, and for Hugging
-    Face weights), compiled on a GPU that can compile unless --no-compile."""
+    """How the model runs, decided once: on a GPU a run's own precision (Hugging Face weights: fp32 with
+    TF32 matmuls), compiled unless --no-compile or it cannot compile there; fp32 and eager on the CPU."""
     gpu = device.type == "cuda"
     autocast = loaded.setup.get("autocast") if gpu else None
+    matmul = loaded.setup.get("matmul_precision", "highest") if loaded.kind == "run" else "high"
     return {"batch_size": args.batch_size or BATCH_SIZE.get(device.type, BATCH_SIZE["cpu"]),
             "autocast": autocast if autocast in ("bfloat16", "float16") else None,
-            "matmul_precision": loaded.setup.get("matmul_precision", "highest") if gpu else "highest",
+            "matmul_precision": matmul if gpu else "highest",
             "compiled": gpu and not args.no_compile and caps.compile_problem is None}
 
 
