@@ -99,8 +99,8 @@ def resolve(name: str, usable: Callable[[Path], bool]) -> Path:
     if folder is not None:
         return folder
     if offline():
-        raise UsageError(f"{name} is not in the Hugging Face cache ({hf_cache_dir()}) and HF_HUB_OFFLINE is set, "
-                         f"so it cannot be downloaded; fetch it with: {fetch_command(name)}")
+        raise UsageError(f"{name} is neither a path here nor a model in the Hugging Face cache ({hf_cache_dir()}), "
+                         f"and HF_HUB_OFFLINE is set, so it cannot be downloaded; fetch it with: {fetch_command(name)}")
     for patterns in DOWNLOADS:
         folder = _download(name, patterns)
         if usable(folder):
