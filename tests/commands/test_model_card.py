@@ -169,12 +169,16 @@ def test_a_hugging_face_folder_and_a_hub_name_export_too(tmp_path, capsys):
     assert code == 0 and f", {tmp_path / 'src' / 'model.safetensors'} -> {tmp_path / 'a'}" in out
     meta, text, results = card(tmp_path / "a")
     assert "base_model" not in meta and results == [] and "exported by gpt2ladder" in text
+    assert "| weights | a Hugging Face folder |" in text and "| steps |" not in text
     snapshot = tmp_path / "hf-home" / "hub" / "models--openai-community--gpt2" / "snapshots" / ("c" * 40)
     shutil.copytree(tmp_path / "src", snapshot)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("c" * 40)
     assert export(capsys, "gpt2", tmp_path / "b")[0] == 0
-    assert card(tmp_path / "b")[0]["base_model"] == "openai-community/gpt2"
+    meta, text, _ = card(tmp_path / "b")
+    assert meta["base_model"] == "openai-community/gpt2" and "| weights | those of openai-community/gpt2 |" in text
+    code, _, err = export(capsys, tmp_path / "src", tmp_path, "--force")
+    assert code == 2 and "holds the model being exported" in err
     assert (tmp_path / "b" / "model.safetensors").read_bytes() == (tmp_path / "a" / "model.safetensors").read_bytes()
 
 

@@ -27,7 +27,7 @@ from gpt2ladder.model.hf import save_hf_gpt2
 from gpt2ladder.report.model_card import finite, model_card
 from gpt2ladder.report.records import check_new_folder, folder_written_whole
 from gpt2ladder.training.checkpoint import state_digest
-from gpt2ladder.training.loading import LoadedModel, load_model
+from gpt2ladder.training.loading import LoadedModel, is_run, load_model
 from gpt2ladder.training.runlog import read_log
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -70,7 +70,8 @@ def _check_target(source: str, out: Path, force: bool) -> None:
     """Refuse before any work: an output that is not empty, or one that holds the source itself."""
     path = Path(source).expanduser()
     if path.exists() and path.resolve().is_relative_to(out.resolve()):
-        raise UsageError(f"{out} holds the run being exported ({path}); give another folder")
+        what = "run" if is_run(path) else "model"
+        raise UsageError(f"{out} holds the {what} being exported ({path}); give another folder")
     check_new_folder(out, force)
 
 

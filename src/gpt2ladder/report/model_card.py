@@ -95,7 +95,9 @@ def _rows(f: dict) -> list[tuple[str, str]]:
         rows.append(("data", data["source"] + (f" ({', '.join(extra)})" if extra else "")))
     if f.get("step") is not None:
         rows.append(("steps", _steps(f)))
-    if f.get("init_from") or f.get("base_model"):
+    if f.get("step") is None:
+        rows.append(("weights", f"those of {f['base_model']}" if f.get("base_model") else "a Hugging Face folder"))
+    elif f.get("init_from") or f.get("base_model"):
         rows.append(("started from", f"the weights of {f.get('base_model') or f['init_from']}"))
     elif f.get("seed") is not None:
         rows.append(("started from", f"random weights, seed {f['seed']}"))
