@@ -152,11 +152,24 @@ def test_hellaswag_of_anything_else_stays_off_the_card(tmp_path, capsys, officia
     assert _hellaswag_rows(results) == {} and "HellaSwag" not in text
 
 
-def test_hellaswag_from_a_log_entry_at_the_checkpoints_step(tmp_path, capsys):
-    entry = {"task": "hellaswag", "n": hellaswag.N_EXAMPLES, "acc": 0.2859, "acc_norm": 0.2955, "official": True}
+def test_hellaswag_from_a_log_entry_at_the_checkpoints_step(tmp_path, capsys, official_standin):
+    """The entry a training run logs (`runner.log_entry`) reaches the card when it is at the checkpoint's step."""
+    import torch
+
+    from gpt2ladder.evals import runner
+
+    run = make_run(tmp_path / "run")
+    prepared = runner.prepare("hellaswag", official_standin)
+    model = init_weights(GPT(SMALL), seed=3).eval()
+    result = runner.evaluate(prepared, model, device=torch.device("cpu"), block_size=64, vocab_size=50257,
+                             batch_size=2, progress=False)
+    entry = runner.log_entry(prepared, result)
+    assert entry["official"] is True and entry["n"] == 3
     log = [{**LOG[0], "hellaswag": {**entry, "acc_norm": 0.9}}, {**LOG[1], "hellaswag": entry}]
-    assert export(capsys, make_run(tmp_path / "run", log=log), tmp_path / "hf")[0] == 0
-    assert _hellaswag_rows(card(tmp_path / "hf")[2]) == {"acc_norm": 0.2955, "acc": 0.2859}
+    (run / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
+    assert export(capsys, run, tmp_path / "hf")[0] == 0
+    assert _hellaswag_rows(card(tmp_path / "hf")[2]) == {"acc_norm": round(result.acc_norm, 4),
+                                                          "acc": round(result.acc, 4)}
 
 
 # --- other sources, and pushing -------------------------------------------------------------------

@@ -112,6 +112,12 @@ def evaluate(prepared: Prepared, forward: Callable, *, device: torch.device, blo
                       sums, means, time.perf_counter() - start)
 
 
+def log_entry(prepared: Prepared, result: TaskResult) -> dict:
+    """The result as a training run logs it (log.jsonl's "hellaswag" field, which `export` reads for the
+    model card): the scores, and whether the data was the task's official set."""
+    return {**result.to_dict(), "official": bool(getattr(prepared.data, "official", False))}
+
+
 def _rows(prepared: Prepared, i: int, block_size: int) -> list[tuple[list[int], int]]:
     """(ids, where the ending starts) per choice; a context too long for the model keeps its last tokens."""
     out = []
