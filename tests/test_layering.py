@@ -11,8 +11,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpt2ladder"
 # Lowest first. kernels import nothing else of the package; cli and __main__ sit on top.
-LAYERS = ["errors", "kernels", "model", "speedups", "data", "runtime", "ladder", "report", "training",
-          "measure", "commands", "cli"]
+LAYERS = ["errors", "kernels", "model", "speedups", "data", "runtime", "ladder", "report", "evals", "training",
+          "measure", "api", "commands", "cli"]
 RANK = {name: i for i, name in enumerate(LAYERS)} | {"__main__": len(LAYERS), "__init__": -1}
 
 

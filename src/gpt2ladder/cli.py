@@ -122,7 +122,8 @@ def _add_train(sub) -> None:
                        "finishes the current step, saves a checkpoint and exits (status 130 or 143).")
     _common(p)
     p.add_argument("--rungs", default="auto", help="'auto' (everything this machine supports but the opt-in rungs), 'seed', 'all' or names")
-    p.add_argument("--data", help="a text file (default: Tiny Shakespeare)")
+    p.add_argument("--data", help="a text file; a literal <|endoftext|> in it is GPT-2's end-of-text token, which "
+                   "separates documents (default: Tiny Shakespeare)")
     _out(p, "train", "run directory: config.json, log.jsonl, checkpoints, loss.png, tb/")
     p.add_argument("--steps", type=_positive_int, help=f"optimizer steps (default: {D('train', 'steps')})")
     p.add_argument("--batch-size", type=_positive_int, help="micro-batch, sequences per forward pass (default: on a "
@@ -145,8 +146,10 @@ def _add_train(sub) -> None:
                    "damaged, OUT/ckpt.prev.pt)")
     p.add_argument("--allow-data-change", action="store_true", help="with --resume: continue on another text than "
                    "the checkpoint was trained on (refused otherwise)")
-    p.add_argument("--init-from", help="Hugging Face GPT-2 weights to start from: a folder holding model.safetensors "
-                   "(its config.json gives the shape) or the .safetensors file")
+    p.add_argument("--init-from", help="Hugging Face GPT-2 weights to start from: a folder (its config.json gives "
+                   "the shape) holding model.safetensors, a sharded model.safetensors.index.json or pytorch_model.bin; "
+                   "one of those files; or a hub name such as gpt2 or openai-community/gpt2, from the local Hugging "
+                   "Face cache or downloaded (default: none, random weights from --seed)")
     p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
     p.add_argument("--seed", type=_seed, default=0, help="initial weights and batch order (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -162,12 +165,16 @@ def _train(args) -> int:
 def _add_sample(sub) -> None:
     p = sub.add_parser("sample", help="generate text from a run or a Hugging Face GPT-2",
                        description="Continue a prompt with a trained run's model, or with Hugging Face GPT-2 "
-                       "weights (a folder holding model.safetensors and config.json, or the .safetensors file "
-                       "with its config.json beside it). A one-line banner naming the model goes to stderr, "
-                       "the text to stdout.")
-    p.add_argument("checkpoint", help="a run directory, its ckpt.pt, a Hugging Face folder or a model.safetensors")
+                       "weights (a folder holding config.json and model.safetensors, a sharded "
+                       "model.safetensors.index.json or pytorch_model.bin, or one of those files with its config.json "
+                       "beside it), or with a hub name such as gpt2, found in the local Hugging Face cache or "
+                       "downloaded (not when HF_HUB_OFFLINE is set). A one-line banner naming the model goes to "
+                       "stderr, the text to stdout.")
+    p.add_argument("checkpoint", help="a run directory, its ckpt.pt, a Hugging Face folder or weights file, or a "
+                   "hub name (gpt2, gpt2-medium, openai-community/gpt2, ...)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    p.add_argument("--prompt", default="\n", help="text to continue; a literal <|endoftext|> in it is GPT-2's "
+                   "end-of-text token, as in training (default: a newline)")
     p.add_argument("--num-tokens", type=_positive_int, default=200, help="tokens to generate per sample (default: 200)")
     p.add_argument("--num-samples", type=_positive_int, default=1, help="independent samples (default: 1)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default: 0.8)")
@@ -191,11 +198,17 @@ def _add_export(sub) -> None:
                        "generation_config.json, the GPT-2 tokenizer files and a model card (README.md) with the "
                        "run's data, steps and validation loss. No optimizer state: this is also the file to share. "
                        "The folder is written beside OUT_DIR and renamed into place when complete.")
-    p.add_argument("run", metavar="RUN", help="a run directory or its ckpt.pt")
+    p.add_argument("run", metavar="RUN", help="a run directory or its ckpt.pt; or, to re-export, a Hugging Face "
+                   "folder or a hub name such as gpt2")
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (absent or empty, unless --force)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
                    help="weights' dtype in model.safetensors (default: float32)")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty")
+    p.add_argument("--license", metavar="ID", help="the license the model card states, as a Hugging Face hub "
+                   "license id such as mit or apache-2.0 (default: none stated)")
+    p.add_argument("--push-to-hub", metavar="REPO", help="then upload OUT_DIR to the Hugging Face hub as the model "
+                   "repository REPO (OWNER/NAME, or NAME under your account), created if missing; needs `hf auth "
+                   "login` or HF_TOKEN (default: no upload)")
     p.set_defaults(handler=_export)
 
 
@@ -203,6 +216,38 @@ def _export(args) -> int:
     from gpt2ladder.commands.export import export_command
 
     return export_command(args)
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="measure a model on a benchmark (HellaSwag)",
+                       description="Score a model on a benchmark the way build-nanogpt and llm.c score GPT-2: for "
+                       "HellaSwag, each of an example's four endings by its summed loss over the ending's tokens "
+                       "(acc) and by its mean loss per token (acc_norm), over the official validation set of "
+                       "10,042 examples, downloaded once into the data cache. Writes OUT/eval.json and prints one "
+                       "line. A literal <|endoftext|> in the data is GPT-2's end-of-text token.")
+    p.add_argument("model", metavar="MODEL", help="a run directory or checkpoint, a Hugging Face folder or "
+                   "weights file, or a hub name such as gpt2 or openai-community/gpt2 (the local Hugging Face "
+                   "cache first, then a download unless HF_HUB_OFFLINE is set)")
+    p.add_argument("--task", default="hellaswag", help="the benchmark; hellaswag is the one there is (default: hellaswag)")
+    p.add_argument("--task-data", metavar="FILE", help="a file in the task's own format to use instead of its "
+                   "official data (default: none; the official validation set from the data cache)")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N examples, for a quick "
+                   "look (default: all of them)")
+    p.add_argument("--batch-size", type=_positive_int, help="examples per forward pass, four rows each "
+                   "(default: 16 on a GPU, 4 on CPU)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    p.add_argument("--out", help="the folder for eval.json (default: the run directory when MODEL is one, "
+                   "else runs/eval)")
+    p.add_argument("--no-compile", action="store_true", help="run the model eagerly on a GPU too (default: "
+                   "compiled on a GPU that can compile, eager on CPU)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on a terminal)")
+    p.set_defaults(handler=_eval)
+
+
+def _eval(args) -> int:
+    from gpt2ladder.commands.eval import eval_command
+
+    return eval_command(args)
 
 
 def _add_parity(sub) -> None:
@@ -369,16 +414,23 @@ Each command has its own --help with examples. Errors are one line; --debug show
   gpt2ladder train --steps 2000 --out runs/shakespeare
   gpt2ladder train --out runs/shakespeare --resume     continue from runs/shakespeare/ckpt.pt
   gpt2ladder train --data my.txt --preset tiny --device cpu
-  gpt2ladder train --init-from hf/gpt2 --steps 500     start from Hugging Face GPT-2 weights (their shape)""",
+  gpt2ladder train --init-from hf/gpt2 --steps 500     start from Hugging Face GPT-2 weights (their shape)
+  gpt2ladder train --init-from gpt2 --steps 500        the same, by its hub name""",
     "sample": """examples:
   gpt2ladder sample runs/shakespeare --prompt "ROMEO:" --num-tokens 300
   gpt2ladder sample runs/shakespeare/ckpt.pt --num-samples 3 --temperature 0.9
-  gpt2ladder sample hf/shakespeare --temperature 0      a Hugging Face folder (e.g. from export)""",
+  gpt2ladder sample hf/shakespeare --temperature 0      a Hugging Face folder (e.g. from export)
+  gpt2ladder sample gpt2 --prompt "Hello, I'm a language model,"    OpenAI's GPT-2 from the hub""",
     "export": """examples:
   gpt2ladder export runs/shakespeare hf/shakespeare
   gpt2ladder export runs/shakespeare/ckpt.pt hf/shakespeare --dtype bfloat16 --force
+  gpt2ladder export runs/shakespeare hf/shakespeare --license mit --push-to-hub your-name/shakespeare
 then, in Python:
   GPT2LMHeadModel.from_pretrained("hf/shakespeare"), AutoTokenizer.from_pretrained("hf/shakespeare")""",
+    "eval": """examples:
+  gpt2ladder eval gpt2                             OpenAI's GPT-2 124M from the Hugging Face hub
+  gpt2ladder eval runs/shakespeare --limit 500     a run, on the first 500 examples
+  gpt2ladder eval hf/shakespeare --task-data hellaswag_val.jsonl --device cpu""",
     "parity": """examples:
   gpt2ladder parity --rungs seed --steps 300
   gpt2ladder parity --device cpu --steps 60""",
@@ -404,8 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpt2ladder {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for add in (_add_bench, _add_train, _add_sample, _add_export, _add_parity, _add_profile, _add_prepare,
-                _add_doctor):
+    for add in (_add_bench, _add_train, _add_sample, _add_export, _add_eval, _add_parity, _add_profile,
+                _add_prepare, _add_doctor):
         add(sub)
     for name, p in sub.choices.items():
         p.formatter_class, p.epilog = _Formatter, _EXAMPLES.get(name)

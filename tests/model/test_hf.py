@@ -92,10 +92,10 @@ def test_config_json_gives_the_shape(tmp_path, source_model):
     assert hf_model_config(tmp_path / "bare") is None
 
 
-def test_missing_file_says_no_download(tmp_path):
-    with pytest.raises(UsageError, match="no download is attempted") as err:
+def test_missing_file_says_what_loads(tmp_path):
+    with pytest.raises(UsageError, match="no GPT-2 weights at .*model.safetensors; give a Hugging Face folder") as err:
         load_hf_gpt2(tmp_path / "model.safetensors", GPT(SHAPE))
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and "hub name" in str(err.value)
 
 
 def test_wrong_shape_without_config_is_a_usage_error(tmp_path, source_model):

@@ -1,58 +1,88 @@
-"""`gpt2ladder export`: a run's checkpoint -> a Hugging Face GPT-2 folder (weights only, no optimizer).
+"""`gpt2ladder export`: a model (a run's checkpoint, a Hugging Face folder or a hub name, loaded by
+`training/loading.py`) -> a Hugging Face GPT-2 folder (weights only, no optimizer), and with
+--push-to-hub that folder uploaded as a hub repository.
 
 The folder holds config.json, generation_config.json and model.safetensors (`model/hf.py`), the GPT-2
 tokenizer files (`data/tokenizer.py`) and a model card (`report/model_card.py`); it is written beside
-OUT_DIR and renamed into place, so a failure leaves no half folder behind.
+OUT_DIR and renamed into place, so a failure leaves no half folder behind. The card's results are only
+those measured on these very weights: the run's last finite validation loss at or before the
+checkpoint's step, and a full HellaSwag evaluation of the official set (an eval.json in the run
+directory whose weights digest is this checkpoint's, or a log entry at this step).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
 
 from gpt2ladder.data.tokenizer import write_hf_tokenizer
 from gpt2ladder.errors import UsageError
+from gpt2ladder.evals import hellaswag
+from gpt2ladder.model import hub
 from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.model.hf import save_hf_gpt2
-from gpt2ladder.report.model_card import model_card
+from gpt2ladder.report.model_card import finite, model_card
 from gpt2ladder.report.records import check_new_folder, folder_written_whole
-from gpt2ladder.training.checkpoint import (
-    checkpoint_path,
-    load_checkpoint,
-    model_from_checkpoint,
-)
+from gpt2ladder.training.checkpoint import state_digest
+from gpt2ladder.training.loading import LoadedModel, is_run, load_model
 from gpt2ladder.training.runlog import read_log
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]*")  # the hub's license ids: mit, apache-2.0, cc-by-4.0, other, ...
 
 
 def export_command(args) -> int:
     dtype = DTYPES[args.dtype]
-    ckpt, out = checkpoint_path(args.run), Path(args.out_dir).expanduser()
-    _check_target(ckpt, out, args.force)
-    state = load_checkpoint(ckpt)  # one-line errors for a missing, corrupt or foreign file
-    model = model_from_checkpoint(state, torch.device("cpu"))
-    facts = run_facts(ckpt, state)
+    out = Path(args.out_dir).expanduser()
+    _check_options(args)
+    _check_target(args.run, out, args.force)
+    loaded = load_model(args.run, torch.device("cpu"))  # one-line errors for a missing, corrupt or foreign source
+    model = loaded.model
+    facts = {**source_facts(loaded), "license": args.license}
     with folder_written_whole(out, force=args.force) as tmp:
         save_hf_gpt2(model, tmp, dtype)
         write_hf_tokenizer(tmp, model_max_length=model.config.block_size)
-        card = model_card(out.name, describe_shape(model), str(dtype).removeprefix("torch."), facts)
+        card = model_card(out.name, describe_shape(model), str(dtype).removeprefix("torch."), facts,
+                          repo=args.push_to_hub)
         (tmp / "README.md").write_text(card)
     size = (out / "model.safetensors").stat().st_size
-    print(f"gpt2ladder export: {describe_shape(model)}, step {facts['step']} of {ckpt} -> {out} "
+    what = f"step {facts['step']} of {loaded.path}" if loaded.kind == "run" else loaded.description
+    print(f"gpt2ladder export: {describe_shape(model)}, {what} -> {out} "
           f"(model.safetensors {size / 1e6:.1f} MB, {str(dtype).removeprefix('torch.')})")
+    if args.push_to_hub:
+        url = hub.push_folder(out, args.push_to_hub, f"gpt2ladder export: {describe_shape(model)}")
+        print(f"gpt2ladder export: pushed {out} to {url}")
     return 0
 
 
-def _check_target(ckpt: Path, out: Path, force: bool) -> None:
-    """Refuse before any work: a missing run, an output that is not empty, or one that holds the run itself."""
-    if not ckpt.is_file():
-        raise UsageError(f"no checkpoint at {ckpt}; give a run directory or its ckpt.pt")
-    if ckpt.resolve().is_relative_to(out.resolve()):
-        raise UsageError(f"{out} holds the run being exported ({ckpt}); give another folder")
+def _check_options(args) -> None:
+    if args.license is not None and not _LICENSE.fullmatch(args.license):
+        raise UsageError(f"--license {args.license!r} is not a license id as the Hugging Face hub writes them "
+                         "(lower case, e.g. mit, apache-2.0, cc-by-4.0, or other)")
+    if args.push_to_hub:
+        hub.check_push(args.push_to_hub)
+
+
+def _check_target(source: str, out: Path, force: bool) -> None:
+    """Refuse before any work: an output that is not empty, or one that holds the source itself."""
+    path = Path(source).expanduser()
+    if path.exists() and path.resolve().is_relative_to(out.resolve()):
+        what = "run" if is_run(path) else "model"
+        raise UsageError(f"{out} holds the {what} being exported ({path}); give another folder")
     check_new_folder(out, force)
+
+
+def source_facts(loaded: LoadedModel) -> dict:
+    """What the card may say about the weights: a run's record, or for Hugging Face weights the hub
+    repository they came from, when that is known."""
+    if loaded.kind != "run":
+        return {"base_model": hub.known_repo(loaded.source) or hub.known_repo(str(loaded.path))}
+    facts = run_facts(loaded.path, loaded.state)
+    return {**facts, "base_model": hub.known_repo(facts.get("init_from")),
+            "hellaswag": measured_hellaswag(loaded.path, loaded.state)}
 
 
 def run_facts(ckpt: Path, state: dict) -> dict:
@@ -61,12 +91,43 @@ def run_facts(ckpt: Path, state: dict) -> dict:
     train = state.get("train_config") or {}
     step = int(state.get("step", 0))
     log = [e for e in read_log(ckpt.parent / "log.jsonl") if e["step"] <= step]  # a log may run past its checkpoint
-    val = [e for e in log if isinstance(e.get("val_loss"), (int, float))]
+    val = [e for e in log if finite(e.get("val_loss"))]
     last = next((e for e in log if e["step"] == step), {})
     keys = ("steps", "tokens_per_step", "init_from", "seed", "rungs", "eval_batches", "batch_size", "seq_len")
     return {**{k: train.get(k) for k in keys}, **_record_facts(ckpt.parent / "config.json", state),
-            "step": step, "loss": last.get("loss"),
+            "step": step, "loss": last.get("loss") if finite(last.get("loss")) else None,
             "val": {"step": val[-1]["step"], "loss": val[-1]["val_loss"]} if val else None}
+
+
+def measured_hellaswag(ckpt: Path, state: dict) -> dict | None:
+    """A full HellaSwag result on the official set for exactly these weights: RUN/eval.json written by
+    `gpt2ladder eval` of this checkpoint, else a log.jsonl entry at the checkpoint's step (its
+    "hellaswag" field: task, n, acc, acc_norm, official); None if neither."""
+    try:
+        record = json.loads((ckpt.parent / "eval.json").read_text())
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict) and record.get("command") == "eval" and isinstance(record.get("model"), dict) \
+            and record["model"].get("weights_sha256") == state_digest(state["model"]):
+        found = _full_result(record, (record.get("data") or {}).get("official"))
+        if found:
+            return found
+    for entry in read_log(ckpt.parent / "log.jsonl"):
+        result = entry.get("hellaswag")
+        if entry["step"] == state.get("step") and isinstance(result, dict):
+            found = _full_result(result, result.get("official"))
+            if found:
+                return found
+    return None
+
+
+def _full_result(result: dict, official) -> dict | None:
+    """{n, acc, acc_norm} of a result over the whole official validation set, else None."""
+    if not (official is True and result.get("task") == hellaswag.NAME and result.get("n") == hellaswag.N_EXAMPLES):
+        return None
+    if not all(finite(result.get(k)) and 0 <= result[k] <= 1 for k in ("acc", "acc_norm")):
+        return None
+    return {"n": result["n"], "acc": result["acc"], "acc_norm": result["acc_norm"]}
 
 
 def _record_facts(path: Path, state: dict) -> dict:

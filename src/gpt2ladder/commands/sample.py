@@ -1,28 +1,22 @@
-"""`gpt2ladder sample`: a checkpoint or Hugging Face GPT-2 weights -> the model -> text
-(`model.generate`), eagerly or compiled."""
+"""`gpt2ladder sample`: a run, Hugging Face GPT-2 weights or a hub name (`training/loading.py`) -> the
+model -> text (`model.generate`), eagerly or compiled. A literal <|endoftext|> in the prompt is GPT-2's
+end-of-text token, as everywhere (`data/tokenizer.py`)."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import sys
-from pathlib import Path
 
 import torch
 
 from gpt2ladder.data import GPT2_EOT, get_tokenizer
+from gpt2ladder.data.tokenizer import encode_text
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.generate import generate
 from gpt2ladder.model.gpt import GPT, describe_shape
-from gpt2ladder.model.hf import is_hf_weights, load_hf_model, weights_file
 from gpt2ladder.runtime.hardware import detect, resolve_device
-from gpt2ladder.training.checkpoint import (
-    FILENAME,
-    PREVIOUS,
-    SAMPLE_KEYS,
-    last_good,
-    model_from_checkpoint,
-)
+from gpt2ladder.training.loading import load_model
 
 
 def _precision(device: torch.device, setup: dict):
@@ -47,27 +41,16 @@ def _compiled(model: GPT, device: torch.device):
     return torch.compile(model)
 
 
-def load_model(path: str, device: torch.device) -> tuple[GPT, dict, str]:
-    """(model in eval mode, the run's setup, where it came from) for a run or Hugging Face weights.
-
-    A run directory means its newest good checkpoint (ckpt.pt, else ckpt.prev.pt); notices go to
-    stderr, stdout is the text."""
-    run = Path(path).expanduser()
-    has_run = run.is_dir() and ((run / FILENAME).is_file() or (run / PREVIOUS).is_file())
-    if is_hf_weights(path) and not has_run:  # a run's checkpoint comes first
-        return load_hf_model(path).to(device), {}, str(weights_file(path))  # no setup recorded: fp32
-    state, ckpt = last_good(path, notify=lambda text: print(text, file=sys.stderr), needs=SAMPLE_KEYS)
-    return model_from_checkpoint(state, device, ckpt), state.get("setup", {}), f"{ckpt} (step {state.get('step')})"
-
-
 def sample_command(args) -> int:
     _check_args(args)
     device = resolve_device(args.device)
-    model, setup, source = load_model(args.checkpoint, device)
-    print(f"gpt2ladder sample: {describe_shape(model)} from {source} on {device}", file=sys.stderr, flush=True)
+    loaded = load_model(args.checkpoint, device)
+    model, setup = loaded.model, loaded.setup
+    print(f"gpt2ladder sample: {describe_shape(model)} from {loaded.description} on {device}", file=sys.stderr,
+          flush=True)
     forward = _compiled(model, device) if args.compile else model
     enc = get_tokenizer()
-    prompt = enc.encode_ordinary(args.prompt) or [GPT2_EOT]
+    prompt = encode_text(args.prompt) or [GPT2_EOT]
     gen = torch.Generator(device=device).manual_seed(args.seed)
     for i in range(args.num_samples):
         idx = torch.tensor([prompt], dtype=torch.long, device=device)

@@ -1,7 +1,10 @@
-"""GPT-2 in the Hugging Face format, both ways: load a local `model.safetensors` (+ `config.json`) into
-our `GPT`, and write a `GPT` as a folder that `transformers.GPT2LMHeadModel.from_pretrained` loads.
+"""GPT-2 in the Hugging Face format, both ways: load a Hugging Face folder (config.json and its weights)
+into our `GPT`, and write a `GPT` as a folder that `transformers.GPT2LMHeadModel.from_pretrained` loads.
 
-Only local files: nothing is downloaded. Hugging Face stores GPT-2's linear layers as `Conv1D`, whose
+The weights are read from model.safetensors, from the shards a model.safetensors.index.json names, or
+from pytorch_model.bin (and its sharded index), the last with `torch.load(weights_only=True)`, which
+loads tensors and never runs pickled code. A hub name (`gpt2`, `openai-community/gpt2`) is first turned
+into its cached or downloaded folder (`hub.py`); everything else here reads local files. Hugging Face stores GPT-2's linear layers as `Conv1D`, whose
 weight is (in, out); ours are `nn.Linear`, (out, in), so those four matrices per block are transposed
 both ways (the two square `attn.c_proj.weight`s would load silently wrong otherwise). The embedding is
 copied into the first vocab_size rows of a padded vocabulary (the rest stay zero) and cut back to
@@ -9,7 +12,10 @@ vocab_size rows on the way out. The classifier is tied to the embedding, so a fi
 `transformer.wte.weight`, as `save_pretrained` writes it.
 
 The number of heads cannot be read off tensor shapes, so the shape comes from a `config.json` beside
-the weights when there is one, else the model (its preset) must already match.
+the weights when there is one, else the model (its preset) must already match. A config.json is checked
+against the tensors' shapes in the weights' headers (no tensor data is read) before any model is
+built, so a config.json that asks for 10,000 layers of a 12-layer file is one line at once, not a
+model built in memory and then refused.
 
 Which `config.json` values load. A field changes either the function the network computes or only how
 transformers trains, generates or stores it. Every field of the first kind is checked against what our
@@ -38,6 +44,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.model import hub
 from gpt2ladder.model.config import GPT2_VOCAB_SIZE, ModelConfig
 
 # HF Conv1D layers, stored (in, out): transposed into nn.Linear's (out, in).
@@ -54,44 +61,87 @@ IMPLEMENTED = {
     "is_encoder_decoder": (False,), "pruned_heads": ({},), "quantization_config": (None,),
 }
 WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+BIN_NAME = "pytorch_model.bin"
+BIN_INDEX_NAME = "pytorch_model.bin.index.json"
+WEIGHT_NAMES = (WEIGHTS_NAME, INDEX_NAME, BIN_NAME, BIN_INDEX_NAME)  # a folder's weights, in the order looked for
 CONFIG_NAME = "config.json"
 GPT2_EOT_ID = GPT2_VOCAB_SIZE - 1  # <|endoftext|>, GPT-2's only special token
+WHAT_LOADS = ("a Hugging Face folder (config.json with model.safetensors, a sharded model.safetensors.index.json "
+              "or pytorch_model.bin), one of those files, or a hub name such as openai-community/gpt2")
 
 
-# --- reading ------------------------------------------------------------------------------------
+# --- where the weights are ----------------------------------------------------------------------
+
+
+def local_path(path: str | Path) -> Path:
+    """`path` itself, or for a hub name its folder in the Hugging Face cache (downloaded when missing)."""
+    if hub.is_hub_name(str(path)):
+        return hub.resolve(str(path), usable=lambda folder: (folder / CONFIG_NAME).is_file()
+                           and _entry_in(folder) is not None)
+    return Path(path).expanduser()
+
+
+def _entry_in(folder: Path) -> Path | None:
+    return next((folder / name for name in WEIGHT_NAMES if (folder / name).is_file()), None)
 
 
 def weights_file(path: str | Path) -> Path:
-    """The safetensors file itself, or model.safetensors inside a folder; UsageError when missing."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        path = path / WEIGHTS_NAME
-    if not path.is_file():
-        raise UsageError(f"GPT-2 weights not found at {path}; give a local Hugging Face-format "
-                         "model.safetensors (no download is attempted)")
-    return path
+    """The file that names the weights (model.safetensors, a shard index or pytorch_model.bin): the one
+    given, or a folder's; UsageError when there is none."""
+    path = local_path(path)
+    entry = _entry_in(path) if path.is_dir() else path
+    if entry is None or not entry.is_file():
+        raise UsageError(f"no GPT-2 weights at {path}; give {WHAT_LOADS}")
+    return entry
+
+
+def weight_files(entry: Path) -> list[Path]:
+    """The files holding the tensors: `entry` itself, or every shard its index names (all must be there)."""
+    if not entry.name.endswith(".index.json"):
+        return [entry]
+    try:
+        shards = sorted(set(json.loads(entry.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise UsageError(f"{entry} is not a shard index (a JSON object whose weight_map names each tensor's "
+                         f"file): {type(err).__name__}: {err}") from None
+    outside = [s for s in shards if not isinstance(s, str) or Path(s).name != s]
+    if outside:
+        raise UsageError(f"{entry} names a shard outside its folder: {outside[0]!r}")
+    missing = [s for s in shards if not (entry.parent / s).is_file()]
+    if missing:
+        raise UsageError(f"{entry} names shards that are not in {entry.parent}: {_few(missing)}")
+    return [entry.parent / s for s in shards]
 
 
 def is_hf_weights(path: str | Path) -> bool:
-    """Whether `path` names Hugging Face weights: a .safetensors file, or a folder holding model.safetensors."""
+    """Whether `path` names Hugging Face weights: a weights file, or a folder holding one."""
     path = Path(path).expanduser()
-    return (path / WEIGHTS_NAME).is_file() if path.is_dir() else path.suffix == ".safetensors"
+    if path.is_dir():
+        return _entry_in(path) is not None
+    return path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json")
+
+
+# --- the shape ----------------------------------------------------------------------------------
 
 
 def hf_model_config(path: str | Path) -> ModelConfig | None:
-    """The shape from a config.json beside the weights (checked: see the module docstring), or None
-    when there is none."""
-    cfg_path = weights_file(path).parent / CONFIG_NAME
+    """The shape from a config.json beside the weights, checked against what our GPT computes (see the
+    module docstring) and against the tensors' shapes; None when there is no config.json."""
+    entry = weights_file(path)
+    cfg_path = entry.parent / CONFIG_NAME
     if not cfg_path.is_file():
         return None
     try:
         raw = json.loads(cfg_path.read_text())
         check_implemented(raw, cfg_path)
-        return ModelConfig(n_layer=int(raw["n_layer"]), n_head=int(raw["n_head"]), n_embd=int(raw["n_embd"]),
-                           block_size=int(raw.get("n_positions", 1024)),  # transformers' default
-                           vocab_size=int(raw.get("vocab_size", GPT2_VOCAB_SIZE)))
+        cfg = ModelConfig(n_layer=int(raw["n_layer"]), n_head=int(raw["n_head"]), n_embd=int(raw["n_embd"]),
+                          block_size=int(raw.get("n_positions", 1024)),  # transformers' default
+                          vocab_size=int(raw.get("vocab_size", GPT2_VOCAB_SIZE)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise UsageError(f"cannot read the GPT-2 shape from {cfg_path}: {type(err).__name__}: {err}") from None
+    check_against_weights(cfg, tensor_shapes(weight_files(entry)), cfg_path, entry)
+    return cfg
 
 
 def check_implemented(raw: dict, where: Path) -> None:
@@ -106,16 +156,86 @@ def check_implemented(raw: dict, where: Path) -> None:
                              f"GPT-2, which computes {field} = {expected}")
 
 
-def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of the file under our names (no `transformer.` prefix, Linear layout)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def tensor_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape under its Hugging Face name without `transformer.`, read from the files'
+    headers: safetensors' header, or a memory-mapped pytorch_model.bin (its data is never read)."""
+    shapes = {}
+    for file in files:
+        shapes.update(_safetensors_shapes(file) if file.suffix == ".safetensors" else _bin_shapes(file))
+    return {name.removeprefix("transformer."): shape for name, shape in shapes.items()}
 
-    file = weights_file(path)
+
+def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import SafetensorError, safe_open
+
     try:
-        tensors = load_file(str(file))
+        with safe_open(str(file), framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     except (SafetensorError, OSError) as err:
         raise LadderError(f"cannot read {file} as safetensors: {err}") from None
+
+
+def _bin_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    try:
+        tensors = _load_bin(file, mmap=True)
+    except LadderError:
+        tensors = _load_bin(file)  # a file from before torch's zip format cannot be memory-mapped
+    return {name: tuple(value.shape) for name, value in tensors.items()}
+
+
+def check_against_weights(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], cfg_path: Path,
+                          weights: Path) -> None:
+    """UsageError when config.json's shape is not the tensors' (n_layer, n_embd, vocab_size, n_positions
+    as they hold them, then every tensor's shape), before a model of that shape is built."""
+    held = _held_fields(shapes)
+    said = {"n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "vocab_size": cfg.vocab_size, "n_positions": cfg.block_size}
+    diffs = [f for f, v in held.items() if v is not None and v != said[f]]
+    if diffs:
+        raise UsageError(f"{cfg_path} does not describe {weights}: it says "
+                         f"{', '.join(f'{f} = {said[f]}' for f in diffs)}, but the weights hold "
+                         f"{', '.join(f'{f} = {held[f]}' for f in diffs)}")
+    expected = expected_shapes(cfg)
+    found = {k: v for k, v in shapes.items() if tuple(k.split(".")[-2:]) not in SKIPPED_TAILS and k != "lm_head.weight"}
+    problems = [f"{k} has shape {found[k]}, not {v}" for k, v in expected.items() if k in found and found[k] != v]
+    problems += [f"missing {_few(sorted(set(expected) - set(found)))}"] if set(expected) - set(found) else []
+    problems += [f"unexpected {_few(sorted(set(found) - set(expected)))}"] if set(found) - set(expected) else []
+    if problems:
+        raise UsageError(f"{weights} does not fit the GPT-2 its {CONFIG_NAME} describes: {'; '.join(problems[:3])}")
+
+
+def _held_fields(shapes: dict[str, tuple[int, ...]]) -> dict[str, int | None]:
+    """The shape fields the tensors themselves hold (None where the tensor that would tell is absent)."""
+    wte, wpe = shapes.get("wte.weight"), shapes.get("wpe.weight")
+    layers = {int(k.split(".")[1]) for k in shapes if k.startswith("h.") and k.split(".")[1].isdigit()}
+    return {"n_layer": max(layers) + 1 if layers else None,
+            "n_embd": wte[1] if wte and len(wte) == 2 else None,
+            "vocab_size": wte[0] if wte else None,
+            "n_positions": wpe[0] if wpe else None}
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a Hugging Face GPT-2 file of this shape (Conv1D weights (in, out), no `transformer.`)."""
+    c = cfg.n_embd
+    shapes = {"wte.weight": (cfg.vocab_size, c), "wpe.weight": (cfg.block_size, c), "ln_f.weight": (c,),
+              "ln_f.bias": (c,)}
+    block = {"ln_1.weight": (c,), "ln_1.bias": (c,), "attn.c_attn.weight": (c, 3 * c), "attn.c_attn.bias": (3 * c,),
+             "attn.c_proj.weight": (c, c), "attn.c_proj.bias": (c,), "ln_2.weight": (c,), "ln_2.bias": (c,),
+             "mlp.c_fc.weight": (c, 4 * c), "mlp.c_fc.bias": (4 * c,), "mlp.c_proj.weight": (4 * c, c),
+             "mlp.c_proj.bias": (c,)}
+    for i in range(cfg.n_layer):
+        shapes.update({f"h.{i}.{name}": shape for name, shape in block.items()})
+    return shapes
+
+
+# --- the weights --------------------------------------------------------------------------------
+
+
+def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of the weights under our names (no `transformer.` prefix, Linear layout)."""
+    entry = weights_file(path)
+    tensors = {}
+    for file in weight_files(entry):
+        tensors.update(_load_safetensors(file) if file.suffix == ".safetensors" else _load_bin(file))
     state = {}
     for key, value in tensors.items():
         name = key.removeprefix("transformer.")
@@ -124,8 +244,32 @@ def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
         if name.endswith(CONV1D_SUFFIXES):
             value = value.t()
         state[f"transformer.{name}"] = value
-    _check_tied(tensors.get("lm_head.weight"), state.get("transformer.wte.weight"), file)
+    _check_tied(tensors.get("lm_head.weight"), state.get("transformer.wte.weight"), entry)
     return state
+
+
+def _load_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError) as err:
+        raise LadderError(f"cannot read {file} as safetensors: {err}") from None
+
+
+def _load_bin(file: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """A pytorch_model.bin's tensors through torch.load(weights_only=True): tensors only, no pickled code."""
+    try:
+        tensors = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as err:  # torch raises many types for foreign or damaged files
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if first.startswith("Weights only load failed"):  # torch's advice to unpickle arbitrary code: not ours
+            first = "it holds Python objects besides tensors, which are not loaded"
+        raise LadderError(f"cannot read {file} as PyTorch weights: {first[:200]}") from None
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise LadderError(f"{file} does not hold a dictionary of tensors, as pytorch_model.bin does")
+    return tensors
 
 
 def _check_tied(head: torch.Tensor | None, wte: torch.Tensor | None, file: Path) -> None:
@@ -138,13 +282,14 @@ def _check_tied(head: torch.Tensor | None, wte: torch.Tensor | None, file: Path)
 @torch.no_grad()
 def load_hf_gpt2(path: str | Path, model) -> None:
     """Copy the weights of a HF GPT-2 file into `model` (a `GPT`) in place; UsageError on any mismatch."""
-    _check_shape(hf_model_config(path), model.config, weights_file(path))
-    state = read_hf_state(path)
+    entry = weights_file(path)
+    _check_shape(hf_model_config(entry), model.config, entry)
+    state = read_hf_state(entry)
     params = dict(model.named_parameters())  # lm_head is tied to wte, so it is listed once
     missing = sorted(set(params) - set(state))
     unexpected = sorted(set(state) - set(params))
     if missing or unexpected:
-        raise UsageError(f"{weights_file(path)} does not fit this model: missing {_few(missing)}, "
+        raise UsageError(f"{entry} does not fit this model: missing {_few(missing)}, "
                          f"unexpected {_few(unexpected)}")
     for name, param in params.items():
         _copy_into(param, state[name], name, vocab_size=model.config.vocab_size)
@@ -163,12 +308,13 @@ def load_hf_model(path: str | Path):
     """A `GPT` of the shape in config.json beside the weights, the weights loaded, on the CPU, in eval mode."""
     from gpt2ladder.model.gpt import GPT
 
-    cfg = hf_model_config(path)
+    entry = weights_file(path)
+    cfg = hf_model_config(entry)
     if cfg is None:
-        raise UsageError(f"no {CONFIG_NAME} beside {weights_file(path)}: the number of heads cannot be read "
+        raise UsageError(f"no {CONFIG_NAME} beside {entry}: the number of heads cannot be read "
                          "from the tensors; put the model's config.json there")
     model = GPT(cfg)
-    load_hf_gpt2(path, model)
+    load_hf_gpt2(entry, model)
     return model.eval()
 
 

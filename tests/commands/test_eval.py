@@ -1,0 +1,172 @@
+"""`gpt2ladder eval` end to end on CPU: a run directory, a Hugging Face folder and a hub name, on a small
+HellaSwag file the test writes; eval.json's fields; and the bad inputs, each one line."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from gpt2ladder import cli
+from gpt2ladder.evals import runner
+from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.model.gpt import GPT, init_weights
+from gpt2ladder.model.hf import save_hf_gpt2
+from gpt2ladder.training.checkpoint import load_checkpoint, save_checkpoint, state_digest
+
+SMALL = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_multiple=128)
+EXAMPLES = [("A man is sitting on a roof. he", ["is using wrap.", "is ripping tiles off.", "holds a cube.",
+                                                "starts pulling up roofing."], 3),
+            ("A dog runs in a park. It", ["sleeps.", "chases a ball across the grass.", "sings.", "reads."], 1),
+            ("The chef cuts onions. She", ["cries.", "flies away.", "puts them in a pan with oil.", "swims."], 2)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A run directory (a checkpoint of a random small model), the same weights as a Hugging Face folder,
+    and a HellaSwag file."""
+    root = tmp_path_factory.mktemp("eval")
+    model = init_weights(GPT(SMALL), seed=1).eval()
+    (root / "run").mkdir()
+    save_checkpoint(root / "run" / "ckpt.pt", {"model": model.state_dict(), "model_config": SMALL.to_dict(),
+                                                "setup": {"autocast": "bfloat16"}, "step": 7})
+    save_hf_gpt2(model, root / "hf")
+    with open(root / "hellaswag.jsonl", "w") as f:
+        for i, (ctx, endings, label) in enumerate(EXAMPLES):
+            f.write(json.dumps({"ind": i, "ctx": ctx, "endings": endings, "label": label, "split": "val"}) + "\n")
+    return model, root
+
+
+@pytest.fixture
+def run_dir(setup, tmp_path):
+    return shutil.copytree(setup[1] / "run", tmp_path / "run")
+
+
+def _eval(capsys, *argv):
+    code = cli.main(["eval", *map(str, argv), "--device", "cpu", "--no-progress"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _expected(model, data):
+    prepared = runner.prepare("hellaswag", data)
+    return runner.evaluate(prepared, model, device=torch.device("cpu"), block_size=64, vocab_size=50257,
+                           batch_size=1, progress=False)
+
+
+def test_eval_of_a_hugging_face_folder_writes_eval_json(setup, tmp_path, capsys):
+    model, root = setup
+    code, out, err = _eval(capsys, root / "hf", "--task-data", root / "hellaswag.jsonl", "--out", tmp_path / "o")
+    assert code == 0 and err == "" and out.count("\n") == 1
+    record = json.loads((tmp_path / "o" / "eval.json").read_text())
+    expected = _expected(model, root / "hellaswag.jsonl")
+    assert (record["task"], record["n"]) == ("hellaswag", 3)
+    assert record["acc"] == expected.acc and record["acc_norm"] == expected.acc_norm
+    assert out.startswith(f"gpt2ladder eval: hellaswag acc {expected.acc:.4f}, acc_norm {expected.acc_norm:.4f} "
+                          "over 3 examples;")
+    assert record["model"]["kind"] == "hf" and record["model"]["path"] == str(root / "hf" / "model.safetensors")
+    assert record["data"]["path"] == str(root / "hellaswag.jsonl") and record["data"]["official"] is False
+    assert record["settings"] == {"batch_size": 4, "autocast": None, "matmul_precision": "highest", "compiled": False}
+    for key in ("gpt2ladder", "date", "git_sha", "device", "versions", "host"):  # the header every record has
+        assert key in record
+    assert record["command"] == "eval"
+
+
+def test_eval_of_a_run_goes_into_the_run_directory(setup, run_dir, capsys):
+    model, root = setup
+    code, out, _ = _eval(capsys, run_dir, "--task-data", root / "hellaswag.jsonl", "--limit", 2)
+    assert code == 0 and "(the first 2 of 3)" in out and f"{run_dir / 'ckpt.pt'} (step 7)" in out
+    record = json.loads((run_dir / "eval.json").read_text())
+    state = load_checkpoint(run_dir)
+    assert record["model"]["step"] == 7 and record["model"]["weights_sha256"] == state_digest(state["model"])
+    assert record["n"] == 2 and record["data"]["limit"] == 2
+    assert record["settings"]["autocast"] is None  # the run's bf16 autocast applies on a GPU only
+
+
+def test_eval_of_a_hub_name_from_the_cache(setup, tmp_path, capsys, monkeypatch):
+    model, root = setup
+    snapshot = tmp_path / "hf-home" / "hub" / "models--someone--tiny" / "snapshots" / ("a" * 40)
+    shutil.copytree(root / "hf", snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    code, out, _ = _eval(capsys, "someone/tiny", "--task-data", root / "hellaswag.jsonl", "--out", tmp_path / "o")
+    assert code == 0 and "someone/tiny (" in out
+    record = json.loads((tmp_path / "o" / "eval.json").read_text())
+    assert record["model"]["repo_id"] == "someone/tiny" and record["acc"] == _expected(model, root / "hellaswag.jsonl").acc
+
+
+def _one_line(code, err, expected_code, *words):
+    assert code == expected_code, err
+    assert err.startswith("gpt2ladder: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+
+
+def test_bad_inputs_are_one_line_and_leave_no_output(setup, tmp_path, capsys, monkeypatch):
+    _, root = setup
+    data = ["--task-data", root / "hellaswag.jsonl", "--out", tmp_path / "o"]
+    (tmp_path / "other.jsonl").write_text('{"text": "a line of another data set"}\n')
+    (tmp_path / "cut.jsonl").write_text((root / "hellaswag.jsonl").read_text()[:-30])
+    (tmp_path / "empty-dir").mkdir()
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cases = [
+        ([root / "hf", "--task", "mmlu", *data], 2, ["unknown task 'mmlu'; choose one of: hellaswag"]),
+        ([root / "hf", "--task-data", tmp_path / "other.jsonl"], 2, ["line 1 of", 'no "ctx" text']),
+        ([root / "hf", "--task-data", tmp_path / "cut.jsonl"], 2, ["line 3 of", "not JSON"]),
+        ([tmp_path / "empty-dir", *data], 2, ["no checkpoint at", "nor Hugging Face weights"]),
+        ([tmp_path / "missing.pt", *data], 2, ["no checkpoint at", "missing.pt"]),
+        (["gpt2", *data], 2, ['hf download openai-community/gpt2', "HF_HUB_OFFLINE"]),
+        ([root / "hf", *data, "--limit", 0], 2, ["--limit"]),
+    ]
+    for argv, code, words in cases:
+        got, _, err = _eval(capsys, *argv)
+        _one_line(got, err, code, *words)
+    assert not (tmp_path / "o").exists()
+
+
+def test_offline_without_the_official_set_says_where_to_put_it(setup, tmp_path, capsys, monkeypatch):
+    import urllib.error
+
+    from gpt2ladder.evals import hellaswag
+
+    def unreachable(url, timeout):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hellaswag.urllib.request, "urlopen", unreachable)
+    code, _, err = _eval(capsys, setup[1] / "hf", "--out", tmp_path / "o")
+    _one_line(code, err, 1, f"put hellaswag_val.jsonl from {hellaswag.URL} at "
+              f"{tmp_path / 'cache' / 'hellaswag' / 'hellaswag_val.jsonl'}", "or pass --task-data FILE")
+
+
+def test_eval_help_states_every_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in ("--task", "--task-data", "--limit", "--batch-size", "--device", "--out", "--no-compile",
+                   "--no-progress"):
+        start = text.index(option + " ", text.index("options:"))
+        assert "(default:" in text[start:start + 300], option
+
+
+@pytest.mark.parametrize("device, kind, setup, expected", [
+    ("cuda", "run", {"autocast": "bfloat16", "matmul_precision": "high"}, ("bfloat16", "high", True, 16)),
+    ("cuda", "run", {}, (None, "highest", True, 16)),
+    ("cuda", "hub", {}, (None, "high", True, 16)),  # fp32 weights with TF32, as build-nanogpt and llm.c run GPT-2
+    ("cpu", "run", {"autocast": "bfloat16", "matmul_precision": "high"}, (None, "highest", False, 4)),
+])
+def test_settings_are_the_runs_precision_on_a_gpu(device, kind, setup, expected):
+    """Decided once from the source and the device (a CUDA device object needs no GPU to exist)."""
+    from types import SimpleNamespace
+
+    from gpt2ladder.commands.eval import _settings
+
+    loaded = SimpleNamespace(kind=kind, setup=setup)
+    args = SimpleNamespace(batch_size=None, no_compile=False)
+    got = _settings(loaded, torch.device(device), SimpleNamespace(compile_problem=None), args)
+    assert (got["autocast"], got["matmul_precision"], got["compiled"], got["batch_size"]) == expected
+    assert _settings(loaded, torch.device(device), SimpleNamespace(compile_problem="no compiler"), args)["compiled"] is False

@@ -1,0 +1,100 @@
+"""The Python API (`gpt2ladder.load`, `generate`, `save_hf`, `evaluate`) gives what the commands give, and
+`import gpt2ladder` and `--help` never import torch (checked in a fresh interpreter)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpt2ladder
+from gpt2ladder import cli
+from gpt2ladder.errors import UsageError
+from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.model.gpt import GPT, init_weights
+from gpt2ladder.training.checkpoint import save_checkpoint
+
+SMALL = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_multiple=128)
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def test_import_and_help_do_not_import_torch():
+    script = """
+import sys
+import gpt2ladder
+assert "torch" not in sys.modules, "import gpt2ladder imported torch"
+from gpt2ladder import cli
+for argv in (["--help"], ["eval", "--help"], ["sample", "--help"], ["export", "--help"], ["train", "--help"]):
+    try:
+        cli.main(argv)
+    except SystemExit:
+        pass
+    assert "torch" not in sys.modules, f"gpt2ladder {' '.join(argv)} imported torch"
+print("light")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("light")
+
+
+def test_the_check_can_fail():
+    """The same check sees torch once something imports it."""
+    script = "import sys, gpt2ladder; gpt2ladder.load; print('torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "True", proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("api") / "run"
+    folder.mkdir()
+    model = init_weights(GPT(SMALL), seed=9)
+    save_checkpoint(folder / "ckpt.pt", {"model": model.state_dict(), "model_config": SMALL.to_dict(), "setup": {},
+                                         "step": 3})
+    return folder
+
+
+def test_load_and_generate_give_what_sample_prints(run_dir, capsys):
+    model = gpt2ladder.load(run_dir, device="cpu")
+    assert isinstance(model, GPT) and not model.training and model.config == SMALL
+    text = gpt2ladder.generate(model, "ROMEO:", max_new_tokens=5, temperature=0)
+    assert cli.main(["sample", str(run_dir), "--device", "cpu", "--prompt", "ROMEO:", "--num-tokens", "5",
+                     "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == text + "\n" and text.startswith("ROMEO:")
+    assert gpt2ladder.generate(model, "ROMEO:", 5, seed=1) != gpt2ladder.generate(model, "ROMEO:", 5, seed=2)
+
+
+def test_save_hf_writes_a_folder_transformers_and_load_read(run_dir, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = gpt2ladder.load(run_dir, device="cpu")
+    folder = gpt2ladder.save_hf(model, tmp_path / "hf")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.json"} <= {p.name for p in folder.iterdir()}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    idx = torch.randint(0, 50257, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(idx)[0][..., :50257]
+        torch.testing.assert_close(hf(idx).logits, ours, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gpt2ladder.load(folder, "cpu")(idx)[0][..., :50257], ours, rtol=1e-6, atol=1e-6)
+    with pytest.raises(UsageError, match="not empty"):
+        gpt2ladder.save_hf(model, folder)
+    assert gpt2ladder.save_hf(model, folder, overwrite=True) == folder
+
+
+def test_evaluate_gives_what_eval_writes(run_dir, tmp_path, capsys):
+    data = tmp_path / "hs.jsonl"
+    data.write_text("".join(json.dumps({"ctx": f"A man opens door {i}. He", "label": i % 4,
+                                        "endings": ["walks in.", "sings a long song.", "flies.", "sits."]}) + "\n"
+                            for i in range(5)))
+    model = gpt2ladder.load(run_dir, device="cpu")
+    result = gpt2ladder.evaluate(model, "hellaswag", task_data=data)
+    assert cli.main(["eval", str(run_dir), "--task-data", str(data), "--device", "cpu", "--out", str(tmp_path / "o"),
+                     "--no-progress"]) == 0
+    record = json.loads((tmp_path / "o" / "eval.json").read_text())
+    assert (result["n"], result["acc"], result["acc_norm"]) == (record["n"], record["acc"], record["acc_norm"]) == (
+        5, result["correct"] / 5, result["correct_norm"] / 5)
+    assert not model.training
