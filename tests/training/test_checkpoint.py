@@ -267,14 +267,14 @@ def test_a_full_disk_says_so_not_torchs_unexpected_pos(tmp_path, monkeypatch):
     """torch.save on a full disk raises "unexpected pos N vs M"; the message must name ENOSPC."""
     path = save_checkpoint(tmp_path / "ckpt.pt", _state(seed=0))
     before = path.read_bytes()
-    real_mkstemp = checkpoint.tempfile.mkstemp
+    real_new_temp = checkpoint.new_temp
 
-    def onto_a_full_disk(**kw):  # the temp file is real, its writes go to /dev/full (ENOSPC on every write)
-        fd, name = real_mkstemp(**kw)
+    def onto_a_full_disk(dest):  # the temp file is real, its writes go to /dev/full (ENOSPC on every write)
+        fd, name = real_new_temp(dest)
         os.dup2(os.open("/dev/full", os.O_WRONLY), fd)
         return fd, name
 
-    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", onto_a_full_disk)
+    monkeypatch.setattr(checkpoint, "new_temp", onto_a_full_disk)
     with pytest.raises(LadderError) as err:
         save_checkpoint(path, {**_state(seed=1), "big": torch.zeros(100_000)})
     message = str(err.value)

@@ -7,20 +7,27 @@ OUT_DIR and renamed into place, so a failure leaves no half folder behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 from pathlib import Path
 
 import torch
 
+from gpt2ladder.data.files import write_atomic
 from gpt2ladder.data.tokenizer import write_hf_tokenizer
-from gpt2ladder.errors import UsageError
+from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.model.hf import save_hf_gpt2
 from gpt2ladder.report.model_card import model_card
-from gpt2ladder.report.records import check_new_folder, folder_written_whole
+from gpt2ladder.report.records import check_new_folder, folder_written_whole, remove_stale_folders
+from gpt2ladder.training import lock
 from gpt2ladder.training.checkpoint import (
-    checkpoint_path,
-    load_checkpoint,
+    FILENAME,
+    PREVIOUS,
+    SAMPLE_KEYS,
+    last_good,
     model_from_checkpoint,
 )
 from gpt2ladder.training.runlog import read_log
@@ -30,56 +37,131 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 def export_command(args) -> int:
     dtype = DTYPES[args.dtype]
-    ckpt, out = checkpoint_path(args.run), Path(args.out_dir).expanduser()
-    _check_target(ckpt, out, args.force)
-    state = load_checkpoint(ckpt)  # one-line errors for a missing, corrupt or foreign file
-    model = model_from_checkpoint(state, torch.device("cpu"))
+    run = Path(args.run).expanduser()
+    out = Path(os.path.abspath(Path(args.out_dir).expanduser()))  # "." and ".." have no name to write beside
+    _check_target(run, out, args.force)
+    # ckpt.pt, else ckpt.prev.pt when a kill or damage left ckpt.pt unusable, as `sample` reads a run
+    state, ckpt = last_good(run, notify=lambda text: print(text, file=sys.stderr), needs=SAMPLE_KEYS)
+    model = model_from_checkpoint(state, torch.device("cpu"), ckpt)
     facts = run_facts(ckpt, state)
-    with folder_written_whole(out, force=args.force) as tmp:
+    with _disk_errors(out), _destination(out, args.force) as tmp:
         save_hf_gpt2(model, tmp, dtype)
         write_hf_tokenizer(tmp, model_max_length=model.config.block_size)
         card = model_card(out.name, describe_shape(model), str(dtype).removeprefix("torch."), facts)
-        (tmp / "README.md").write_text(card)
+        write_atomic(tmp / "README.md", card)
     size = (out / "model.safetensors").stat().st_size
     print(f"gpt2ladder export: {describe_shape(model)}, step {facts['step']} of {ckpt} -> {out} "
           f"(model.safetensors {size / 1e6:.1f} MB, {str(dtype).removeprefix('torch.')})")
     return 0
 
 
-def _check_target(ckpt: Path, out: Path, force: bool) -> None:
+def _check_target(run: Path, out: Path, force: bool) -> None:
     """Refuse before any work: a missing run, an output that is not empty, or one that holds the run itself."""
-    if not ckpt.is_file():
-        raise UsageError(f"no checkpoint at {ckpt}; give a run directory or its ckpt.pt")
-    if ckpt.resolve().is_relative_to(out.resolve()):
-        raise UsageError(f"{out} holds the run being exported ({ckpt}); give another folder")
+    files = [run / FILENAME, run / PREVIOUS] if run.is_dir() else [run]
+    if not any(f.is_file() for f in files):
+        raise UsageError(f"no checkpoint at {files[0]}; give a run directory or its ckpt.pt")
+    if not out.name:
+        raise UsageError(f"{out} cannot be replaced; give a folder to write")
+    if any(f.resolve().is_relative_to(out.resolve()) for f in files):
+        raise UsageError(f"{out} holds the run being exported ({files[0]}); give another folder")
     check_new_folder(out, force)
+
+
+@contextlib.contextmanager
+def _destination(out: Path, force: bool):
+    """`folder_written_whole(out)`, while this export holds a lock beside `out` (a second export to the
+    same place fails in one line, and what a killed one left there is removed) and, when `out` is a
+    run directory, that run's lock (a run still training there is never replaced)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot write to {out.parent}: {err.strerror or err}") from None
+    held, holder = lock.try_lock_file(out.parent / f".{out.name}.lock")
+    if holder:
+        raise UsageError(f"{out} is being written by another gpt2ladder export ({holder}); wait for it to finish")
+    run_lock = None
+    try:
+        check_new_folder(out, force)  # again, now that no other export can write there
+        run_lock = _run_lock(out)
+        remove_stale_folders(out)
+        with folder_written_whole(out, force) as tmp:
+            yield tmp
+    finally:
+        for held_lock in (run_lock, held):
+            if held_lock is not None:
+                held_lock.release()
+
+
+def _run_lock(out: Path) -> lock.RunLock | None:
+    """The run lock of a folder about to be replaced (None when it is empty: no run is in it)."""
+    if not (out.is_dir() and any(out.iterdir())):
+        return None
+    held, holder = lock.try_lock(out)
+    if holder:
+        raise UsageError(f"{out} is the run directory of a gpt2ladder run still going on ({holder}); "
+                         "it cannot be replaced while the run goes on: wait for it, or give another folder")
+    return held
+
+
+@contextlib.contextmanager
+def _disk_errors(out: Path):
+    """safetensors reports a failed write (a full disk) as its own SafetensorError: one line, exit 1."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as err:
+        detail = " ".join(str(err).split())
+        raise LadderError(f"could not write {out}: {detail}; it is left as it was") from None
+
+
+# The type of every fact a run records, as the model card prints it; a value of another type (a file
+# edited by hand, or written by another tool) is left out of the card, never printed or guessed.
+TRAIN_FACTS = {"steps": int, "tokens_per_step": int, "init_from": str, "seed": int, "rungs": list,
+               "eval_batches": int, "batch_size": int, "seq_len": int}
+DATA_FACTS = {"source": str, "sha256": str, "n_tokens": int}
 
 
 def run_facts(ckpt: Path, state: dict) -> dict:
     """What the run recorded about the weights in `state`: the checkpoint itself, and the config.json
     and log.jsonl beside it, each fact only where it belongs to this checkpoint."""
-    train = state.get("train_config") or {}
-    step = int(state.get("step", 0))
+    train = _typed(state.get("train_config"), TRAIN_FACTS)
+    step = state["step"] if _of(state.get("step"), int) is not None else 0
     log = [e for e in read_log(ckpt.parent / "log.jsonl") if e["step"] <= step]  # a log may run past its checkpoint
-    val = [e for e in log if isinstance(e.get("val_loss"), (int, float))]
+    val = [e for e in log if "val_loss" in e]
     last = next((e for e in log if e["step"] == step), {})
-    keys = ("steps", "tokens_per_step", "init_from", "seed", "rungs", "eval_batches", "batch_size", "seq_len")
-    return {**{k: train.get(k) for k in keys}, **_record_facts(ckpt.parent / "config.json", state),
+    return {**train, **_record_facts(ckpt.parent / "config.json", state),
             "step": step, "loss": last.get("loss"),
             "val": {"step": val[-1]["step"], "loss": val[-1]["val_loss"]} if val else None}
 
 
 def _record_facts(path: Path, state: dict) -> dict:
     """Data, device and version from the run's config.json, when it describes the checkpoint's data."""
-    data = dict(state.get("data_source") or {})
+    data = _typed(state.get("data_source"), DATA_FACTS)
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return {"data": data}
     if not isinstance(record, dict) or record.get("command") != "train":
         return {"data": data}
-    recorded = record.get("data") or {}
-    if recorded.get("sha256") == data.get("sha256"):
+    recorded = _typed(record.get("data"), DATA_FACTS)
+    if recorded.get("sha256") is not None and recorded.get("sha256") == data.get("sha256"):
         data["n_tokens"] = recorded.get("n_tokens")
-    return {"data": data, "device": (record.get("device") or {}).get("name"), "date": record.get("date"),
-            "gpt2ladder": record.get("gpt2ladder"), "git_sha": record.get("git_sha")}
+    device = record.get("device") if isinstance(record.get("device"), dict) else {}
+    return {"data": data, "device": _of(device.get("name"), str),
+            **_typed(record, {"date": str, "gpt2ladder": str, "git_sha": str})}
+
+
+def _typed(record, types: dict) -> dict:
+    """The fields of `record` (a dict, or anything else read from a file) of the types named, each None
+    when missing or of another type; a list is a list of strings."""
+    record = record if isinstance(record, dict) else {}
+    return {key: _of(record.get(key), kind) for key, kind in types.items()}
+
+
+def _of(value, kind: type):
+    """value when it is a `kind` (a bool is not an int; a tuple of strings counts as a list), else None."""
+    if kind is list:
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        return list(value) if ok else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None

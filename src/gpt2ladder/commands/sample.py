@@ -1,9 +1,10 @@
-"""`gpt2ladder sample`: a checkpoint or Hugging Face GPT-2 weights -> the model -> text
-(`model.generate`), eagerly or compiled."""
+"""`gpt2ladder sample`: a checkpoint or Hugging Face GPT-2 weights -> the model -> text, printed as each
+token is generated (`model/generate.py stream`), eagerly or compiled."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -11,8 +12,9 @@ from pathlib import Path
 import torch
 
 from gpt2ladder.data import GPT2_EOT, get_tokenizer
+from gpt2ladder.data.tokenizer import decode_stream
 from gpt2ladder.errors import UsageError
-from gpt2ladder.model.generate import generate
+from gpt2ladder.model.generate import stream
 from gpt2ladder.model.gpt import GPT, describe_shape
 from gpt2ladder.model.hf import is_hf_weights, load_hf_model, weights_file
 from gpt2ladder.runtime.hardware import detect, resolve_device
@@ -23,6 +25,12 @@ from gpt2ladder.training.checkpoint import (
     last_good,
     model_from_checkpoint,
 )
+
+
+# --num-tokens: at most the model's context (its block size), and never more than this, which is
+# checked before any model is loaded.
+MAX_NEW_TOKENS = 100_000
+DEFAULT_NEW_TOKENS = 200  # or the model's context when that is shorter
 
 
 def _precision(device: torch.device, setup: dict):
@@ -38,6 +46,18 @@ def _check_args(args) -> None:
         raise UsageError(f"--temperature must be zero (greedy) or a finite positive number, got {args.temperature}")
     if args.top_k < 0:
         raise UsageError(f"--top-k must be zero (all tokens) or positive, got {args.top_k}")
+    if args.num_tokens is not None and args.num_tokens > MAX_NEW_TOKENS:
+        raise UsageError(f"--num-tokens is at most {MAX_NEW_TOKENS:,}, got {args.num_tokens}")
+
+
+def _num_tokens(asked: int | None, context: int) -> int:
+    """The tokens to generate per sample: --num-tokens, which must fit the model's context, or the default."""
+    if asked is None:
+        return min(DEFAULT_NEW_TOKENS, context)
+    if asked > context:
+        raise UsageError(f"--num-tokens {asked} is more than this model's context of {context} tokens; "
+                         f"ask for at most {context}")
+    return asked
 
 
 def _compiled(model: GPT, device: torch.device):
@@ -64,16 +84,19 @@ def sample_command(args) -> int:
     _check_args(args)
     device = resolve_device(args.device)
     model, setup, source = load_model(args.checkpoint, device)
+    num_tokens = _num_tokens(args.num_tokens, model.config.block_size)
     print(f"gpt2ladder sample: {describe_shape(model)} from {source} on {device}", file=sys.stderr, flush=True)
     forward = _compiled(model, device) if args.compile else model
     enc = get_tokenizer()
     prompt = enc.encode_ordinary(args.prompt) or [GPT2_EOT]
     gen = torch.Generator(device=device).manual_seed(args.seed)
     for i in range(args.num_samples):
-        idx = torch.tensor([prompt], dtype=torch.long, device=device)
-        with _precision(device, setup):
-            out = generate(forward, idx, args.num_tokens, args.temperature, args.top_k or None, gen)
         if i:
             print("-" * 40)
-        print(enc.decode(out[0].tolist()), flush=True)
+        idx = torch.tensor([prompt], dtype=torch.long, device=device)
+        with _precision(device, setup):
+            new = (int(t) for t in stream(forward, idx, num_tokens, args.temperature, args.top_k or None, gen))
+            for piece in decode_stream(itertools.chain(prompt, new), enc):
+                print(piece, end="", flush=True)  # as it is generated: a long sample is not a silent wait
+        print(flush=True)
     return 0

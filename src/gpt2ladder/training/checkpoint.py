@@ -18,12 +18,12 @@ import hashlib
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from gpt2ladder.data.files import beside, new_temp
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT
@@ -86,16 +86,16 @@ def _feed(h, value) -> None:
 def save_checkpoint(path: str | Path, state: dict, previous: Path | None = None) -> Path:
     """Write state atomically; on failure the previous file is untouched and the temp file removed.
 
-    With `previous`, the file at `path` is renamed there first, once the new one is safely on disk.
+    With `previous`, the file at `path` is renamed there first, once the new one is safely on disk. The
+    temp file is new under a random name (`data/files.py`), so no link planted in the run is written through.
     """
     path = Path(path)
     payload = {**state, "format": FORMAT, "version": VERSION}
     payload.pop("sha256", None)
     payload["sha256"] = state_digest(payload)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    writer = None
+    writer, tmp = None, None
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make checkpoints private to this user
+        fd, tmp = new_temp(path)
         with os.fdopen(fd, "wb") as f:
             writer = _RecordingWriter(f)
             torch.save(payload, writer)
@@ -106,8 +106,9 @@ def save_checkpoint(path: str | Path, state: dict, previous: Path | None = None)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         _raise_save_failure(err, writer, path)
     return path
 
@@ -151,23 +152,17 @@ def _disk_full(folder: Path) -> bool:
 
 
 def link_or_copy(source: Path, dest: Path) -> None:
-    """dest becomes the same checkpoint as source, atomically: a hard link (no space), else a copy."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
+    """dest becomes the same checkpoint as source, atomically: a hard link (no space), else a copy; either
+    is made under a new random name first, so nothing already at a name is written through."""
     try:
-        os.link(source, tmp)
+        _, tmp = beside(dest, lambda name: os.link(source, name))
     except OSError:  # a file system without hard links
-        shutil.copyfile(source, tmp)
+        fd, tmp = new_temp(dest)
+        with open(source, "rb") as src, os.fdopen(fd, "wb") as f:
+            shutil.copyfileobj(src, f)
     os.replace(tmp, dest)
     with contextlib.suppress(FileNotFoundError):  # rename(2) leaves both names when dest is already that file
         tmp.unlink()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -181,9 +176,10 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def remove_stale_temps(path: str | Path) -> None:
-    """Temp files of saves that a kill -9 interrupted; the checkpoint itself is never among them."""
+    """Temp files of saves that a kill -9 interrupted (a link among them is removed, not followed); the
+    checkpoint itself is never among them."""
     path = Path(path)
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+    for tmp in path.parent.glob(f".{path.name}.*.tmp*"):
         with contextlib.suppress(OSError):
             tmp.unlink()
 
