@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args) or 0
     except LadderError as err:
         if debug:
-            raise
+            return _traceback(err.exit_code)
         if not (isinstance(err, UsageError) and _is_other_rank()):  # every rank finds the same usage error
             print(f"gpt2ladder: error: {_one_line(str(err))}", file=sys.stderr)
         return err.exit_code
@@ -375,15 +375,25 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except OSError as err:  # the disk, not the code: full, read-only, permissions
         if debug:
-            raise
+            return _traceback(1)
         where = f": {err.filename}" if err.filename else ""
         print(f"gpt2ladder: error: {_one_line(err.strerror or str(err))}{where}", file=sys.stderr)
         return 1
     except Exception as err:
-        if debug or not is_out_of_memory(err):
+        if not is_out_of_memory(err):
             raise
+        if debug:
+            return _traceback(1)
         print(f"gpt2ladder: error: {_out_of_memory_line(err)}", file=sys.stderr)
         return 1
+
+
+def _traceback(exit_code: int) -> int:
+    """--debug: the traceback of the error being handled, and the exit code the one line would have had."""
+    import traceback
+
+    traceback.print_exc()
+    return exit_code
 
 
 def _is_other_rank() -> bool:

@@ -86,3 +86,56 @@ def eval_bytes_per_sequence(cfg: ModelConfig, seq_len: int) -> int:
     activations in fp32 (not fitted to a measurement: a bound that errs high)."""
     vocab = cfg.padded_vocab_size if cfg.vocab_multiple > 1 else cfg.vocab_size
     return seq_len * vocab * 10 + 4 * seq_len * cfg.n_embd * 16
+
+
+# --- will it fit? -------------------------------------------------------------------------------
+
+# Bytes per token of a batch as data/batches.py makes it on the host: the int64 index of every window
+# into the text, the uint16 windows, their int64 copy, and the int64 inputs and targets.
+BATCH_BYTES_PER_TOKEN = 34
+
+
+def planning_memory(caps) -> tuple[int, str]:
+    """(bytes, whose) that a run's sizes are checked against: the GPU's (or its --gpu-memory cap) on
+    CUDA, the share of memory Metal recommends on MPS, the host's RAM on CPU; 0 when unknown."""
+    if caps.device_type == "cuda":
+        return caps.usable_memory, f"{caps.name}'s memory"
+    if caps.device_type == "mps":
+        return caps.total_memory, "the memory the Apple GPU may use"
+    return caps.host_memory, "this host's memory"
+
+
+def check_fits(cfg: ModelConfig, setup: Setup, batch: int, seq_len: int, memory: int, whose: str = "the memory",
+               batch_tokens: int = 0) -> str | None:
+    """None when a training step of `batch` sequences of `seq_len` tokens fits in `memory` bytes by the
+    estimate (HEADROOM of it), next to `batch_tokens` tokens of batches made on the host (a whole
+    step's batch, the validation batches); else one line saying what does not fit and the largest
+    batch (or number of tokens) that does. None when `memory` is unknown (0).
+
+    Arithmetic on Python integers only, checked before anything is allocated: a batch of 2**63 - 1 is
+    a line, not numpy's "array is too big", and 100,000 sequences are not grown into until the kernel
+    kills the process.
+    """
+    if memory <= 0:
+        return None
+    est, usable = step_memory(cfg, setup, seq_len), int(HEADROOM * memory)
+    room = f"the {_gib(usable)} GiB of {whose} ({_gib(memory)} GiB) that a run plans to use"
+    if est.fixed + est.per_sequence > usable:
+        return (f"the model alone (weights, gradients and AdamW's two moments: {_gib(est.fixed)} GiB) with one "
+                f"sequence of {seq_len} tokens needs more than {room}; use a smaller --preset or --seq-len")
+    if est.at(batch) > usable:
+        largest = est.largest_batch(memory)
+        return (f"a training step of {batch:,} sequences of {seq_len} tokens needs about {_gib(est.at(batch))} GiB "
+                f"by the estimate, more than {room}; the largest batch that fits is {largest:,} "
+                f"(--batch-size {largest})")
+    held = BATCH_BYTES_PER_TOKEN * batch_tokens
+    if est.at(batch) + held > usable:
+        tokens = (usable - est.at(batch)) // BATCH_BYTES_PER_TOKEN
+        return (f"the batches made on the host ({batch_tokens:,} tokens: a whole step's and the validation "
+                f"batches, {_gib(held)} GiB) do not fit next to the step's {_gib(est.at(batch))} GiB in {room}; at "
+                f"most {tokens:,} tokens fit: use a smaller --tokens-per-step or --eval-batches")
+    return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:,.1f}"

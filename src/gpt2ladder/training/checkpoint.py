@@ -36,6 +36,12 @@ BEST = "best.pt"  # the state with the lowest validation loss so far
 # What each use of a checkpoint reads; a file with a valid sha256 may still lack them (another tool wrote it).
 RESUME_KEYS = ("model", "optimizer", "step", "train_config", "model_config", "rng", "data")
 SAMPLE_KEYS = ("model", "model_config")
+NONE = type(None)
+# The type of each field a checkpoint holds when present: any other means another tool wrote the file,
+# refused in one line by `load_checkpoint` rather than failing deep inside whatever reads the field.
+FIELDS = {"model": dict, "optimizer": dict, "step": int, "train_config": dict, "model_config": dict, "rng": dict,
+          "data": dict, "setup": dict, "data_source": dict, "best": (dict, NONE), "val_loss": (int, float, NONE),
+          "scaler": (dict, NONE)}
 
 
 class NoCheckpoint(UsageError):
@@ -210,7 +216,25 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     if missing:
         raise LadderError(f"checkpoint {path} lacks {', '.join(missing)} (or holds them in another form); "
                           "it was not written by this gpt2ladder")
+    odd = [k for k, kind in FIELDS.items() if k in state and not _is(state[k], kind)] + _odd_inside(state)
+    if odd:
+        raise LadderError(f"checkpoint {path} holds {', '.join(odd)} in another form than gpt2ladder writes; "
+                          "it was not written by this gpt2ladder")
     return state
+
+
+def _is(value, kind) -> bool:
+    return isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+
+
+def _odd_inside(state: dict) -> list[str]:
+    """The fields inside `best` and `data_source` that a reader formats or compares, when of another type."""
+    odd = []
+    for field, inner in (("best", {"step": int, "val_loss": (int, float)}), ("data_source", {"sha256": (str, NONE)})):
+        value = state.get(field)
+        if isinstance(value, dict):
+            odd += [f"{field}.{k}" for k, kind in inner.items() if not _is(value.get(k), kind)]
+    return odd
 
 
 def last_good(path: str | Path, notify=print, set_aside: bool = False,
@@ -240,7 +264,9 @@ def last_good(path: str | Path, notify=print, set_aside: bool = False,
 def model_from_checkpoint(state: dict, device: torch.device, source: str | Path = "the checkpoint") -> GPT:
     """A GPT of the checkpoint's own shape (padding and attention included), its weights loaded, in eval mode."""
     try:
-        model = GPT(ModelConfig(**state["model_config"]))
+        cfg = ModelConfig(**state["model_config"])
+        _check_sizes(cfg, state["model"])  # before a GPT of that size is allocated
+        model = GPT(cfg)
         model.load_state_dict(state["model"])
     except (TypeError, ValueError, KeyError, RuntimeError, UsageError) as err:  # a shape or field GPT lacks
         raise LadderError(f"{source} does not hold a GPT that gpt2ladder can build: {type(err).__name__}: "
@@ -248,6 +274,24 @@ def model_from_checkpoint(state: dict, device: torch.device, source: str | Path 
     if not all(torch.isfinite(p).all() for p in model.parameters()):  # training never saves such weights
         raise LadderError(f"{source} holds non-finite weights (NaN or inf): it was not written by a healthy run")
     return model.to(device).eval()
+
+
+def _check_sizes(cfg: ModelConfig, tensors: dict) -> None:
+    """ValueError unless the sizes that decide a GPT's memory (layers, width, vocabulary rows, positions)
+    are those of the tensors: a model_config of 10,000 layers beside the tensors of 2 is never built."""
+    wte, wpe = tensors.get("transformer.wte.weight"), tensors.get("transformer.wpe.weight")
+    layers = {k.split(".")[2] for k in tensors if isinstance(k, str) and k.startswith("transformer.h.")}
+    sizes = {"n_layer": (cfg.n_layer, len(layers)),
+             "vocabulary rows x n_embd": ((cfg.padded_vocab_size, cfg.n_embd), _shape(wte)),
+             "block_size x n_embd": ((cfg.block_size, cfg.n_embd), _shape(wpe))}
+    wrong = [f"{name} {said} in model_config, {held} in the tensors" for name, (said, held) in sizes.items()
+             if said != held]
+    if wrong:
+        raise ValueError("; ".join(wrong))
+
+
+def _shape(tensor) -> tuple | None:
+    return tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
 
 
 def _first_line(err: BaseException) -> str:
