@@ -168,7 +168,9 @@ def _add_sample(sub) -> None:
     p.add_argument("checkpoint", help="a run directory, its ckpt.pt, a Hugging Face folder or a model.safetensors")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    p.add_argument("--num-tokens", type=_positive_int, default=200, help="tokens to generate per sample (default: 200)")
+    p.add_argument("--num-tokens", type=_positive_int, help="tokens to generate per sample, printed as they come: at "
+                   "most the model's context (1024 for GPT-2, 256 for tiny) and at most 100,000 (default: 200, or "
+                   "the context when that is shorter)")
     p.add_argument("--num-samples", type=_positive_int, default=1, help="independent samples (default: 1)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default: 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="keep the k most likely tokens (0 = all)")
