@@ -48,3 +48,74 @@ def test_largest_batch_keeps_the_headroom():
     b = m.largest_batch(8 * GiB)
     assert m.at(b) <= 0.92 * 8 * GiB < m.at(b + 1)
     assert m.largest_batch(1 * GiB) == 0
+
+
+# --- will it fit: the check made before anything is allocated ---------------------------------------
+
+
+def test_a_batch_too_large_for_the_host_names_the_largest_that_fits():
+    """train --batch-size 100000 on CPU grew to 23.5 GB before the kernel killed it; now it is one line."""
+    from gpt2ladder.runtime.memory import check_fits
+
+    cfg, host = preset("tiny"), 16 * GiB
+    est = step_memory(cfg, Setup(), 128)
+    largest = est.largest_batch(host)
+    assert 0 < largest < 100_000
+    line = check_fits(cfg, Setup(), 100_000, 128, host, "this host's memory")
+    assert f"the largest batch that fits is {largest:,} (--batch-size {largest})" in line and "\n" not in line
+    assert check_fits(cfg, Setup(), largest, 128, host) is None  # the boundary: this one fits ...
+    assert check_fits(cfg, Setup(), largest + 1, 128, host) is not None  # ... and one more does not
+    assert est.at(largest) <= 0.92 * host < est.at(largest + 1)
+
+
+def test_the_largest_integer_a_flag_takes_is_arithmetic_not_an_allocation():
+    from gpt2ladder.runtime.memory import check_fits
+
+    line = check_fits(preset("tiny"), Setup(), 2**63 - 1, 128, 16 * GiB, "this host's memory")
+    assert "9,223,372,036,854,775,807 sequences" in line and "the largest batch that fits is" in line
+
+
+def test_the_vocabulary_and_the_sequence_set_what_a_sequence_costs():
+    """At a memory where 64 sequences of 128 tokens just fit, the vocabulary padded to 50304 rows, or
+    sequences of 256 tokens, do not."""
+    from gpt2ladder.runtime.memory import check_fits
+
+    cfg = preset("tiny")
+    memory = -(-step_memory(cfg, Setup(), 128).at(64) * 100 // 92)  # HEADROOM of it holds exactly that step
+    assert check_fits(cfg, Setup(), 64, 128, memory) is None
+    for setup, seq_len, largest in ((Setup(vocab_multiple=128), 128, 63), (Setup(), 256, 31)):
+        assert step_memory(cfg, setup, seq_len).largest_batch(memory) == largest
+        assert f"fits is {largest} (--batch-size {largest})" in check_fits(cfg, setup, 64, seq_len, memory)
+
+
+def test_a_model_too_large_for_the_memory_says_so_whatever_the_batch():
+    from gpt2ladder.runtime.memory import check_fits
+
+    line = check_fits(preset("gpt2-xl"), Setup(), 1, 1024, 4 * GiB, "this host's memory")
+    assert line.startswith("the model alone") and "--preset" in line
+
+
+def test_batches_made_up_front_from_tokens_per_step_are_bounded_too():
+    """--tokens-per-step 2**60 with a small micro-batch: the step's batch and the validation batches are the
+    problem, and the line says how many tokens fit."""
+    from gpt2ladder.runtime.memory import BATCH_BYTES_PER_TOKEN, check_fits
+
+    cfg, host = preset("tiny"), 16 * GiB
+    line = check_fits(cfg, Setup(), 8, 128, host, "this host's memory", batch_tokens=2**60)
+    assert "--tokens-per-step" in line and "--eval-batches" in line
+    fit = (int(0.92 * host) - step_memory(cfg, Setup(), 128).at(8)) // BATCH_BYTES_PER_TOKEN
+    assert f"at most {fit:,} tokens fit" in line
+    assert check_fits(cfg, Setup(), 8, 128, host, batch_tokens=fit) is None
+    assert check_fits(cfg, Setup(), 8, 128, host, batch_tokens=fit + 1) is not None
+
+
+def test_an_unknown_memory_size_checks_nothing_and_each_device_plans_against_its_own():
+    from gpt2ladder.runtime.hardware import Capabilities
+    from gpt2ladder.runtime.memory import check_fits, planning_memory
+
+    assert check_fits(preset("tiny"), Setup(), 10**9, 128, 0) is None
+    cpu = Capabilities(device_type="cpu", name="cpu (x86_64)", host_memory=64 * GiB)
+    card = Capabilities(device_type="cuda", name="NVIDIA H200", total_memory=140 * GiB, host_memory=64 * GiB,
+                        memory_cap=8 * GiB)
+    assert planning_memory(cpu) == (64 * GiB, "this host's memory")
+    assert planning_memory(card) == (8 * GiB, "NVIDIA H200's memory")  # the --gpu-memory cap
