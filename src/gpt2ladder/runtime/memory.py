@@ -105,35 +105,44 @@ def planning_memory(caps) -> tuple[int, str]:
     return caps.host_memory, "this host's memory"
 
 
-def check_fits(cfg: ModelConfig, setup: Setup, batch: int, seq_len: int, memory: int, whose: str = "the memory",
-               batch_tokens: int = 0) -> str | None:
-    """None when a training step of `batch` sequences of `seq_len` tokens fits in `memory` bytes by the
-    estimate (HEADROOM of it), next to `batch_tokens` tokens of batches made on the host (a whole
-    step's batch, the validation batches); else one line saying what does not fit and the largest
-    batch (or number of tokens) that does. None when `memory` is unknown (0).
+def check_fits(cfg: ModelConfig, setup: Setup, batch: int, seq_len: int, caps, batch_tokens: int = 0) -> str | None:
+    """None when a training step of `batch` sequences of `seq_len` tokens fits in the memory it runs in
+    (`planning_memory(caps)`) by the estimate, and `batch_tokens` tokens of batches made on the host (a
+    whole step's batch, the validation batches) fit in the host's; else one line saying what does not
+    fit and the largest batch (or number of tokens) that does. A memory of unknown size is not checked.
 
-    Arithmetic on Python integers only, checked before anything is allocated: a batch of 2**63 - 1 is
-    a line, not numpy's "array is too big", and 100,000 sequences are not grown into until the kernel
-    kills the process.
+    Arithmetic on Python integers only, before anything is allocated: a batch of 2**63 - 1 is a line, not
+    numpy's "array is too big", and 100,000 sequences are not grown into until the kernel kills the process.
     """
+    memory, whose = planning_memory(caps)
+    step = step_memory(cfg, setup, seq_len)
+    if caps.device_type == "cpu":  # the step and the batches share the host's memory
+        return _problem(step, batch, seq_len, memory, whose, batch_tokens)
+    return (_problem(step, batch, seq_len, memory, whose)
+            or _problem(StepMemory(0, 0), 0, seq_len, caps.host_memory, "this host's memory", batch_tokens))
+
+
+def _problem(step: StepMemory, batch: int, seq_len: int, memory: int, whose: str, batch_tokens: int = 0) -> str | None:
+    """`check_fits` for one memory, holding `step` at `batch` and the batches beside it."""
+    usable = int(HEADROOM * memory)
+    room = f"the {_gib(usable)} GiB of {whose} ({_gib(memory)} GiB) that a run plans to use"
     if memory <= 0:
         return None
-    est, usable = step_memory(cfg, setup, seq_len), int(HEADROOM * memory)
-    room = f"the {_gib(usable)} GiB of {whose} ({_gib(memory)} GiB) that a run plans to use"
-    if est.fixed + est.per_sequence > usable:
-        return (f"the model alone (weights, gradients and AdamW's two moments: {_gib(est.fixed)} GiB) with one "
+    if step.fixed + step.per_sequence > usable:
+        return (f"the model alone (weights, gradients and AdamW's two moments: {_gib(step.fixed)} GiB) with one "
                 f"sequence of {seq_len} tokens needs more than {room}; use a smaller --preset or --seq-len")
-    if est.at(batch) > usable:
-        largest = est.largest_batch(memory)
-        return (f"a training step of {batch:,} sequences of {seq_len} tokens needs about {_gib(est.at(batch))} GiB "
+    if step.at(batch) > usable:
+        largest = step.largest_batch(memory)
+        return (f"a training step of {batch:,} sequences of {seq_len} tokens needs about {_gib(step.at(batch))} GiB "
                 f"by the estimate, more than {room}; the largest batch that fits is {largest:,} "
                 f"(--batch-size {largest})")
     held = BATCH_BYTES_PER_TOKEN * batch_tokens
-    if est.at(batch) + held > usable:
-        tokens = (usable - est.at(batch)) // BATCH_BYTES_PER_TOKEN
+    if step.at(batch) + held > usable:
+        tokens = (usable - step.at(batch)) // BATCH_BYTES_PER_TOKEN
+        beside = f" next to the step's {_gib(step.at(batch))} GiB" if step.at(batch) else ""
         return (f"the batches made on the host ({batch_tokens:,} tokens: a whole step's and the validation "
-                f"batches, {_gib(held)} GiB) do not fit next to the step's {_gib(est.at(batch))} GiB in {room}; at "
-                f"most {tokens:,} tokens fit: use a smaller --tokens-per-step or --eval-batches")
+                f"batches, {_gib(held)} GiB) do not fit{beside} in {room}; at most {tokens:,} tokens fit: use "
+                "a smaller --tokens-per-step or --eval-batches")
     return None
 
 
