@@ -1,8 +1,11 @@
 """`gpt2ladder export`: a run's checkpoint -> a Hugging Face GPT-2 folder (weights only, no optimizer).
 
 The folder holds config.json, generation_config.json and model.safetensors (`model/hf.py`), the GPT-2
-tokenizer files (`data/tokenizer.py`) and a model card (`report/model_card.py`); it is written beside
-OUT_DIR and renamed into place, so a failure leaves no half folder behind.
+tokenizer files (`data/tokenizer.py`) and a model card (`report/model_card.py`); it is written in a new
+folder beside OUT_DIR and renamed into place, so a failure leaves no half folder behind. Meanwhile the
+export holds a lock beside OUT_DIR (a second export to the same place is refused, and what a killed one
+left there is removed) and, when OUT_DIR is a run's folder, that run's lock (a run still training there
+is never replaced). The weights are the run's last good checkpoint, as `sample` reads it.
 """
 
 from __future__ import annotations

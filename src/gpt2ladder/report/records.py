@@ -9,8 +9,8 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path

@@ -122,6 +122,14 @@ def check_fits(cfg: ModelConfig, setup: Setup, batch: int, seq_len: int, caps, b
             or _problem(StepMemory(0, 0), 0, seq_len, caps.host_memory, "this host's memory", batch_tokens))
 
 
+def check_all_fit(cfg: ModelConfig, setups: list[Setup], batch: int, seq_len: int, caps,
+                  batch_tokens: int = 0) -> str | None:
+    """`check_fits` for the heaviest of the setups a command runs (bench's, parity's and profile's rungs:
+    the heaviest is not always the first, bf16's eager step holds more than fp32's)."""
+    heaviest = max(setups, key=lambda setup: step_memory(cfg, setup, seq_len).at(batch))
+    return check_fits(cfg, heaviest, batch, seq_len, caps, batch_tokens)
+
+
 def _problem(step: StepMemory, batch: int, seq_len: int, memory: int, whose: str, batch_tokens: int = 0) -> str | None:
     """`check_fits` for one memory, holding `step` at `batch` and the batches beside it."""
     usable = int(HEADROOM * memory)
