@@ -175,7 +175,9 @@ def _add_sample(sub) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     p.add_argument("--prompt", default="\n", help="text to continue; a literal <|endoftext|> in it is GPT-2's "
                    "end-of-text token, as in training (default: a newline)")
-    p.add_argument("--num-tokens", type=_positive_int, default=200, help="tokens to generate per sample (default: 200)")
+    p.add_argument("--num-tokens", type=_positive_int, help="tokens to generate per sample, printed as they come: at "
+                   "most the model's context (1024 for GPT-2, 256 for tiny) and at most 100,000 (default: 200, or "
+                   "the context when that is shorter)")
     p.add_argument("--num-samples", type=_positive_int, default=1, help="independent samples (default: 1)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default: 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="keep the k most likely tokens (0 = all)")
@@ -478,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args) or 0
     except LadderError as err:
         if debug:
-            raise
+            return _traceback(err.exit_code)
         if not (isinstance(err, UsageError) and _is_other_rank()):  # every rank finds the same usage error
             print(f"gpt2ladder: error: {_one_line(str(err))}", file=sys.stderr)
         return err.exit_code
@@ -490,15 +492,25 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except OSError as err:  # the disk, not the code: full, read-only, permissions
         if debug:
-            raise
+            return _traceback(1)
         where = f": {err.filename}" if err.filename else ""
         print(f"gpt2ladder: error: {_one_line(err.strerror or str(err))}{where}", file=sys.stderr)
         return 1
     except Exception as err:
-        if debug or not is_out_of_memory(err):
+        if not is_out_of_memory(err):
             raise
+        if debug:
+            return _traceback(1)
         print(f"gpt2ladder: error: {_out_of_memory_line(err)}", file=sys.stderr)
         return 1
+
+
+def _traceback(exit_code: int) -> int:
+    """--debug: the traceback of the error being handled, and the exit code the one line would have had."""
+    import traceback
+
+    traceback.print_exc()
+    return exit_code
 
 
 def _is_other_rank() -> bool:

@@ -46,6 +46,12 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("parity tolerance nan", [*PARITY, "--tolerance", "nan"], 2, "--tolerance"),
     ("sample temperature nan", [*SAMPLE, "--temperature", "nan"], 2, "--temperature must be zero"),
     ("sample temperature inf", [*SAMPLE, "--temperature", "inf"], 2, "--temperature must be zero"),
+    ("sample temperature -inf", [*SAMPLE, "--temperature=-inf"], 2, "--temperature must be zero"),
+    ("sample temperature -1e-30", [*SAMPLE, "--temperature=-1e-30"], 2, "--temperature must be zero"),
+    ("sample temperature 0x1p-3", [*SAMPLE, "--temperature", "0x1p-3"], 2, "--temperature: invalid float value"),
+    ("sample num tokens past the context", [*SAMPLE, "--num-tokens", "257"], 2,
+     "--num-tokens 257 is more than this model's context of 256 tokens"),
+    ("sample num tokens 10**9", [*SAMPLE, "--num-tokens", str(10**9)], 2, "--num-tokens is at most 100,000"),
     # data that is not a text file
     ("train data FIFO", [*TRAIN, "--data", "{fifo}"], 2, "is not a regular file"),
     ("parity data device", [*PARITY, "--data", "/dev/zero"], 2, "is not a regular file"),
@@ -63,6 +69,12 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("sample checkpoint of an unknown model", sample("{odd_model_ckpt}"), 1, "does not hold a GPT"),
     ("sample truncated checkpoint", sample("{truncated_ckpt}"), 1, "unreadable"),
     ("sample checkpoint of NaN weights", sample("{nan_ckpt}"), 1, "holds non-finite weights"),
+    ("sample checkpoint whose config is 10,000 layers", sample("{huge_config_ckpt}"), 1,
+     "n_layer 10000 in model_config, 2 in the tensors"),
+    ("sample checkpoint with a field of another form", sample("{odd_field_ckpt}"), 1,
+     "holds data_source in another form"),
+    ("resume checkpoint with a field of another form", [*TRAIN, "--out", "{run_with_odd_best}", "--resume"], 1,
+     "holds best.val_loss in another form"),
     ("merge shard with an unknown setting", ["parity", "--merge", "{shard_unknown_key}", "--out", "{out}"], 2,
      "settings this gpt2ladder does not know (flux_capacitor)"),
     ("merge shard with a broken result", ["parity", "--merge", "{shard_broken}", "--out", "{out}"], 2,
@@ -101,9 +113,14 @@ def _damaged_checkpoints(root, run) -> dict:
     """Checkpoints whose sha256 is valid but whose contents are not what the reader needs, and a cut one."""
     state = load_checkpoint(run)
     without = {"no_config_ckpt": "model_config", "run_without_optimizer": "optimizer"}
-    paths = {name: root / name for name in [*without, "odd_model_ckpt", "truncated_ckpt", "nan_ckpt"]}
+    paths = {name: root / name for name in [*without, "odd_model_ckpt", "truncated_ckpt", "nan_ckpt",
+                                            "huge_config_ckpt", "odd_field_ckpt"]}
     shutil.copytree(run, paths["run_without_optimizer"])
     paths["run_without_optimizer"] /= "ckpt.pt"
+    paths["run_with_odd_best"] = shutil.copytree(run, root / "run_with_odd_best")
+    save_checkpoint(paths["run_with_odd_best"] / "ckpt.pt", {**state, "best": {"step": 1, "val_loss": "low"}})
+    save_checkpoint(paths["huge_config_ckpt"], {**state, "model_config": {**state["model_config"], "n_layer": 10_000}})
+    save_checkpoint(paths["odd_field_ckpt"], {**state, "data_source": "tinyshakespeare"})
     for name, key in without.items():
         save_checkpoint(paths[name], {k: v for k, v in state.items() if k != key})
     save_checkpoint(paths["odd_model_ckpt"], {**state, "model_config": {**state["model_config"], "n_head": 3}})

@@ -292,11 +292,24 @@ def test_disk_errors_are_one_line(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_debug_shows_the_traceback(tmp_path, where):
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path, capsys, where):
     argv = bench(tmp_path, "--data", tmp_path / "nope.txt")
     argv = ["--debug", *argv] if where == "before" else [*argv, "--debug"]
-    with pytest.raises(UsageError, match="does not exist"):
-        main([str(a) for a in argv])
+    assert main([str(a) for a in argv]) == 2  # a usage error, as without --debug
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "UsageError" in err and "does not exist" in err
+
+
+def test_debug_keeps_the_exit_code_of_a_run_that_cannot_go_on(capsys, monkeypatch):
+    import gpt2ladder.commands.doctor
+
+    def disk_full(args):
+        raise OSError(28, "No space left on device", "/results/ladder.json")
+
+    monkeypatch.setattr(gpt2ladder.commands.doctor, "doctor_command", disk_full)
+    assert main(["doctor", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "No space left on device" in err
 
 
 def test_help_is_not_an_error(capsys):

@@ -3,7 +3,11 @@ errors, and a folder that appears whole or not at all. tests/commands/test_huggi
 export in transformers."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,3 +145,141 @@ def test_export_help_has_an_example(capsys):
         cli.main(["export", "--help"])
     text = capsys.readouterr().out
     assert "gpt2ladder export runs/shakespeare hf/shakespeare" in text and "(default: float32)" in text
+
+
+# --- the destination: never a running run, never two exports at once, nothing followed ---------------
+
+
+def test_force_never_replaces_the_folder_of_a_run_still_going_on(run, tmp_path, capsys):
+    from gpt2ladder.training import lock
+
+    target = shutil.copytree(run, tmp_path / "running")
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    held, _ = lock.try_lock(target)  # as `train --out running` holds it
+    try:
+        code, _, err = _export(capsys, run, target, "--force")
+    finally:
+        held.release()
+    assert _one_line_error(err, code, 2) and "still going on" in err and f"pid {os.getpid()} on" in err
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "running"]  # no temp folder, no lock left
+    assert _export(capsys, run, target, "--force")[0] == 0  # the run has finished: now it may be replaced
+    assert not (target / "ckpt.pt").exists() and (target / "model.safetensors").is_file()
+
+
+EXPORT_THAT_HANGS = """import sys, time
+import gpt2ladder.commands.export as export
+from gpt2ladder.cli import main
+
+def hang(folder, model_max_length):
+    (folder / "vocab.json").write_text("{")
+    print("writing", flush=True)
+    time.sleep(600)
+
+export.write_hf_tokenizer = hang
+main(["export", sys.argv[1], sys.argv[2]])
+"""
+
+
+def test_two_exports_to_one_place_cannot_both_write_and_a_killed_ones_leftovers_go(run, tmp_path, capsys):
+    """A real second process writes to hf and is killed -9 mid-write: meanwhile an export to hf is refused
+    naming its pid; afterwards the next export succeeds and removes the killed one's temp folder."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", EXPORT_THAT_HANGS, str(run), str(tmp_path / "hf")],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline() == "writing\n"
+        code, _, err = _export(capsys, run, tmp_path / "hf")
+        assert _one_line_error(err, code, 2) and f"being written by another gpt2ladder export (pid {proc.pid} on" in err
+    finally:
+        proc.kill()
+        proc.wait()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".hf."))
+    assert len(left) == 2 and left[1] == ".hf.lock" and left[0].endswith(".tmp")  # what kill -9 leaves
+    assert _export(capsys, run, tmp_path / "hf")[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]
+
+
+def test_what_a_killed_export_left_beside_the_folder_is_removed_and_nothing_else(run, tmp_path, capsys):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep.txt").write_text("keep me")
+    stale = [".hf.0123456789ab.tmp", ".hf.abcdefgh.tmp", ".hf.0123456789ab.old"]  # this version's, mkdtemp's
+    for name in stale:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"half")
+    (tmp_path / ".hf.fedcba987654.tmp").symlink_to(tmp_path / "elsewhere")  # a link among them: never followed
+    others = [".hf2.0123456789ab.tmp", ".hf.x.0123456789ab.tmp", "hf.0123456789ab.tmp"]  # not hf's
+    for name in others:
+        (tmp_path / name).mkdir()
+    assert _export(capsys, run, tmp_path / "hf")[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["elsewhere", "hf", "run", *others])
+    assert (tmp_path / "elsewhere" / "keep.txt").read_text() == "keep me"
+
+
+def test_a_destination_or_its_lock_that_is_a_link_is_refused(run, tmp_path, capsys):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep.txt").write_text("keep me")
+    (tmp_path / "hf").symlink_to(tmp_path / "elsewhere")
+    code, _, err = _export(capsys, run, tmp_path / "hf", "--force")
+    assert _one_line_error(err, code, 2) and "is a symbolic link" in err
+    (tmp_path / "hf").unlink()
+    (tmp_path / "outside.txt").write_text("not the export's")
+    (tmp_path / ".hf.lock").symlink_to(tmp_path / "outside.txt")
+    code, _, err = _export(capsys, run, tmp_path / "hf")
+    assert _one_line_error(err, code, 2) and ".hf.lock is a symbolic link" in err
+    assert (tmp_path / "outside.txt").read_text() == "not the export's"
+    assert [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["keep.txt"] and not (tmp_path / "hf").exists()
+
+
+# --- the checkpoint: the last good one, as sample reads it ---------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["missing", "damaged"])
+def test_export_falls_back_to_ckpt_prev_like_sample(run, tmp_path, capsys, damage):
+    from gpt2ladder.training.checkpoint import save_checkpoint
+
+    state = load_checkpoint(run)
+    save_checkpoint(run / "ckpt.prev.pt", {**state, "step": 2})  # the checkpoint before the last
+    if damage == "missing":
+        (run / "ckpt.pt").unlink()  # a kill between the two renames of a save
+    else:
+        (run / "ckpt.pt").write_bytes((run / "ckpt.pt").read_bytes()[:4000])
+    code, out, err = _export(capsys, run, tmp_path / "hf")
+    assert code == 0 and "ckpt.prev.pt (step 2)" in err and err.startswith("notice: ")
+    assert f"step 2 of {run / 'ckpt.prev.pt'}" in out
+    assert "| steps | 2 of 4 planned" in (tmp_path / "hf" / "README.md").read_text()
+
+
+# --- a full disk, and the run's records of the wrong types ------------------------------------------------
+
+
+def test_a_full_disk_while_safetensors_writes_is_one_line(run, tmp_path, capsys, monkeypatch):
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def disk_full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    code, _, err = _export(capsys, run, tmp_path / "hf")
+    assert _one_line_error(err, code, 1) and "No space left on device" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no folder, no temp folder, no lock
+
+
+def test_a_run_record_of_the_wrong_types_leaves_those_facts_out_of_the_card(run, tmp_path, capsys):
+    from gpt2ladder.training.checkpoint import save_checkpoint
+
+    record = json.loads((run / "config.json").read_text())
+    record.update(data=["tinyshakespeare"], device="a string", date=20261201, gpt2ladder={"v": 1}, git_sha=None)
+    (run / "config.json").write_text(json.dumps(record))
+    state = load_checkpoint(run)
+    train = {**state["train_config"], "steps": "many", "tokens_per_step": [64], "rungs": "baseline", "seed": 1.5}
+    save_checkpoint(run / "ckpt.pt", {**state, "train_config": train})
+    code, _, err = _export(capsys, run, tmp_path / "hf")
+    assert code == 0, err
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "| steps | 4 |" in card and "| data | tinyshakespeare (sha256" in card
+    for absent in ("many", "planned", "tokens per step", "a string", "20261201", "| rungs |", "seed"):
+        assert absent not in card, absent

@@ -183,3 +183,79 @@ def test_sample_command_with_inductor(run_dir, capsys):
     finally:
         torch._dynamo.reset()
     assert code == 0 and text == eager_text
+
+
+# --- temperatures at the edges of float32, the length, the text as it comes ---------------------------
+
+
+def test_temperatures_below_float32s_range_are_greedy_not_nan(run_dir, capsys):
+    """Rounded to zero in float32 they made the largest logit 0/0 = NaN and multinomial raise."""
+    greedy = _sample(capsys, run_dir, "--temperature", "0", "--prompt", "ROMEO:")[1]
+    for temperature in ("1e-46", "5e-324", "1e-38", "-0.0"):
+        code, text, err = _sample(capsys, run_dir, "--temperature", temperature, "--prompt", "ROMEO:")
+        assert code == 0 and "Traceback" not in err and text == greedy, temperature
+
+
+@pytest.mark.parametrize("temperature", [1e39, 1e300, 1.7e308])
+def test_a_temperature_above_float32s_range_is_uniform_among_the_top_k(temperature):
+    """Rounded to inf it made the masked logits -inf/inf = NaN; it is the uniform limit over the k kept."""
+    from gpt2ladder.model.generate import pick
+
+    logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(0))
+    top = set(torch.topk(logits, 5).indices[0].tolist())
+    gen = torch.Generator().manual_seed(1)
+    drawn = [int(pick(logits, temperature, 5, gen)) for _ in range(200)]
+    assert set(drawn) == top  # all five, and nothing outside them
+
+
+def test_num_tokens_defaults_to_the_context_when_that_is_shorter(run_dir, capsys):
+    """The fixture's model sees 32 tokens: the default 200 becomes 32, an explicit 33 is refused."""
+    from gpt2ladder.data import get_tokenizer
+
+    code = cli.main(["sample", str(run_dir), "--device", "cpu", "--temperature", "0"])
+    text = capsys.readouterr().out
+    assert code == 0 and len(get_tokenizer().encode_ordinary(text)) >= 32
+    code = cli.main(["sample", str(run_dir), "--device", "cpu", "--num-tokens", "33"])
+    assert code == 2 and "more than this model's context of 32 tokens" in capsys.readouterr().err
+
+
+def test_the_text_is_printed_as_it_is_generated(run_dir, capsys, monkeypatch):
+    """Each token's text reaches stdout before the next token is computed."""
+    import gpt2ladder.commands.sample as sample_mod
+
+    real_stream, seen = sample_mod.stream, []
+
+    def watched(*args, **kw):
+        for token in real_stream(*args, **kw):
+            seen.append(len(capsys.readouterr().out))  # what had been printed before this token
+            yield token
+
+    monkeypatch.setattr(sample_mod, "stream", watched)
+    code = cli.main(["sample", str(run_dir), "--device", "cpu", "--num-tokens", "12", "--prompt", "ROMEO:"])
+    assert code == 0 and len(seen) == 12
+    assert seen[0] > 0 and sum(1 for n in seen[1:] if n > 0) >= 6  # the prompt first, then piece by piece
+
+
+def test_streamed_text_is_exactly_the_decoded_text_with_characters_split_across_tokens():
+    from gpt2ladder.data import get_tokenizer
+    from gpt2ladder.data.tokenizer import decode_stream
+
+    enc = get_tokenizer()
+    text = "naïve café — 日本語の文章 🙂🎉 Ωmega"
+    ids = enc.encode_ordinary(text)
+    split = [i for i in ids if not _whole_utf8(enc.decode_single_token_bytes(i))]
+    assert split, "the test needs a character whose bytes span tokens"
+    pieces = list(decode_stream(ids, enc))
+    assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(20):  # random ids: bytes that are not UTF-8 become U+FFFD exactly as in decode
+        ids = torch.randint(0, 50257, (40,), generator=rng).tolist()
+        assert "".join(decode_stream(ids, enc)) == enc.decode(ids)
+
+
+def _whole_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False

@@ -341,6 +341,16 @@ def _cached(tmp_cache, tmp_path):
     return path, first, tmp_cache / "tokens" / f"{first.sha256}.bin"
 
 
+def _beyond_the_vocabulary(bin_path):
+    """One id past the vocabulary, and the record rewritten to match: size and checksum both hold."""
+    ids = np.fromfile(bin_path, dtype=np.uint16)
+    ids[len(ids) // 2] = 60000
+    ids.tofile(bin_path)
+    record = json.loads(bin_path.with_suffix(".json").read_text())
+    record["bin_sha256"] = hashlib.sha256(bin_path.read_bytes()).hexdigest()
+    bin_path.with_suffix(".json").write_text(json.dumps(record))
+
+
 def _ids(td):
     return np.concatenate([td.train, td.val]).tolist()
 
@@ -352,6 +362,7 @@ def _ids(td):
     (lambda b: b.with_suffix(".json").unlink(), "no record"),  # a cache from before records
     (lambda b: b.with_suffix(".json").write_text("{not json"), "unreadable record"),
     (lambda b: b.unlink(), "is missing"),
+    (lambda b: _beyond_the_vocabulary(b), "holds token id 60000, beyond GPT-2's vocabulary of 50257"),
 ])
 def test_a_damaged_token_cache_is_rebuilt_with_a_notice(tmp_cache, tmp_path, damage, says):
     path, first, bin_path = _cached(tmp_cache, tmp_path)

@@ -48,3 +48,110 @@ def test_largest_batch_keeps_the_headroom():
     b = m.largest_batch(8 * GiB)
     assert m.at(b) <= 0.92 * 8 * GiB < m.at(b + 1)
     assert m.largest_batch(1 * GiB) == 0
+
+
+# --- will it fit: the check made before anything is allocated ---------------------------------------
+
+
+def _cpu(memory: int):
+    from gpt2ladder.runtime.hardware import Capabilities
+
+    return Capabilities(device_type="cpu", name="cpu (x86_64)", host_memory=memory)
+
+
+def _card(memory: int, host: int, cap: int = 0):
+    from gpt2ladder.runtime.hardware import Capabilities
+
+    return Capabilities(device_type="cuda", name="NVIDIA H200", total_memory=memory, host_memory=host,
+                        memory_cap=cap)
+
+
+def test_a_batch_too_large_for_the_host_names_the_largest_that_fits():
+    """train --batch-size 100000 on CPU grew to 23.5 GB before the kernel killed it; now it is one line."""
+    from gpt2ladder.runtime.memory import check_fits
+
+    cfg, host = preset("tiny"), 16 * GiB
+    est = step_memory(cfg, Setup(), 128)
+    largest = est.largest_batch(host)
+    assert 0 < largest < 100_000
+    line = check_fits(cfg, Setup(), 100_000, 128, _cpu(host))
+    assert f"the largest batch that fits is {largest:,} (--batch-size {largest})" in line and "\n" not in line
+    assert "this host's memory (16.0 GiB)" in line
+    assert check_fits(cfg, Setup(), largest, 128, _cpu(host)) is None  # the boundary: this one fits ...
+    assert check_fits(cfg, Setup(), largest + 1, 128, _cpu(host)) is not None  # ... and one more does not
+    assert est.at(largest) <= 0.92 * host < est.at(largest + 1)
+
+
+def test_the_largest_integer_a_flag_takes_is_arithmetic_not_an_allocation():
+    from gpt2ladder.runtime.memory import check_fits
+
+    line = check_fits(preset("tiny"), Setup(), 2**63 - 1, 128, _cpu(16 * GiB))
+    assert "9,223,372,036,854,775,807 sequences" in line and "the largest batch that fits is" in line
+
+
+def test_the_vocabulary_and_the_sequence_set_what_a_sequence_costs():
+    """At a memory where 64 sequences of 128 tokens just fit, the vocabulary padded to 50304 rows, or
+    sequences of 256 tokens, do not."""
+    from gpt2ladder.runtime.memory import check_fits
+
+    cfg = preset("tiny")
+    memory = -(-step_memory(cfg, Setup(), 128).at(64) * 100 // 92)  # HEADROOM of it holds exactly that step
+    assert check_fits(cfg, Setup(), 64, 128, _cpu(memory)) is None
+    for setup, seq_len, largest in ((Setup(vocab_multiple=128), 128, 63), (Setup(), 256, 31)):
+        assert step_memory(cfg, setup, seq_len).largest_batch(memory) == largest
+        assert f"fits is {largest} (--batch-size {largest})" in check_fits(cfg, setup, 64, seq_len, _cpu(memory))
+
+
+def test_a_model_too_large_for_the_memory_says_so_whatever_the_batch():
+    from gpt2ladder.runtime.memory import check_fits
+
+    line = check_fits(preset("gpt2-xl"), Setup(), 1, 1024, _cpu(4 * GiB))
+    assert line.startswith("the model alone") and "--preset" in line
+
+
+def test_batches_made_up_front_from_tokens_per_step_are_bounded_too():
+    """--tokens-per-step 2**60 with a small micro-batch: the step's batch and the validation batches are the
+    problem, and the line says how many tokens fit."""
+    from gpt2ladder.runtime.memory import BATCH_BYTES_PER_TOKEN, check_fits
+
+    cfg, host = preset("tiny"), 16 * GiB
+    line = check_fits(cfg, Setup(), 8, 128, _cpu(host), batch_tokens=2**60)
+    assert "--tokens-per-step" in line and "--eval-batches" in line and "next to the step's" in line
+    fit = (int(0.92 * host) - step_memory(cfg, Setup(), 128).at(8)) // BATCH_BYTES_PER_TOKEN
+    assert f"at most {fit:,} tokens fit" in line
+    assert check_fits(cfg, Setup(), 8, 128, _cpu(host), batch_tokens=fit) is None
+    assert check_fits(cfg, Setup(), 8, 128, _cpu(host), batch_tokens=fit + 1) is not None
+
+
+def test_on_a_gpu_the_step_is_checked_against_the_card_and_the_batches_against_the_host():
+    from gpt2ladder.runtime.memory import BATCH_BYTES_PER_TOKEN, check_fits, planning_memory
+
+    cfg, card = preset("gpt2"), _card(140 * GiB, host=2 * GiB, cap=8 * GiB)
+    assert planning_memory(card) == (8 * GiB, "NVIDIA H200's memory")  # the --gpu-memory cap
+    largest = step_memory(cfg, Setup(), 1024).largest_batch(8 * GiB)
+    line = check_fits(cfg, Setup(), 16, 1024, card)
+    assert f"fits is {largest} " in line and "NVIDIA H200's memory (8.0 GiB)" in line
+    fit = int(0.92 * 2 * GiB) // BATCH_BYTES_PER_TOKEN  # the host holds only the batches
+    assert check_fits(cfg, Setup(), 1, 1024, card, batch_tokens=fit) is None
+    line = check_fits(cfg, Setup(), 1, 1024, card, batch_tokens=fit + 1)
+    assert "this host's memory (2.0 GiB)" in line and f"at most {fit:,} tokens fit" in line
+
+
+def test_a_memory_of_unknown_size_checks_nothing():
+    from gpt2ladder.runtime.memory import check_fits
+
+    assert check_fits(preset("tiny"), Setup(), 10**9, 128, _cpu(0), batch_tokens=10**15) is None
+
+
+def test_a_ladder_is_checked_at_its_heaviest_rung():
+    """At gpt2 x 1024 the eager bf16 step holds more than the fp32 baseline (29.6 against 28.8 GiB measured):
+    on a card where the baseline's 16 sequences just fit, the ladder up to bf16 does not."""
+    from gpt2ladder.runtime.memory import check_all_fit, check_fits
+
+    cfg, ladder = preset("gpt2"), [setup_for(["baseline"]), setup_for(["baseline", "tf32", "bf16"])]
+    memory = -(-step_memory(cfg, ladder[0], 1024).at(16) * 100 // 92)
+    card = _card(memory, host=64 * GiB)
+    assert check_fits(cfg, ladder[0], 16, 1024, card) is None
+    largest = step_memory(cfg, ladder[1], 1024).largest_batch(memory)
+    assert largest < 16 and f"fits is {largest} " in check_all_fit(cfg, ladder, 16, 1024, card)
+    assert check_all_fit(cfg, ladder[:1], 16, 1024, card) is None

@@ -13,6 +13,7 @@ from gpt2ladder.training import checkpoint
 from gpt2ladder.training.checkpoint import (
     config_differences,
     load_checkpoint,
+    model_from_checkpoint,
     remove_stale_temps,
     rng_state,
     save_checkpoint,
@@ -267,14 +268,14 @@ def test_a_full_disk_says_so_not_torchs_unexpected_pos(tmp_path, monkeypatch):
     """torch.save on a full disk raises "unexpected pos N vs M"; the message must name ENOSPC."""
     path = save_checkpoint(tmp_path / "ckpt.pt", _state(seed=0))
     before = path.read_bytes()
-    real_mkstemp = checkpoint.tempfile.mkstemp
+    real_new_temp = checkpoint.new_temp
 
-    def onto_a_full_disk(**kw):  # the temp file is real, its writes go to /dev/full (ENOSPC on every write)
-        fd, name = real_mkstemp(**kw)
+    def onto_a_full_disk(dest):  # the temp file is real, its writes go to /dev/full (ENOSPC on every write)
+        fd, name = real_new_temp(dest)
         os.dup2(os.open("/dev/full", os.O_WRONLY), fd)
         return fd, name
 
-    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", onto_a_full_disk)
+    monkeypatch.setattr(checkpoint, "new_temp", onto_a_full_disk)
     with pytest.raises(LadderError) as err:
         save_checkpoint(path, {**_state(seed=1), "big": torch.zeros(100_000)})
     message = str(err.value)
@@ -305,3 +306,82 @@ def test_a_ctrl_c_inside_torch_save_stays_a_ctrl_c(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path / "ckpt.pt", _state())
     assert list(tmp_path.iterdir()) == []
+
+
+# --- nothing planted in the run is written through -------------------------------------------------
+
+
+def _planted_names(monkeypatch, tmp_path, dest_name: str):
+    """The next random temp name is taken by a link to a file outside the run; returns (that file, link)."""
+    from gpt2ladder.data import files
+
+    names = iter(["aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"])
+    monkeypatch.setattr(files.secrets, "token_hex", lambda n: next(names))
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not the run's")
+    link = tmp_path / f".{dest_name}.aaaaaaaaaaaa.tmp.pt"
+    link.symlink_to(outside)
+    return outside, link
+
+
+def test_a_link_at_the_checkpoints_temp_name_is_not_written_through(tmp_path, monkeypatch):
+    outside, link = _planted_names(monkeypatch, tmp_path, "ckpt.pt")
+    save_checkpoint(tmp_path / "ckpt.pt", _state())
+    assert outside.read_bytes() == b"not the run's" and link.is_symlink()
+    assert load_checkpoint(tmp_path / "ckpt.pt")["step"] == 7 and not (tmp_path / "ckpt.pt").is_symlink()
+    remove_stale_temps(tmp_path / "ckpt.pt")  # the next run clears the link, not what it points at
+    assert not link.is_symlink() and outside.read_bytes() == b"not the run's"
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_best_pt_is_made_under_a_new_name_linked_or_copied(tmp_path, monkeypatch, hard_links):
+    source = save_checkpoint(tmp_path / "ckpt.pt", _state())
+    outside, link = _planted_names(monkeypatch, tmp_path, "best.pt")
+    (tmp_path / "best.pt").symlink_to(outside)  # best.pt itself planted too
+    if not hard_links:
+        def no_links(src, dst):
+            raise OSError(errno.EPERM, "hard links not supported")
+
+        monkeypatch.setattr(checkpoint.os, "link", no_links)
+    checkpoint.link_or_copy(source, tmp_path / "best.pt")
+    assert outside.read_bytes() == b"not the run's" and link.is_symlink()
+    best = tmp_path / "best.pt"
+    assert not best.is_symlink() and best.read_bytes() == source.read_bytes()
+    assert (os.stat(best).st_ino == os.stat(source).st_ino) == hard_links
+
+
+# --- fields of another form, sizes that are not the tensors' ---------------------------------------
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("data_source", "tinyshakespeare", "data_source"),
+    ("data_source", {"source": "x", "sha256": 12}, "data_source.sha256"),
+    ("best", {"step": "1", "val_loss": 2.0}, "best.step"),
+    ("setup", ["bf16"], "setup"),
+    ("step", "7", "step"),
+])
+def test_a_field_of_another_form_is_one_line(tmp_path, field, value, named):
+    save_checkpoint(tmp_path / "ckpt.pt", {**_state(), field: value})
+    with pytest.raises(LadderError, match=f"holds {named} in another form") as err:
+        load_checkpoint(tmp_path / "ckpt.pt")
+    assert _one_line(err.value)
+
+
+def test_a_model_config_larger_than_its_tensors_is_refused_before_it_is_built(monkeypatch):
+    """10,000 layers of the tensors' width would be gigabytes: refused from the shapes alone."""
+    from gpt2ladder.model.config import ModelConfig
+    from gpt2ladder.model.gpt import GPT
+
+    cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16)
+    state = {"model": GPT(cfg).state_dict(), "model_config": {**cfg.to_dict(), "n_layer": 10_000}}
+    built = []
+    monkeypatch.setattr(checkpoint, "GPT", lambda c: built.append(c) or GPT(c))
+    with pytest.raises(LadderError, match="n_layer 10000 in model_config, 1 in the tensors") as err:
+        model_from_checkpoint(state, torch.device("cpu"), "x.pt")
+    assert _one_line(err.value) and built == []
+    state["model_config"] = {**cfg.to_dict(), "block_size": 10**6}  # a (T, T) mask of 10**12 bytes
+    with pytest.raises(LadderError, match=r"block_size x n_embd \(1000000, 32\) in model_config, \(16, 32\)"):
+        model_from_checkpoint(state, torch.device("cpu"), "x.pt")
+    assert built == []
+    state["model_config"] = cfg.to_dict()
+    assert model_from_checkpoint(state, torch.device("cpu")).config == cfg and len(built) == 1

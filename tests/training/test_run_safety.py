@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpt2ladder import cli, data
+from gpt2ladder.errors import UsageError
 from gpt2ladder.runtime.distributed import Dist
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.training import checkpoint, lock
@@ -123,6 +124,62 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path, capsys):
     held, holder = lock.try_lock(out)
     assert holder is None
     held.release()
+
+
+# --- nothing outside the run is touched -------------------------------------------------------------
+
+
+def _plant(run, outside_dir, names) -> dict:
+    """A link in `run` for each name, each to a file of its own outside the run; returns {name: (file, bytes)}."""
+    run.mkdir(exist_ok=True)
+    outside_dir.mkdir()
+    planted = {}
+    for name in names:
+        target = outside_dir / f"{name.strip('.')}.keep"
+        target.write_bytes(f"not the run's: {name}\n".encode())
+        (run / name).symlink_to(target)
+        planted[name] = (target, target.read_bytes())
+    return planted
+
+
+def test_links_planted_in_a_run_directory_are_never_written_through(tmp_path, capsys):
+    """Every name the run writes, and the fixed temp names older versions wrote through."""
+    run = tmp_path / "run"
+    planted = _plant(run, tmp_path / "outside", ["config.json", "config.json.tmp", "log.jsonl", "log.jsonl.tmp",
+                                                 "loss.png"])
+    code, _, err = _cli(capsys, _args(run))
+    assert code == 0, err
+    for name, (target, before) in planted.items():
+        assert target.read_bytes() == before, f"{name} was written through"
+    for name in ("config.json", "log.jsonl", "loss.png", "ckpt.pt", "ckpt.prev.pt"):
+        assert (run / name).is_file() and not (run / name).is_symlink(), name
+    assert [e["step"] for e in read_log(run / "log.jsonl")] == [1, 2]
+
+
+def test_a_lock_file_that_is_a_link_is_refused_in_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    planted = _plant(run, tmp_path / "outside", [".lock"])
+    code, _, err = _cli(capsys, _args(run))
+    assert code == 2 and _one_line_error(err, ".lock is a symbolic link", "remove it")
+    target, before = planted[".lock"]
+    assert target.read_bytes() == before and sorted(p.name for p in run.iterdir()) == [".lock"]
+
+
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path):
+    os.mkfifo(tmp_path / ".lock")
+    with pytest.raises(UsageError, match="not a regular file"):
+        lock.try_lock(tmp_path)
+
+
+def test_releasing_never_removes_a_lock_file_another_run_has_made_since(tmp_path):
+    held, _ = lock.try_lock(tmp_path)
+    os.unlink(tmp_path / ".lock")  # gone, and another process has locked a new one there
+    again, _ = lock.try_lock(tmp_path)
+    held.release()
+    assert (tmp_path / ".lock").is_file()
+    assert lock.try_lock(tmp_path)[1] == f"{(tmp_path / '.lock').read_text().strip()}"  # still held
+    again.release()
+    assert not (tmp_path / ".lock").exists()
 
 
 # --- a checkpoint only of weights known good ------------------------------------------------------

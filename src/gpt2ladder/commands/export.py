@@ -4,7 +4,10 @@
 
 The folder holds config.json, generation_config.json and model.safetensors (`model/hf.py`), the GPT-2
 tokenizer files (`data/tokenizer.py`) and a model card (`report/model_card.py`); it is written beside
-OUT_DIR and renamed into place, so a failure leaves no half folder behind. The card's results are only
+OUT_DIR and renamed into place, so a failure leaves no half folder behind. Meanwhile the export holds a
+lock beside OUT_DIR (a second export to the same place is refused, and what a killed one left there is
+removed) and, when OUT_DIR is a run's folder, that run's lock (a run still training there is never
+replaced). A run's weights are its last good checkpoint, as `sample` reads it. The card's results are only
 those measured on these very weights: the run's last finite validation loss at or before the
 checkpoint's step, and a full HellaSwag evaluation of the official set (an eval.json in the run
 directory whose weights digest is this checkpoint's, or a log entry at this step).
@@ -12,20 +15,24 @@ directory whose weights digest is this checkpoint's, or a log entry at this step
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from pathlib import Path
 
 import torch
 
+from gpt2ladder.data.files import write_atomic
 from gpt2ladder.data.tokenizer import write_hf_tokenizer
-from gpt2ladder.errors import UsageError
+from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.evals import hellaswag
 from gpt2ladder.model import hub
 from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.model.hf import save_hf_gpt2
 from gpt2ladder.report.model_card import finite, model_card
-from gpt2ladder.report.records import check_new_folder, folder_written_whole
+from gpt2ladder.report.records import check_new_folder, folder_written_whole, remove_stale_folders
+from gpt2ladder.training import lock
 from gpt2ladder.training.checkpoint import state_digest
 from gpt2ladder.training.loading import LoadedModel, is_run, load_model
 from gpt2ladder.training.runlog import read_log
@@ -36,18 +43,18 @@ _LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]*")  # the hub's license ids: mit, ap
 
 def export_command(args) -> int:
     dtype = DTYPES[args.dtype]
-    out = Path(args.out_dir).expanduser()
+    out = Path(os.path.abspath(Path(args.out_dir).expanduser()))  # "." and ".." have no name to write beside
     _check_options(args)
     _check_target(args.run, out, args.force)
     loaded = load_model(args.run, torch.device("cpu"))  # one-line errors for a missing, corrupt or foreign source
     model = loaded.model
     facts = {**source_facts(loaded), "license": args.license}
-    with folder_written_whole(out, force=args.force) as tmp:
+    with _disk_errors(out), _destination(out, args.force) as tmp:
         save_hf_gpt2(model, tmp, dtype)
         write_hf_tokenizer(tmp, model_max_length=model.config.block_size)
         card = model_card(out.name, describe_shape(model), str(dtype).removeprefix("torch."), facts,
                           repo=args.push_to_hub)
-        (tmp / "README.md").write_text(card)
+        write_atomic(tmp / "README.md", card)
     size = (out / "model.safetensors").stat().st_size
     what = f"step {facts['step']} of {loaded.path}" if loaded.kind == "run" else loaded.description
     print(f"gpt2ladder export: {describe_shape(model)}, {what} -> {out} "
@@ -69,10 +76,60 @@ def _check_options(args) -> None:
 def _check_target(source: str, out: Path, force: bool) -> None:
     """Refuse before any work: an output that is not empty, or one that holds the source itself."""
     path = Path(source).expanduser()
+    if not out.name:
+        raise UsageError(f"{out} cannot be replaced; give a folder to write")
     if path.exists() and path.resolve().is_relative_to(out.resolve()):
         what = "run" if is_run(path) else "model"
         raise UsageError(f"{out} holds the {what} being exported ({path}); give another folder")
     check_new_folder(out, force)
+
+
+@contextlib.contextmanager
+def _destination(out: Path, force: bool):
+    """`folder_written_whole(out)`, while this export holds a lock beside `out` (a second export to the
+    same place fails in one line, and what a killed one left there is removed) and, when `out` is a
+    run directory, that run's lock (a run still training there is never replaced)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot write to {out.parent}: {err.strerror or err}") from None
+    held, holder = lock.try_lock_file(out.parent / f".{out.name}.lock")
+    if holder:
+        raise UsageError(f"{out} is being written by another gpt2ladder export ({holder}); wait for it to finish")
+    run_lock = None
+    try:
+        check_new_folder(out, force)  # again, now that no other export can write there
+        run_lock = _run_lock(out)
+        remove_stale_folders(out)
+        with folder_written_whole(out, force) as tmp:
+            yield tmp
+    finally:
+        for held_lock in (run_lock, held):
+            if held_lock is not None:
+                held_lock.release()
+
+
+def _run_lock(out: Path) -> lock.RunLock | None:
+    """The run lock of a folder about to be replaced (None when it is empty: no run is in it)."""
+    if not (out.is_dir() and any(out.iterdir())):
+        return None
+    held, holder = lock.try_lock(out)
+    if holder:
+        raise UsageError(f"{out} is the run directory of a gpt2ladder run still going on ({holder}); "
+                         "it cannot be replaced while the run goes on: wait for it, or give another folder")
+    return held
+
+
+@contextlib.contextmanager
+def _disk_errors(out: Path):
+    """safetensors reports a failed write (a full disk) as its own SafetensorError: one line, exit 1."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as err:
+        detail = " ".join(str(err).split())
+        raise LadderError(f"could not write {out}: {detail}; it is left as it was") from None
 
 
 def source_facts(loaded: LoadedModel) -> dict:
@@ -85,16 +142,22 @@ def source_facts(loaded: LoadedModel) -> dict:
             "hellaswag": measured_hellaswag(loaded.path, loaded.state)}
 
 
+# The type of every fact a run records, as the model card prints it; a value of another type (a file
+# edited by hand, or written by another tool) is left out of the card, never printed or guessed.
+TRAIN_FACTS = {"steps": int, "tokens_per_step": int, "init_from": str, "seed": int, "rungs": list,
+               "eval_batches": int, "batch_size": int, "seq_len": int}
+DATA_FACTS = {"source": str, "sha256": str, "n_tokens": int}
+
+
 def run_facts(ckpt: Path, state: dict) -> dict:
     """What the run recorded about the weights in `state`: the checkpoint itself, and the config.json
-    and log.jsonl beside it, each fact only where it belongs to this checkpoint."""
-    train = state.get("train_config") or {}
-    step = int(state.get("step", 0))
+    and log.jsonl beside it, each fact only where it belongs to this checkpoint (and only finite losses)."""
+    train = _typed(state.get("train_config"), TRAIN_FACTS)
+    step = state["step"] if _of(state.get("step"), int) is not None else 0
     log = [e for e in read_log(ckpt.parent / "log.jsonl") if e["step"] <= step]  # a log may run past its checkpoint
     val = [e for e in log if finite(e.get("val_loss"))]
     last = next((e for e in log if e["step"] == step), {})
-    keys = ("steps", "tokens_per_step", "init_from", "seed", "rungs", "eval_batches", "batch_size", "seq_len")
-    return {**{k: train.get(k) for k in keys}, **_record_facts(ckpt.parent / "config.json", state),
+    return {**train, **_record_facts(ckpt.parent / "config.json", state),
             "step": step, "loss": last.get("loss") if finite(last.get("loss")) else None,
             "val": {"step": val[-1]["step"], "loss": val[-1]["val_loss"]} if val else None}
 
@@ -132,15 +195,31 @@ def _full_result(result: dict, official) -> dict | None:
 
 def _record_facts(path: Path, state: dict) -> dict:
     """Data, device and version from the run's config.json, when it describes the checkpoint's data."""
-    data = dict(state.get("data_source") or {})
+    data = _typed(state.get("data_source"), DATA_FACTS)
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return {"data": data}
     if not isinstance(record, dict) or record.get("command") != "train":
         return {"data": data}
-    recorded = record.get("data") or {}
-    if recorded.get("sha256") == data.get("sha256"):
+    recorded = _typed(record.get("data"), DATA_FACTS)
+    if recorded.get("sha256") is not None and recorded.get("sha256") == data.get("sha256"):
         data["n_tokens"] = recorded.get("n_tokens")
-    return {"data": data, "device": (record.get("device") or {}).get("name"), "date": record.get("date"),
-            "gpt2ladder": record.get("gpt2ladder"), "git_sha": record.get("git_sha")}
+    device = record.get("device") if isinstance(record.get("device"), dict) else {}
+    return {"data": data, "device": _of(device.get("name"), str),
+            **_typed(record, {"date": str, "gpt2ladder": str, "git_sha": str})}
+
+
+def _typed(record, types: dict) -> dict:
+    """The fields of `record` (a dict, or anything else read from a file) of the types named, each None
+    when missing or of another type; a list is a list of strings."""
+    record = record if isinstance(record, dict) else {}
+    return {key: _of(record.get(key), kind) for key, kind in types.items()}
+
+
+def _of(value, kind: type):
+    """value when it is a `kind` (a bool is not an int; a tuple of strings counts as a list), else None."""
+    if kind is list:
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        return list(value) if ok else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None

@@ -1,22 +1,29 @@
 """`gpt2ladder sample`: a run, Hugging Face GPT-2 weights or a hub name (`training/loading.py`) -> the
-model -> text (`model.generate`), eagerly or compiled. A literal <|endoftext|> in the prompt is GPT-2's
-end-of-text token, as everywhere (`data/tokenizer.py`)."""
+model -> text, printed as each token is generated (`model/generate.py stream`), eagerly or compiled. A
+literal <|endoftext|> in the prompt is GPT-2's end-of-text token, as everywhere (`data/tokenizer.py`)."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 
 import torch
 
 from gpt2ladder.data import GPT2_EOT, get_tokenizer
-from gpt2ladder.data.tokenizer import encode_text
+from gpt2ladder.data.tokenizer import decode_stream, encode_text
 from gpt2ladder.errors import UsageError
-from gpt2ladder.model.generate import generate
+from gpt2ladder.model.generate import stream
 from gpt2ladder.model.gpt import GPT, describe_shape
 from gpt2ladder.runtime.hardware import detect, resolve_device
 from gpt2ladder.training.loading import load_model
+
+
+# --num-tokens: at most the model's context (its block size), and never more than this, which is
+# checked before any model is loaded.
+MAX_NEW_TOKENS = 100_000
+DEFAULT_NEW_TOKENS = 200  # or the model's context when that is shorter
 
 
 def _precision(device: torch.device, setup: dict):
@@ -32,6 +39,18 @@ def _check_args(args) -> None:
         raise UsageError(f"--temperature must be zero (greedy) or a finite positive number, got {args.temperature}")
     if args.top_k < 0:
         raise UsageError(f"--top-k must be zero (all tokens) or positive, got {args.top_k}")
+    if args.num_tokens is not None and args.num_tokens > MAX_NEW_TOKENS:
+        raise UsageError(f"--num-tokens is at most {MAX_NEW_TOKENS:,}, got {args.num_tokens}")
+
+
+def _num_tokens(asked: int | None, context: int) -> int:
+    """The tokens to generate per sample: --num-tokens, which must fit the model's context, or the default."""
+    if asked is None:
+        return min(DEFAULT_NEW_TOKENS, context)
+    if asked > context:
+        raise UsageError(f"--num-tokens {asked} is more than this model's context of {context} tokens; "
+                         f"ask for at most {context}")
+    return asked
 
 
 def _compiled(model: GPT, device: torch.device):
@@ -46,6 +65,7 @@ def sample_command(args) -> int:
     device = resolve_device(args.device)
     loaded = load_model(args.checkpoint, device)
     model, setup = loaded.model, loaded.setup
+    num_tokens = _num_tokens(args.num_tokens, model.config.block_size)
     print(f"gpt2ladder sample: {describe_shape(model)} from {loaded.description} on {device}", file=sys.stderr,
           flush=True)
     forward = _compiled(model, device) if args.compile else model
@@ -53,10 +73,12 @@ def sample_command(args) -> int:
     prompt = encode_text(args.prompt) or [GPT2_EOT]
     gen = torch.Generator(device=device).manual_seed(args.seed)
     for i in range(args.num_samples):
-        idx = torch.tensor([prompt], dtype=torch.long, device=device)
-        with _precision(device, setup):
-            out = generate(forward, idx, args.num_tokens, args.temperature, args.top_k or None, gen)
         if i:
             print("-" * 40)
-        print(enc.decode(out[0].tolist()), flush=True)
+        idx = torch.tensor([prompt], dtype=torch.long, device=device)
+        with _precision(device, setup):
+            new = (int(t) for t in stream(forward, idx, num_tokens, args.temperature, args.top_k or None, gen))
+            for piece in decode_stream(itertools.chain(prompt, new), enc):
+                print(piece, end="", flush=True)  # as it is generated: a long sample is not a silent wait
+        print(flush=True)
     return 0

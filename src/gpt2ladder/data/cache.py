@@ -1,8 +1,9 @@
 """The token cache: a text's GPT-2 ids as raw uint16 (`<sha256>.bin`, memory-mapped by every run) and its
 record (`<sha256>.json`: the text's sha256, the tokenizer, the token count and the bin's own sha256).
 
-The record is checked on every load, so a truncated, padded or overwritten bin, or one made by another
-tokenizer, is rebuilt (with a notice) instead of trained on.
+The record is checked on every load, so a truncated, padded or overwritten bin, one made by another
+tokenizer, or one holding an id outside GPT-2's vocabulary, is rebuilt (with a notice) instead of
+trained on.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from gpt2ladder.data.files import atomic_file, sha256_stream
+from gpt2ladder.data.files import atomic_file
 from gpt2ladder.data.tokenizer import encode_stream, tokenizer_id
 from gpt2ladder.errors import LadderError
+from gpt2ladder.model.config import GPT2_VOCAB_SIZE
 
 FORMAT = "gpt2ladder-tokens"
 VERSION = 1
@@ -56,9 +58,21 @@ def check(bin_path: Path, record_path: Path, text_sha256: str) -> str | None:
     if not isinstance(n, int) or n < 1 or size != 2 * n:
         return f"holds {size:,} bytes, not the 2 bytes of each of its {n} tokens"
     with open(bin_path, "rb") as f:
-        if sha256_stream(f) != record.get("bin_sha256"):
-            return "does not match its checksum"
+        digest, largest = _digest_and_largest_id(f)
+    if digest != record.get("bin_sha256"):
+        return "does not match its checksum"
+    if largest >= GPT2_VOCAB_SIZE:  # a bin and record rewritten to match: its ids would index past the embedding
+        return f"holds token id {largest}, beyond GPT-2's vocabulary of {GPT2_VOCAB_SIZE}"
     return None
+
+
+def _digest_and_largest_id(f, block: int = 8 * 2**20) -> tuple[str, int]:
+    """The sha256 of a bin and its largest id, in one pass a block at a time (even-sized: whole ids)."""
+    h, largest = hashlib.sha256(), 0
+    while data := f.read(block):
+        h.update(data)
+        largest = max(largest, int(np.frombuffer(data, dtype=np.uint16).max()))
+    return h.hexdigest(), largest
 
 
 def build(bin_path: Path, record_path: Path, text_sha256: str, chunks: Iterable[str], text_bytes: int) -> None:

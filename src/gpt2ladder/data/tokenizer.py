@@ -4,11 +4,11 @@ The same two files are Hugging Face's vocab.json and merges.txt (`write_hf_token
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import importlib.util
 import json
-import shutil
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -16,6 +16,7 @@ import numpy as np
 import tiktoken
 import tiktoken.load
 
+from gpt2ladder.data.files import write_atomic
 from gpt2ladder.errors import LadderError
 from gpt2ladder.model.config import GPT2_VOCAB_SIZE
 
@@ -103,16 +104,29 @@ def write_hf_tokenizer(folder: str | Path, model_max_length: int) -> list[Path]:
     encoder_json, vocab_bpe = _bpe_files()
     folder = Path(folder)
     files = [folder / name for name in ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")]
-    shutil.copyfile(encoder_json, files[0])  # encoder.json is vocab.json, vocab.bpe is merges.txt
-    shutil.copyfile(vocab_bpe, files[1])
+    write_atomic(files[0], encoder_json.read_bytes())  # encoder.json is vocab.json, vocab.bpe is merges.txt
+    write_atomic(files[1], vocab_bpe.read_bytes())
     merges = [line for line in vocab_bpe.read_text(encoding="utf-8").splitlines()[1:] if line]  # after "#version"
     vocab = json.loads(encoder_json.read_text(encoding="utf-8"))
-    files[2].write_text(json.dumps(_tokenizer_json(vocab, merges), ensure_ascii=False), encoding="utf-8")
+    write_atomic(files[2], json.dumps(_tokenizer_json(vocab, merges), ensure_ascii=False))
     eot = "<|endoftext|>"
     config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length, "bos_token": eot,
               "eos_token": eot, "unk_token": eot, "add_prefix_space": False, "errors": "replace"}
-    files[3].write_text(json.dumps(config, indent=2) + "\n")
+    write_atomic(files[3], json.dumps(config, indent=2) + "\n")
     return files
+
+
+def decode_stream(ids: Iterable[int], enc: tiktoken.Encoding | None = None) -> Iterator[str]:
+    """The text of GPT-2 ids as they come, a piece per id: a character whose UTF-8 bytes are split across
+    ids comes out with its last byte. The pieces join into exactly `enc.decode(ids)` (bytes that are
+    not UTF-8 become U+FFFD either way)."""
+    enc = enc or get_tokenizer()
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for i in ids:
+        if piece := text.decode(enc.decode_single_token_bytes(i)):
+            yield piece
+    if tail := text.decode(b"", final=True):
+        yield tail
 
 
 def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:

@@ -42,6 +42,7 @@ import torch
 from torch.autograd import DeviceType
 
 from gpt2ladder import data as data_mod
+from gpt2ladder.data.files import atomic_path
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
@@ -271,7 +272,8 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
     bar.close()
     del engine
     if cfg.trace_dir:
-        prof.export_chrome_trace(str(Path(cfg.trace_dir) / f"trace-{label}.json"))
+        with atomic_path(Path(cfg.trace_dir) / f"trace-{label}.json") as tmp:  # never through a link there
+            prof.export_chrome_trace(str(tmp))
     result = attribute(prof.events(), device.type == "cuda", cfg.steps, launch_links(prof))
     # The profiler's own overhead inflates launch-bound steps; the last warm-up steps show by how much.
     tail = warm_ms[len(warm_ms) // 2:]

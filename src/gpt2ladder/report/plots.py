@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpt2ladder.data.files import atomic_file
 from gpt2ladder.ladder import SEED_RUNGS
 
 KIND_COLOURS = {"baseline": "#8C8C8C", "precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452", "best": "#8172B3"}
@@ -101,6 +102,7 @@ def loss_curves(curves: dict[str, tuple[list[int], list[float]]], path: Path, ti
     ax.legend(frameon=False, fontsize=8)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    with atomic_file(path) as f:  # a new file renamed over path: never written through a link there
+        fig.savefig(f, format="png", dpi=130)
     plt.close(fig)
     return path

@@ -1,6 +1,6 @@
 """Results that describe themselves: the header every record carries (versions, device, git SHA, date),
-and writing records safely (an output folder checked before any work, atomic JSON, a folder that
-appears whole or not at all)."""
+and writing records safely (an output folder checked before any work, files written through
+`data/files.py`, never through a link already there, and a folder that appears whole or not at all)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -17,6 +18,7 @@ from typing import Iterator
 
 import torch
 
+from gpt2ladder.data.files import atomic_path, beside, write_atomic
 from gpt2ladder.errors import UsageError
 
 
@@ -85,31 +87,59 @@ def output_dir(path: str | Path) -> Iterator[Path]:
 
 def write_json(path: Path, record: dict) -> None:
     """Atomic: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record, indent=2, default=str) + "\n")
 
 
 def write_record(out: Path, stem: str, record: dict, markdown, plot) -> list[Path]:
-    """STEM.json, STEM.md and STEM.png in `out`, from a record and its Markdown and plot functions."""
+    """STEM.json, STEM.md and STEM.png in `out`, from a record and its Markdown and plot functions.
+
+    The plot function is handed a new temp file's name ending in .png, which replaces STEM.png when done.
+    """
     paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     write_json(paths[0], record)
-    paths[1].write_text(markdown(record))
-    plot(record, paths[2])
+    write_atomic(paths[1], markdown(record))
+    with atomic_path(paths[2]) as tmp:
+        plot(record, tmp)
     return paths
 
 
 def check_new_folder(out: Path, force: bool = False) -> None:
     """UsageError unless `out` is absent, an empty folder, or a folder that `force` allows to replace."""
+    if out.is_symlink():  # replacing it would move the link, and writing into it would write elsewhere
+        raise UsageError(f"{out} is a symbolic link; give the folder it points to, or another folder")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UsageError(f"{out} already exists and is not empty; give another folder, or --force to replace it")
 
 
+def _stale_pattern(out: Path) -> re.Pattern:
+    """The temp and set-aside folders `folder_written_whole` makes beside `out` (and mkdtemp's names of
+    older versions): `.NAME.<random>.tmp` and `.NAME.<random>.old`, the random part free of dots, so
+    another folder's (`NAME.x`) never match."""
+    return re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8,12}}\.(tmp|old)")
+
+
+def remove_stale_folders(out: Path) -> list[Path]:
+    """Remove what a killed `folder_written_whole` left beside `out`; a link among them is removed, never
+    followed. Only for a caller that holds the place's lock: another writer's live temp folder matches too."""
+    pattern, removed = _stale_pattern(out), []
+    if not out.parent.is_dir():
+        return removed
+    for path in out.parent.iterdir():
+        if pattern.fullmatch(path.name):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            removed.append(path)
+    return removed
+
+
 @contextlib.contextmanager
 def folder_written_whole(out: str | Path, force: bool = False):
-    """Yield a hidden temp folder beside `out` to write into. When the block succeeds the temp folder
+    """Yield a new hidden temp folder beside `out` to write into. When the block succeeds the temp folder
     is renamed to `out` (an old `out` moved aside first, and removed after); when it fails, it is
     deleted. So `out` is never a half-written folder, whatever stops the block. (No fsync: a power cut
     may leave files cut short, and the command is simply run again.)"""
@@ -117,14 +147,14 @@ def folder_written_whole(out: str | Path, force: bool = False):
     check_new_folder(out, force)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+        _, tmp = beside(out, lambda name: os.mkdir(name, 0o700), suffix="")
     except OSError as err:
         raise UsageError(f"cannot write to {out.parent}: {err.strerror or err}") from None
     try:
         yield tmp
         mask = os.umask(0)
         os.umask(mask)
-        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's 0700 would make the folder private to this user
+        os.chmod(tmp, 0o777 & ~mask)  # 0700 while written: nothing can be put in it meanwhile
         _replace_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -18,12 +18,12 @@ import hashlib
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from gpt2ladder.data.files import beside, new_temp
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT
@@ -36,6 +36,12 @@ BEST = "best.pt"  # the state with the lowest validation loss so far
 # What each use of a checkpoint reads; a file with a valid sha256 may still lack them (another tool wrote it).
 RESUME_KEYS = ("model", "optimizer", "step", "train_config", "model_config", "rng", "data")
 SAMPLE_KEYS = ("model", "model_config")
+NONE = type(None)
+# The type of each field a checkpoint holds when present: any other means another tool wrote the file,
+# refused in one line by `load_checkpoint` rather than failing deep inside whatever reads the field.
+FIELDS = {"model": dict, "optimizer": dict, "step": int, "train_config": dict, "model_config": dict, "rng": dict,
+          "data": dict, "setup": dict, "data_source": dict, "best": (dict, NONE), "val_loss": (int, float, NONE),
+          "scaler": (dict, NONE)}
 
 
 class NoCheckpoint(UsageError):
@@ -86,16 +92,16 @@ def _feed(h, value) -> None:
 def save_checkpoint(path: str | Path, state: dict, previous: Path | None = None) -> Path:
     """Write state atomically; on failure the previous file is untouched and the temp file removed.
 
-    With `previous`, the file at `path` is renamed there first, once the new one is safely on disk.
+    With `previous`, the file at `path` is renamed there first, once the new one is safely on disk. The
+    temp file is new under a random name (`data/files.py`), so no link planted in the run is written through.
     """
     path = Path(path)
     payload = {**state, "format": FORMAT, "version": VERSION}
     payload.pop("sha256", None)
     payload["sha256"] = state_digest(payload)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    writer = None
+    writer, tmp = None, None
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make checkpoints private to this user
+        fd, tmp = new_temp(path)
         with os.fdopen(fd, "wb") as f:
             writer = _RecordingWriter(f)
             torch.save(payload, writer)
@@ -106,8 +112,9 @@ def save_checkpoint(path: str | Path, state: dict, previous: Path | None = None)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         _raise_save_failure(err, writer, path)
     return path
 
@@ -151,23 +158,17 @@ def _disk_full(folder: Path) -> bool:
 
 
 def link_or_copy(source: Path, dest: Path) -> None:
-    """dest becomes the same checkpoint as source, atomically: a hard link (no space), else a copy."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
+    """dest becomes the same checkpoint as source, atomically: a hard link (no space), else a copy; either
+    is made under a new random name first, so nothing already at a name is written through."""
     try:
-        os.link(source, tmp)
+        _, tmp = beside(dest, lambda name: os.link(source, name))
     except OSError:  # a file system without hard links
-        shutil.copyfile(source, tmp)
+        fd, tmp = new_temp(dest)
+        with open(source, "rb") as src, os.fdopen(fd, "wb") as f:
+            shutil.copyfileobj(src, f)
     os.replace(tmp, dest)
     with contextlib.suppress(FileNotFoundError):  # rename(2) leaves both names when dest is already that file
         tmp.unlink()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -181,9 +182,10 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def remove_stale_temps(path: str | Path) -> None:
-    """Temp files of saves that a kill -9 interrupted; the checkpoint itself is never among them."""
+    """Temp files of saves that a kill -9 interrupted (a link among them is removed, not followed); the
+    checkpoint itself is never among them."""
     path = Path(path)
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+    for tmp in path.parent.glob(f".{path.name}.*.tmp*"):
         with contextlib.suppress(OSError):
             tmp.unlink()
 
@@ -214,7 +216,25 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     if missing:
         raise LadderError(f"checkpoint {path} lacks {', '.join(missing)} (or holds them in another form); "
                           "it was not written by this gpt2ladder")
+    odd = [k for k, kind in FIELDS.items() if k in state and not _is(state[k], kind)] + _odd_inside(state)
+    if odd:
+        raise LadderError(f"checkpoint {path} holds {', '.join(odd)} in another form than gpt2ladder writes; "
+                          "it was not written by this gpt2ladder")
     return state
+
+
+def _is(value, kind) -> bool:
+    return isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+
+
+def _odd_inside(state: dict) -> list[str]:
+    """The fields inside `best` and `data_source` that a reader formats or compares, when of another type."""
+    odd = []
+    for field, inner in (("best", {"step": int, "val_loss": (int, float)}), ("data_source", {"sha256": (str, NONE)})):
+        value = state.get(field)
+        if isinstance(value, dict):
+            odd += [f"{field}.{k}" for k, kind in inner.items() if not _is(value.get(k), kind)]
+    return odd
 
 
 def last_good(path: str | Path, notify=print, set_aside: bool = False,
@@ -244,7 +264,9 @@ def last_good(path: str | Path, notify=print, set_aside: bool = False,
 def model_from_checkpoint(state: dict, device: torch.device, source: str | Path = "the checkpoint") -> GPT:
     """A GPT of the checkpoint's own shape (padding and attention included), its weights loaded, in eval mode."""
     try:
-        model = GPT(ModelConfig(**state["model_config"]))
+        cfg = ModelConfig(**state["model_config"])
+        _check_sizes(cfg, state["model"])  # before a GPT of that size is allocated
+        model = GPT(cfg)
         model.load_state_dict(state["model"])
     except (TypeError, ValueError, KeyError, RuntimeError, UsageError) as err:  # a shape or field GPT lacks
         raise LadderError(f"{source} does not hold a GPT that gpt2ladder can build: {type(err).__name__}: "
@@ -252,6 +274,24 @@ def model_from_checkpoint(state: dict, device: torch.device, source: str | Path 
     if not all(torch.isfinite(p).all() for p in model.parameters()):  # training never saves such weights
         raise LadderError(f"{source} holds non-finite weights (NaN or inf): it was not written by a healthy run")
     return model.to(device).eval()
+
+
+def _check_sizes(cfg: ModelConfig, tensors: dict) -> None:
+    """ValueError unless the sizes that decide a GPT's memory (layers, width, vocabulary rows, positions)
+    are those of the tensors: a model_config of 10,000 layers beside the tensors of 2 is never built."""
+    wte, wpe = tensors.get("transformer.wte.weight"), tensors.get("transformer.wpe.weight")
+    layers = {k.split(".")[2] for k in tensors if isinstance(k, str) and k.startswith("transformer.h.")}
+    sizes = {"n_layer": (cfg.n_layer, len(layers)),
+             "vocabulary rows x n_embd": ((cfg.padded_vocab_size, cfg.n_embd), _shape(wte)),
+             "block_size x n_embd": ((cfg.block_size, cfg.n_embd), _shape(wpe))}
+    wrong = [f"{name} {said} in model_config, {held} in the tensors" for name, (said, held) in sizes.items()
+             if said != held]
+    if wrong:
+        raise ValueError("; ".join(wrong))
+
+
+def _shape(tensor) -> tuple | None:
+    return tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
 
 
 def _first_line(err: BaseException) -> str:

@@ -3,8 +3,10 @@
 flock belongs to the open file and dies with the process, so a run killed by kill -9 leaves no lock,
 only the file, which the next run takes over. The file names its holder (pid, host, since when) so a
 second run can say who has the directory. It is removed on release while still locked; a run that
-opened the old file meanwhile finds it gone and locks the new one (`_still_there`). Where fcntl does
-not exist (Windows) nothing is locked and the run says so.
+opened the old file meanwhile finds it gone and locks the new one (`_still_there`). The file is opened
+without following a symbolic link, and one that is not a regular file of its own is refused: a `.lock`
+planted as a link to another file would otherwise have that file's contents replaced by the pid line.
+Where fcntl does not exist (Windows) nothing is locked and the run says so.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ import contextlib
 import datetime as dt
 import os
 import socket
+import stat
 from pathlib import Path
+
+from gpt2ladder.data.files import NOFOLLOW
+from gpt2ladder.errors import UsageError
 
 try:
     import fcntl
@@ -31,23 +37,26 @@ class RunLock:
         self.fd, self.path = fd, path
 
     def release(self) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        if _still_there(self.fd, self.path):  # not a file another process has put there since
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
         with contextlib.suppress(OSError):
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
 
 
 def try_lock(out: Path) -> tuple[RunLock | None, str | None]:
-    """(the lock, None) when this process now holds `out`; (None, who holds it) when another does.
+    """(the lock, None) when this process now holds the run directory `out`; (None, who holds it) when
+    another does. (None, None) where this platform cannot lock."""
+    return try_lock_file(out / LOCKFILE)
 
-    (None, None) where this platform cannot lock.
-    """
+
+def try_lock_file(path: Path) -> tuple[RunLock | None, str | None]:
+    """`try_lock` for the lock file at `path` (a run's `.lock`, or one beside a folder being written)."""
     if not CAN_LOCK:
         return None, None
-    path = out / LOCKFILE
     for _ in range(100):  # each retry means a holder released the directory just now
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # EWOULDBLOCK: another process holds it
@@ -61,10 +70,25 @@ def try_lock(out: Path) -> tuple[RunLock | None, str | None]:
     raise OSError(f"could not lock {path}: it keeps being replaced")
 
 
+def _open(path: Path) -> int:
+    """The lock file, created if missing; a symbolic link or anything but a regular file is refused."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError:
+        if os.path.islink(path):  # ELOOP, or EMLINK on some BSDs
+            raise UsageError(f"{path} is a symbolic link, not a lock file of gpt2ladder's; remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device
+        os.close(fd)
+        raise UsageError(f"{path} is not a regular file, so it is not a lock file of gpt2ladder's; remove it")
+    return fd
+
+
 def _still_there(fd: int, path: Path) -> bool:
     """Whether the file locked is still the one at `path` (its last holder may have removed it meanwhile)."""
     try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
+        here, mine = os.lstat(path), os.fstat(fd)
+        return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
     except FileNotFoundError:
         return False
 

@@ -5,9 +5,9 @@ any of them."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from gpt2ladder.data.files import open_append, write_atomic
 from gpt2ladder.report.plots import loss_curves
 from gpt2ladder.report.progress import on_terminal
 from gpt2ladder.training.config import TrainConfig
@@ -40,9 +40,7 @@ def _is_number(value) -> bool:
 def _rewrite_log(path: Path, keep_through: int | None) -> None:
     """Start a fresh log, or (resuming) keep the steps up to the checkpoint so none is logged twice."""
     kept = [e for e in read_log(path) if e["step"] <= keep_through] if keep_through is not None else []
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(e) + "\n" for e in kept))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(e) + "\n" for e in kept))
 
 
 class Reporter:
@@ -57,7 +55,7 @@ class Reporter:
         if not is_main:
             return
         _rewrite_log(out / "log.jsonl", start if start else None)
-        self.log = open(out / "log.jsonl", "a")
+        self.log = open_append(out / "log.jsonl")
         self.tb = _tensorboard(out / "tb")
         from tqdm.auto import tqdm
 
