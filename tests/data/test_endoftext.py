@@ -51,11 +51,11 @@ def test_a_sample_prompt_reads_the_literal_as_the_token(tmp_path, monkeypatch, c
                                            "model_config": cfg.to_dict(), "setup": {}, "step": 1})
     seen = []
 
-    def record(model, idx, *args):
+    def record(model, idx, *args):  # stands in for the token stream: what the prompt became, and no new tokens
         seen.append(idx[0].tolist())
-        return idx
+        return iter(())
 
-    monkeypatch.setattr("gpt2ladder.commands.sample.generate", record)
+    monkeypatch.setattr("gpt2ladder.commands.sample.stream", record)
     assert cli.main(["sample", str(tmp_path / "ckpt.pt"), "--device", "cpu", "--prompt", TEXTS[1]]) == 0
     assert seen == [encode_text(TEXTS[1])] and seen[0][0] == 50256
     assert capsys.readouterr().out == TEXTS[1] + "\n"

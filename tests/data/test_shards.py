@@ -65,7 +65,7 @@ def test_an_interrupted_writer_leaves_nothing_a_loader_accepts(tmp_path):
     writer.write(np.arange(10, dtype=np.uint16))
     writer._f.flush()
     (temp,) = [p for p in tmp_path.iterdir()]
-    assert temp.name.startswith(".") and temp.name.endswith(".part")  # never under the shard's own name
+    assert temp.name.startswith(f".{path.name}.") and temp.name != path.name  # never under the shard's own name
     with pytest.raises(UsageError, match="has magic number 0"):  # until close, the header is zeros
         fmt.open_shard(temp, fmt.LLMC)
     writer.abort()
