@@ -15,7 +15,7 @@ from gpt2ladder.ladder import (
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.runtime.hardware import Capabilities
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 CPU = torch.device("cpu")
 

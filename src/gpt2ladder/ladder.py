@@ -3,7 +3,7 @@
 A rung is a name, one sentence of what it changes and why that is faster, the fields it sets, and a
 check that says why it cannot apply on this machine. Rung k of the ladder is rungs 0..k applied in
 order to the baseline setup. Adding a rung = one `Rung(...)` entry below plus, if it needs new
-machinery, one field in `Setup` (`runtime/setup.py`) that the engine honours or, for a rewrite of the
+machinery, one field in `Setup` (`model/setup.py`) that the engine honours or, for a rewrite of the
 model, one entry in `speedups.REWRITES`.
 """
 
@@ -15,7 +15,7 @@ from typing import Callable
 
 from gpt2ladder.errors import UsageError
 from gpt2ladder.runtime.hardware import Capabilities
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ def test_export_gives_the_greedy_tokens_of_gpt2ladder_sample(small_export, capsy
 
 
 def test_a_folder_transformers_wrote_samples_and_trains_the_same(tmp_path, capsys):
-    from gpt2ladder.runtime.setup import Setup
+    from gpt2ladder.model.setup import Setup
     from gpt2ladder.training.config import TrainConfig
     from gpt2ladder.training.trainer import build_engine
 

@@ -21,7 +21,7 @@ from gpt2ladder.model.hf import (
     save_hf_gpt2,
 )
 from gpt2ladder.runtime.engine import model_config_for
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 SHAPE = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=64)
 

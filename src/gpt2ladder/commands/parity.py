@@ -20,7 +20,7 @@ from gpt2ladder.model.config import preset
 from gpt2ladder.report.parity import format_table, write_outputs
 from gpt2ladder.report.records import output_dir, prepare_out_dir, write_json
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 
 def config_from_args(args, device: torch.device, caps) -> ParityConfig:

@@ -24,7 +24,7 @@ from gpt2ladder.model.config import GPT2_VOCAB_SIZE, ModelConfig
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.runtime.hardware import Capabilities, free_memory
 from gpt2ladder.runtime.memory import HEADROOM, GiB, StepMemory, step_memory
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 PROBES = 4  # at most this many probe steps before giving up on a size
 

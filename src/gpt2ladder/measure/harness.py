@@ -27,7 +27,7 @@ from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.runtime.hardware import free_memory, synchronize
 from gpt2ladder.runtime.memory import parameters
 from gpt2ladder.runtime.metrics import flops_per_token
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import detect
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 from gpt2ladder.training.schedule import lr_at
 
 MIN_LR_FRACTION = 0.1  # the cosine decays to lr/10, as nanoGPT does

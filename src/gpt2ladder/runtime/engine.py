@@ -26,7 +26,7 @@ import torch
 from gpt2ladder import speedups
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 WARMUP_STEPS = 3  # eager steps before a CUDA graph capture: compile, autotuning, optimizer state

@@ -46,7 +46,7 @@ from gpt2ladder.runtime.engine import Engine, OptimConfig, build_model
 from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.runtime.memory import HEADROOM, eval_bytes_per_sequence
 from gpt2ladder.runtime.metrics import flops_per_token, mfu, peak_flops
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 from gpt2ladder.training import lock
 from gpt2ladder.training.checkpoint import (
     BEST,

@@ -1,7 +1,8 @@
 """How one training step runs: the `Setup` that the ladder's rungs build field by field.
 
-A plain frozen record: the engine (`engine.py`) honours each field, the model rewrites (`speedups/`)
-read the ones that replace modules, and every record and checkpoint stores it.
+A plain frozen record, kept beside the model's shape (`config.py`) and below everything that reads
+it: the model rewrites (`speedups/`) read the fields that replace modules, the engine
+(`runtime/engine.py`) honours the rest, and every record and checkpoint stores it.
 """
 
 from __future__ import annotations
