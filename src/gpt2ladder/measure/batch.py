@@ -62,7 +62,7 @@ class BatchPlan:
 
 def eager(setup: Setup) -> Setup:
     """The same step without compile or graph capture: what the probe runs (at least as much memory)."""
-    return dataclasses.replace(setup, compile=False, compile_mode=None, cuda_graph=False)
+    return dataclasses.replace(setup, compile=False, cuda_graph=False)
 
 
 def plan_batch(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], seq_len: int, caps: Capabilities,

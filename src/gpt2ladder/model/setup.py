@@ -18,7 +18,6 @@ class Setup:
     matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: highest=fp32, high=TF32
     autocast: str | None = None  # None, "bfloat16" or "float16" (fp16 brings a GradScaler)
     compile: bool = False
-    compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune-no-cudagraphs"
     attention: str = "manual"  # "manual" or "sdpa"
     vocab_multiple: int = 1
     fused_adamw: bool = False

@@ -110,7 +110,7 @@ class Engine:
         # A fresh compile cache per engine: many engines in one process would otherwise exhaust
         # dynamo's per-function recompile limit and silently fall back to eager.
         torch._dynamo.reset()
-        return torch.compile(module, backend=backend, mode=self.setup.compile_mode)
+        return torch.compile(module, backend=backend)
 
     @contextlib.contextmanager
     def precision(self):
