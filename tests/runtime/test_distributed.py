@@ -346,10 +346,10 @@ def test_a_signal_seen_by_one_rank_stops_every_rank():
         def mean(self, value):
             return (value + 1) / 2
 
-    def agreed(ranks, signum):
+    def agreed(dist, signum):
         stop = StopSignals()
         stop.signum = signum
-        return Trainer._stop_agreed(SimpleNamespace(ranks=ranks), stop)
+        return Trainer._stop_agreed(SimpleNamespace(dist=dist), stop)
 
     assert agreed(PeerSawNothing(0, 0, 2, "gloo"), 15) and agreed(PeerSawSignal(0, 0, 2, "gloo"), None)
     assert not agreed(PeerSawNothing(0, 0, 2, "gloo"), None) and not agreed(SINGLE, None)

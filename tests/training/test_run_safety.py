@@ -17,7 +17,8 @@ from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.training import checkpoint, lock
 from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.runlog import read_log
-from gpt2ladder.training.trainer import Trainer, lock_run
+from gpt2ladder.training.run import lock_run
+from gpt2ladder.training.trainer import Trainer
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
 

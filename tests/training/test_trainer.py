@@ -21,13 +21,14 @@ from gpt2ladder.commands.train import config_from_args
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.runtime.distributed import Dist
-from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training import checkpoint, schedule
 from gpt2ladder.training.checkpoint import load_checkpoint, rng_state, set_rng_state
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import read_log
-from gpt2ladder.training.trainer import Trainer, run_training
+from gpt2ladder.training.run import run_training
+from gpt2ladder.training.trainer import Trainer
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -192,10 +193,10 @@ def test_training_and_evaluation_under_compile(tmp_path):
 
 def test_other_ranks_write_nothing_and_get_their_share_of_each_batch(tmp_path):
     cfg = _cfg(tokens_per_step=128, steps=2)  # 2 processes x micro-batch 2 x 32 tokens
-    trainer = Trainer(cfg, CPU, tmp_path, Dist(rank=1, world_size=2))
+    trainer = Trainer(cfg, CPU, tmp_path, data.load_tokens(None), Dist(rank=1, world_size=2))
     full = data.Batches(trainer.tokens.train, 4, 32, seed=0).batch(0)[0]
     assert torch.equal(trainer.batches.batch(0)[0], full[2:])
-    result = _train(cfg, tmp_path, ranks=Dist(rank=1, world_size=2))
+    result = _train(cfg, tmp_path, dist=Dist(rank=1, world_size=2))
     assert result.step == 2 and list(tmp_path.iterdir()) == []
 
 
@@ -284,16 +285,19 @@ def test_ctrl_c_saves_and_restores_the_signal_handlers(tmp_path, monkeypatch):
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
-@pytest.mark.parametrize("saved_lr, live_lr", [(0.5, torch.tensor(0.1)), (torch.tensor(0.5), 0.1), (0.5, 0.1)])
-def test_loading_optimizer_state_keeps_the_learning_rate_type(saved_lr, live_lr):
-    from gpt2ladder.training.trainer import load_optimizer_state
+@pytest.mark.parametrize("saved_graph, live_graph", [(False, True), (True, False), (False, False)])
+def test_loading_an_engines_state_keeps_the_learning_rate_type(saved_graph, live_graph):
+    """The CUDA-graph rung's learning rate is a device tensor a replayed graph reads in place."""
+    from gpt2ladder.model.config import preset
+    from gpt2ladder.model.setup import Setup
 
-    saved = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=saved_lr).state_dict()
-    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=live_lr)
-    load_optimizer_state(optimizer, saved)
-    lr = optimizer.param_groups[0]["lr"]
+    saved = Engine(preset("tiny"), Setup(cuda_graph=saved_graph), CPU, optim=OptimConfig(lr=0.5))
+    engine = Engine(preset("tiny"), Setup(cuda_graph=live_graph), CPU, optim=OptimConfig(lr=0.1))
+    live_lr = engine.optimizer.param_groups[0]["lr"]
+    engine.load_state_dict(saved.state_dict())
+    lr = engine.optimizer.param_groups[0]["lr"]
     assert float(lr) == 0.5
-    if isinstance(live_lr, torch.Tensor):
+    if live_graph:
         assert lr is live_lr  # the same tensor a captured CUDA graph would read
     else:
         assert isinstance(lr, float)

@@ -1,4 +1,4 @@
-"""`gpt2ladder train`: flags -> `TrainConfig` -> `run_training` (training/trainer.py) -> the run directory."""
+"""`gpt2ladder train`: flags -> `TrainConfig` -> `run_training` (training/run.py) -> the run directory."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import cap_memory, detect
 from gpt2ladder.training.config import TrainConfig, model_config_for
-from gpt2ladder.training.trainer import run_training
+from gpt2ladder.training.run import run_training
 
 
 def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print) -> tuple[str, ...]:
@@ -104,7 +104,7 @@ def _train_command(args, dist: distributed.Dist) -> int:
     for line in notices:
         say(line, flush=True)
     with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
-        result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
+        result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, dist=dist,
                               strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
                               batch_plan=plan)
     return result.exit_code

@@ -27,6 +27,7 @@ from gpt2ladder import speedups
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
 from gpt2ladder.model.setup import Setup
+from gpt2ladder.runtime import distributed
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 WARMUP_STEPS = 3  # eager steps before a CUDA graph capture: compile, autotuning, optimizer state
@@ -133,6 +134,36 @@ class Engine:
         with self.autocast():
             _, loss = self.forward(x, y)
         return loss
+
+    def state_dict(self) -> dict:
+        """The full, unwrapped state in the single-process layout, so it loads on any number of ranks:
+        "model", "optimizer" and "scaler" (fp16's GradScaler, else None). Under FSDP2 a collective:
+        every rank calls it, rank 0 gets the state (`distributed.py` gathers it)."""
+        return {"model": self.weights(), "optimizer": distributed.optimizer_state(self.raw_model, self.optimizer),
+                "scaler": self.scaler.state_dict() if self.scaler else None}
+
+    def weights(self) -> dict:
+        """The model's full state dict alone; a collective under FSDP2, as `state_dict`."""
+        return distributed.model_state(self.raw_model)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load what `state_dict` gave, here or on any number of ranks (FSDP2: each keeps its shard).
+
+        Each group's learning rate keeps the type it has here: the CUDA-graph rung's is a device tensor
+        that a replayed graph reads in place, and a saved one would come back as a CPU tensor (or as a
+        float from a run without that rung) and break the capture.
+        """
+        lrs = [group["lr"] for group in self.optimizer.param_groups]
+        distributed.load_state(self.raw_model, self.optimizer, state["model"], state["optimizer"])
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            value = float(group["lr"])
+            if isinstance(lr, torch.Tensor):
+                lr.fill_(value)
+                group["lr"] = lr
+            else:
+                group["lr"] = value
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
