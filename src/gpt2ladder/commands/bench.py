@@ -20,7 +20,7 @@ from gpt2ladder.ladder import (
 from gpt2ladder.measure import batch as batch_search
 from gpt2ladder.measure.bench import BenchConfig, run_bench
 from gpt2ladder.measure.best import add_best, best_summary
-from gpt2ladder.measure.harness import climb, cpu_warning, nothing_measured, tokens_for
+from gpt2ladder.measure.harness import climb, tokens_for
 from gpt2ladder.measure.scaling import add_scaling, load_baseline
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.bench import (
@@ -29,6 +29,7 @@ from gpt2ladder.report.bench import (
     stream_header,
     stream_row,
 )
+from gpt2ladder.report.notices import cpu_warning, nothing_measured
 from gpt2ladder.report.plots import ladder_chart
 from gpt2ladder.report.records import prepare_out_dir, write_json, write_record
 from gpt2ladder.runtime import distributed

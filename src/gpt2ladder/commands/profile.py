@@ -10,9 +10,10 @@ from gpt2ladder.commands.defaults import defaults
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
-from gpt2ladder.measure.harness import climb, nothing_measured
+from gpt2ladder.measure.harness import climb
 from gpt2ladder.measure.profile import ProfileConfig, run_profile
 from gpt2ladder.model.config import preset
+from gpt2ladder.report.notices import nothing_measured
 from gpt2ladder.report.profile import format_table, write_outputs
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
