@@ -18,7 +18,8 @@ from gpt2ladder.measure.batch import plan_batch
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import cap_memory, detect
-from gpt2ladder.training.config import TrainConfig, model_config_for
+from gpt2ladder.model.config import ModelConfig, preset
+from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.run import run_training
 
 
@@ -46,7 +47,8 @@ def config_from_args(args, device: torch.device, caps, world_size: int = 1, noti
     d = defaults("train", device)
     steps = args.steps or d["steps"]
     name = args.preset or d["preset"]
-    block = model_config_for(name, args.init_from).block_size
+    shape = model_shape(name, args.init_from)
+    block = shape.block_size
     seq_len = args.seq_len or min(d["seq_len"] or block, block)
     batch = args.batch_size or d["batch_size"]
     tokens_per_step = args.tokens_per_step or batch * seq_len * world_size
@@ -60,9 +62,21 @@ def config_from_args(args, device: torch.device, caps, world_size: int = 1, noti
         eval_batches=args.eval_batches,
         ckpt_every=max(1, steps // 5) if args.ckpt_every is None else args.ckpt_every,
         seed=args.seed, data=args.data, init_from=args.init_from,
-        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
+        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", model=shape,
     )
     return cfg
+
+
+def model_shape(preset_name: str, init_from: str | None) -> ModelConfig:
+    """The shape, read once here: from the config.json beside --init-from's weights when there is one,
+    else the preset's."""
+    if init_from:
+        from gpt2ladder.model.hf import hf_model_config
+
+        shape = hf_model_config(init_from)
+        if shape is not None:
+            return shape
+    return preset(preset_name)
 
 
 def planned_config(args, device: torch.device, caps, world_size: int, notify, strategy) -> tuple[TrainConfig, object]:
@@ -71,7 +85,7 @@ def planned_config(args, device: torch.device, caps, world_size: int, notify, st
     if args.batch_size or device.type != "cuda":
         return cfg, None
     per_rank = cfg.tokens_per_step // (cfg.seq_len * world_size)
-    plan = plan_batch(cfg.model_config(), [(cfg.rungs[-1], setup_for(list(cfg.rungs)))], cfg.seq_len, caps, device,
+    plan = plan_batch(cfg.model, [(cfg.rungs[-1], setup_for(list(cfg.rungs)))], cfg.seq_len, caps, device,
                       want=per_rank, divides=per_rank, seed=cfg.seed)
     return dataclasses.replace(cfg, batch_size=plan.batch), plan
 

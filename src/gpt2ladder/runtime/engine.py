@@ -44,7 +44,7 @@ class OptimConfig:
     grad_clip: float = 0.0  # 0 disables clipping (the seed's step does not clip)
 
 
-def model_config_for(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
+def built_model_config(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
     """What this setup trains: the same model, maybe with a padded vocabulary, another attention kernel
     and a bf16 residual stream (the three setup fields that change the model's tensors)."""
     return dataclasses.replace(model_cfg, attention=setup.attention, vocab_multiple=setup.vocab_multiple,
@@ -53,7 +53,7 @@ def model_config_for(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
 
 def build_model(model_cfg: ModelConfig, setup: Setup, device: torch.device, seed: int) -> GPT:
     """A freshly initialised GPT for this setup, its rewrites applied; the weights depend on the seed only."""
-    model = GPT(model_config_for(model_cfg, setup))
+    model = GPT(built_model_config(model_cfg, setup))
     init_weights(model, seed)
     model.to(device)
     speedups.apply(model, setup)

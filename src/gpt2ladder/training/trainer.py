@@ -63,15 +63,14 @@ def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, paralleli
     `parallelize` (DDP or FSDP2, from `distributed.py`) runs after the weights are in, before the optimizer.
     Without `init_weights` --init-from's file is not read: a resumed run's weights come from its checkpoint.
     """
-    model_cfg = cfg.model_config()
     model = None
     if cfg.init_from and init_weights:
         from gpt2ladder.model.hf import load_hf_gpt2
 
-        model = build_model(model_cfg, setup, device, cfg.seed)
+        model = build_model(cfg.model, setup, device, cfg.seed)
         load_hf_gpt2(cfg.init_from, model)
     optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
-    return Engine(model_cfg, setup, device, seed=cfg.seed, optim=optim,
+    return Engine(cfg.model, setup, device, seed=cfg.seed, optim=optim,
                   compile_backend=cfg.compile_backend, model=model, parallelize=parallelize)
 
 
