@@ -9,7 +9,6 @@ Everything runs through `cli.main` in-process (fast); tests that need a real pro
 live next to the code they test.
 """
 
-import dataclasses
 import json
 import os
 import shutil
@@ -116,7 +115,7 @@ def _damaged_checkpoints(root, run) -> dict:
 
 
 def _damaged_shards(root) -> dict:
-    config = dataclasses.asdict(ParityConfig(rungs=("baseline",)))
+    config = ParityConfig(rungs=("baseline",)).to_dict()
     shard = {"device": {"name": "cpu"}, "command": "parity-shard", "shard": [0, 1], "skipped": {},
              "results": {"baseline-seed0": {"status": "ok"}, "baseline-seed1": {"status": "ok"}}}
     paths = {"shard_unknown_key": root / "unknown.json", "shard_broken": root / "broken.json"}

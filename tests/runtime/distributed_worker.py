@@ -31,7 +31,7 @@ def micro_batches(dist, accum):
 
 def engine_for(dist, strategy, setup=Setup()):
     return Engine(preset("tiny"), setup, torch.device("cpu"), seed=0, optim=OPTIM, compile_backend="eager",
-                  parallelize=distributed.parallelize_for(dist, strategy, "tiny"))
+                  parallelize=distributed.parallelize_for(dist, strategy))
 
 
 def full_grads(engine):

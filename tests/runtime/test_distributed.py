@@ -159,7 +159,8 @@ def test_strategy_choice():
     assert distributed.resolve_strategy("auto", "gpt2-xl", two) == "fsdp"
     assert distributed.resolve_strategy("fsdp", "tiny", two) == "fsdp"
     assert distributed.resolve_strategy("auto", "gpt2-xl", SINGLE) is None
-    assert distributed.parallelize_for(SINGLE, "auto", "gpt2") is None
+    assert distributed.parallelize_for(SINGLE, distributed.resolve_strategy("auto", "gpt2", SINGLE)) is None
+    assert distributed.parallelize_for(two, "fsdp").keywords == {"dist": two, "strategy": "fsdp"}
     with pytest.raises(UsageError, match="needs several processes: launch with torchrun"):
         distributed.resolve_strategy("fsdp", "gpt2-xl", SINGLE)
     with pytest.raises(UsageError, match="unknown --strategy"):

@@ -26,9 +26,11 @@ from gpt2ladder.model.setup import Setup
 def config_from_args(args, device: torch.device, caps) -> ParityConfig:
     d = defaults("parity", device)
     name = args.preset or d["preset"]
+    shape = preset(name)
     return ParityConfig(
-        preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)), batch_size=args.batch_size or d["batch_size"],
-        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps or d["steps"],
+        preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps)),
+        batch_size=args.batch_size or d["batch_size"],
+        seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps or d["steps"],
         seeds=args.seeds, tolerance=args.tolerance, lr=args.lr, eval_every=args.eval_every,
         eval_batches=args.eval_batches, seed=args.seed, data=args.data,
     )
@@ -41,7 +43,7 @@ def _plan(cfg: ParityConfig, device, caps):
         return cfg, None
     rows = [("baseline", Setup())] + [(r.name, setup_for(list(r.applied)))
                                      for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps)) if r.reason is None]
-    plan = plan_batch(preset(cfg.preset), rows, cfg.seq_len, caps, device, want=cfg.batch_size,
+    plan = plan_batch(cfg.model, rows, cfg.seq_len, caps, device, want=cfg.batch_size,
                       divides=cfg.batch_size, seed=cfg.seed)
     return dataclasses.replace(cfg, micro_batch=plan.batch), plan
 
@@ -123,8 +125,8 @@ def _merge_command(args) -> int:
 
 
 def _check_shard_config(path: Path, config) -> None:
-    """The shard's settings must be exactly ParityConfig's fields (another version's shard says so here)."""
-    fields = {f.name for f in dataclasses.fields(ParityConfig)}
+    """The shard's settings must be exactly ParityConfig's (another version's shard says so here)."""
+    fields = set(ParityConfig().to_dict())
     keys = set(config) if isinstance(config, dict) else set()
     if not isinstance(config, dict) or keys != fields:
         odd = sorted(keys - fields) + [f"{k} (missing)" for k in sorted(fields - keys)]

@@ -27,7 +27,7 @@ def _plan(cfg: ProfileConfig, args, device, caps):
             for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps), cfg.last_only) if r.reason is None]
     if not rows:
         return cfg, None
-    plan = plan_batch(preset(cfg.preset), rows, cfg.seq_len, caps, device, want=cfg.batch_size, seed=cfg.seed)
+    plan = plan_batch(cfg.model, rows, cfg.seq_len, caps, device, want=cfg.batch_size, seed=cfg.seed)
     return dataclasses.replace(cfg, batch_size=plan.batch), plan
 
 
@@ -41,9 +41,10 @@ def profile_command(args) -> int:
 
 
 def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
-    cfg = ProfileConfig(preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
+    shape = preset(name)
+    cfg = ProfileConfig(preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps)),
                         batch_size=args.batch_size or d["batch_size"],
-                        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps,
+                        seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps,
                         warmup=args.warmup, seed=args.seed, data=args.data,
                         trace_dir=str(out) if args.trace else None, last_only=args.last_only)
     cfg, plan = _plan(cfg, args, device, caps)

@@ -61,8 +61,11 @@ class ParityConfig:
     seed: int = 0  # the reference seed: every rung starts from these weights and sees these batches
     data: str | None = None  # a text file; None = Tiny Shakespeare
     compile_backend: str = "inductor"
+    model: ModelConfig | None = None  # the preset's shape; None: looked up here, once (the record's "model")
 
     def __post_init__(self) -> None:
+        if self.model is None:
+            object.__setattr__(self, "model", preset(self.preset))  # frozen: set once, here
         if self.micro_batch is not None and (self.micro_batch <= 0 or self.batch_size % self.micro_batch):
             raise UsageError(f"the micro-batch {self.micro_batch} must divide --batch-size {self.batch_size}")
         for name in ("batch_size", "seq_len", "steps", "eval_batches"):
@@ -80,9 +83,13 @@ class ParityConfig:
             raise UsageError(f"--lr must be a finite positive number, got {self.lr}")
         if self.eval_every is not None and self.eval_every <= 0:
             raise UsageError(f"--eval-every must be a positive integer, got {self.eval_every}")
-        if self.seq_len > preset(self.preset).block_size:
+        if self.seq_len > self.model.block_size:
             raise UsageError(f"--seq-len {self.seq_len} exceeds the {self.preset} block size of "
-                             f"{preset(self.preset).block_size}")
+                             f"{self.model.block_size}")
+
+    def to_dict(self) -> dict:
+        """The record's (and a shard's) "config": every field but the shape, which the record keeps as "model"."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
 
     @property
     def micro(self) -> int:
@@ -102,7 +109,6 @@ class _Context:
     """What every training run of one parity command shares."""
 
     cfg: ParityConfig
-    model_cfg: ModelConfig
     tokens: data_mod.TokenData
     evals: list  # fixed validation batches, already on the device
     device: torch.device
@@ -156,7 +162,7 @@ def evaluate(engine: Engine, evals: list) -> float:
 def train_run(setup: Setup, seed: int, ctx: _Context, label: str) -> dict:
     """Train one setup from `seed`'s weights on `seed`'s batches; the losses as plain floats."""
     cfg = ctx.cfg
-    engine = Engine(ctx.model_cfg, setup, ctx.device, seed=seed, compile_backend=cfg.compile_backend,
+    engine = Engine(cfg.model, setup, ctx.device, seed=seed, compile_backend=cfg.compile_backend,
                     optim=OptimConfig(lr=cfg.lr, grad_clip=GRAD_CLIP))
     batches = data_mod.Batches(ctx.tokens.train, cfg.batch_size, cfg.seq_len, seed=seed)
     val = [[0, evaluate(engine, ctx.evals)]]
@@ -245,8 +251,8 @@ def assemble(cfg: ParityConfig, results: dict[str, dict], skipped: dict[str, str
             "baseline_val": reference["final_val"], "allowed_abs": allowed,
             "allowed_rel": allowed / reference["final_val"]}
     passed = all(r.get("verdict") == "PASS" for r in rows if r["status"] != "skipped")
-    return {"command": "parity", "config": dataclasses.asdict(cfg), "schedule": _schedule(cfg),
-            "model": preset(cfg.preset).to_dict(), "rule": rule, "baseline_runs": runs, "rungs": rows,
+    return {"command": "parity", "config": cfg.to_dict(), "schedule": _schedule(cfg),
+            "model": cfg.model.to_dict(), "rule": rule, "baseline_runs": runs, "rungs": rows,
             "passed": passed}
 
 
@@ -271,7 +277,7 @@ def _context(cfg: ParityConfig, device: torch.device, progress: bool) -> tuple[_
     # Built at the step's batch size and cut to the micro-batch: the same validation data on any card.
     full = data_mod.eval_batches(tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
     evals = [data_mod.to_device(x, y, device) for x, y in data_mod.micro_batches(full, cfg.micro)]
-    return _Context(cfg, preset(cfg.preset), tokens, evals, device, progress), tokens
+    return _Context(cfg, tokens, evals, device, progress), tokens
 
 
 def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
@@ -288,7 +294,7 @@ def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
     header = {**record_header(caps, device),
               "data": {"source": tokens.source, "sha256": tokens.sha256, "n_tokens": tokens.n_tokens}}
     if n > 1:
-        return {**header, "command": "parity-shard", "shard": [k, n], "config": dataclasses.asdict(cfg),
+        return {**header, "command": "parity-shard", "shard": [k, n], "config": cfg.to_dict(),
                 "skipped": skipped, "results": results}
     return {**header, **assemble(cfg, results, skipped)}
 

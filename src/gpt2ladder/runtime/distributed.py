@@ -211,12 +211,11 @@ def shard_model(model: nn.Module, dist: Dist) -> nn.Module:
     return model
 
 
-def parallelize_for(dist: Dist, strategy: str, preset_name: str) -> Callable[[nn.Module], nn.Module] | None:
-    """The `parallelize` argument for `Engine`: None for a single process."""
-    resolved = resolve_strategy(strategy, preset_name, dist)
-    if resolved is None:
+def parallelize_for(dist: Dist, strategy: str | None) -> Callable[[nn.Module], nn.Module] | None:
+    """The `parallelize` argument for `Engine` under a resolved strategy ("ddp", "fsdp"; None: one process)."""
+    if strategy is None:
         return None
-    return functools.partial(wrap_for_data_parallel, dist=dist, strategy=resolved)
+    return functools.partial(wrap_for_data_parallel, dist=dist, strategy=strategy)
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -23,7 +23,6 @@ Where a loop feature goes: a batch source is `training_batches` (anything with `
 
 from __future__ import annotations
 
-import functools
 import signal
 import time
 from pathlib import Path
@@ -108,8 +107,7 @@ class Trainer:
         self.accum = cfg.grad_accum(dist.world_size)
         data_mod.check_splits(tokens, cfg.seq_len, validate=bool(cfg.eval_every))
         self.setup = setup_for(list(cfg.rungs))
-        parallelize = (functools.partial(distributed.wrap_for_data_parallel, dist=dist, strategy=strategy)
-                       if strategy else None)
+        parallelize = distributed.parallelize_for(dist, strategy)
         self.engine = build_engine(cfg, self.setup, device, parallelize, init_weights=not resuming)
         self.batches = training_batches(cfg, tokens, dist)
         self.val = validation_batches(cfg, tokens)
