@@ -95,11 +95,11 @@ def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
     result = guarded(lambda: _time_setup(setup, cfg, tokens, device, dist, progress, label=row.name),
                      device, cfg.batch_size)
     if result["status"] != "ok":
-        return {**row.row(), **result}
+        return {**row.rung_fields(), **result}
     flops = flops_per_token(result.pop("model_config"), cfg.seq_len, result.pop("n_params"))
     # Utilisation of each GPU against one GPU's peak: the per-GPU share of the tokens, not the total.
     tok_s = result["tokens_per_s_per_gpu"]
-    return {**row.row(), "status": "ok", "setup": setup.to_dict(), **{k: v for k, v in result.items() if k != "status"},
+    return {**row.rung_fields(), "status": "ok", "setup": setup.to_dict(), **{k: v for k, v in result.items() if k != "status"},
             "flops_per_token": flops, "mfu": mfu(tok_s, flops, peak_flops(caps.name))}
 
 
@@ -152,7 +152,7 @@ def _timed_steps(engine: Engine, batches, cfg: BenchConfig, device, bar) -> tupl
 
 @torch.no_grad()
 def _dtypes(engine: Engine, x: torch.Tensor) -> tuple[str, str]:
-    """What the seed prints: the logits' dtype inside the step, and the weights' dtype."""
+    """What the write-up prints: the logits' dtype inside the step, and the weights' dtype."""
     with engine.precision(), engine.autocast():
         # The whole forward (not hidden + lm_head): under FSDP2 only it gathers the sharded weights.
         logits, _ = engine.raw_model(x[:1, :16])

@@ -5,7 +5,7 @@
   "if not, go straight to compile"). `bench`, `parity` and `profile` all take their rows from it.
 - `guarded` runs one rung's work: a rung that breaks (out of memory included) becomes a row with a
   status and a one-line reason, never a lost run.
-- `timed_step` times one training step as the seed does, made strict: the batch is copied to the
+- `timed_step` times one training step as the write-up does, made strict: the batch is copied to the
   device first, then synchronize, read the clock, zero_grad + forward + backward + optimizer step,
   synchronize, read the clock.
 - `tokens_for` gives the text the steps run on; step time does not depend on it, so random tokens
@@ -39,13 +39,13 @@ class Row:
     applied: tuple[str, ...]
     reason: str | None = None  # not None: the rung cannot run here (a skipped row)
 
-    def row(self) -> dict:
-        """The fields every row of every record starts with."""
+    def rung_fields(self) -> dict:
+        """The rung's name, summary and kind: the fields every row of every record starts with."""
         rung = RUNGS_BY_NAME[self.name]
         return {"name": self.name, "summary": rung.summary, "kind": rung.kind}
 
     def skipped(self) -> dict:
-        return {**self.row(), "status": "skipped", "reason": self.reason}
+        return {**self.rung_fields(), "status": "skipped", "reason": self.reason}
 
 
 def climb(names: list[str] | tuple[str, ...], why_not: Callable[[str], str | None],

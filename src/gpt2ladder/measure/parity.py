@@ -244,7 +244,7 @@ def assemble(cfg: ParityConfig, results: dict[str, dict], skipped: dict[str, str
             continue
         setup = setup_for(list(row.applied))
         result = results.get(row.name, missing) if _trains(row) else reference
-        rows.append({**row.row(), "applied": list(row.applied), "setup": setup.to_dict(), **result})
+        rows.append({**row.rung_fields(), "applied": list(row.applied), "setup": setup.to_dict(), **result})
     judge(rows, reference, spread, cfg)
     allowed = allowed_gap(reference["final_val"], spread, cfg.tolerance, cfg.floor)
     rule = {"text": rule_text(cfg), "spread": spread, "floor": cfg.floor, "tolerance": cfg.tolerance,

@@ -293,7 +293,7 @@ def profile_rung(row: Row, cfg: ProfileConfig, tokens, device, progress: bool) -
         return row.skipped()
     setup = setup_for(list(row.applied))
     result = guarded(lambda: profile_setup(setup, cfg, tokens, device, row.name, progress), device, cfg.batch_size)
-    return {**row.row(), "applied": list(row.applied), "setup": setup.to_dict(), **result}
+    return {**row.rung_fields(), "applied": list(row.applied), "setup": setup.to_dict(), **result}
 
 
 def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, caps=None) -> dict:

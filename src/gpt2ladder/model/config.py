@@ -25,7 +25,7 @@ class ModelConfig:
     vocab_size: int = GPT2_VOCAB_SIZE
     # Rows of the embedding/classifier are padded up to a multiple of this; 1 means no padding.
     vocab_multiple: int = 1
-    # "manual": the four-line attention with an explicit causal mask (the seed's baseline).
+    # "manual": the four-line attention with an explicit causal mask (the write-up's baseline).
     # "sdpa": F.scaled_dot_product_attention(is_causal=True), which dispatches to flash kernels.
     attention: str = "manual"
     # Under autocast, keep the residual stream between Blocks in autocast's dtype instead of fp32. Off

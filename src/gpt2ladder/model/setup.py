@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Setup:
-    """How one training step runs. The baseline is the seed's starting point: fp32 everything, eager."""
+    """How one training step runs. The baseline is the write-up's starting point: fp32 everything, eager."""
 
     matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: highest=fp32, high=TF32
     autocast: str | None = None  # None, "bfloat16" or "float16" (fp16 brings a GradScaler)

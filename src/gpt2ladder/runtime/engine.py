@@ -41,7 +41,7 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 0.0  # 0 disables clipping (the seed's step does not clip)
+    grad_clip: float = 0.0  # 0 disables clipping (the write-up's step does not clip)
 
 
 def built_model_config(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
