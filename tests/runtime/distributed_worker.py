@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under `torch.distributed.run --nproc_per_node=2` on CPU (gloo).
+"""Run by tests/runtime/test_distributed.py under `torch.distributed.run --nproc_per_node=2` on CPU (gloo).
 
 Every rank takes the same steps as a single process would on the global batch, under DDP and FSDP2,
 and rank 0 saves what the test compares: gradients, weights after the update, losses, and how many

@@ -1,6 +1,6 @@
 """What this machine can do: one `Capabilities` record that every rung check and `doctor` reads.
 
-Detection (this module) is kept apart from decisions (`rungs.py`, `doctor.py`), so the decisions are
+Detection (this module) is kept apart from decisions (`ladder.py`, `measure/doctor.py`), so the decisions are
 pure functions of a `Capabilities` record and can be tested with simulated machines (CPU only,
 pre-Ampere, Hopper, no Triton, Windows, Apple MPS) on a CPU.
 """

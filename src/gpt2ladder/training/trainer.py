@@ -59,7 +59,7 @@ def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, paralleli
                  init_weights: bool = True) -> Engine:
     """The model (from the seed, or from real GPT-2 weights) with its optimizer, for this setup.
 
-    `parallelize` (DDP or FSDP2, from `distributed.py`) runs after the weights are in, before the optimizer.
+    `parallelize` (DDP or FSDP2, from `runtime/distributed.py`) runs after the weights are in, before the optimizer.
     Without `init_weights` --init-from's file is not read: a resumed run's weights come from its checkpoint.
     """
     model = None
