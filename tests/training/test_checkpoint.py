@@ -228,16 +228,6 @@ def test_a_foreign_ckpt_is_not_passed_over(tmp_path):
         checkpoint.last_good(tmp_path)
 
 
-def test_best_is_a_hard_link_to_the_checkpoint(tmp_path):
-    path = save_checkpoint(tmp_path / "ckpt.pt", _state())
-    checkpoint.link_or_copy(path, tmp_path / "best.pt")
-    checkpoint.link_or_copy(path, tmp_path / "best.pt")  # replacing it is atomic too
-    assert os.stat(tmp_path / "best.pt").st_ino == os.stat(path).st_ino
-    save_checkpoint(path, {**_state(), "step": 9}, previous=tmp_path / "ckpt.prev.pt")
-    assert load_checkpoint(tmp_path / "best.pt")["step"] == 7  # the link keeps the old one
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "ckpt.prev.pt", "ckpt.pt"]
-
-
 @pytest.mark.parametrize("needs, missing", [
     (checkpoint.RESUME_KEYS, "data"),
     (checkpoint.SAMPLE_KEYS, "model_config"),

@@ -6,8 +6,8 @@ then the old checkpoint is renamed to ckpt.prev.pt and the temp file to ckpt.pt.
 disk or a power cut at any moment leaves a whole checkpoint: ckpt.pt, or between the two renames
 ckpt.prev.pt, which `last_good` then picks. A sha256 over every value catches bit rot that torch.load
 misses (it reads a flipped byte inside a tensor without complaint); a damaged ckpt.pt also falls back
-to ckpt.prev.pt. best.pt, the state with the lowest validation loss, is a hard link to ckpt.pt when
-they are the same step, so it costs no space then.
+to ckpt.prev.pt. best.pt, the weights with the lowest validation loss, holds no optimizer, data or RNG
+state (a third of a full checkpoint's size): it samples and exports, and `last_good` never picks it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ FORMAT = "gpt2ladder-checkpoint"
 VERSION = 1
 FILENAME = "ckpt.pt"  # the newest good checkpoint: what --resume and sample use
 PREVIOUS = "ckpt.prev.pt"  # the one before it, kept until ckpt.pt is replaced by a newer good one
-BEST = "best.pt"  # the state with the lowest validation loss so far
+BEST = "best.pt"  # the weights with the lowest validation loss so far (no optimizer state: never resumed)
 # What each use of a checkpoint reads; a file with a valid sha256 may still lack them (another tool wrote it).
 RESUME_KEYS = ("model", "optimizer", "step", "train_config", "model_config", "rng", "data")
 SAMPLE_KEYS = ("model", "model_config")
@@ -148,20 +148,6 @@ def _disk_full(folder: Path) -> bool:
         return shutil.disk_usage(folder).free == 0
     except OSError:
         return False
-
-
-def link_or_copy(source: Path, dest: Path) -> None:
-    """dest becomes the same checkpoint as source, atomically: a hard link (no space), else a copy."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    try:
-        os.link(source, tmp)
-    except OSError:  # a file system without hard links
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, dest)
-    with contextlib.suppress(FileNotFoundError):  # rename(2) leaves both names when dest is already that file
-        tmp.unlink()
 
 
 def _umask() -> int:

@@ -8,7 +8,8 @@ position and RNG states. The run around the loop (the lock, config.json, what is
 Nothing lost: a checkpoint is written only once its weights are known good, i.e. finite, with a
 validation loss (or, at a step without validation, the loss on one batch) that has not exploded
 (`health.py`); a run whose loss goes non-finite or explodes stops naming the step, and the last good
-checkpoint stays. best.pt holds the state of the lowest validation loss so far.
+checkpoint stays. ckpt.pt and ckpt.prev.pt hold the whole state (what --resume needs); best.pt, the
+lowest validation loss so far, holds the weights alone (what `sample` and `export` need).
 
 Data parallel under torchrun: the process's place is a `distributed.Dist` (rank, world size, and a
 `mean` that all-reduces), the model is wrapped by DDP or sharded by FSDP2 (the strategy), batches are
@@ -43,7 +44,6 @@ from gpt2ladder.training.checkpoint import (
     FILENAME,
     PREVIOUS,
     config_differences,
-    link_or_copy,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -132,6 +132,11 @@ class Trainer:
         """The checkpoint's contents. Under FSDP2 a collective: every rank calls it, rank 0 gets the state."""
         return {**self.engine.state_dict(), **self._facts(), "rng": rng_state(), "data": self.batches.state_dict()}
 
+    def weights_state(self) -> dict:
+        """best.pt's contents: the weights and what describes them, without the optimizer's state (twice
+        the weights' size), the data position or the RNG states, which only resuming needs."""
+        return {"model": self.engine.weights(), **self._facts()}
+
     def _facts(self) -> dict:
         return {"step": self.step, "train_config": self.cfg.to_dict(),
                 "model_config": self.engine.raw_model.config.to_dict(), "setup": self.setup.to_dict(),
@@ -152,12 +157,8 @@ class Trainer:
         self.saved_step, self.kept_path = self.step, self.ckpt_path
 
     def save_best(self) -> None:
-        """best.pt for this step's new lowest validation loss: ckpt.pt itself when just saved, else a save."""
-        if self.saved_step == self.step:
-            if self.dist.is_main:
-                link_or_copy(self.ckpt_path, self.out / BEST)
-            return
-        state = self.state()
+        """best.pt for this step's new lowest validation loss (weights validation has just checked)."""
+        state = self.weights_state()  # a collective under FSDP2, as state()
         if self.dist.is_main:
             save_checkpoint(self.out / BEST, state)
 
