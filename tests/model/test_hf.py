@@ -117,10 +117,11 @@ def test_train_init_from_starts_from_the_file(tmp_path, source_model):
     path = write_hf_gpt2(source_model, tmp_path / "gpt2")
     args = SimpleNamespace(preset=None, steps=3, batch_size=2, seq_len=None, init_from=str(path), rungs="baseline",
                            tokens_per_step=None, lr=6e-4, min_lr=None, warmup_steps=None, weight_decay=0.1,
-                           grad_clip=1.0, eval_every=None, eval_batches=2, ckpt_every=None, seed=0, data=None)
+                           grad_clip=1.0, eval_every=None, eval_batches=2, ckpt_every=None, seed=0, data=None,
+                           strategy="auto")
     from gpt2ladder.runtime.hardware import detect
 
-    cfg = config_from_args(args, torch.device("cpu"), detect(torch.device("cpu")), notify=lambda msg: None)
+    cfg, _ = config_from_args(args, torch.device("cpu"), detect(torch.device("cpu")), notify=lambda msg: None)
     assert isinstance(cfg, TrainConfig) and cfg.model == SHAPE
     assert cfg.seq_len == 64  # the CPU default of 128 is cut to the file's 64 positions
     engine = build_engine(cfg, Setup(), torch.device("cpu"))

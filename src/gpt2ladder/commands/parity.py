@@ -15,7 +15,7 @@ from gpt2ladder.errors import LadderError, UsageError, describe_failure
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
 from gpt2ladder.measure.harness import climb
-from gpt2ladder.measure.parity import ParityConfig, merge_shards, run_parity
+from gpt2ladder.measure.parity import ParityConfig, merge_shards, parity_tokens, run_parity
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.parity import format_table, write_outputs
 from gpt2ladder.report.records import output_dir, prepare_out_dir, write_json
@@ -57,17 +57,18 @@ def parity_command(args) -> int:
     cfg = config_from_args(args, device, caps)
     shard = parse_shard(args.shard)
     with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
-        return _run(args, cfg, caps, device, shard, out)
+        tokens = parity_tokens(cfg)  # a bad --data fails here, before anything is printed
+        return _run(args, cfg, caps, device, shard, out, tokens)
 
 
-def _run(args, cfg: ParityConfig, caps, device: torch.device, shard: tuple[int, int], out: Path) -> int:
+def _run(args, cfg: ParityConfig, caps, device: torch.device, shard: tuple[int, int], out: Path, tokens) -> int:
     cfg, plan = _plan(cfg, device, caps)
     print(f"gpt2ladder parity: micro-batch {cfg.micro} x {cfg.batch_size // cfg.micro} accumulation steps = "
           f"batch {cfg.batch_size}" + (f"; {plan.reason()}" if plan else ""), flush=True)
     print(f"{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
           f"{cfg.steps} steps per run, {cfg.seeds} baseline seeds, rungs: {', '.join(cfg.rungs)}"
           + (f", shard {shard[0]} of {shard[1]}" if shard[1] > 1 else ""), flush=True)
-    record = run_parity(cfg, device, progress=not args.no_progress, shard=shard, caps=caps)
+    record = run_parity(cfg, device, progress=not args.no_progress, shard=shard, caps=caps, tokens=tokens)
     if plan:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     if shard[1] > 1:

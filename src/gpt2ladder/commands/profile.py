@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import defaults
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
-from gpt2ladder.measure.harness import climb
+from gpt2ladder.measure.harness import climb, tokens_for
 from gpt2ladder.measure.profile import ProfileConfig, run_profile
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.notices import nothing_measured
@@ -47,12 +48,14 @@ def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
                         seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps,
                         warmup=args.warmup, seed=args.seed, data=args.data,
                         trace_dir=str(out) if args.trace else None, last_only=args.last_only)
+    tokens = tokens_for(cfg.data, cfg.seed)  # a bad --data fails here, before anything is printed
+    data_mod.check_splits(tokens, cfg.seq_len, validate=False)
     cfg, plan = _plan(cfg, args, device, caps)
     if plan:
         print(f"gpt2ladder profile: {plan.reason()}", flush=True)
     print(f"{'' if plan else 'gpt2ladder profile: '}{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
           f"{cfg.steps} profiled steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
-    record = run_profile(cfg, device, progress=not args.no_progress, caps=caps)
+    record = run_profile(cfg, device, progress=not args.no_progress, caps=caps, tokens=tokens)
     if plan:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     paths = write_outputs(record, out)

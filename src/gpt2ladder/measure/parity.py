@@ -271,23 +271,31 @@ def judge(rows: list[dict], reference: dict, spread: float, cfg: ParityConfig) -
         row["verdict"] = "PASS" if ok else "FAIL"
 
 
-def _context(cfg: ParityConfig, device: torch.device, progress: bool) -> tuple[_Context, data_mod.TokenData]:
-    tokens = data_mod.load_tokens(Path(cfg.data) if cfg.data else None)  # DataUnavailable is the error
+def parity_tokens(cfg: ParityConfig) -> data_mod.TokenData:
+    """The text every run trains and validates on, long enough for both splits; never random tokens
+    (a loss on noise shows nothing), so a text that cannot be had is the error."""
+    tokens = data_mod.load_tokens(Path(cfg.data) if cfg.data else None)
     data_mod.check_splits(tokens, cfg.seq_len, validate=True)
+    return tokens
+
+
+def _context(cfg: ParityConfig, tokens: data_mod.TokenData, device: torch.device, progress: bool) -> _Context:
     # Built at the step's batch size and cut to the micro-batch: the same validation data on any card.
     full = data_mod.eval_batches(tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
     evals = [data_mod.to_device(x, y, device) for x, y in data_mod.micro_batches(full, cfg.micro)]
-    return _Context(cfg, tokens, evals, device, progress), tokens
+    return _Context(cfg, tokens, evals, device, progress)
 
 
 def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
-               shard: tuple[int, int] = (0, 1), caps=None) -> dict:
-    """Train the baseline seeds and every rung (or shard k of n of those runs); the record.
+               shard: tuple[int, int] = (0, 1), caps=None, tokens: data_mod.TokenData | None = None) -> dict:
+    """Train the baseline seeds and every rung (or shard k of n of those runs) on `tokens` (default:
+    `parity_tokens(cfg)`); the record.
 
     With n > 1 the record holds this shard's raw results only; `merge_shards` makes the report.
     """
     caps = detect(device) if caps is None else caps
-    ctx, tokens = _context(cfg, device, progress)
+    tokens = parity_tokens(cfg) if tokens is None else tokens
+    ctx = _context(cfg, tokens, device, progress)
     units, skipped = work_units(cfg, caps)
     k, n = shard
     results = run_units(ctx, units[k::n])

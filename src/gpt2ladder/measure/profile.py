@@ -296,10 +296,12 @@ def profile_rung(row: Row, cfg: ProfileConfig, tokens, device, progress: bool) -
     return {**row.rung_fields(), "applied": list(row.applied), "setup": setup.to_dict(), **result}
 
 
-def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, caps=None) -> dict:
-    """Profile every rung in `cfg.rungs` (cumulatively) and return the self-describing record."""
+def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, caps=None,
+                tokens: data_mod.TokenData | None = None) -> dict:
+    """Profile every rung in `cfg.rungs` (cumulatively) on `tokens` (default: `cfg.data`'s, read now) and
+    return the self-describing record."""
     caps = detect(device) if caps is None else caps
-    tokens = tokens_for(cfg.data, cfg.seed, notify)
+    tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # one line now, not a failed row per rung
     rows = [profile_rung(row, cfg, tokens, device, progress)
             for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps), cfg.last_only)]

@@ -57,16 +57,15 @@ class Saved:
 
 def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: bool = False,
                  progress: bool = True, dist=distributed.SINGLE, strategy: str | None = None,
-                 tokens: data_mod.TokenData | None = None, allow_data_change: bool = False, caps=None,
-                 batch_plan=None) -> TrainResult:
-    """Train (or continue) the run in `out`, which this process holds locked meanwhile; every
-    user-visible side effect happens on the main rank. `tokens` (default: `cfg.data` read now) are the
-    text; `caps` (default: detected) and `batch_plan` (how the micro-batch was chosen) go into config.json."""
+                 tokens: data_mod.TokenData | None = None, allow_data_change: bool = False, caps=None) -> TrainResult:
+    """Train (or continue, with `cfg` as it is) the run in `out`, which this process holds locked
+    meanwhile. `tokens` (default: `cfg.data`, read now) are the text; `caps` (default: detected) what
+    the device can do. `gpt2ladder train` takes these steps itself, deciding the settings in between."""
     with claimed(out, dist):
         saved = read_saved(out, dist) if resume else check_new(out)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent) if tokens is None else tokens
         return train_claimed(cfg, device, out, saved, tokens=tokens, progress=progress, dist=dist, strategy=strategy,
-                             allow_data_change=allow_data_change, caps=caps or detect(device), batch_plan=batch_plan)
+                             allow_data_change=allow_data_change, caps=caps or detect(device))
 
 
 def _silent(*args, **kwargs) -> None:
@@ -115,9 +114,15 @@ def read_saved(out: Path, dist=distributed.SINGLE) -> Saved:
 
 
 def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Saved | None, *,
-                  tokens: data_mod.TokenData, progress: bool, dist, strategy: str | None,
-                  allow_data_change: bool, caps, batch_plan) -> TrainResult:
-    """The run in a directory this process holds: the loop set up (and resumed), then trained to its end."""
+                  tokens: data_mod.TokenData, progress: bool = True, dist=distributed.SINGLE,
+                  strategy: str | None = None, allow_data_change: bool = False, caps=None, batch_plan=None,
+                  notices=()) -> TrainResult:
+    """The run in a directory this process holds: the loop set up (and resumed), then trained to its end.
+
+    Nothing is printed before the loop is ready, so any input the loop refuses (a text too short, a
+    checkpoint of another model or text) fails first. `batch_plan` (how the micro-batch was chosen) goes
+    into config.json and the first line, `notices` (the command's, e.g. rungs left out) after it."""
+    caps = detect(device) if caps is None else caps
     trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps, resuming=saved is not None)
     changed = []
     if saved is not None:
@@ -129,6 +134,9 @@ def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Save
         _write_config(out, trainer, caps, batch_plan)
     report = Reporter(out, cfg, is_main=dist.is_main, progress=progress, start=trainer.step)
     try:
+        report.message(first_line(cfg, dist.world_size, batch_plan))
+        for line in notices:
+            report.message(line)
         _announce(report, trainer, changed, saved is not None)
         with StopSignals() as stop:
             code = trainer.run(stop, report)
@@ -137,6 +145,15 @@ def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Save
     finally:
         report.close()
     return _finish(report, trainer, code, stop.signum)
+
+
+def first_line(cfg: TrainConfig, world_size: int, plan) -> str:
+    """micro-batch x accumulation = tokens per step, and why that micro-batch."""
+    accum = cfg.grad_accum(world_size)
+    text = (f"gpt2ladder train: micro-batch {cfg.batch_size} x {accum} accumulation step{'s' if accum > 1 else ''}"
+            f"{f' x {world_size} processes' if world_size > 1 else ''} = {cfg.tokens_per_step:,} tokens per step "
+            f"({cfg.tokens_per_step // cfg.seq_len} sequences of {cfg.seq_len})")
+    return text + (f"; {plan.reason()}" if plan else "")
 
 
 def _write_config(out: Path, trainer: Trainer, caps, batch_plan=None) -> None:
