@@ -31,7 +31,7 @@ from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import built_model_config
 from gpt2ladder.runtime.hardware import cap_memory, detect
 from gpt2ladder.training.config import TrainConfig
-from gpt2ladder.training.run import Saved, check_new, claimed, read_saved, train_claimed
+from gpt2ladder.training.run import Saved, claimed, saved_run, train_claimed
 
 # The settings a resumed run keeps unless their flag is given (the micro-batch is re-planned on a GPU:
 # it changes how a step runs, not what it computes).
@@ -49,7 +49,7 @@ def _train_command(args, dist: distributed.Dist) -> int:
     caps = cap_memory(device, detect(device), args.gpu_memory)
     notices: list[str] = []  # said when the run starts, after the line that names the step
     with output_dir(args.out) as out, claimed(out, dist):  # the folder goes again if nothing was written
-        saved = read_saved(out, dist) if args.resume else check_new(out)
+        saved = saved_run(out, dist, args.resume)
         cfg, strategy = config_from_args(args, device, caps, dist.world_size, notices.append, saved, dist)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent)  # no random stand-in
         cfg, plan = planned_config(args, cfg, device, caps, dist)

@@ -62,7 +62,7 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
     meanwhile. `tokens` (default: `cfg.data`, read now) are the text; `caps` (default: detected) what
     the device can do. `gpt2ladder train` takes these steps itself, deciding the settings in between."""
     with claimed(out, dist):
-        saved = read_saved(out, dist) if resume else check_new(out)
+        saved = saved_run(out, dist, resume)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent) if tokens is None else tokens
         return train_claimed(cfg, device, out, saved, tokens=tokens, progress=progress, dist=dist, strategy=strategy,
                              allow_data_change=allow_data_change, caps=caps or detect(device))
@@ -99,15 +99,14 @@ def lock_run(out: Path, dist=distributed.SINGLE) -> lock.RunLock | None:
     return held
 
 
-def check_new(out: Path) -> None:
-    """A new run may not start over a checkpoint: that is what --resume is for."""
-    if (out / FILENAME).exists() or (out / PREVIOUS).exists():
-        raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
-
-
-def read_saved(out: Path, dist=distributed.SINGLE) -> Saved:
-    """The run's last good checkpoint (ckpt.pt, else ckpt.prev.pt; never best.pt, which lacks what
-    resuming needs), before the log or any checkpoint is touched."""
+def saved_run(out: Path, dist=distributed.SINGLE, resume: bool = True) -> Saved | None:
+    """With `resume`, the run's last good checkpoint (ckpt.pt, else ckpt.prev.pt; never best.pt, which
+    lacks what resuming needs), read before the log or any checkpoint is touched. Without, None: a new
+    run, which may not start over a checkpoint (that is what --resume is for)."""
+    if not resume:
+        if (out / FILENAME).exists() or (out / PREVIOUS).exists():
+            raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
+        return None
     notices: list[str] = []
     state, path = last_good(out, notices.append, set_aside=dist.is_main, needs=RESUME_KEYS)
     return Saved(state, path, tuple(notices))
