@@ -13,8 +13,8 @@ How it resolves:
   top-level modules (`ladder.py`, `cli.py`);
 - a path with folders is relative to the repository root, or to src/gpt2ladder/ when its first folder
   is one of the package's layers (`runtime/engine.py`);
-- a path whose first folder is neither is another project's (`tiktoken_ext/openai_public.py`: name
-  another project's file with its folder) and is not checked.
+- a path whose first folder is neither is another project's (`tiktoken_ext/openai_public.py`) and is
+  not checked, nor is a bare name right after a possessive (`llm.c's data_common.py`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,13 @@ REPOSITORY = re.compile(r"(?<![\w/.{-])((?:src|tests|docs|benchmarks|\.ci)/[\w./
 def named_paths(text: str) -> dict[str, int]:
     """The paths a piece of prose names, by the module docstring's rule: {path: its line in the text, from 0}."""
     found = sorted((m.start(), m.group(1).rstrip(".,")) for pattern in (SOURCE, REPOSITORY)
-                   for m in pattern.finditer(text))
+                   for m in pattern.finditer(text) if "/" in m.group(1) or not _after_possessive(text, m.start()))
     return {name: text.count("\n", 0, start) for start, name in reversed(found)}  # reversed: the first line wins
+
+
+def _after_possessive(text: str, start: int) -> bool:
+    """Whether the word at `start` follows "X's ": another project's file, as in "nanoGPT's prepare.py"."""
+    return text[max(0, start - 3):start] in ("'s ", "\u2019s ")
 
 
 def _exists(base: Path, path: str) -> bool:
@@ -88,7 +93,8 @@ def test_every_path_named_in_prose_exists(path):
 def test_the_rule_finds_a_stale_path_and_passes_a_good_one():
     here = PACKAGE / "runtime" / "hardware.py"
     text = ("Decisions live in `rungs.py` and measure/doctor.py, beside engine.py;\ntests/golden/*.json and "
-            "tests/test_gpu.py pin them, as tiktoken_ext/openai_public.py does; see matplotlib.pyplot.")
+            "tests/test_gpu.py pin them, as tiktoken_ext/openai_public.py and llm.c's data_common.py do; see "
+            "matplotlib.pyplot.")
     names = named_paths(text)
     assert sorted(names) == ["engine.py", "measure/doctor.py", "rungs.py", "tests/golden/*.json",
                              "tests/test_gpu.py", "tiktoken_ext/openai_public.py"]

@@ -50,7 +50,7 @@ def _train_command(args, dist: distributed.Dist) -> int:
     notices: list[str] = []  # said when the run starts, after the line that names the step
     with output_dir(args.out) as out, claimed(out, dist):  # the folder goes again if nothing was written
         saved = saved_run(out, dist, args.resume)
-        cfg, strategy = config_from_args(args, device, caps, dist.world_size, notices.append, saved, dist)
+        cfg, strategy = config_from_args(args, device, caps, dist, notices.append, saved)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent)  # no random stand-in
         cfg, plan = planned_config(args, cfg, device, caps, dist)
         result = train_claimed(cfg, device, out, saved, tokens=tokens, progress=not args.no_progress, dist=dist,
@@ -63,8 +63,8 @@ def _silent(*args, **kwargs) -> None:
     """The notices of ranks other than 0 (every rank finds the same)."""
 
 
-def config_from_args(args, device: torch.device, caps, world_size: int = 1, notify=print, saved: Saved | None = None,
-                     dist=distributed.SINGLE) -> tuple[TrainConfig, str | None]:
+def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, notify=print,
+                     saved: Saved | None = None) -> tuple[TrainConfig, str | None]:
     """The run's config and data-parallel strategy. Each setting: its flag, else the checkpoint's (with
     --resume), else this device's default. Tokens per step default to the micro-batch (16 x 1024 for gpt2
     on a GPU) per process; the micro-batch on a GPU is planned afterwards (`planned_config`)."""
@@ -84,7 +84,7 @@ def config_from_args(args, device: torch.device, caps, world_size: int = 1, noti
     rungs = given.get("rungs") or (",".join(kept["rungs"]) if kept.get("rungs") else d["rungs"])
     cfg = TrainConfig(
         preset=name, rungs=usable_rungs(rungs, caps, strategy, notify), batch_size=batch, seq_len=seq_len,
-        tokens_per_step=value("tokens_per_step") or batch * seq_len * world_size, steps=steps, lr=lr,
+        tokens_per_step=value("tokens_per_step") or batch * seq_len * dist.world_size, steps=steps, lr=lr,
         min_lr=value("min_lr", lr / 10), warmup_steps=value("warmup_steps", int(0.05 * steps)),
         weight_decay=value("weight_decay", d["weight_decay"]), grad_clip=value("grad_clip", d["grad_clip"]),
         eval_every=value("eval_every", max(1, steps // 10)), eval_batches=value("eval_batches", d["eval_batches"]),
