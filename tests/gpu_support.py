@@ -1,5 +1,5 @@
 """What the GPU tests share: the device, the tiny preset, random batches on the GPU, and the losses of a
-few steps of one setup. Imported by the *_gpu.py test files (tests/ is on sys.path through its conftest)."""
+few steps of one setup. Imported by the tests/*/*_gpu.py test files (tests/ is on sys.path through its conftest)."""
 
 import importlib.util
 

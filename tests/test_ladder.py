@@ -6,7 +6,7 @@ import torch
 from gpt2ladder.errors import UsageError
 from gpt2ladder.ladder import (
     LADDER,
-    SEED_RUNGS,
+    WRITEUP_RUNGS,
     parse_rungs,
     resolve_rungs,
     setup_for,
@@ -15,7 +15,7 @@ from gpt2ladder.ladder import (
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.runtime.hardware import Capabilities
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 CPU = torch.device("cpu")
 
@@ -88,12 +88,12 @@ def test_rungs_have_a_reason_sentence_and_a_kind():
         assert rung.kind in ("precision", "memory", "overhead")
 
 
-def test_seed_rungs_are_the_write_ups_five_plus_baseline():
-    assert SEED_RUNGS == ("baseline", "tf32", "bf16", "compile", "flash", "vocab")
+def test_writeup_rungs_are_the_write_ups_five_plus_baseline():
+    assert WRITEUP_RUNGS == ("baseline", "tf32", "bf16", "compile", "flash", "vocab")
 
 
 def test_parse_rungs():
-    assert parse_rungs("seed") == list(SEED_RUNGS)
+    assert parse_rungs("seed") == list(WRITEUP_RUNGS)  # the user's word for them
     assert parse_rungs("all") == [r.name for r in LADDER]
     assert parse_rungs("vocab, baseline") == ["baseline", "vocab"]  # ladder order
     with pytest.raises(UsageError, match="unknown rung warp"):

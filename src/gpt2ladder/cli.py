@@ -13,6 +13,11 @@ from gpt2ladder.commands.defaults import DEFAULTS
 from gpt2ladder.commands.defaults import default_text as D
 from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory
 
+# What --data takes, for every command that trains or times steps on a text.
+DATA_HELP = ("a UTF-8 text file, in which a literal <|endoftext|> is GPT-2's end-of-text token; or token shards: a "
+             "folder gpt2ladder prepare wrote, a folder or quoted glob of llm.c .bin shards, nanoGPT's "
+             "train.bin/val.bin, or build-nanogpt's .npy shards (default: Tiny Shakespeare)")
+
 # The largest integer a flag takes: numpy and torch hold counts and seeds in 64 bits, and a larger
 # number would surface as an overflow deep inside them instead of as this one line.
 INT_LIMIT = 2**63 - 1
@@ -69,9 +74,10 @@ def _positive_float(text: str) -> float:
 
 def _common(p: argparse.ArgumentParser, preset: bool = True) -> None:
     if preset:
-        p.add_argument("--preset", help="model size: tiny, gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl "
+        p.add_argument("--preset", help="model size: tiny, gpt2 (124M), gpt2-medium, gpt2-large or gpt2-xl "
                        "(default: gpt2 on a GPU, tiny on CPU)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps; auto takes a CUDA GPU when "
+                   "there is one (default: auto)")
     p.add_argument("--gpu-memory", type=_positive_float, metavar="GIB",
                    help="cap this GPU's memory at GIB GiB and plan every choice for it, so a large card stands in "
                    "for a smaller one (default: the whole card)")
@@ -79,6 +85,11 @@ def _common(p: argparse.ArgumentParser, preset: bool = True) -> None:
 
 def _out(p: argparse.ArgumentParser, command: str, what: str) -> None:
     p.add_argument("--out", default=f"runs/{command}", help=f"{what} (default: runs/{command})")
+
+
+def _no_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="draw no progress bars (off by default: bars are "
+                   "drawn on a terminal, never into a file or pipe)")
 
 
 def _add_bench(sub) -> None:
@@ -89,24 +100,29 @@ def _add_bench(sub) -> None:
     p.add_argument("--rungs", default="seed",
                    help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports but the opt-in "
                    "ones), 'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed)")
-    p.add_argument("--batch-size", type=_batch_size, help="sequences per step (per GPU under torchrun, so the "
-                   "global batch grows with the GPUs), 'auto' for the largest at which every rung fits, or 'best' for "
+    gpu_batch, cpu_batch = DEFAULTS["bench"]["gpu"]["batch_size"], DEFAULTS["bench"]["cpu"]["batch_size"]
+    p.add_argument("--batch-size", type=_batch_size, help="sequences per step, per GPU under torchrun (so the "
+                   "global batch grows with the GPUs); 'auto' for the largest at which every rung fits, or 'best' for "
                    "the fastest (in tokens/s) of a few sizes up to the largest that fits, each timed at the top rung "
-                   f"(default: on a GPU the largest up to {D('bench', 'batch_size').split(' on')[0]} at which every rung "
-                   f"fits, {DEFAULTS['bench']['cpu']['batch_size']} on CPU)")
+                   f"(default: on a GPU the largest up to {gpu_batch} at which every rung fits, {cpu_batch} on CPU)")
     p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('bench', 'seq_len')})")
     p.add_argument("--steps", type=_positive_int, help=f"timed steps per rung (default: {D('bench', 'steps')})")
     p.add_argument("--warmup", type=int, help=f"untimed steps first (default: {D('bench', 'warmup')})")
-    p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
+    p.add_argument("--data", help=DATA_HELP)
     p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
     _out(p, "bench", "output directory for ladder.json, ladder.md and ladder.png")
-    p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
+    _strategy(p)
     p.add_argument("--baseline-json", help="a one-GPU ladder.json of the same preset, batch and seq-len: report "
-                   "the scaling efficiency of this (torchrun) run against it")
+                   "the scaling efficiency of this (torchrun) run against it (no default)")
     p.add_argument("--last-only", action="store_true", help="time only the top rung (every named rung applied "
-                   "together), e.g. for a batch-size or multi-GPU run")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+                   "together), e.g. for a batch-size or multi-GPU run (off by default)")
+    _no_progress(p)
     p.set_defaults(handler=_bench)
+
+
+def _strategy(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto, which takes fsdp for "
+                   "gpt2-large and gpt2-xl and ddp otherwise (default: auto)")
 
 
 def _bench(args) -> int:
@@ -119,40 +135,48 @@ def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train GPT-2 on Tiny Shakespeare or any text",
                        description="Train at the fastest setting this machine allows, with validation, "
                        "atomic checkpoints that resume exactly, a log and a loss-curve plot. Ctrl-C or SIGTERM "
-                       "finishes the current step, saves a checkpoint and exits (status 130 or 143).")
+                       "finishes the current step, saves a checkpoint and exits (status 130 or 143). With --resume "
+                       "every setting keeps the run's own value unless its flag is given; the defaults below are a "
+                       "new run's.")
     _common(p)
-    p.add_argument("--rungs", default="auto", help="'auto' (everything this machine supports but the opt-in rungs), 'seed', 'all' or names")
-    p.add_argument("--data", help="a text file; a literal <|endoftext|> in it is GPT-2's end-of-text token, which "
-                   "separates documents (default: Tiny Shakespeare)")
+    p.add_argument("--rungs", help="'auto' (everything this machine supports but the opt-in rungs), 'seed', 'all' "
+                   f"or names (default: {D('train', 'rungs')})")
+    p.add_argument("--data", help=DATA_HELP)
     _out(p, "train", "run directory: config.json, log.jsonl, checkpoints, loss.png, tb/")
     p.add_argument("--steps", type=_positive_int, help=f"optimizer steps (default: {D('train', 'steps')})")
-    p.add_argument("--batch-size", type=_positive_int, help="micro-batch, sequences per forward pass (default: on a "
-                   f"GPU the largest that fits and divides the step, {DEFAULTS['train']['cpu']['batch_size']} on CPU)")
+    p.add_argument("--batch-size", type=_positive_int, help="micro-batch: sequences per forward pass (default: on "
+                   f"a GPU the largest that fits and divides the step, {DEFAULTS['train']['cpu']['batch_size']} on CPU)")
     p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('train', 'seq_len')})")
+    gpu, cpu = DEFAULTS["train"]["gpu"], DEFAULTS["train"]["cpu"]
     p.add_argument("--tokens-per-step", type=_positive_int,
                    help="tokens per optimizer step, over all processes; gradient accumulation makes up the difference, "
-                   f"so the loss curve does not depend on the card (default: {D('train', 'batch_size')} sequences "
-                   "per process)")
-    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
-    p.add_argument("--min-lr", type=float, help="final learning rate of the cosine decay (default: lr/10)")
-    p.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up steps (default: 5%% of --steps)")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices (default: 0.1)")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
-    p.add_argument("--eval-every", type=int, default=None, help="validate every N steps, 0 = never (default: steps/10)")
-    p.add_argument("--eval-batches", type=_positive_int, default=20, help="validation batches (default: 20)")
-    p.add_argument("--ckpt-every", type=int, default=None, help="checkpoint every N steps, 0 = only at the end "
-                   "(default: steps/5)")
+                   "so the loss curve does not depend on the card (default: one micro-batch per process: "
+                   f"{gpu['batch_size']} sequences of the block size on a GPU, {cpu['batch_size']} of "
+                   f"{cpu['seq_len']} tokens on CPU)")
+    p.add_argument("--lr", type=float, help=f"peak learning rate (default: {D('train', 'lr')})")
+    p.add_argument("--min-lr", type=float, help="final learning rate of the cosine decay (default: a tenth of --lr)")
+    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 5%% of --steps)")
+    p.add_argument("--weight-decay", type=float, help="AdamW's weight decay on the matrices "
+                   f"(default: {D('train', 'weight_decay')})")
+    p.add_argument("--grad-clip", type=float, help="clip the gradient norm to this, 0 for no clipping "
+                   f"(default: {D('train', 'grad_clip')})")
+    p.add_argument("--eval-every", type=int, help="validate every N steps, 0 for never (default: a tenth of --steps)")
+    p.add_argument("--eval-batches", type=_positive_int, help="validation batches "
+                   f"(default: {D('train', 'eval_batches')})")
+    p.add_argument("--ckpt-every", type=int, help="checkpoint every N steps, 0 for only at the end "
+                   "(default: a fifth of --steps)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (or, if that is missing or "
-                   "damaged, OUT/ckpt.prev.pt)")
+                   "damaged, OUT/ckpt.prev.pt) with the run's own settings; flags given with it change those, and "
+                   "each change is named (off by default)")
     p.add_argument("--allow-data-change", action="store_true", help="with --resume: continue on another text than "
-                   "the checkpoint was trained on (refused otherwise)")
+                   "the checkpoint was trained on, which is refused otherwise (off by default)")
     p.add_argument("--init-from", help="Hugging Face GPT-2 weights to start from: a folder (its config.json gives "
                    "the shape) holding model.safetensors, a sharded model.safetensors.index.json or pytorch_model.bin; "
                    "one of those files; or a hub name such as gpt2 or openai-community/gpt2, from the local Hugging "
-                   "Face cache or downloaded (default: none, random weights from --seed)")
-    p.add_argument("--strategy", default="auto", help="under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl)")
-    p.add_argument("--seed", type=_seed, default=0, help="initial weights and batch order (default: 0)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+                   "Face cache or downloaded (no default: the weights start from --seed)")
+    _strategy(p)
+    p.add_argument("--seed", type=_seed, help=f"initial weights and batch order (default: {D('train', 'seed')})")
+    _no_progress(p)
     p.set_defaults(handler=_train)
 
 
@@ -180,9 +204,9 @@ def _add_sample(sub) -> None:
                    "the context when that is shorter)")
     p.add_argument("--num-samples", type=_positive_int, default=1, help="independent samples (default: 1)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default: 0.8)")
-    p.add_argument("--top-k", type=int, default=200, help="keep the k most likely tokens (0 = all)")
+    p.add_argument("--top-k", type=int, default=200, help="keep the k most likely tokens, 0 for all (default: 200)")
     p.add_argument("--seed", type=_seed, default=1337, help="the same seed gives the same text (default: 1337)")
-    p.add_argument("--compile", action="store_true", help="generate with the torch.compile'd model")
+    p.add_argument("--compile", action="store_true", help="generate with the torch.compile'd model (off by default)")
     p.set_defaults(handler=_sample)
 
 
@@ -205,7 +229,8 @@ def _add_export(sub) -> None:
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (absent or empty, unless --force)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
                    help="weights' dtype in model.safetensors (default: float32)")
-    p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty, but never the folder "
+                   "of a run still training there (off by default)")
     p.add_argument("--license", metavar="ID", help="the license the model card states, as a Hugging Face hub "
                    "license id such as mit or apache-2.0 (default: none stated)")
     p.add_argument("--push-to-hub", metavar="REPO", help="then upload OUT_DIR to the Hugging Face hub as the model "
@@ -268,16 +293,16 @@ def _add_parity(sub) -> None:
                    help="fp32 baseline runs with different initial weights and data order, for the spread (default: 2)")
     p.add_argument("--tolerance", type=float, default=0.02, help="largest relative loss gap accepted (default: 0.02 = 2%%)")
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
-    p.add_argument("--eval-every", type=_positive_int, help="validate every N steps (default: steps/10)")
+    p.add_argument("--eval-every", type=_positive_int, help="validate every N steps (default: a tenth of --steps)")
     p.add_argument("--eval-batches", type=_positive_int, default=10, help="validation batches (default: 10)")
     p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
-    p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
+    p.add_argument("--data", help=DATA_HELP)
     _out(p, "parity", "output directory for parity.json, parity.md and parity.png")
     p.add_argument("--shard", metavar="K/N", help="run only every N-th training run from K (0-based), to spread "
-                   "one parity over N GPUs; writes parity-shard-K-of-N.json")
+                   "one parity over N GPUs; writes parity-shard-K-of-N.json (no default: every run)")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="make the report from the shard files in these "
-                   "directories (no training)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+                   "directories, with no training (no default)")
+    _no_progress(p)
     p.set_defaults(handler=_parity)
 
 
@@ -296,17 +321,19 @@ def _add_profile(sub) -> None:
     p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
                    "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
     p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: on a GPU the largest up "
-                   f"to 16 at which every rung fits, {DEFAULTS['profile']['cpu']['batch_size']} on CPU)")
+                   f"to {DEFAULTS['profile']['gpu']['batch_size']} at which every rung fits, "
+                   f"{DEFAULTS['profile']['cpu']['batch_size']} on CPU)")
     p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('profile', 'seq_len')})")
     p.add_argument("--steps", type=_positive_int, default=5, help="profiled steps per rung (default: 5)")
     p.add_argument("--warmup", type=int, default=5, help="unprofiled steps first (default: 5)")
-    p.add_argument("--data", help="a text file to train on (default: Tiny Shakespeare)")
-    p.add_argument("--seed", type=_seed, default=0)
-    p.add_argument("--trace", action="store_true", help="also write a Chrome trace per rung (OUT/trace-<rung>.json)")
-    p.add_argument("--last-only", action="store_true", help="profile only the top rung (every named rung "
-                   "applied together)")
+    p.add_argument("--data", help=DATA_HELP)
+    p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
+    p.add_argument("--trace", action="store_true", help="also write a Chrome trace per rung, OUT/trace-<rung>.json "
+                   "(off by default)")
+    p.add_argument("--last-only", action="store_true", help="profile only the top rung, every named rung "
+                   "applied together (off by default)")
     _out(p, "profile", "output directory for profile.json, profile.md, profile.png (and traces)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _no_progress(p)
     p.set_defaults(handler=_profile)
 
 
@@ -380,7 +407,8 @@ def _add_doctor(sub) -> None:
                        "one-line reason; the rungs --rungs auto will climb; and, on a GPU, the largest batch per "
                        "rung and the micro-batch train will use.")
     _common(p, preset=False)
-    p.add_argument("--json", action="store_true", help="print one JSON object, for scripts")
+    p.add_argument("--json", action="store_true", help="print one JSON object, for scripts (off by default: a "
+                   "report for people)")
     p.set_defaults(handler=_doctor)
 
 
@@ -456,7 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpt2ladder", description="Train GPT-2 as fast as the hardware allows, and "
                      "measure where every millisecond went.", epilog=_EXAMPLES[""], formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"gpt2ladder {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors "
+                        "(off by default)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for add in (_add_bench, _add_train, _add_sample, _add_export, _add_eval, _add_parity, _add_profile,
                 _add_prepare, _add_doctor):
@@ -465,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.formatter_class, p.epilog = _Formatter, _EXAMPLES.get(name)
         # SUPPRESS: a --debug given before the command is not overwritten by this one's default.
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show tracebacks instead of one-line errors")
+                       help="show tracebacks instead of one-line errors (off by default)")
     return parser
 
 

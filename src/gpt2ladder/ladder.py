@@ -3,7 +3,7 @@
 A rung is a name, one sentence of what it changes and why that is faster, the fields it sets, and a
 check that says why it cannot apply on this machine. Rung k of the ladder is rungs 0..k applied in
 order to the baseline setup. Adding a rung = one `Rung(...)` entry below plus, if it needs new
-machinery, one field in `Setup` (`runtime/setup.py`) that the engine honours or, for a rewrite of the
+machinery, one field in `Setup` (`model/setup.py`) that the engine honours or, for a rewrite of the
 model, one entry in `speedups.REWRITES`.
 """
 
@@ -15,7 +15,7 @@ from typing import Callable
 
 from gpt2ladder.errors import UsageError
 from gpt2ladder.runtime.hardware import Capabilities
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Rung:
     changes: dict = field(default_factory=dict)  # the Setup fields this rung sets, and to what
     # Returns None when the rung can run here, else the reason it cannot.
     unavailable: Callable[[Capabilities], str | None] = field(repr=False, default=lambda caps: None)
-    seed: bool = False  # one of the write-up's five
+    writeup: bool = False  # one of the write-up's five (and its baseline): what `--rungs seed` climbs
     # Measured slower than the rung before it where it was tried (GPT-2 124M on an H200): climbed by
     # `all` and tried by `--rungs best`, but not part of `auto`, which `train` uses and `doctor` recommends.
     opt_in: bool = False
@@ -112,20 +112,20 @@ def _needs_fp8(caps: Capabilities) -> str | None:
 
 LADDER: tuple[Rung, ...] = (
     Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
-         "precision", {}, seed=True),
+         "precision", {}, writeup=True),
     Rung("tf32", "Matmuls run on the tensor cores in TF32 (10-bit mantissa inside the multiply, fp32 in and out).",
-         "precision", {"matmul_precision": "high"}, _needs_ampere("TF32"), seed=True),
+         "precision", {"matmul_precision": "high"}, _needs_ampere("TF32"), writeup=True),
     Rung("bf16", "Autocast runs matmuls in bfloat16, halving the bytes every activation moves; weights stay fp32.",
-         "precision", {"autocast": "bfloat16"}, _needs_ampere("bfloat16 autocast"), seed=True),
+         "precision", {"autocast": "bfloat16"}, _needs_ampere("bfloat16 autocast"), writeup=True),
     Rung("fp16", "Where bf16 is missing (before Ampere), autocast runs matmuls in float16 on the tensor cores; "
          "a GradScaler keeps small gradients from rounding to zero.",
          "precision", {"autocast": "float16"}, _needs_no_bf16),
     Rung("compile", "torch.compile removes the Python interpreter and fuses elementwise chains into single kernels.",
-         "memory", {"compile": True}, _needs_compile, seed=True),
+         "memory", {"compile": True}, _needs_compile, writeup=True),
     Rung("flash", "scaled_dot_product_attention(is_causal=True) never writes the T x T score matrix to memory.",
-         "memory", {"attention": "sdpa"}, seed=True),
+         "memory", {"attention": "sdpa"}, writeup=True),
     Rung("vocab", "The classifier gets 50304 rows (a multiple of 128), so its matmul tiles evenly.",
-         "memory", {"vocab_multiple": 128}, seed=True),
+         "memory", {"vocab_multiple": 128}, writeup=True),
     Rung("fused_adamw", "AdamW updates every parameter in a few fused kernels instead of a loop of small ones.",
          "overhead", {"fused_adamw": True}),
     Rung("fused_loss", "The classifier's cross-entropy and its gradient come from one pass over the logits.",
@@ -165,13 +165,14 @@ LADDER: tuple[Rung, ...] = (
 )
 
 RUNGS_BY_NAME = {r.name: r for r in LADDER}
-SEED_RUNGS = tuple(r.name for r in LADDER if r.seed)
+WRITEUP_RUNGS = tuple(r.name for r in LADDER if r.writeup)
 
 
 def parse_rungs(spec: str) -> list[str]:
-    """`seed` (the write-up's five), `all`, or comma-separated names in ladder order."""
+    """`seed` (the write-up's five: the ladder the product was seeded with), `all`, or comma-separated
+    names in ladder order."""
     if spec == "seed":
-        return list(SEED_RUNGS)
+        return list(WRITEUP_RUNGS)
     if spec == "all":
         return [r.name for r in LADDER]
     names = [n.strip() for n in spec.split(",") if n.strip()]

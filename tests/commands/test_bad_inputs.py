@@ -1,5 +1,6 @@
 """The bad-input list as a table: each row is a command line, its exit code and a fragment of the one line
-it must print on stderr, with no traceback. A new case is one line in CASES.
+it must print on stderr, with no traceback. A user's mistake (exit 2) prints nothing on stdout either:
+every command checks its inputs before it prints a banner or starts work. A new case is one line in CASES.
 
 A flag given twice takes its last value, so a row overrides a default by appending. Placeholders in a
 row's arguments name things the `places` fixture makes once for the module: {run} a
@@ -9,7 +10,6 @@ Everything runs through `cli.main` in-process (fast); tests that need a real pro
 live next to the code they test.
 """
 
-import dataclasses
 import json
 import os
 import shutil
@@ -26,6 +26,8 @@ TINY = ["--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--batch-s
 TRAIN = ["train", *TINY, "--steps", "2", "--eval-every", "0", "--data", "{text}", "--out", "{out}"]
 SAMPLE = ["sample", "{run}", "--device", "cpu", "--num-tokens", "2"]
 PARITY = ["parity", *TINY, "--steps", "1", "--eval-batches", "1", "--data", "{text}", "--out", "{out}"]
+BENCH = ["bench", *TINY, "--steps", "1", "--warmup", "0", "--data", "{text}", "--out", "{out}"]
+PROFILE = ["profile", *TINY, "--steps", "1", "--warmup", "0", "--data", "{text}", "--out", "{out}"]
 
 
 def sample(path: str) -> list[str]:
@@ -34,6 +36,28 @@ def sample(path: str) -> list[str]:
 
 
 CASES = [  # (id, argv, exit code, a fragment of the one line)
+    # one input of each kind, for each command
+    ("train data missing", [*TRAIN, "--data", "{root}/missing.txt"], 2, "does not exist"),
+    ("bench data missing", [*BENCH, "--data", "{root}/missing.txt"], 2, "does not exist"),
+    ("parity data missing", [*PARITY, "--data", "{root}/missing.txt"], 2, "does not exist"),
+    ("profile data missing", [*PROFILE, "--data", "{root}/missing.txt"], 2, "does not exist"),
+    ("train data a directory", [*TRAIN, "--data", "{root}"], 2, "is a directory"),
+    ("train unknown rung", [*TRAIN, "--rungs", "baseline,warp"], 2, "unknown rung warp"),
+    ("bench unknown rung", [*BENCH, "--rungs", "warp"], 2, "unknown rung warp"),
+    ("parity unknown rung", [*PARITY, "--rungs", "warp"], 2, "unknown rung warp"),
+    ("profile unknown rung", [*PROFILE, "--rungs", "warp"], 2, "unknown rung warp"),
+    ("train unknown preset", [*TRAIN, "--preset", "gpt5"], 2, "unknown preset 'gpt5'"),
+    ("train seq len above the block", [*TRAIN, "--seq-len", "257"], 2, "exceeds the model's block size of 256"),
+    ("bench steps zero", [*BENCH, "--steps", "0"], 2, "--steps: expected a positive integer"),
+    ("profile warmup negative", [*PROFILE, "--warmup", "-1"], 2, "--warmup must be zero or more"),
+    ("parity bad shard", [*PARITY, "--shard", "3/2"], 2, "need 0 <= K < N"),
+    ("train bad strategy", [*TRAIN, "--strategy", "zero3"], 2, "unknown --strategy 'zero3'"),
+    ("train init from nothing", [*TRAIN, "--init-from", "{root}/no-such-model"], 2, "GPT-2 weights not found"),
+    ("resume a missing run directory", [*TRAIN, "--out", "{root}/no-such-run", "--resume"], 2, "no checkpoint at"),
+    ("sample a missing run directory", sample("{root}/no-such-run"), 2, "no checkpoint at"),
+    ("export a missing run directory", ["export", "{root}/no-such-run", "{out}"], 2, "no checkpoint at"),
+    ("doctor unknown device", ["doctor", "--device", "tpu"], 2, "unknown device 'tpu'"),
+    ("doctor gpu memory zero", ["doctor", "--gpu-memory", "0"], 2, "--gpu-memory: expected a positive number"),
     # numbers no flag can take
     ("train seed 2**70", [*TRAIN, "--seed", str(2**70)], 2, "--seed: expected a seed from 0 to 2**63 - 1"),
     ("sample seed 2**70", [*SAMPLE, "--seed", str(2**70)], 2, "--seed: expected a seed from 0 to 2**63 - 1"),
@@ -133,7 +157,7 @@ def _damaged_checkpoints(root, run) -> dict:
 
 
 def _damaged_shards(root) -> dict:
-    config = dataclasses.asdict(ParityConfig(rungs=("baseline",)))
+    config = ParityConfig(rungs=("baseline",)).to_dict()
     shard = {"device": {"name": "cpu"}, "command": "parity-shard", "shard": [0, 1], "skipped": {},
              "results": {"baseline-seed0": {"status": "ok"}, "baseline-seed1": {"status": "ok"}}}
     paths = {"shard_unknown_key": root / "unknown.json", "shard_broken": root / "broken.json"}
@@ -153,8 +177,10 @@ def _fill(argv: list[str], paths: dict) -> list[str]:
 def test_bad_input_is_one_line_and_an_exit_code(places, argv, code, fragment, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GPT2LADDER_CACHE", str(places["root"] / "cache"))
     got = main(_fill(argv, {**places, "out": tmp_path / "out"}))
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "Traceback" not in err
     assert got == code, err
     assert err.startswith("gpt2ladder: error: ") and err.count("\n") == 1, f"not one line: {err!r}"
     assert fragment in err, err
+    if code == 2:
+        assert out == "", f"printed before the error: {out!r}"

@@ -121,7 +121,8 @@ def test_export_gives_the_greedy_tokens_of_gpt2ladder_sample(small_export, capsy
 
 
 def test_a_folder_transformers_wrote_samples_and_trains_the_same(tmp_path, capsys):
-    from gpt2ladder.runtime.setup import Setup
+    from gpt2ladder.commands.train import model_shape
+    from gpt2ladder.model.setup import Setup
     from gpt2ladder.training.config import TrainConfig
     from gpt2ladder.training.trainer import build_engine
 
@@ -133,8 +134,11 @@ def test_a_folder_transformers_wrote_samples_and_trains_the_same(tmp_path, capsy
     torch.testing.assert_close(_logits(ours, _ids(1)), _logits(hf, _ids(1)), rtol=1e-5, atol=1e-5)
     prompt = get_tokenizer().encode_ordinary(PROMPT)
     assert _sample_greedy(capsys, tmp_path / "hf") == get_tokenizer().decode(_hf_greedy(hf, prompt)) + "\n"
-    cfg = TrainConfig(init_from=str(tmp_path / "hf"), seq_len=32, batch_size=1, tokens_per_step=32, steps=1)
-    engine = build_engine(cfg, Setup(vocab_multiple=128), torch.device("cpu"))  # the shape from config.json
+    shape = model_shape("tiny", str(tmp_path / "hf"))  # what `train --init-from` reads: config.json, not the preset
+    assert shape == ours.config
+    cfg = TrainConfig(init_from=str(tmp_path / "hf"), seq_len=32, batch_size=1, tokens_per_step=32, steps=1,
+                      model=shape)
+    engine = build_engine(cfg, Setup(vocab_multiple=128), torch.device("cpu"))
     torch.testing.assert_close(_logits(engine.raw_model.eval(), _ids(2)), _logits(hf, _ids(2)), rtol=1e-5, atol=1e-5)
 
 

@@ -122,7 +122,7 @@ def test_acc_and_acc_norm_can_differ_and_follow_the_labels(model, tmp_path):
 def test_the_trainers_call_scores_the_same(model, examples_file):
     """The engine's forward (SDPA attention, the padded vocabulary), as `train` would evaluate through it."""
     from gpt2ladder.runtime.engine import Engine
-    from gpt2ladder.runtime.setup import Setup
+    from gpt2ladder.model.setup import Setup
 
     copy = GPT(SMALL.__class__(**{**SMALL.to_dict(), "attention": "sdpa"}))
     copy.load_state_dict(model.state_dict())

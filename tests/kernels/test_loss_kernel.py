@@ -2,7 +2,7 @@
 
 The kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1, in a subprocess since the flag
 is read at import), with fp32 gradients so the comparison is exact up to exp's rounding; skipped where
-Triton is not installed. The float8 rounding is the GPU's own conversion: tests/test_gpu.py checks it.
+Triton is not installed. The float8 rounding is the GPU's own conversion: tests/kernels/test_kernels_gpu.py checks it.
 """
 
 import importlib.util

@@ -245,7 +245,7 @@ def test_chart_labels_mark_each_step_up_but_not_the_best_combination():
 
 
 def test_a_gpt2_bench_on_a_cpu_says_up_front_how_long_it_takes_at_least():
-    from gpt2ladder.measure.harness import cpu_warning
+    from gpt2ladder.report.notices import cpu_warning
     from gpt2ladder.model.config import preset
 
     cfg = BenchConfig(preset="gpt2", rungs=("baseline",), batch_size=4, seq_len=128, steps=10, warmup=3)

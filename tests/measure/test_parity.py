@@ -301,7 +301,7 @@ def test_a_file_that_is_not_a_shard_is_a_usage_error(tmp_path, capsys):
 
 
 def _shard(rungs, k, n, results, **config):
-    cfg = dataclasses.asdict(ParityConfig(rungs=tuple(rungs), **config))
+    cfg = ParityConfig(rungs=tuple(rungs), **config).to_dict()
     runs = {uid: {"status": "ok", "final_val": val, "final_train": val - 0.5, "first_loss": 10.8, "seed": 0}
             for uid, val in results.items()}
     return {"device": {"name": "cpu"}, "git_sha": "abc", "command": "parity-shard", "shard": [k, n],

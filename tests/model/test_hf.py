@@ -20,8 +20,8 @@ from gpt2ladder.model.hf import (
     load_hf_model,
     save_hf_gpt2,
 )
-from gpt2ladder.runtime.engine import model_config_for
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.runtime.engine import built_model_config
+from gpt2ladder.model.setup import Setup
 
 SHAPE = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=64)
 
@@ -76,7 +76,7 @@ def test_loaded_model_computes_the_same_logits(tmp_path, source_model, prefix):
 
 def test_loads_into_a_padded_vocabulary(tmp_path, source_model):
     path = write_hf_gpt2(source_model, tmp_path / "gpt2", extras=False)
-    padded = GPT(model_config_for(SHAPE, Setup(vocab_multiple=128))).eval()
+    padded = GPT(built_model_config(SHAPE, Setup(vocab_multiple=128))).eval()
     load_hf_gpt2(tmp_path / "gpt2", padded)  # a folder means its model.safetensors
     assert padded.transformer.wte.weight.shape[0] == 50304
     assert torch.count_nonzero(padded.transformer.wte.weight[SHAPE.vocab_size:]) == 0
@@ -117,11 +117,12 @@ def test_train_init_from_starts_from_the_file(tmp_path, source_model):
     path = write_hf_gpt2(source_model, tmp_path / "gpt2")
     args = SimpleNamespace(preset=None, steps=3, batch_size=2, seq_len=None, init_from=str(path), rungs="baseline",
                            tokens_per_step=None, lr=6e-4, min_lr=None, warmup_steps=None, weight_decay=0.1,
-                           grad_clip=1.0, eval_every=None, eval_batches=2, ckpt_every=None, seed=0, data=None)
+                           grad_clip=1.0, eval_every=None, eval_batches=2, ckpt_every=None, seed=0, data=None,
+                           strategy="auto")
     from gpt2ladder.runtime.hardware import detect
 
-    cfg = config_from_args(args, torch.device("cpu"), detect(torch.device("cpu")), notify=lambda msg: None)
-    assert isinstance(cfg, TrainConfig) and cfg.model_config() == SHAPE
+    cfg, _ = config_from_args(args, torch.device("cpu"), detect(torch.device("cpu")), notify=lambda msg: None)
+    assert isinstance(cfg, TrainConfig) and cfg.model == SHAPE
     assert cfg.seq_len == 64  # the CPU default of 128 is cut to the file's 64 positions
     engine = build_engine(cfg, Setup(), torch.device("cpu"))
     for name, value in source_model.state_dict().items():
@@ -216,7 +217,7 @@ def test_written_tensors_have_the_hugging_face_layout(source_model):
 
 
 def test_written_folder_loads_back_into_a_padded_model(tmp_path, source_model):
-    padded = GPT(model_config_for(SHAPE, Setup(vocab_multiple=128))).eval()
+    padded = GPT(built_model_config(SHAPE, Setup(vocab_multiple=128))).eval()
     load_hf_gpt2(write_hf_gpt2(source_model, tmp_path / "src"), padded)  # the same weights, padded
     files = save_hf_gpt2(padded, tmp_path / "out")
     assert sorted(p.name for p in files) == ["config.json", "generation_config.json", "model.safetensors"]

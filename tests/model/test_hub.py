@@ -127,13 +127,15 @@ def test_a_path_that_exists_is_never_a_hub_name(tmp_path, monkeypatch):
 
 
 def test_train_init_from_a_hub_name_reads_its_shape_and_weights(model, weights, hf_home):
-    from gpt2ladder.runtime.setup import Setup
+    from gpt2ladder.commands.train import model_shape
+    from gpt2ladder.model.setup import Setup
     from gpt2ladder.training.config import TrainConfig
     from gpt2ladder.training.trainer import build_engine
 
     fill_cache(hf_home, "openai-community/gpt2", weights)
-    cfg = TrainConfig(init_from="gpt2", seq_len=16, batch_size=1, tokens_per_step=16, steps=1)
-    assert cfg.model_config() == SHAPE
+    shape = model_shape("tiny", "gpt2")  # what `train --init-from gpt2` reads, once, where the command starts
+    cfg = TrainConfig(init_from="gpt2", seq_len=16, batch_size=1, tokens_per_step=16, steps=1, model=shape)
+    assert cfg.model == SHAPE
     engine = build_engine(cfg, Setup(vocab_multiple=128), CPU)
     assert torch.equal(_logits(engine.raw_model.eval()), _logits(model))
 

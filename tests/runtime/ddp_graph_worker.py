@@ -20,7 +20,7 @@ def run(dist, graph: bool):
     device = torch.device("cuda", dist.local_rank)
     setup = setup_for(RUNGS + (["cuda_graph"] if graph else []))
     engine = Engine(preset("tiny"), setup, device, seed=0,
-                    parallelize=distributed.parallelize_for(dist, "ddp", "tiny"))
+                    parallelize=distributed.parallelize_for(dist, "ddp"))
     batches = Batches(random_tokens(50_000, seed=0).train, ACCUM * MICRO * dist.world_size, SEQ, seed=0,
                       rank=dist.rank, world_size=dist.world_size)
     losses = []

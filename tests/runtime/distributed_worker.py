@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under `torch.distributed.run --nproc_per_node=2` on CPU (gloo).
+"""Run by tests/runtime/test_distributed.py under `torch.distributed.run --nproc_per_node=2` on CPU (gloo).
 
 Every rank takes the same steps as a single process would on the global batch, under DDP and FSDP2,
 and rank 0 saves what the test compares: gradients, weights after the update, losses, and how many
@@ -31,7 +31,7 @@ def micro_batches(dist, accum):
 
 def engine_for(dist, strategy, setup=Setup()):
     return Engine(preset("tiny"), setup, torch.device("cpu"), seed=0, optim=OPTIM, compile_backend="eager",
-                  parallelize=distributed.parallelize_for(dist, strategy, "tiny"))
+                  parallelize=distributed.parallelize_for(dist, strategy))
 
 
 def full_grads(engine):

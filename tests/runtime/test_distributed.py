@@ -159,7 +159,8 @@ def test_strategy_choice():
     assert distributed.resolve_strategy("auto", "gpt2-xl", two) == "fsdp"
     assert distributed.resolve_strategy("fsdp", "tiny", two) == "fsdp"
     assert distributed.resolve_strategy("auto", "gpt2-xl", SINGLE) is None
-    assert distributed.parallelize_for(SINGLE, "auto", "gpt2") is None
+    assert distributed.parallelize_for(SINGLE, distributed.resolve_strategy("auto", "gpt2", SINGLE)) is None
+    assert distributed.parallelize_for(two, "fsdp").keywords == {"dist": two, "strategy": "fsdp"}
     with pytest.raises(UsageError, match="needs several processes: launch with torchrun"):
         distributed.resolve_strategy("fsdp", "gpt2-xl", SINGLE)
     with pytest.raises(UsageError, match="unknown --strategy"):
@@ -346,10 +347,10 @@ def test_a_signal_seen_by_one_rank_stops_every_rank():
         def mean(self, value):
             return (value + 1) / 2
 
-    def agreed(ranks, signum):
+    def agreed(dist, signum):
         stop = StopSignals()
         stop.signum = signum
-        return Trainer._stop_agreed(SimpleNamespace(ranks=ranks), stop)
+        return Trainer._stop_agreed(SimpleNamespace(dist=dist), stop)
 
     assert agreed(PeerSawNothing(0, 0, 2, "gloo"), 15) and agreed(PeerSawSignal(0, 0, 2, "gloo"), None)
     assert not agreed(PeerSawNothing(0, 0, 2, "gloo"), None) and not agreed(SINGLE, None)

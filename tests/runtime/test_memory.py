@@ -9,7 +9,7 @@ import pytest
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.config import preset
 from gpt2ladder.runtime.memory import GiB, parameters, step_memory
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 RECORDS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-12-01-h200-layout"
 

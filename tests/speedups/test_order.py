@@ -9,7 +9,7 @@ from gpt2ladder import speedups
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.model.gpt import GPT, init_weights
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 
 def test_the_list_is_in_a_valid_order():

@@ -18,7 +18,8 @@ from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.training import checkpoint, lock
 from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.runlog import read_log
-from gpt2ladder.training.trainer import Trainer, lock_run
+from gpt2ladder.training.run import lock_run
+from gpt2ladder.training.trainer import Trainer
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
 
@@ -202,7 +203,7 @@ def test_a_diverged_but_finite_model_never_replaces_the_last_good_checkpoint(run
 def test_best_pt_holds_the_lowest_validation_loss_across_a_resume(tmp_path, capsys, monkeypatch):
     """Validation every step (scripted). Step 1's best is not a checkpoint step: best.pt is a save of its own.
     Resumed, the best comes back from the checkpoint, so the worse step 3 does not replace it; step 4's
-    new best is ckpt.pt itself (a hard link, no extra space)."""
+    new best, a checkpoint step too, is saved as best.pt as well."""
     scripted = {1: 7.0, 2: 9.0, 3: 8.0, 4: 6.5}
     monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches: scripted.get(self.step, 9.5))
     run, validate = tmp_path / "run", ["--eval-every", "1", "--eval-batches", "1"]
@@ -213,9 +214,27 @@ def test_best_pt_holds_the_lowest_validation_loss_across_a_resume(tmp_path, caps
     assert _cli(capsys, _args(run, "--resume", "--steps", "4", *validate))[0] == 0
     best, last = load_checkpoint(run / "best.pt"), load_checkpoint(run)
     assert best["step"] == 4 and best["val_loss"] == 6.5 and last["best"] == {"step": 4, "val_loss": 6.5}
-    assert os.stat(run / "best.pt").st_ino == os.stat(run / "ckpt.pt").st_ino
     assert sorted(p.name for p in run.iterdir()) == ["best.pt", "ckpt.prev.pt", "ckpt.pt", "config.json",
                                                      "log.jsonl", "loss.png"]
+
+
+def test_best_pt_holds_the_weights_alone_for_sample_and_export_and_is_never_resumed(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _cli(capsys, _args(run, "--eval-every", "1", "--eval-batches", "1"))[0] == 0
+    best, full = load_checkpoint(run / "best.pt"), load_checkpoint(run)
+    assert set(best) == {"model", "step", "train_config", "model_config", "setup", "data_source", "val_loss", "best",
+                         "format", "version"}
+    assert {"optimizer", "rng", "data"} <= set(full) and best["model"].keys() == full["model"].keys()
+    ratio = (run / "best.pt").stat().st_size / (run / "ckpt.pt").stat().st_size
+    assert 0.3 < ratio < 0.4, ratio  # the weights, without AdamW's two moments of every weight
+    code, text, _ = _cli(capsys, ["sample", run / "best.pt", "--device", "cpu", "--num-tokens", "3"])
+    assert code == 0 and text.strip()
+    assert _cli(capsys, ["export", run / "best.pt", tmp_path / "hf"])[0] == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    for name in ("ckpt.pt", "ckpt.prev.pt"):
+        (run / name).unlink()
+    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "3"))
+    assert code == 2 and _one_line_error(err, "no checkpoint at", "ckpt.pt")  # best.pt is not a checkpoint to resume
 
 
 # --- the last good checkpoint is what --resume and sample use ---------------------------------------

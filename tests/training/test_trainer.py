@@ -10,7 +10,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,13 +20,14 @@ from gpt2ladder.commands.train import config_from_args
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.runtime.distributed import Dist
-from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training import checkpoint, schedule
 from gpt2ladder.training.checkpoint import load_checkpoint, rng_state, set_rng_state
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import read_log
-from gpt2ladder.training.trainer import Trainer, run_training
+from gpt2ladder.training.run import run_training
+from gpt2ladder.training.trainer import Trainer
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -117,29 +117,32 @@ def test_accumulation_must_divide_over_processes():
 
 
 def _args(**kw):
-    names = ("preset", "steps", "batch_size", "seq_len", "init_from", "tokens_per_step", "min_lr", "warmup_steps",
-             "eval_every", "ckpt_every", "data")
-    base = {n: None for n in names}
-    base.update(rungs="auto", lr=6e-4, weight_decay=0.1, grad_clip=1.0, eval_batches=20, seed=0)
-    return SimpleNamespace(**{**base, **kw})
+    """`train`'s flags as the parser gives them when none is on the command line, then `kw`."""
+    args = cli.build_parser().parse_args(["train"])
+    for name, value in kw.items():
+        setattr(args, name, value)
+    return args
 
 
 def test_cpu_defaults_and_auto_rungs(monkeypatch):
     monkeypatch.setenv(COMPILE_BACKEND_ENV, "eager")
     caps = detect(CPU)
-    cfg = config_from_args(_args(), CPU, caps)
+    cfg, strategy = config_from_args(_args(), CPU, caps)
     assert (cfg.preset, cfg.batch_size, cfg.seq_len, cfg.steps) == ("tiny", 8, 128, 200)
     assert cfg.tokens_per_step == 8 * 128 and cfg.grad_accum() == 1
     assert (cfg.warmup_steps, cfg.eval_every, cfg.ckpt_every) == (10, 20, 40)
     assert cfg.min_lr == pytest.approx(6e-5)
     assert cfg.rungs == tuple(resolve_rungs("auto", caps))
-    assert cfg.compile_backend == "eager"
-    assert defaults("train", torch.device("cuda")) == {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 1000}
+    assert cfg.compile_backend == "eager" and strategy is None
+    gpu = defaults("train", torch.device("cuda"))
+    assert {k: gpu[k] for k in ("preset", "batch_size", "seq_len", "steps")} == {"preset": "gpt2", "batch_size": 16,
+                                                                                   "seq_len": None, "steps": 1000}
+    assert (gpu["lr"], gpu["rungs"], gpu["seed"]) == (6e-4, "auto", 0)  # the same on every device
 
 
 def test_rungs_this_machine_cannot_run_are_left_out_with_a_reason():
     notes = []
-    cfg = config_from_args(_args(rungs="baseline,tf32,flash"), CPU, detect(CPU), notify=notes.append)
+    cfg, _ = config_from_args(_args(rungs="baseline,tf32,flash"), CPU, detect(CPU), notify=notes.append)
     assert cfg.rungs == ("baseline", "flash")
     assert len(notes) == 1 and "tf32" in notes[0] and "CUDA" in notes[0]
 
@@ -192,10 +195,10 @@ def test_training_and_evaluation_under_compile(tmp_path):
 
 def test_other_ranks_write_nothing_and_get_their_share_of_each_batch(tmp_path):
     cfg = _cfg(tokens_per_step=128, steps=2)  # 2 processes x micro-batch 2 x 32 tokens
-    trainer = Trainer(cfg, CPU, tmp_path, Dist(rank=1, world_size=2))
+    trainer = Trainer(cfg, CPU, tmp_path, data.load_tokens(None), Dist(rank=1, world_size=2))
     full = data.Batches(trainer.tokens.train, 4, 32, seed=0).batch(0)[0]
     assert torch.equal(trainer.batches.batch(0)[0], full[2:])
-    result = _train(cfg, tmp_path, ranks=Dist(rank=1, world_size=2))
+    result = _train(cfg, tmp_path, dist=Dist(rank=1, world_size=2))
     assert result.step == 2 and list(tmp_path.iterdir()) == []
 
 
@@ -284,16 +287,19 @@ def test_ctrl_c_saves_and_restores_the_signal_handlers(tmp_path, monkeypatch):
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
-@pytest.mark.parametrize("saved_lr, live_lr", [(0.5, torch.tensor(0.1)), (torch.tensor(0.5), 0.1), (0.5, 0.1)])
-def test_loading_optimizer_state_keeps_the_learning_rate_type(saved_lr, live_lr):
-    from gpt2ladder.training.trainer import load_optimizer_state
+@pytest.mark.parametrize("saved_graph, live_graph", [(False, True), (True, False), (False, False)])
+def test_loading_an_engines_state_keeps_the_learning_rate_type(saved_graph, live_graph):
+    """The CUDA-graph rung's learning rate is a device tensor a replayed graph reads in place."""
+    from gpt2ladder.model.config import preset
+    from gpt2ladder.model.setup import Setup
 
-    saved = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=saved_lr).state_dict()
-    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=live_lr)
-    load_optimizer_state(optimizer, saved)
-    lr = optimizer.param_groups[0]["lr"]
+    saved = Engine(preset("tiny"), Setup(cuda_graph=saved_graph), CPU, optim=OptimConfig(lr=0.5))
+    engine = Engine(preset("tiny"), Setup(cuda_graph=live_graph), CPU, optim=OptimConfig(lr=0.1))
+    live_lr = engine.optimizer.param_groups[0]["lr"]
+    engine.load_state_dict(saved.state_dict())
+    lr = engine.optimizer.param_groups[0]["lr"]
     assert float(lr) == 0.5
-    if isinstance(live_lr, torch.Tensor):
+    if live_graph:
         assert lr is live_lr  # the same tensor a captured CUDA graph would read
     else:
         assert isinstance(lr, float)
@@ -318,6 +324,51 @@ def test_resume_can_extend_a_finished_run(run_copy, capsys):
     assert "resuming from step 6" in out and "steps 6 -> 8" in out  # a changed setting is pointed out
     assert [e["step"] for e in read_log(run_copy / "log.jsonl")] == list(range(1, 9))
     assert load_checkpoint(run_copy)["step"] == 8
+
+
+def test_resume_alone_continues_with_the_runs_own_settings(tmp_path, capsys, monkeypatch):
+    """Stopped by Ctrl-C after step 3 of a run with no setting at its default, `train --resume` with no
+    other flag continues that run: the same config, the losses of a run never stopped. A flag given with
+    --resume changes its setting, and the one notice names exactly that change."""
+    settings = ["--preset", "tiny", "--rungs", "baseline", "--batch-size", "2", "--seq-len", "32",
+                "--tokens-per-step", "128", "--steps", "6", "--lr", "2e-3", "--min-lr", "3e-4", "--warmup-steps", "1",
+                "--weight-decay", "0.05", "--grad-clip", "0.5", "--eval-every", "3", "--eval-batches", "1",
+                "--ckpt-every", "2", "--seed", "5", "--data", str(_text_file(tmp_path))]
+    where = ["--device", "cpu", "--no-progress", "--out"]
+    assert _cli(capsys, ["train", *settings, *where, str(tmp_path / "whole")])[0] == 0
+    real_step, calls = Engine.step, []
+
+    def step_then_ctrl_c(self, x, y):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, x, y)
+
+    monkeypatch.setattr(Engine, "step", step_then_ctrl_c)
+    run = tmp_path / "run"
+    assert _cli(capsys, ["train", *settings, *where, str(run)])[0] == 130
+    saved = load_checkpoint(run)["train_config"]
+    monkeypatch.setattr(Engine, "step", real_step)
+    code, out, _ = _cli(capsys, ["train", "--resume", *where, str(run)])
+    assert code == 0 and "resuming from step 3" in out and "other settings" not in out
+    assert load_checkpoint(run)["train_config"] == saved == load_checkpoint(tmp_path / "whole")["train_config"]
+    def losses(folder):
+        return [(e["step"], e["loss"], e.get("val_loss")) for e in read_log(folder / "log.jsonl")]
+
+    assert [step for step, _, _ in losses(run)] == list(range(1, 7))
+    assert losses(run) == losses(tmp_path / "whole")  # exact: the same batches, schedule and weights
+    code, out, _ = _cli(capsys, ["train", "--resume", "--steps", "8", *where, str(run)])
+    assert code == 0
+    changed = [line for line in out.splitlines() if "other settings" in line]
+    assert changed == ["notice: resuming with other settings than the checkpoint's: steps 6 -> 8"]
+    assert load_checkpoint(run)["train_config"] == {**saved, "steps": 8}
+
+
+def _text_file(tmp_path):
+    """Tiny Shakespeare's first 40,000 characters, as a file given by --data."""
+    path = tmp_path / "text.txt"
+    path.write_text(data.fetch_tinyshakespeare(download=False).read_text()[:40_000])
+    return path
 
 
 def test_resume_with_another_model_names_the_fields(run_copy, capsys):

@@ -20,7 +20,7 @@ from gpt2ladder.ladder import (
 from gpt2ladder.measure import batch as batch_search
 from gpt2ladder.measure.bench import BenchConfig, run_bench
 from gpt2ladder.measure.best import add_best, best_summary
-from gpt2ladder.measure.harness import climb, cpu_warning, nothing_measured, tokens_for
+from gpt2ladder.measure.harness import climb, tokens_for
 from gpt2ladder.measure.scaling import add_scaling, load_baseline
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.bench import (
@@ -29,6 +29,7 @@ from gpt2ladder.report.bench import (
     stream_header,
     stream_row,
 )
+from gpt2ladder.report.notices import cpu_warning, nothing_measured
 from gpt2ladder.report.plots import ladder_chart
 from gpt2ladder.report.records import prepare_out_dir, write_json, write_record
 from gpt2ladder.runtime import distributed
@@ -41,25 +42,21 @@ def bench_command(args) -> int:
 
 
 def _bench(args, dist: distributed.Dist) -> int:
+    """Every decision first (config, baseline, text, batch), each once; then the climb; then the files."""
     device = distributed.local_device(dist, args.device)
     caps = cap_memory(device, detect(device), args.gpu_memory)
     cfg = bench_config(args, device, caps, dist)
-    baseline = load_baseline(args.baseline_json, dataclasses.asdict(cfg)) if args.baseline_json else None
+    baseline = load_baseline(args.baseline_json, cfg.to_dict()) if args.baseline_json else None
     say = print if dist.is_main else (lambda *a, **k: None)
-    progress = not args.no_progress
     tokens = tokens_for(cfg.data, cfg.seed, notify=say)  # a bad --data fails here, in one line, before any work
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # as does a text too short for one sequence
     out = prepare_out_dir(args.out)
     cfg, plan = _choose_batch(args, cfg, device, caps, dist)
+    progress = not args.no_progress
     search = winner = None
     if args.batch_size == "best":
         cfg, search, winner = batch_search.fastest_batch(cfg, device, tokens, progress, say, caps)
-    _announce(cfg, caps, dist, plan, say)
-    if args.rungs == "auto":
-        for name, why in left_out_of_auto(caps, distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)).items():
-            say(f"notice: auto leaves out rung {name}: {why}", flush=True)
-    if device.type == "cpu" and cfg.preset != "tiny":
-        say(cpu_warning(preset(cfg.preset), cfg, len(cfg.rungs)), flush=True)
+    _announce(args, cfg, caps, device, dist, plan, say)
     on_row = _row_writer(out, say) if dist.is_main else None
     if winner and cfg.last_only:
         record = winner  # the top rung at the chosen size was just measured
@@ -69,9 +66,15 @@ def _bench(args, dist: distributed.Dist) -> int:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     if search:
         record["batch_search"] = search
+    return _finish(args, record, cfg, device, caps, dist, tokens, baseline, out, say)
+
+
+def _finish(args, record: dict, cfg: BenchConfig, device, caps, dist: distributed.Dist, tokens, baseline,
+            out: Path, say) -> int:
+    """--rungs best's extra row, the scaling against --baseline-json, then the files (rank 0)."""
     failure = nothing_measured(record, out / "ladder.json")
     if args.rungs == "best" and failure is None:
-        add_best(record, cfg, device, caps, dist, progress=progress)
+        add_best(record, cfg, device, caps, tokens, dist, progress=not args.no_progress)
         say(best_summary(record), flush=True)
     scaled = dist.enabled or baseline is not None
     if scaled:
@@ -90,26 +93,31 @@ def _choose_batch(args, cfg: BenchConfig, device, caps: Capabilities, dist: dist
     best. A number given is kept as it is; on a CPU the default stays."""
     if device.type != "cuda" or isinstance(args.batch_size, int):
         return cfg, None
-    strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
     rows = [(r.name, setup_for(list(r.applied)))
-            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, strategy), cfg.last_only) if r.reason is None]
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, cfg.strategy), cfg.last_only)
+            if r.reason is None]
     if args.batch_size == "best":
         rows = rows[-1:]
     want = cfg.batch_size if args.batch_size is None else None
-    plan = batch_search.plan_batch(preset(cfg.preset), rows, cfg.seq_len, caps, device, want=want, seed=cfg.seed)
+    plan = batch_search.plan_batch(cfg.model, rows, cfg.seq_len, caps, device, want=want, seed=cfg.seed)
     batch = int(distributed.reduce_floats([plan.batch], dist, "min")[0])  # every rank runs the same batch
     return dataclasses.replace(cfg, batch_size=batch), plan
 
 
-def _announce(cfg: BenchConfig, caps: Capabilities, dist: distributed.Dist, plan, say) -> None:
+def _announce(args, cfg: BenchConfig, caps: Capabilities, device, dist: distributed.Dist, plan, say) -> None:
+    """The first lines: the batch and why, what is timed, the processes, and what --rungs auto leaves out."""
     if plan:
         say(f"gpt2ladder bench: {plan.reason()}", flush=True)
     say(f"{'' if plan else 'gpt2ladder bench: '}{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
         f"{cfg.steps} timed steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
     if dist.enabled:
-        strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
-        say(f"{dist.world_size} processes ({dist.backend}, {strategy}):"
+        say(f"{dist.world_size} processes ({dist.backend}, {cfg.strategy}):"
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
+    if args.rungs == "auto":
+        for name, why in left_out_of_auto(caps, cfg.strategy).items():
+            say(f"notice: auto leaves out rung {name}: {why}", flush=True)
+    if device.type == "cpu" and cfg.preset != "tiny":
+        say(cpu_warning(cfg.model, cfg, len(cfg.rungs)), flush=True)
 
 
 def _row_writer(out: Path, say=print):
@@ -143,18 +151,20 @@ def write_outputs(record: dict, out: Path, scaled: bool) -> list[Path]:
 
 
 def bench_config(args, device: torch.device, caps: Capabilities, dist: distributed.Dist) -> BenchConfig:
+    """The flags and this device's defaults as one config; the preset's shape, the data-parallel strategy
+    and the rungs are resolved here, and nowhere below."""
     d = defaults("bench", device)
     name = args.preset or d["preset"]
-    distributed.resolve_strategy(args.strategy, name, dist)  # a bad --strategy fails before any work
+    shape = preset(name)
+    strategy = distributed.resolve_strategy(args.strategy, name, dist)  # a bad --strategy fails before any work
     if args.batch_size == "best" and dist.enabled:
         raise UsageError("--batch-size best times sizes on one GPU; under torchrun pass a number "
                          "(find it with a one-GPU `gpt2ladder bench --batch-size best`)")
-    strategy = distributed.resolve_strategy(args.strategy, name, dist)
     return BenchConfig(
-        preset=name, rungs=tuple(resolve_rungs(args.rungs, caps, strategy)),
+        preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps, strategy)),
         batch_size=args.batch_size if isinstance(args.batch_size, int) else d["batch_size"],
-        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size,
+        seq_len=args.seq_len or d["seq_len"] or shape.block_size,
         steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,
-        seed=args.seed, data=args.data, strategy=args.strategy, last_only=args.last_only,
+        seed=args.seed, data=args.data, strategy=strategy, last_only=args.last_only,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
     )

@@ -20,7 +20,10 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     "bench": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 20, "warmup": 5},
               "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128, "steps": 10, "warmup": 3}},
     "train": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 1000},
-              "cpu": {"preset": "tiny", "batch_size": 8, "seq_len": 128, "steps": 200}},
+              "cpu": {"preset": "tiny", "batch_size": 8, "seq_len": 128, "steps": 200},
+              # The same on every device. A resumed run keeps its own values instead (commands/train.py).
+              "any": {"rungs": "auto", "lr": 6e-4, "weight_decay": 0.1, "grad_clip": 1.0, "eval_batches": 20,
+                      "seed": 0}},
     "parity": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 300},
                "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60}},
     "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None},
@@ -30,11 +33,13 @@ DEFAULTS: dict[str, dict[str, dict]] = {
 
 def defaults(command: str, device: "torch.device") -> dict:
     """The defaults of `command` for this device."""
-    return DEFAULTS[command]["gpu" if device.type == "cuda" else "cpu"]
+    return {**DEFAULTS[command].get("any", {}), **DEFAULTS[command]["gpu" if device.type == "cuda" else "cpu"]}
 
 
 def default_text(command: str, key: str) -> str:
     """How `--help` states a default: '16 on a GPU, 4 on CPU' (or one value when both agree)."""
+    if key in DEFAULTS[command].get("any", {}):
+        return f"{DEFAULTS[command]['any'][key]}"
     gpu, cpu = DEFAULTS[command]["gpu"][key], DEFAULTS[command]["cpu"][key]
     gpu = "the block size" if gpu is None else gpu
     return f"{gpu}" if gpu == cpu else f"{gpu} on a GPU, {cpu} on CPU"

@@ -15,20 +15,22 @@ from gpt2ladder.errors import LadderError, UsageError, describe_failure
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
 from gpt2ladder.measure.harness import climb
-from gpt2ladder.measure.parity import ParityConfig, merge_shards, run_parity
+from gpt2ladder.measure.parity import ParityConfig, merge_shards, parity_tokens, run_parity
 from gpt2ladder.model.config import preset
 from gpt2ladder.report.parity import format_table, write_outputs
 from gpt2ladder.report.records import output_dir, prepare_out_dir, write_json
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 
 def config_from_args(args, device: torch.device, caps) -> ParityConfig:
     d = defaults("parity", device)
     name = args.preset or d["preset"]
+    shape = preset(name)
     return ParityConfig(
-        preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)), batch_size=args.batch_size or d["batch_size"],
-        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps or d["steps"],
+        preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps)),
+        batch_size=args.batch_size or d["batch_size"],
+        seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps or d["steps"],
         seeds=args.seeds, tolerance=args.tolerance, lr=args.lr, eval_every=args.eval_every,
         eval_batches=args.eval_batches, seed=args.seed, data=args.data,
     )
@@ -41,7 +43,7 @@ def _plan(cfg: ParityConfig, device, caps):
         return cfg, None
     rows = [("baseline", Setup())] + [(r.name, setup_for(list(r.applied)))
                                      for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps)) if r.reason is None]
-    plan = plan_batch(preset(cfg.preset), rows, cfg.seq_len, caps, device, want=cfg.batch_size,
+    plan = plan_batch(cfg.model, rows, cfg.seq_len, caps, device, want=cfg.batch_size,
                       divides=cfg.batch_size, seed=cfg.seed)
     return dataclasses.replace(cfg, micro_batch=plan.batch), plan
 
@@ -55,17 +57,18 @@ def parity_command(args) -> int:
     cfg = config_from_args(args, device, caps)
     shard = parse_shard(args.shard)
     with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
-        return _run(args, cfg, caps, device, shard, out)
+        tokens = parity_tokens(cfg)  # a bad --data fails here, before anything is printed
+        return _run(args, cfg, caps, device, shard, out, tokens)
 
 
-def _run(args, cfg: ParityConfig, caps, device: torch.device, shard: tuple[int, int], out: Path) -> int:
+def _run(args, cfg: ParityConfig, caps, device: torch.device, shard: tuple[int, int], out: Path, tokens) -> int:
     cfg, plan = _plan(cfg, device, caps)
     print(f"gpt2ladder parity: micro-batch {cfg.micro} x {cfg.batch_size // cfg.micro} accumulation steps = "
           f"batch {cfg.batch_size}" + (f"; {plan.reason()}" if plan else ""), flush=True)
     print(f"{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
           f"{cfg.steps} steps per run, {cfg.seeds} baseline seeds, rungs: {', '.join(cfg.rungs)}"
           + (f", shard {shard[0]} of {shard[1]}" if shard[1] > 1 else ""), flush=True)
-    record = run_parity(cfg, device, progress=not args.no_progress, shard=shard, caps=caps)
+    record = run_parity(cfg, device, progress=not args.no_progress, shard=shard, caps=caps, tokens=tokens)
     if plan:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     if shard[1] > 1:
@@ -123,8 +126,8 @@ def _merge_command(args) -> int:
 
 
 def _check_shard_config(path: Path, config) -> None:
-    """The shard's settings must be exactly ParityConfig's fields (another version's shard says so here)."""
-    fields = {f.name for f in dataclasses.fields(ParityConfig)}
+    """The shard's settings must be exactly ParityConfig's (another version's shard says so here)."""
+    fields = set(ParityConfig().to_dict())
     keys = set(config) if isinstance(config, dict) else set()
     if not isinstance(config, dict) or keys != fields:
         odd = sorted(keys - fields) + [f"{k} (missing)" for k in sorted(fields - keys)]

@@ -6,13 +6,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import defaults
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
-from gpt2ladder.measure.harness import climb, nothing_measured
+from gpt2ladder.measure.harness import climb, tokens_for
 from gpt2ladder.measure.profile import ProfileConfig, run_profile
 from gpt2ladder.model.config import preset
+from gpt2ladder.report.notices import nothing_measured
 from gpt2ladder.report.profile import format_table, write_outputs
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
@@ -26,7 +28,7 @@ def _plan(cfg: ProfileConfig, args, device, caps):
             for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps), cfg.last_only) if r.reason is None]
     if not rows:
         return cfg, None
-    plan = plan_batch(preset(cfg.preset), rows, cfg.seq_len, caps, device, want=cfg.batch_size, seed=cfg.seed)
+    plan = plan_batch(cfg.model, rows, cfg.seq_len, caps, device, want=cfg.batch_size, seed=cfg.seed)
     return dataclasses.replace(cfg, batch_size=plan.batch), plan
 
 
@@ -40,17 +42,20 @@ def profile_command(args) -> int:
 
 
 def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
-    cfg = ProfileConfig(preset=name, rungs=tuple(resolve_rungs(args.rungs, caps)),
+    shape = preset(name)
+    cfg = ProfileConfig(preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps)),
                         batch_size=args.batch_size or d["batch_size"],
-                        seq_len=args.seq_len or d["seq_len"] or preset(name).block_size, steps=args.steps,
+                        seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps,
                         warmup=args.warmup, seed=args.seed, data=args.data,
                         trace_dir=str(out) if args.trace else None, last_only=args.last_only)
+    tokens = tokens_for(cfg.data, cfg.seed)  # a bad --data fails here, before anything is printed
+    data_mod.check_splits(tokens, cfg.seq_len, validate=False)
     cfg, plan = _plan(cfg, args, device, caps)
     if plan:
         print(f"gpt2ladder profile: {plan.reason()}", flush=True)
     print(f"{'' if plan else 'gpt2ladder profile: '}{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
           f"{cfg.steps} profiled steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
-    record = run_profile(cfg, device, progress=not args.no_progress, caps=caps)
+    record = run_profile(cfg, device, progress=not args.no_progress, caps=caps, tokens=tokens)
     if plan:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     paths = write_outputs(record, out)

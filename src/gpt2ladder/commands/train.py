@@ -1,4 +1,11 @@
-"""`gpt2ladder train`: flags -> `TrainConfig` -> `run_training` (training/trainer.py) -> the run directory."""
+"""`gpt2ladder train`: flags -> `TrainConfig` -> `train_claimed` (training/run.py) -> the run directory.
+
+Every decision is made here, once, before the run starts: the run directory is claimed, the
+checkpoint that --resume continues is read, each setting comes from its flag when one is given, else
+from that checkpoint (a resumed run keeps its own settings), else from this device's defaults; then
+the text is read, and on a GPU the micro-batch is planned. Every check of the user's input fails
+before the run prints anything.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,9 @@ import os
 
 import torch
 
+from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
+from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import (
     left_out_of_auto,
     resolve_rungs,
@@ -15,11 +24,96 @@ from gpt2ladder.ladder import (
     why_unavailable,
 )
 from gpt2ladder.measure.batch import plan_batch
+from gpt2ladder.model.config import ModelConfig, preset
+from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
+from gpt2ladder.runtime.engine import built_model_config
 from gpt2ladder.runtime.hardware import cap_memory, detect
-from gpt2ladder.training.config import TrainConfig, model_config_for
-from gpt2ladder.training.trainer import run_training
+from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.run import Saved, claimed, saved_run, train_claimed
+
+# The settings a resumed run keeps unless their flag is given (the micro-batch is re-planned on a GPU:
+# it changes how a step runs, not what it computes).
+SETTINGS = ("preset", "rungs", "batch_size", "seq_len", "tokens_per_step", "steps", "lr", "min_lr", "warmup_steps",
+            "weight_decay", "grad_clip", "eval_every", "eval_batches", "ckpt_every", "seed", "data", "init_from")
+
+
+def train_command(args) -> int:
+    with distributed.launched(args.device) as dist:  # a plain single process without torchrun
+        return _train_command(args, dist)
+
+
+def _train_command(args, dist: distributed.Dist) -> int:
+    device = distributed.local_device(dist, args.device)
+    caps = cap_memory(device, detect(device), args.gpu_memory)
+    notices: list[str] = []  # said when the run starts, after the line that names the step
+    with output_dir(args.out) as out, claimed(out, dist):  # the folder goes again if nothing was written
+        saved = saved_run(out, dist, args.resume)
+        cfg, strategy = config_from_args(args, device, caps, dist, notices.append, saved)
+        tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent)  # no random stand-in
+        cfg, plan = planned_config(args, cfg, device, caps, dist)
+        result = train_claimed(cfg, device, out, saved, tokens=tokens, progress=not args.no_progress, dist=dist,
+                               strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
+                               batch_plan=plan, notices=notices)
+    return result.exit_code
+
+
+def _silent(*args, **kwargs) -> None:
+    """The notices of ranks other than 0 (every rank finds the same)."""
+
+
+def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, notify=print,
+                     saved: Saved | None = None) -> tuple[TrainConfig, str | None]:
+    """The run's config and data-parallel strategy. Each setting: its flag, else the checkpoint's (with
+    --resume), else this device's default. Tokens per step default to the micro-batch (16 x 1024 for gpt2
+    on a GPU) per process; the micro-batch on a GPU is planned afterwards (`planned_config`)."""
+    given = {name: getattr(args, name) for name in SETTINGS if getattr(args, name, None) is not None}
+    kept = {k: v for k, v in (saved.state.get("train_config") or {}).items() if k in SETTINGS} if saved else {}
+    d = defaults("train", device)
+    value = {**kept, **given}.get
+    name = value("preset") or d["preset"]
+    strategy = distributed.resolve_strategy(args.strategy, name, dist)
+    if saved and not {"preset", "init_from"} & given.keys():
+        shape = _saved_shape(saved)
+    else:
+        shape = model_shape(name, value("init_from"))
+    steps, lr = value("steps") or d["steps"], value("lr", d["lr"])
+    seq_len = value("seq_len") or min(d["seq_len"] or shape.block_size, shape.block_size)
+    batch = value("batch_size") or d["batch_size"]
+    rungs = given.get("rungs") or (",".join(kept["rungs"]) if kept.get("rungs") else d["rungs"])
+    cfg = TrainConfig(
+        preset=name, rungs=usable_rungs(rungs, caps, strategy, notify), batch_size=batch, seq_len=seq_len,
+        tokens_per_step=value("tokens_per_step") or batch * seq_len * dist.world_size, steps=steps, lr=lr,
+        min_lr=value("min_lr", lr / 10), warmup_steps=value("warmup_steps", int(0.05 * steps)),
+        weight_decay=value("weight_decay", d["weight_decay"]), grad_clip=value("grad_clip", d["grad_clip"]),
+        eval_every=value("eval_every", max(1, steps // 10)), eval_batches=value("eval_batches", d["eval_batches"]),
+        ckpt_every=value("ckpt_every", max(1, steps // 5)), seed=value("seed", d["seed"]), data=value("data"),
+        init_from=value("init_from"), compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", model=shape,
+    )
+    return cfg, strategy
+
+
+def _saved_shape(saved: Saved) -> ModelConfig:
+    """The shape a checkpoint was trained at, before its rungs padded or rewired it: a resumed run needs
+    neither its preset nor the --init-from folder it started from (which may be gone)."""
+    try:
+        return built_model_config(ModelConfig(**saved.state["model_config"]), Setup())
+    except (TypeError, ValueError, LadderError) as err:  # a valid hash, odd contents
+        raise LadderError(f"checkpoint {saved.path} cannot be resumed (damaged, or not written by this gpt2ladder): "
+                          f"its model_config: {err}") from None
+
+
+def model_shape(preset_name: str, init_from: str | None) -> ModelConfig:
+    """The shape, read once here: from the config.json beside --init-from's weights when there is one,
+    else the preset's."""
+    if init_from:
+        from gpt2ladder.model.hf import hf_model_config
+
+        shape = hf_model_config(init_from)
+        if shape is not None:
+            return shape
+    return preset(preset_name)
 
 
 def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print) -> tuple[str, ...]:
@@ -38,73 +132,13 @@ def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print) -> 
     return tuple(usable) or ("baseline",)
 
 
-def config_from_args(args, device: torch.device, caps, world_size: int = 1, notify=print,
-                     strategy: str | None = None) -> TrainConfig:
-    """The run's config. Tokens per step: --tokens-per-step, else the default batch (16 x 1024 for
-    gpt2 on a GPU) per process. The micro-batch: --batch-size, else on a GPU the largest that fits and
-    divides the step (`measure.batch.plan_batch`), accumulation making up the rest."""
-    d = defaults("train", device)
-    steps = args.steps or d["steps"]
-    name = args.preset or d["preset"]
-    block = model_config_for(name, args.init_from).block_size
-    seq_len = args.seq_len or min(d["seq_len"] or block, block)
-    batch = args.batch_size or d["batch_size"]
-    tokens_per_step = args.tokens_per_step or batch * seq_len * world_size
-    rungs = usable_rungs(args.rungs, caps, strategy, notify)
-    cfg = TrainConfig(
-        preset=name, rungs=rungs, batch_size=batch, seq_len=seq_len, tokens_per_step=tokens_per_step, steps=steps,
-        lr=args.lr, min_lr=args.lr / 10 if args.min_lr is None else args.min_lr,
-        warmup_steps=int(0.05 * steps) if args.warmup_steps is None else args.warmup_steps,
-        weight_decay=args.weight_decay, grad_clip=args.grad_clip,
-        eval_every=max(1, steps // 10) if args.eval_every is None else args.eval_every,
-        eval_batches=args.eval_batches,
-        ckpt_every=max(1, steps // 5) if args.ckpt_every is None else args.ckpt_every,
-        seed=args.seed, data=args.data, init_from=args.init_from,
-        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
-    )
-    return cfg
-
-
-def planned_config(args, device: torch.device, caps, world_size: int, notify, strategy) -> tuple[TrainConfig, object]:
-    """config_from_args, with the micro-batch planned on a GPU when --batch-size is not given."""
-    cfg = config_from_args(args, device, caps, world_size, notify, strategy)
+def planned_config(args, cfg: TrainConfig, device: torch.device, caps, dist=distributed.SINGLE):
+    """The config with, on a GPU when --batch-size is not given, the largest micro-batch that fits and
+    divides the step (`measure.batch.plan_batch`), the same on every rank; and that plan (or None)."""
     if args.batch_size or device.type != "cuda":
         return cfg, None
-    per_rank = cfg.tokens_per_step // (cfg.seq_len * world_size)
-    plan = plan_batch(cfg.model_config(), [(cfg.rungs[-1], setup_for(list(cfg.rungs)))], cfg.seq_len, caps, device,
+    per_rank = cfg.tokens_per_step // (cfg.seq_len * dist.world_size)
+    plan = plan_batch(cfg.model, [(cfg.rungs[-1], setup_for(list(cfg.rungs)))], cfg.seq_len, caps, device,
                       want=per_rank, divides=per_rank, seed=cfg.seed)
-    return dataclasses.replace(cfg, batch_size=plan.batch), plan
-
-
-def first_line(cfg: TrainConfig, world_size: int, plan) -> str:
-    """micro-batch x accumulation = tokens per step, and why that micro-batch."""
-    accum = cfg.grad_accum(world_size)
-    text = (f"gpt2ladder train: micro-batch {cfg.batch_size} x {accum} accumulation step{'s' if accum > 1 else ''}"
-            f"{f' x {world_size} processes' if world_size > 1 else ''} = {cfg.tokens_per_step:,} tokens per step "
-            f"({cfg.tokens_per_step // cfg.seq_len} sequences of {cfg.seq_len})")
-    return text + (f"; {plan.reason()}" if plan else "")
-
-
-def train_command(args) -> int:
-    with distributed.launched(args.device) as dist:  # a plain single process without torchrun
-        return _train_command(args, dist)
-
-
-def _train_command(args, dist: distributed.Dist) -> int:
-    device = distributed.local_device(dist, args.device)
-    say = print if dist.is_main else (lambda *a, **k: None)
-    caps = cap_memory(device, detect(device), args.gpu_memory)
-    strategy = distributed.resolve_strategy(args.strategy, args.preset or defaults("train", device)["preset"], dist)
-    notices: list[str] = []
-    cfg, plan = planned_config(args, device, caps, dist.world_size, notices.append, strategy)
-    if plan is not None and dist.enabled:  # every rank must run the same micro-batch
-        batch = int(distributed.reduce_floats([cfg.batch_size], dist, "min")[0])
-        cfg = dataclasses.replace(cfg, batch_size=batch)
-    say(first_line(cfg, dist.world_size, plan), flush=True)
-    for line in notices:
-        say(line, flush=True)
-    with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
-        result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
-                              strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
-                              batch_plan=plan)
-    return result.exit_code
+    batch = int(distributed.reduce_floats([plan.batch], dist, "min")[0])  # every rank runs the same micro-batch
+    return dataclasses.replace(cfg, batch_size=batch), plan

@@ -18,8 +18,8 @@ faster (27.9 -> 27.3 and 27.4 ms, same GPU, A/B/C order A B C C B A).
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
 `gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:
-tests/kernels/test_gelu_kernel.py runs the kernels through Triton's CPU interpreter, test_kernels_gpu.py on a GPU
-(the forward against fp64). The bias gradient's atomics add in no fixed order, so it is not
+tests/kernels/test_gelu_kernel.py runs the kernels through Triton's CPU interpreter,
+tests/kernels/test_kernels_gpu.py on a GPU (the forward against fp64). The bias gradient's atomics add in no fixed order, so it is not
 bit-reproducible from run to run (compiled steps are not either).
 """
 

@@ -1,6 +1,6 @@
 """The fused loss's pass over the logits as two Triton kernels: the `loss_kernel` rung.
 
-The fused loss (`fused.py`) needs, from the (N, Vp) bf16 logits, each row's log-sum-exp over the real
+The fused loss (`speedups/fused_loss.py`) needs, from the (N, Vp) bf16 logits, each row's log-sum-exp over the real
 vocabulary, the loss lse - logit[target], and the gradient (softmax - onehot) x scale at its final
 width: bf16, or e5m2 for float8, where the weight-gradient matmul needs it transposed as well.
 Compiled, those expressions become one Triton reduction that reads the logits three times (max, sum,
@@ -21,8 +21,8 @@ profile showed no change (1.33 and 0.53 ms; docs/experiments.md).
 
 `logit_grad` is a custom op, so torch.compile and CUDA graphs treat it as one opaque call. Off CUDA, or
 without Triton, the fused loss keeps its PyTorch expressions, which this op must match:
-tests/kernels/test_loss_kernel.py checks the kernels through Triton's CPU interpreter, test_kernels_gpu.py on a GPU
-(float8 rounding, both layouts bit for bit).
+tests/kernels/test_loss_kernel.py checks the kernels through Triton's CPU interpreter,
+tests/kernels/test_kernels_gpu.py on a GPU (float8 rounding, both layouts bit for bit).
 """
 
 from __future__ import annotations

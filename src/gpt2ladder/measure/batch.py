@@ -24,7 +24,7 @@ from gpt2ladder.model.config import GPT2_VOCAB_SIZE, ModelConfig
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.runtime.hardware import Capabilities, free_memory
 from gpt2ladder.runtime.memory import HEADROOM, GiB, StepMemory, step_memory
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 PROBES = 4  # at most this many probe steps before giving up on a size
 
@@ -62,7 +62,7 @@ class BatchPlan:
 
 def eager(setup: Setup) -> Setup:
     """The same step without compile or graph capture: what the probe runs (at least as much memory)."""
-    return dataclasses.replace(setup, compile=False, compile_mode=None, cuda_graph=False)
+    return dataclasses.replace(setup, compile=False, cuda_graph=False)
 
 
 def plan_batch(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], seq_len: int, caps: Capabilities,

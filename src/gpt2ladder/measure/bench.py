@@ -5,7 +5,7 @@ harness (`harness.timed_step`). Warm-up steps (compile, autotuning, graph captur
 are left out; the median and the spread of the timed steps are reported.
 
 Under torchrun (`torchrun --nproc_per_node=N -m gpt2ladder bench ...`) every rank runs every rung
-under DDP (FSDP2 for gpt2-large/xl, or as --strategy says). --batch-size is then per GPU, so the
+under the strategy the command chose (DDP; FSDP2 for gpt2-large/xl, or as --strategy says). --batch-size is then per GPU, so the
 global batch is N times larger and each GPU does the work of a one-GPU run: tokens/s total and per
 GPU compare directly with a one-GPU ladder.json, passed as --baseline-json for a scaling efficiency.
 A step's time is the slowest rank's; rank 0 alone prints and writes.
@@ -21,7 +21,7 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
-from gpt2ladder.model.config import check_run_shape, preset
+from gpt2ladder.model.config import ModelConfig, check_run_shape, preset
 from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime import distributed
@@ -32,21 +32,30 @@ from gpt2ladder.runtime.metrics import TimingStats, flops_per_token, mfu, peak_f
 
 @dataclass(frozen=True)
 class BenchConfig:
+    """What a bench times, every choice made: the command resolves flags and defaults into these once."""
+
     preset: str = "tiny"
     rungs: tuple[str, ...] = ()
-    batch_size: int = 4
+    batch_size: int = 4  # per process
     seq_len: int = 128
     steps: int = 10
     warmup: int = 3
     seed: int = 0
     data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
     compile_backend: str = "inductor"
-    strategy: str = "auto"  # under torchrun: ddp, fsdp or auto (fsdp for gpt2-large/xl); else unused
+    strategy: str | None = None  # "ddp" or "fsdp" under torchrun, None for one process
     last_only: bool = False  # time only the top of the ladder: every named rung applied together
+    model: ModelConfig | None = None  # the preset's shape; None: looked up here, once (the record's "model")
 
     def __post_init__(self) -> None:
-        check_run_shape(self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
+        if self.model is None:
+            object.__setattr__(self, "model", preset(self.preset))  # frozen: set once, here
+        check_run_shape(self.model, self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
                         warmup=self.warmup)
+
+    def to_dict(self) -> dict:
+        """The record's "config": every field but the shape, which the record keeps as "model"."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
 
 
 def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = distributed.SINGLE, *,
@@ -60,9 +69,8 @@ def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = d
     """
     caps = detect(device) if caps is None else caps
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
-    strategy = distributed.resolve_strategy(cfg.strategy, cfg.preset, dist)
     rows = []
-    for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, strategy), cfg.last_only):
+    for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, cfg.strategy), cfg.last_only):
         rows.append(measure_rung(row, cfg, tokens, device, caps, dist, progress))
         add_speedups(rows)
         if on_row is not None:
@@ -71,11 +79,10 @@ def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = d
 
 
 def bench_record(cfg: BenchConfig, caps, device, dist: distributed.Dist, tokens, rows, partial: bool) -> dict:
-    parallel = {"world_size": dist.world_size, "backend": dist.backend,
-                "strategy": distributed.resolve_strategy(cfg.strategy, cfg.preset, dist),
+    parallel = {"world_size": dist.world_size, "backend": dist.backend, "strategy": cfg.strategy,
                 "global_batch_size": cfg.batch_size * dist.world_size}
-    return {**record_header(caps, device), "command": "bench", "config": dataclasses.asdict(cfg), **parallel,
-            "model": preset(cfg.preset).to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
+    return {**record_header(caps, device), "command": "bench", "config": cfg.to_dict(), **parallel,
+            "model": cfg.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
             "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": list(rows)}
 
 
@@ -88,17 +95,17 @@ def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
     result = guarded(lambda: _time_setup(setup, cfg, tokens, device, dist, progress, label=row.name),
                      device, cfg.batch_size)
     if result["status"] != "ok":
-        return {**row.row(), **result}
+        return {**row.rung_fields(), **result}
     flops = flops_per_token(result.pop("model_config"), cfg.seq_len, result.pop("n_params"))
     # Utilisation of each GPU against one GPU's peak: the per-GPU share of the tokens, not the total.
     tok_s = result["tokens_per_s_per_gpu"]
-    return {**row.row(), "status": "ok", "setup": setup.to_dict(), **{k: v for k, v in result.items() if k != "status"},
+    return {**row.rung_fields(), "status": "ok", "setup": setup.to_dict(), **{k: v for k, v in result.items() if k != "status"},
             "flops_per_token": flops, "mfu": mfu(tok_s, flops, peak_flops(caps.name))}
 
 
 def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist, progress: bool, label: str) -> dict:
-    engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
-                    parallelize=distributed.parallelize_for(dist, cfg.strategy, cfg.preset))
+    engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
+                    parallelize=distributed.parallelize_for(dist, cfg.strategy))
     # --batch-size is per GPU: this rank reads its share of a global batch W times larger.
     batches = data_mod.Batches(tokens.train, cfg.batch_size * dist.world_size, cfg.seq_len, seed=cfg.seed,
                                rank=dist.rank, world_size=dist.world_size)
@@ -145,7 +152,7 @@ def _timed_steps(engine: Engine, batches, cfg: BenchConfig, device, bar) -> tupl
 
 @torch.no_grad()
 def _dtypes(engine: Engine, x: torch.Tensor) -> tuple[str, str]:
-    """What the seed prints: the logits' dtype inside the step, and the weights' dtype."""
+    """What the write-up prints: the logits' dtype inside the step, and the weights' dtype."""
     with engine.precision(), engine.autocast():
         # The whole forward (not hidden + lm_head): under FSDP2 only it gathers the sharded weights.
         logits, _ = engine.raw_model(x[:1, :16])

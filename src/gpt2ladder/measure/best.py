@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gpt2ladder.ladder import RUNGS_BY_NAME
 from gpt2ladder.measure.bench import add_speedups, measure_rung, within_noise
-from gpt2ladder.measure.harness import Row, tokens_for
+from gpt2ladder.measure.harness import Row
 from gpt2ladder.runtime import distributed
 
 MIN_GAIN = 1.01  # a 1% faster median; smaller differences are within run-to-run noise
@@ -39,13 +39,12 @@ def decide(rows: list[dict]) -> tuple[list[str], list[dict]]:
     return kept, decisions
 
 
-def add_best(record: dict, cfg, device, caps, dist: distributed.Dist = distributed.SINGLE,
+def add_best(record: dict, cfg, device, caps, tokens, dist: distributed.Dist = distributed.SINGLE,
              progress: bool = True) -> None:
     """Decide which measured rungs pay, then measure them together as one more row, named 'best'."""
     kept, decisions = decide(record["rungs"])
     record["best"] = {"rungs": kept, "decisions": decisions, "rule": f"keep a rung when it is >= {MIN_GAIN}x faster"
                       " than the rung before it and outside the noise; the kept set is then measured as the row 'best'"}
-    tokens = tokens_for(cfg.data, cfg.seed, notify=lambda *_: None)
     row = measure_rung(Row(kept[-1], tuple(kept)), cfg, tokens, device, caps, dist, progress)
     row.update(name="best", summary="The rungs that paid here: " + ", ".join(kept) + ".", kind="best")
     record["rungs"].append(row)

@@ -34,7 +34,7 @@ from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import detect
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 from gpt2ladder.training.schedule import lr_at
 
 MIN_LR_FRACTION = 0.1  # the cosine decays to lr/10, as nanoGPT does
@@ -61,8 +61,11 @@ class ParityConfig:
     seed: int = 0  # the reference seed: every rung starts from these weights and sees these batches
     data: str | None = None  # a text file; None = Tiny Shakespeare
     compile_backend: str = "inductor"
+    model: ModelConfig | None = None  # the preset's shape; None: looked up here, once (the record's "model")
 
     def __post_init__(self) -> None:
+        if self.model is None:
+            object.__setattr__(self, "model", preset(self.preset))  # frozen: set once, here
         if self.micro_batch is not None and (self.micro_batch <= 0 or self.batch_size % self.micro_batch):
             raise UsageError(f"the micro-batch {self.micro_batch} must divide --batch-size {self.batch_size}")
         for name in ("batch_size", "seq_len", "steps", "eval_batches"):
@@ -80,9 +83,13 @@ class ParityConfig:
             raise UsageError(f"--lr must be a finite positive number, got {self.lr}")
         if self.eval_every is not None and self.eval_every <= 0:
             raise UsageError(f"--eval-every must be a positive integer, got {self.eval_every}")
-        if self.seq_len > preset(self.preset).block_size:
+        if self.seq_len > self.model.block_size:
             raise UsageError(f"--seq-len {self.seq_len} exceeds the {self.preset} block size of "
-                             f"{preset(self.preset).block_size}")
+                             f"{self.model.block_size}")
+
+    def to_dict(self) -> dict:
+        """The record's (and a shard's) "config": every field but the shape, which the record keeps as "model"."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
 
     @property
     def micro(self) -> int:
@@ -102,7 +109,6 @@ class _Context:
     """What every training run of one parity command shares."""
 
     cfg: ParityConfig
-    model_cfg: ModelConfig
     tokens: data_mod.TokenData
     evals: list  # fixed validation batches, already on the device
     device: torch.device
@@ -156,7 +162,7 @@ def evaluate(engine: Engine, evals: list) -> float:
 def train_run(setup: Setup, seed: int, ctx: _Context, label: str) -> dict:
     """Train one setup from `seed`'s weights on `seed`'s batches; the losses as plain floats."""
     cfg = ctx.cfg
-    engine = Engine(ctx.model_cfg, setup, ctx.device, seed=seed, compile_backend=cfg.compile_backend,
+    engine = Engine(cfg.model, setup, ctx.device, seed=seed, compile_backend=cfg.compile_backend,
                     optim=OptimConfig(lr=cfg.lr, grad_clip=GRAD_CLIP))
     batches = data_mod.Batches(ctx.tokens.train, cfg.batch_size, cfg.seq_len, seed=seed)
     val = [[0, evaluate(engine, ctx.evals)]]
@@ -238,15 +244,15 @@ def assemble(cfg: ParityConfig, results: dict[str, dict], skipped: dict[str, str
             continue
         setup = setup_for(list(row.applied))
         result = results.get(row.name, missing) if _trains(row) else reference
-        rows.append({**row.row(), "applied": list(row.applied), "setup": setup.to_dict(), **result})
+        rows.append({**row.rung_fields(), "applied": list(row.applied), "setup": setup.to_dict(), **result})
     judge(rows, reference, spread, cfg)
     allowed = allowed_gap(reference["final_val"], spread, cfg.tolerance, cfg.floor)
     rule = {"text": rule_text(cfg), "spread": spread, "floor": cfg.floor, "tolerance": cfg.tolerance,
             "baseline_val": reference["final_val"], "allowed_abs": allowed,
             "allowed_rel": allowed / reference["final_val"]}
     passed = all(r.get("verdict") == "PASS" for r in rows if r["status"] != "skipped")
-    return {"command": "parity", "config": dataclasses.asdict(cfg), "schedule": _schedule(cfg),
-            "model": preset(cfg.preset).to_dict(), "rule": rule, "baseline_runs": runs, "rungs": rows,
+    return {"command": "parity", "config": cfg.to_dict(), "schedule": _schedule(cfg),
+            "model": cfg.model.to_dict(), "rule": rule, "baseline_runs": runs, "rungs": rows,
             "passed": passed}
 
 
@@ -265,30 +271,38 @@ def judge(rows: list[dict], reference: dict, spread: float, cfg: ParityConfig) -
         row["verdict"] = "PASS" if ok else "FAIL"
 
 
-def _context(cfg: ParityConfig, device: torch.device, progress: bool) -> tuple[_Context, data_mod.TokenData]:
-    tokens = data_mod.load_tokens(Path(cfg.data) if cfg.data else None)  # DataUnavailable is the error
+def parity_tokens(cfg: ParityConfig) -> data_mod.TokenData:
+    """The text every run trains and validates on, long enough for both splits; never random tokens
+    (a loss on noise shows nothing), so a text that cannot be had is the error."""
+    tokens = data_mod.load_tokens(Path(cfg.data) if cfg.data else None)
     data_mod.check_splits(tokens, cfg.seq_len, validate=True)
+    return tokens
+
+
+def _context(cfg: ParityConfig, tokens: data_mod.TokenData, device: torch.device, progress: bool) -> _Context:
     # Built at the step's batch size and cut to the micro-batch: the same validation data on any card.
     full = data_mod.eval_batches(tokens.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
     evals = [data_mod.to_device(x, y, device) for x, y in data_mod.micro_batches(full, cfg.micro)]
-    return _Context(cfg, preset(cfg.preset), tokens, evals, device, progress), tokens
+    return _Context(cfg, tokens, evals, device, progress)
 
 
 def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
-               shard: tuple[int, int] = (0, 1), caps=None) -> dict:
-    """Train the baseline seeds and every rung (or shard k of n of those runs); the record.
+               shard: tuple[int, int] = (0, 1), caps=None, tokens: data_mod.TokenData | None = None) -> dict:
+    """Train the baseline seeds and every rung (or shard k of n of those runs) on `tokens` (default:
+    `parity_tokens(cfg)`); the record.
 
     With n > 1 the record holds this shard's raw results only; `merge_shards` makes the report.
     """
     caps = detect(device) if caps is None else caps
-    ctx, tokens = _context(cfg, device, progress)
+    tokens = parity_tokens(cfg) if tokens is None else tokens
+    ctx = _context(cfg, tokens, device, progress)
     units, skipped = work_units(cfg, caps)
     k, n = shard
     results = run_units(ctx, units[k::n])
     header = {**record_header(caps, device),
               "data": {"source": tokens.source, "sha256": tokens.sha256, "n_tokens": tokens.n_tokens}}
     if n > 1:
-        return {**header, "command": "parity-shard", "shard": [k, n], "config": dataclasses.asdict(cfg),
+        return {**header, "command": "parity-shard", "shard": [k, n], "config": cfg.to_dict(),
                 "skipped": skipped, "results": results}
     return {**header, **assemble(cfg, results, skipped)}
 

@@ -46,7 +46,7 @@ from gpt2ladder.data.files import atomic_path
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
-from gpt2ladder.model.config import check_run_shape, preset
+from gpt2ladder.model.config import ModelConfig, check_run_shape, preset
 from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.engine import Engine
@@ -106,10 +106,17 @@ class ProfileConfig:
     compile_backend: str = "inductor"
     trace_dir: str | None = None  # write a Chrome trace per rung here (trace-<rung>.json)
     last_only: bool = False  # profile only the top of the ladder: every named rung applied together
+    model: ModelConfig | None = None  # the preset's shape; None: looked up here, once (the record's "model")
 
     def __post_init__(self) -> None:
-        check_run_shape(self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
+        if self.model is None:
+            object.__setattr__(self, "model", preset(self.preset))  # frozen: set once, here
+        check_run_shape(self.model, self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
                         warmup=self.warmup)
+
+    def to_dict(self) -> dict:
+        """The record's "config": every field but the shape, which the record keeps as "model"."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
 
 
 # --- attributing a profile --------------------------------------------------------------------------
@@ -256,7 +263,7 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
     """Warm up, then profile `cfg.steps` steps of one setup; the attribution of their time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    engine = Engine(preset(cfg.preset), setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend)
+    engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend)
     batches = data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
     bar = progress_bar(cfg.warmup + cfg.steps, label, progress)
     warm_ms = []
@@ -288,17 +295,19 @@ def profile_rung(row: Row, cfg: ProfileConfig, tokens, device, progress: bool) -
         return row.skipped()
     setup = setup_for(list(row.applied))
     result = guarded(lambda: profile_setup(setup, cfg, tokens, device, row.name, progress), device, cfg.batch_size)
-    return {**row.row(), "applied": list(row.applied), "setup": setup.to_dict(), **result}
+    return {**row.rung_fields(), "applied": list(row.applied), "setup": setup.to_dict(), **result}
 
 
-def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, caps=None) -> dict:
-    """Profile every rung in `cfg.rungs` (cumulatively) and return the self-describing record."""
+def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, caps=None,
+                tokens: data_mod.TokenData | None = None) -> dict:
+    """Profile every rung in `cfg.rungs` (cumulatively) on `tokens` (default: `cfg.data`'s, read now) and
+    return the self-describing record."""
     caps = detect(device) if caps is None else caps
-    tokens = tokens_for(cfg.data, cfg.seed, notify)
+    tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # one line now, not a failed row per rung
     rows = [profile_rung(row, cfg, tokens, device, progress)
             for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps), cfg.last_only)]
-    return {**record_header(caps, device), "command": "profile", "config": dataclasses.asdict(cfg),
-            "model": preset(cfg.preset).to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
+    return {**record_header(caps, device), "command": "profile", "config": cfg.to_dict(),
+            "model": cfg.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
             "categories": {c: CATEGORY_LABELS[c] for c in CATEGORIES}, "rules": [list(r) for r in RULES],
             "rungs": rows}

@@ -25,7 +25,7 @@ class ModelConfig:
     vocab_size: int = GPT2_VOCAB_SIZE
     # Rows of the embedding/classifier are padded up to a multiple of this; 1 means no padding.
     vocab_multiple: int = 1
-    # "manual": the four-line attention with an explicit causal mask (the seed's baseline).
+    # "manual": the four-line attention with an explicit causal mask (the write-up's baseline).
     # "sdpa": F.scaled_dot_product_attention(is_causal=True), which dispatches to flash kernels.
     attention: str = "manual"
     # Under autocast, keep the residual stream between Blocks in autocast's dtype instead of fp32. Off
@@ -72,13 +72,12 @@ def preset(name: str) -> ModelConfig:
         raise UsageError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
 
 
-def check_run_shape(preset_name: str, **counts: int) -> None:
+def check_run_shape(model: ModelConfig, preset_name: str, **counts: int) -> None:
     """One-line usage errors for non-positive counts (batch_size, seq_len, steps; warmup may be 0)
-    and for a sequence longer than the preset's block size."""
+    and for a sequence longer than the model's block size (`preset_name` names the model)."""
     for name, value in counts.items():
         if value < 0 or (value == 0 and name != "warmup"):
             kind = "zero or more" if name == "warmup" else "a positive integer"
             raise UsageError(f"--{name.replace('_', '-')} must be {kind}, got {value}")
-    block = preset(preset_name).block_size
-    if counts.get("seq_len", 0) > block:
-        raise UsageError(f"--seq-len {counts['seq_len']} exceeds the {preset_name} block size of {block}")
+    if counts.get("seq_len", 0) > model.block_size:
+        raise UsageError(f"--seq-len {counts['seq_len']} exceeds the {preset_name} block size of {model.block_size}")

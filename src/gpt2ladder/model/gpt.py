@@ -46,7 +46,7 @@ class CausalSelfAttention(nn.Module):
 
 
 def manual_attention(q, k, v, mask: torch.Tensor) -> torch.Tensor:
-    """The seed's four lines: the (T, T) score matrix is written to memory and read back four times."""
+    """The write-up's four lines: the (T, T) score matrix is written to memory and read back four times."""
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
     att = att.masked_fill(~mask, float("-inf"))
     att = F.softmax(att, dim=-1)

@@ -1,4 +1,4 @@
-"""Pictures of results: the ladder's bar chart (the seed's figure, measured) and loss curves.
+"""Pictures of results: the ladder's bar chart (the write-up's figure, measured) and loss curves.
 
 matplotlib with the Agg backend, so plots work on machines without a screen.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpt2ladder.data.files import atomic_file
-from gpt2ladder.ladder import SEED_RUNGS
+from gpt2ladder.ladder import WRITEUP_RUNGS
 
 KIND_COLOURS = {"baseline": "#8C8C8C", "precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452", "best": "#8172B3"}
 KIND_LABELS = {"baseline": "baseline", "precision": "precision", "memory": "memory traffic", "overhead": "launch / optimizer overhead",
@@ -45,7 +45,7 @@ def ladder_chart(record: dict, path: Path) -> Path:
     ax.set_xticks(range(len(rungs)), ladder_labels(rungs), rotation=30, ha="right")
     ax.set_ylabel("ms per training step (median, p10-p90)")
     ax.set_ylim(0, top * 1.25)  # room above the tallest whisker for its label and the section names
-    _mark_seed_rungs(ax, rungs, top)
+    _mark_writeup_rungs(ax, rungs, top)
     cfg = record["config"]
     cap = record["device"].get("memory_cap_bytes")
     where = record["device"]["name"] + (f" capped at {cap / 2**30:.0f} GiB" if cap else "")
@@ -72,13 +72,13 @@ def _bar(ax, i: int, r: dict, top: float) -> None:
     ax.text(i, r["ms_p90"] + top * 0.015, label, ha="center", va="bottom", fontsize=8, linespacing=0.9)
 
 
-def _mark_seed_rungs(ax, rungs: list[dict], top: float) -> None:
+def _mark_writeup_rungs(ax, rungs: list[dict], top: float) -> None:
     """A dashed line after the write-up's rungs when gpt2ladder's own follow them."""
-    seed = [i for i, r in enumerate(rungs) if r["name"] in SEED_RUNGS]
-    own = [i for i, r in enumerate(rungs) if r["name"] not in SEED_RUNGS]
-    if not seed or not own or max(seed) > min(own):
+    writeup = [i for i, r in enumerate(rungs) if r["name"] in WRITEUP_RUNGS]
+    own = [i for i, r in enumerate(rungs) if r["name"] not in WRITEUP_RUNGS]
+    if not writeup or not own or max(writeup) > min(own):
         return
-    x = max(seed) + 0.5
+    x = max(writeup) + 0.5
     ax.axvline(x, color="#999999", linestyle="--", linewidth=0.8)
     ax.text(x - 0.1, top * 1.2, "the write-up's rungs", ha="right", va="top", fontsize=8, color="#555555")
     ax.text(x + 0.1, top * 1.2, "gpt2ladder's own", ha="left", va="top", fontsize=8, color="#555555")

@@ -1,3 +1,4 @@
-"""How a step runs on this machine: the `Setup` (setup), what the hardware can do (hardware), the
-`Engine` that builds the model and runs one step (engine), many processes (distributed), and the
-arithmetic about a step: FLOPs, MFU, timing statistics (metrics)."""
+"""How a step runs on this machine: what the hardware can do (hardware), the `Engine` that builds the
+model and runs one step for a `Setup` (engine; the `Setup` itself is `model/setup.py`), many processes
+(distributed), the memory a step needs (memory), and the arithmetic about a step: FLOPs, MFU, timing
+statistics (metrics)."""

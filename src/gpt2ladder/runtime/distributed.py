@@ -8,11 +8,12 @@ Launch with torchrun, one process per GPU:
     torchrun --nproc_per_node=4 -m gpt2ladder train --preset gpt2 ...
 
 Without torchrun's variables every function here is a no-op on a single process (`Dist(0, 0, 1, None)`),
-so the single-GPU code paths stay exactly as they were.
+so one process runs the same code with no process group at all.
 
-The order the engine applies things in (see `engine.py`): build the model -> device -> loss swap ->
-`parallelize` (FSDP2: `fully_shard` every Block, then the root; DDP: the wrapper) -> compile -> optimizer.
-FSDP2 must run before the optimizer exists because it replaces every parameter by a sharded DTensor.
+The order the engine applies things in (see `engine.py`): build the model -> device -> the model rewrites
+(`speedups.apply`) -> `parallelize` (FSDP2: `fully_shard` every Block, then the root; DDP: the wrapper)
+-> compile -> optimizer. FSDP2 must run before the optimizer exists because it replaces every parameter
+by a sharded DTensor.
 """
 
 from __future__ import annotations
@@ -211,12 +212,11 @@ def shard_model(model: nn.Module, dist: Dist) -> nn.Module:
     return model
 
 
-def parallelize_for(dist: Dist, strategy: str, preset_name: str) -> Callable[[nn.Module], nn.Module] | None:
-    """The `parallelize` argument for `Engine`: None for a single process."""
-    resolved = resolve_strategy(strategy, preset_name, dist)
-    if resolved is None:
+def parallelize_for(dist: Dist, strategy: str | None) -> Callable[[nn.Module], nn.Module] | None:
+    """The `parallelize` argument for `Engine` under a resolved strategy ("ddp", "fsdp"; None: one process)."""
+    if strategy is None:
         return None
-    return functools.partial(wrap_for_data_parallel, dist=dist, strategy=resolved)
+    return functools.partial(wrap_for_data_parallel, dist=dist, strategy=strategy)
 
 
 def is_sharded(model: nn.Module) -> bool:

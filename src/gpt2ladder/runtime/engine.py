@@ -26,7 +26,8 @@ import torch
 from gpt2ladder import speedups
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
+from gpt2ladder.runtime import distributed
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 WARMUP_STEPS = 3  # eager steps before a CUDA graph capture: compile, autotuning, optimizer state
@@ -40,10 +41,10 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 0.0  # 0 disables clipping (the seed's step does not clip)
+    grad_clip: float = 0.0  # 0 disables clipping (the write-up's step does not clip)
 
 
-def model_config_for(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
+def built_model_config(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
     """What this setup trains: the same model, maybe with a padded vocabulary, another attention kernel
     and a bf16 residual stream (the three setup fields that change the model's tensors)."""
     return dataclasses.replace(model_cfg, attention=setup.attention, vocab_multiple=setup.vocab_multiple,
@@ -52,7 +53,7 @@ def model_config_for(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
 
 def build_model(model_cfg: ModelConfig, setup: Setup, device: torch.device, seed: int) -> GPT:
     """A freshly initialised GPT for this setup, its rewrites applied; the weights depend on the seed only."""
-    model = GPT(model_config_for(model_cfg, setup))
+    model = GPT(built_model_config(model_cfg, setup))
     init_weights(model, seed)
     model.to(device)
     speedups.apply(model, setup)
@@ -110,7 +111,7 @@ class Engine:
         # A fresh compile cache per engine: many engines in one process would otherwise exhaust
         # dynamo's per-function recompile limit and silently fall back to eager.
         torch._dynamo.reset()
-        return torch.compile(module, backend=backend, mode=self.setup.compile_mode)
+        return torch.compile(module, backend=backend)
 
     @contextlib.contextmanager
     def precision(self):
@@ -133,6 +134,36 @@ class Engine:
         with self.autocast():
             _, loss = self.forward(x, y)
         return loss
+
+    def state_dict(self) -> dict:
+        """The full, unwrapped state in the single-process layout, so it loads on any number of ranks:
+        "model", "optimizer" and "scaler" (fp16's GradScaler, else None). Under FSDP2 a collective:
+        every rank calls it, rank 0 gets the state (`distributed.py` gathers it)."""
+        return {"model": self.weights(), "optimizer": distributed.optimizer_state(self.raw_model, self.optimizer),
+                "scaler": self.scaler.state_dict() if self.scaler else None}
+
+    def weights(self) -> dict:
+        """The model's full state dict alone; a collective under FSDP2, as `state_dict`."""
+        return distributed.model_state(self.raw_model)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load what `state_dict` gave, here or on any number of ranks (FSDP2: each keeps its shard).
+
+        Each group's learning rate keeps the type it has here: the CUDA-graph rung's is a device tensor
+        that a replayed graph reads in place, and a saved one would come back as a CPU tensor (or as a
+        float from a run without that rung) and break the capture.
+        """
+        lrs = [group["lr"] for group in self.optimizer.param_groups]
+        distributed.load_state(self.raw_model, self.optimizer, state["model"], state["optimizer"])
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            value = float(group["lr"])
+            if isinstance(lr, torch.Tensor):
+                lr.fill_(value)
+                group["lr"] = lr
+            else:
+                group["lr"] = value
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

@@ -1,6 +1,6 @@
 """What this machine can do: one `Capabilities` record that every rung check and `doctor` reads.
 
-Detection (this module) is kept apart from decisions (`rungs.py`, `doctor.py`), so the decisions are
+Detection (this module) is kept apart from decisions (`ladder.py`, `measure/doctor.py`), so the decisions are
 pure functions of a `Capabilities` record and can be tested with simulated machines (CPU only,
 pre-Ampere, Hopper, no Triton, Windows, Apple MPS) on a CPU.
 """
@@ -13,6 +13,7 @@ import importlib.util
 import os
 import platform
 import shutil
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -273,6 +274,19 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def matmul_rate(device: torch.device, n: int = 1024, repeats: int = 3) -> float:
+    """FLOP/s of an (n x n) @ (n x n) fp32 matmul on this device, the best of a few: a ceiling for a step."""
+    a = torch.randn(n, n, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first call warms up
+        synchronize(device)
+        t0 = time.perf_counter()
+        a @ a
+        synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
 
 
 def free_memory(device: torch.device) -> None:

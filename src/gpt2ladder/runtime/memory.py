@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpt2ladder.model.config import ModelConfig
-from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 GiB = 2**30
 OPTIMIZER_BYTES_PER_PARAM = 16  # fp32 weight, gradient, AdamW's exp_avg and exp_avg_sq

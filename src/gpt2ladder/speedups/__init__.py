@@ -13,15 +13,14 @@ here: the engine (`runtime/engine.py`) applies those around the model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch.nn as nn
 
-if TYPE_CHECKING:  # the Setup lives in runtime/, a layer above; here only its fields are read
-    from gpt2ladder.runtime.setup import Setup
+from gpt2ladder.model.setup import Setup
 
 
-def _fused_loss(model: nn.Module, setup: "Setup") -> list[str]:
+def _fused_loss(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.fused_loss import FusedLossHead
 
     # The new head holds the same weight Parameter, so it stays tied to the token embedding.
@@ -29,19 +28,19 @@ def _fused_loss(model: nn.Module, setup: "Setup") -> list[str]:
     return ["lm_head"]
 
 
-def _float8(model: nn.Module, setup: "Setup") -> list[str]:
+def _float8(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.float8 import use_float8
 
     return use_float8(model, mlp=setup.fp8_mlp, attn=setup.fp8_attn)
 
 
-def _gelu_kernel(model: nn.Module, setup: "Setup") -> list[str]:
+def _gelu_kernel(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.gelu_mlp import use_gelu_kernel
 
     return use_gelu_kernel(model)
 
 
-def _fp32_wgrad(model: nn.Module, setup: "Setup") -> list[str]:
+def _fp32_wgrad(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.fp32_wgrad import use_fp32_wgrad
 
     return use_fp32_wgrad(model)
@@ -50,8 +49,8 @@ def _fp32_wgrad(model: nn.Module, setup: "Setup") -> list[str]:
 @dataclass(frozen=True)
 class Rewrite:
     name: str
-    wanted: Callable[["Setup"], bool]  # whether a setup asks for it
-    rewrite: Callable[[nn.Module, "Setup"], list[str]]  # in place; the names of the modules replaced
+    wanted: Callable[[Setup], bool]  # whether a setup asks for it
+    rewrite: Callable[[nn.Module, Setup], list[str]]  # in place; the names of the modules replaced
     after: tuple[str, ...] = ()  # rewrites that must already have run, when they run at all
     why: str = ""  # why that order
 
@@ -79,7 +78,7 @@ def check_order(rewrites: tuple[Rewrite, ...] = REWRITES) -> None:
         seen.add(r.name)
 
 
-def apply(model: nn.Module, setup: "Setup", rewrites: tuple[Rewrite, ...] = REWRITES) -> dict[str, list[str]]:
+def apply(model: nn.Module, setup: Setup, rewrites: tuple[Rewrite, ...] = REWRITES) -> dict[str, list[str]]:
     """Apply every rewrite the setup asks for, in order; {rewrite: the modules it replaced}."""
     check_order(rewrites)
     return {r.name: r.rewrite(model, setup) for r in rewrites if r.wanted(setup)}

@@ -112,7 +112,7 @@ def _loss_pass(logits, targets, vocab_size: int, scale: float, dtype: torch.dtyp
                kernel: bool = False):
     """The mean loss, the logit gradient x scale in `dtype` (N, Vp) and, if asked, its transpose (Vp, N).
 
-    With `kernel` the Triton kernels of `loss_kernel.py` compute all three. Otherwise PyTorch expressions:
+    With `kernel` the Triton kernels of `kernels/loss.py` compute all three. Otherwise PyTorch expressions:
     compiled, the expressions fuse and no fp32 (N, Vp) tensor exists. Run eagerly (a model without
     compile, or `--batch-size auto`'s memory probe) each expression would materialise one, several
     GB at GPT-2's batch sizes, so the rows go through in pieces there; the numbers are the same.

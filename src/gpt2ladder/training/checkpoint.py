@@ -6,8 +6,8 @@ then the old checkpoint is renamed to ckpt.prev.pt and the temp file to ckpt.pt.
 disk or a power cut at any moment leaves a whole checkpoint: ckpt.pt, or between the two renames
 ckpt.prev.pt, which `last_good` then picks. A sha256 over every value catches bit rot that torch.load
 misses (it reads a flipped byte inside a tensor without complaint); a damaged ckpt.pt also falls back
-to ckpt.prev.pt. best.pt, the state with the lowest validation loss, is a hard link to ckpt.pt when
-they are the same step, so it costs no space then.
+to ckpt.prev.pt. best.pt, the weights with the lowest validation loss, holds no optimizer, data or RNG
+state (a third of a full checkpoint's size): it samples and exports, and `last_good` never picks it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt2ladder.data.files import beside, new_temp
+from gpt2ladder.data.files import new_temp
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT
@@ -32,7 +32,7 @@ FORMAT = "gpt2ladder-checkpoint"
 VERSION = 1
 FILENAME = "ckpt.pt"  # the newest good checkpoint: what --resume and sample use
 PREVIOUS = "ckpt.prev.pt"  # the one before it, kept until ckpt.pt is replaced by a newer good one
-BEST = "best.pt"  # the state with the lowest validation loss so far
+BEST = "best.pt"  # the weights with the lowest validation loss so far (no optimizer state: never resumed)
 # What each use of a checkpoint reads; a file with a valid sha256 may still lack them (another tool wrote it).
 RESUME_KEYS = ("model", "optimizer", "step", "train_config", "model_config", "rng", "data")
 SAMPLE_KEYS = ("model", "model_config")
@@ -157,18 +157,6 @@ def _disk_full(folder: Path) -> bool:
         return False
 
 
-def link_or_copy(source: Path, dest: Path) -> None:
-    """dest becomes the same checkpoint as source, atomically: a hard link (no space), else a copy; either
-    is made under a new random name first, so nothing already at a name is written through."""
-    try:
-        _, tmp = beside(dest, lambda name: os.link(source, name))
-    except OSError:  # a file system without hard links
-        fd, tmp = new_temp(dest)
-        with open(source, "rb") as src, os.fdopen(fd, "wb") as f:
-            shutil.copyfileobj(src, f)
-    os.replace(tmp, dest)
-    with contextlib.suppress(FileNotFoundError):  # rename(2) leaves both names when dest is already that file
-        tmp.unlink()
 
 
 def _fsync_dir(folder: Path) -> None:

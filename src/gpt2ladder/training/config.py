@@ -1,5 +1,6 @@
 """What a training run is: every setting of `gpt2ladder train`, frozen, saved in config.json and in
-every checkpoint."""
+every checkpoint. Nothing here reads a file: the command decides the model's shape (a preset, or the
+config.json beside --init-from's weights) and hands it in."""
 
 from __future__ import annotations
 
@@ -35,8 +36,13 @@ class TrainConfig:
     data: str | None = None  # a text file; None = Tiny Shakespeare (never random tokens)
     init_from: str | None = None  # local Hugging Face GPT-2 weights: a folder, or its model.safetensors
     compile_backend: str = "inductor"
+    # The shape (layers, heads, width, positions), before any rung pads or rewires it; None: the preset's.
+    # Saved beside the settings, as built, under `model_config` (to_dict leaves it out).
+    model: ModelConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.model is None:
+            object.__setattr__(self, "model", preset(self.preset))  # frozen: set once, here
         for name in ("batch_size", "seq_len", "tokens_per_step", "steps", "eval_batches"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"{_flag(name)} must be a positive integer, got {getattr(self, name)}")
@@ -51,13 +57,10 @@ class TrainConfig:
                 raise UsageError(f"{_flag(name)} must be a finite number >= 0, got {getattr(self, name)}")
         if self.lr == 0 or self.min_lr > self.lr:
             raise UsageError(f"need 0 < --min-lr <= --lr, got --lr {self.lr} and --min-lr {self.min_lr}")
-        block = self.model_config().block_size
+        block = self.model.block_size
         if self.seq_len > block:
             raise UsageError(f"--seq-len {self.seq_len} exceeds the model's block size of {block}")
         self.grad_accum(1)
-
-    def model_config(self) -> ModelConfig:
-        return model_config_for(self.preset, self.init_from)
 
     def grad_accum(self, world_size: int = 1) -> int:
         """Micro-batches per optimizer step on each device."""
@@ -68,18 +71,8 @@ class TrainConfig:
         return self.tokens_per_step // per_pass
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def model_config_for(preset_name: str, init_from: str | None) -> ModelConfig:
-    """The shapes: from config.json beside --init-from weights when there is one, else the preset."""
-    if init_from:
-        from gpt2ladder.model.hf import hf_model_config
-
-        cfg = hf_model_config(init_from)
-        if cfg is not None:
-            return cfg
-    return preset(preset_name)
+        """The settings as config.json and every checkpoint hold them (the shape is kept beside them)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
 
 
 def _flag(name: str) -> str:

@@ -1,7 +1,8 @@
 """How one training step runs: the `Setup` that the ladder's rungs build field by field.
 
-A plain frozen record: the engine (`engine.py`) honours each field, the model rewrites (`speedups/`)
-read the ones that replace modules, and every record and checkpoint stores it.
+A plain frozen record, kept beside the model's shape (`config.py`) and below everything that reads
+it: the model rewrites (`speedups/`) read the fields that replace modules, the engine
+(`runtime/engine.py`) honours the rest, and every record and checkpoint stores it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Setup:
-    """How one training step runs. The baseline is the seed's starting point: fp32 everything, eager."""
+    """How one training step runs. The baseline is the write-up's starting point: fp32 everything, eager."""
 
     matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: highest=fp32, high=TF32
     autocast: str | None = None  # None, "bfloat16" or "float16" (fp16 brings a GradScaler)
     compile: bool = False
-    compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune-no-cudagraphs"
     attention: str = "manual"  # "manual" or "sdpa"
     vocab_multiple: int = 1
     fused_adamw: bool = False

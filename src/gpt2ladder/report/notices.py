@@ -1,0 +1,45 @@
+"""What the measuring commands tell people beyond their tables: the warning before a GPT-2-sized bench
+on a CPU, and why a bench or profile measured nothing at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.model.setup import Setup
+from gpt2ladder.runtime.hardware import matmul_rate
+from gpt2ladder.runtime.memory import parameters
+from gpt2ladder.runtime.metrics import flops_per_token
+
+
+def cpu_warning(model_cfg: ModelConfig, cfg, n_rungs: int, rate: float | None = None) -> str:
+    """A notice before a GPT-2-sized bench on a CPU: how long it takes at least, from this CPU's matmul rate."""
+    rate = matmul_rate(torch.device("cpu")) if rate is None else rate
+    n_params = parameters(model_cfg, Setup()) - model_cfg.block_size * model_cfg.n_embd  # without wpe, as MFU counts
+    flops = flops_per_token(model_cfg, cfg.seq_len, n_params) * cfg.batch_size * cfg.seq_len
+    seconds = flops / rate * (cfg.steps + cfg.warmup) * n_rungs
+    return (f"notice: {cfg.preset} on a CPU: one step of batch {cfg.batch_size} x {cfg.seq_len} is "
+            f"{flops / 1e12:.1f} TFLOP; at this CPU's fp32 matmul rate ({rate / 1e9:.0f} GFLOP/s, measured now) "
+            f"the {(cfg.steps + cfg.warmup) * n_rungs} steps of this ladder take at least {_duration(seconds)}; "
+            "--preset tiny runs the same ladder in about a minute")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def nothing_measured(record: dict, where: Path) -> str | None:
+    """Why a bench or profile ran no rung at all (exit 1, its files still written), or None when one ran."""
+    rows = record["rungs"]
+    if any(r["status"] == "ok" for r in rows):
+        return None
+    tried = [r for r in rows if r["status"] != "skipped"]
+    if tried and all(r["status"] == "oom" for r in tried):
+        return (f"every rung ran out of memory at batch size {record['config']['batch_size']}; use a smaller "
+                f"--batch-size or --batch-size auto (rows in {where})")
+    first = (tried or rows)[0]
+    return f"no rung could be measured: {first['name']} {first['status']}: {first['reason']} (rows in {where})"

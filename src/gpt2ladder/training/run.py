@@ -1,0 +1,218 @@
+"""A training run around the loop: its run directory claimed, the checkpoint it continues, config.json,
+what it says when it starts and when it ends.
+
+A run directory holds config.json, log.jsonl (one line per step, flushed as written), ckpt.pt (the
+newest good checkpoint, replaced atomically), ckpt.prev.pt (the one before it), best.pt (the lowest
+validation loss, when validation runs), loss.png and, when tensorboard is installed, tb/. One process
+owns it (`lock.py`); every side effect a user sees (printing, the log, plots, TensorBoard, checkpoint
+files) happens only on the main rank. --resume refuses another text than the checkpoint's unless
+--allow-data-change is given.
+
+Exit codes: 0 when done; 130 after Ctrl-C (SIGINT) and 143 after SIGTERM, both of which finish the
+step in flight and save a checkpoint first; 1 or 2 with a one-line error otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt2ladder import data as data_mod
+from gpt2ladder.errors import UsageError
+from gpt2ladder.model.gpt import describe_shape
+from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
+from gpt2ladder.runtime import distributed
+from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.training import lock
+from gpt2ladder.training.checkpoint import BEST, FILENAME, PREVIOUS, RESUME_KEYS, last_good, remove_stale_temps
+from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.runlog import Reporter
+from gpt2ladder.training.signals import StopSignals
+from gpt2ladder.training.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    exit_code: int  # 0 done, 128 + signal number when stopped by a signal
+    step: int
+    loss: float | None
+    val_loss: float | None
+    out: Path
+
+
+@dataclass(frozen=True)
+class Saved:
+    """The checkpoint --resume continues, read once while the directory is held: its contents, the file
+    it came from, and what finding it said (a damaged ckpt.pt passed over for the one before it)."""
+
+    state: dict
+    path: Path
+    notices: tuple[str, ...] = ()
+
+
+def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: bool = False,
+                 progress: bool = True, dist=distributed.SINGLE, strategy: str | None = None,
+                 tokens: data_mod.TokenData | None = None, allow_data_change: bool = False, caps=None) -> TrainResult:
+    """Train (or continue, with `cfg` as it is) the run in `out`, which this process holds locked
+    meanwhile. `tokens` (default: `cfg.data`, read now) are the text; `caps` (default: detected) what
+    the device can do. `gpt2ladder train` takes these steps itself, deciding the settings in between."""
+    with claimed(out, dist):
+        saved = saved_run(out, dist, resume)
+        tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent) if tokens is None else tokens
+        return train_claimed(cfg, device, out, saved, tokens=tokens, progress=progress, dist=dist, strategy=strategy,
+                             allow_data_change=allow_data_change, caps=caps or detect(device))
+
+
+def _silent(*args, **kwargs) -> None:
+    """The notices of ranks other than 0 (every rank finds the same)."""
+
+
+@contextlib.contextmanager
+def claimed(out: Path, dist=distributed.SINGLE):
+    """`with claimed(out, dist):` this process holds the run directory (rank 0 locks it) until the block ends."""
+    held = lock_run(out, dist)
+    try:
+        yield
+    finally:
+        if held is not None:
+            held.release()
+
+
+def lock_run(out: Path, dist=distributed.SINGLE) -> lock.RunLock | None:
+    """Rank 0 locks `out` (the others never write there); every rank learns whether it could."""
+    if dist.is_main:
+        prepare_out_dir(out)
+    held, holder = lock.try_lock(out) if dist.is_main else (None, None)
+    if dist.is_main and not lock.CAN_LOCK:
+        print(f"notice: this platform has no fcntl.flock; nothing stops a second run from using {out} too")
+    free = float(holder is None)
+    if dist.world_size > 1:  # a collective: every rank stops if rank 0 could not lock
+        free = float(dist.mean(torch.tensor(free)))
+    if free < 1:
+        raise UsageError(f"{out} is in use by another gpt2ladder run ({holder or 'rank 0 found it locked'}); "
+                         "wait for it to finish, or use another --out")
+    return held
+
+
+def saved_run(out: Path, dist=distributed.SINGLE, resume: bool = True) -> Saved | None:
+    """With `resume`, the run's last good checkpoint (ckpt.pt, else ckpt.prev.pt; never best.pt, which
+    lacks what resuming needs), read before the log or any checkpoint is touched. Without, None: a new
+    run, which may not start over a checkpoint (that is what --resume is for)."""
+    if not resume:
+        if (out / FILENAME).exists() or (out / PREVIOUS).exists():
+            raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it, or another --out")
+        return None
+    notices: list[str] = []
+    state, path = last_good(out, notices.append, set_aside=dist.is_main, needs=RESUME_KEYS)
+    return Saved(state, path, tuple(notices))
+
+
+def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Saved | None, *,
+                  tokens: data_mod.TokenData, progress: bool = True, dist=distributed.SINGLE,
+                  strategy: str | None = None, allow_data_change: bool = False, caps=None, batch_plan=None,
+                  notices=()) -> TrainResult:
+    """The run in a directory this process holds: the loop set up (and resumed), then trained to its end.
+
+    Nothing is printed before the loop is ready, so any input the loop refuses (a text too short, a
+    checkpoint of another model or text) fails first. `batch_plan` (how the micro-batch was chosen) goes
+    into config.json and the first line, `notices` (the command's, e.g. rungs left out) after it."""
+    caps = detect(device) if caps is None else caps
+    trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps, resuming=saved is not None)
+    changed = []
+    if saved is not None:
+        trainer.notices += saved.notices
+        changed = trainer.resume(saved.state, saved.path, allow_data_change)  # fails before the log is touched
+    if dist.is_main:
+        for name in (FILENAME, PREVIOUS, BEST):
+            remove_stale_temps(out / name)
+        _write_config(out, trainer, caps, batch_plan)
+    report = Reporter(out, cfg, is_main=dist.is_main, progress=progress, start=trainer.step)
+    try:
+        report.message(first_line(cfg, dist.world_size, batch_plan))
+        for line in notices:
+            report.message(line)
+        _announce(report, trainer, changed, saved is not None)
+        with StopSignals() as stop:
+            code = trainer.run(stop, report)
+        model = Path(cfg.init_from).name if cfg.init_from else cfg.preset
+        report.plot(f"{model} on {tokens.source}, {cfg.tokens_per_step:,} tokens/step")
+    finally:
+        report.close()
+    return _finish(report, trainer, code, stop.signum)
+
+
+def first_line(cfg: TrainConfig, world_size: int, plan) -> str:
+    """micro-batch x accumulation = tokens per step, and why that micro-batch."""
+    accum = cfg.grad_accum(world_size)
+    text = (f"gpt2ladder train: micro-batch {cfg.batch_size} x {accum} accumulation step{'s' if accum > 1 else ''}"
+            f"{f' x {world_size} processes' if world_size > 1 else ''} = {cfg.tokens_per_step:,} tokens per step "
+            f"({cfg.tokens_per_step // cfg.seq_len} sequences of {cfg.seq_len})")
+    return text + (f"; {plan.reason()}" if plan else "")
+
+
+def _write_config(out: Path, trainer: Trainer, caps, batch_plan=None) -> None:
+    plan = {**batch_plan.to_dict(), "reason": batch_plan.reason()} if batch_plan else None
+    record = {**record_header(caps, trainer.device), "command": "train", "batch_plan": plan,
+              "train_config": trainer.cfg.to_dict(), "model": trainer.engine.raw_model.config.to_dict(),
+              "setup": trainer.setup.to_dict(), "world_size": trainer.dist.world_size, "strategy": trainer.strategy,
+              "grad_accum": trainer.accum,
+              "data": {"source": trainer.tokens.source, "sha256": trainer.tokens.sha256,
+                       "n_tokens": trainer.tokens.n_tokens},
+              "resumed_from_step": trainer.step or None}
+    write_json(out / "config.json", record)
+
+
+def _model_label(trainer: Trainer) -> str:
+    """The preset, or the shape actually read when the weights come from a file (the preset did not choose it)."""
+    cfg, raw = trainer.cfg, trainer.engine.raw_model
+    if cfg.init_from:
+        return f"{describe_shape(raw)} from {cfg.init_from}"
+    return f"{cfg.preset} ({raw.num_params(non_embedding=False) / 1e6:.1f}M parameters)"
+
+
+def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bool) -> None:
+    cfg = trainer.cfg
+    report.message(f"model: {_model_label(trainer)} on {trainer.device}, "
+                   f"rungs: {', '.join(cfg.rungs)}; {cfg.steps} steps of {cfg.tokens_per_step:,} tokens "
+                   f"({cfg.batch_size} x {cfg.seq_len} x {trainer.accum} micro-batches"
+                   f"{f' x {trainer.dist.world_size} processes, {trainer.strategy}' if trainer.strategy else ''}); "
+                   f"data: {trainer.tokens.source}")
+    for notice in trainer.notices:
+        report.message(notice)
+    if resume:
+        report.message(f"resuming from step {trainer.step} of {trainer.kept_path}")
+    if changed:
+        report.message(f"notice: resuming with other settings than the checkpoint's: {'; '.join(changed)}")
+
+
+def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -> TrainResult:
+    loss, val = trainer.last_loss, trainer.last_val_loss
+    if signum is not None:
+        report.message(f"stopped by {signal.Signals(signum).name} after step {trainer.step}; checkpoint saved "
+                       f"to {trainer.ckpt_path}; continue with --resume")
+    elif trainer.step_ms:
+        timed = trainer.step_ms[1:] or trainer.step_ms  # the first step pays for compilation
+        ms = statistics.median(timed)
+        report.message(f"done: step {trainer.step}, loss {loss:.4f}"
+                       + (f", val loss {val:.4f}" if val is not None else "")
+                       + f", {ms:.1f} ms/step, {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
+                       + _per_gpu(trainer, ms) + f"; wrote {trainer.out}/log.jsonl, ckpt.pt, loss.png")
+    else:
+        report.message(f"nothing to do: {trainer.ckpt_path} already holds step {trainer.step} of {trainer.cfg.steps}")
+    return TrainResult(code, trainer.step, loss, val, trainer.out)
+
+
+def _per_gpu(trainer: Trainer, ms: float) -> str:
+    """Throughput per process and (on CUDA) this process's peak memory, for multi-GPU and big-model runs."""
+    world = trainer.dist.world_size
+    unit = "GPU" if trainer.device.type == "cuda" else "process"
+    text = f" ({trainer.cfg.tokens_per_step / ms * 1000 / world:,.0f} per {unit})" if world > 1 else ""
+    if trainer.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(trainer.device) / 2**30
+        text += f", peak memory {peak:.1f} GiB" + (" per GPU (rank 0's)" if world > 1 else "")
+    return text
