@@ -11,7 +11,7 @@ import sys
 
 from gpt2ladder.commands.defaults import DEFAULTS
 from gpt2ladder.commands.defaults import default_text as D
-from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory
+from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory, out_of_memory_advice
 
 # The largest integer a flag takes: numpy and torch hold counts and seeds in 64 bits, and a larger
 # number would surface as an overflow deep inside them instead of as this one line.
@@ -412,8 +412,8 @@ def _out_of_memory_line(err: Exception) -> str:
     flag far too large (--tokens-per-step 640000000000) rather than the batch."""
     import torch
 
-    if isinstance(err, torch.OutOfMemoryError):
-        return "out of memory at this batch size; use a smaller --batch-size or --batch-size auto"
+    if isinstance(err, torch.OutOfMemoryError):  # the command did not say at which batch size
+        return f"out of GPU memory; {out_of_memory_advice(None)}"
     detail = _one_line(str(err))[:200] or type(err).__name__
     return (f"out of host memory ({detail}); use a smaller --batch-size, --seq-len, --tokens-per-step "
             "or --eval-batches")

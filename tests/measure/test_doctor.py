@@ -1,5 +1,6 @@
 """`doctor` decides from a Capabilities record alone: simulated machines, then the real one end to end."""
 
+import dataclasses
 import io
 import json
 
@@ -176,3 +177,17 @@ def test_doctor_human_report_on_this_machine(capsys):
     assert out.startswith("gpt2ladder doctor") and "versions   Python" in out and torch.__version__ in out
     assert "attention kernels behind the flash rung (causal, float32, head size 64)" in out
     assert "recommended (what --rungs auto runs): baseline," in out
+
+
+@pytest.mark.parametrize("gib, line", [
+    (4, "train: 16,384 tokens per step as micro-batch 1 x 16 accumulation steps, without a CUDA graph (it would not "
+        "fit beside the step)"),
+    (8, "train: 16,384 tokens per step as micro-batch 4 x 4 accumulation steps\n"),
+])
+def test_doctor_says_what_train_does_on_a_small_card(gib, line):
+    """The micro-batch and graph `train` chooses (`plan_training`), for a card of `gib` GiB."""
+    caps = dataclasses.replace(gpu("NVIDIA H100 PCIe", (9, 0)), total_memory=gib * 2**30)
+    report = diagnose(caps)
+    assert report["memory"]["memory_bytes"] == (gib - 0.5) * 2**30
+    assert report["memory"]["train"]["cuda_graph_left_out"] == (gib == 4)
+    assert line in doctor_report.format_report(report) + "\n"

@@ -8,13 +8,13 @@ import os
 import torch
 
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
+from gpt2ladder.errors import DeviceOutOfMemory
 from gpt2ladder.ladder import (
     left_out_of_auto,
     resolve_rungs,
-    setup_for,
     why_unavailable,
 )
-from gpt2ladder.measure.batch import plan_batch
+from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import cap_memory, detect
@@ -66,14 +66,18 @@ def config_from_args(args, device: torch.device, caps, world_size: int = 1, noti
 
 
 def planned_config(args, device: torch.device, caps, world_size: int, notify, strategy) -> tuple[TrainConfig, object]:
-    """config_from_args, with the micro-batch planned on a GPU when --batch-size is not given."""
+    """config_from_args, with the micro-batch planned on a GPU when --batch-size is not given, and the
+    CUDA graph left out (said in a notice) where only the step without it fits (`plan_training`)."""
     cfg = config_from_args(args, device, caps, world_size, notify, strategy)
     if args.batch_size or device.type != "cuda":
         return cfg, None
     per_rank = cfg.tokens_per_step // (cfg.seq_len * world_size)
-    plan = plan_batch(cfg.model_config(), [(cfg.rungs[-1], setup_for(list(cfg.rungs)))], cfg.seq_len, caps, device,
-                      want=per_rank, divides=per_rank, seed=cfg.seed)
-    return dataclasses.replace(cfg, batch_size=plan.batch), plan
+    rungs, plan, notice = plan_training(cfg.model_config(), cfg.rungs, cfg.seq_len, caps, device, per_rank,
+                                        validates=bool(cfg.eval_every), graph_only_too=args.rungs == "auto",
+                                        seed=cfg.seed)
+    if notice:
+        notify(notice)
+    return dataclasses.replace(cfg, rungs=rungs, batch_size=plan.batch), plan
 
 
 def first_line(cfg: TrainConfig, world_size: int, plan) -> str:
@@ -104,7 +108,10 @@ def _train_command(args, dist: distributed.Dist) -> int:
     for line in notices:
         say(line, flush=True)
     with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
-        result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
-                              strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
-                              batch_plan=plan)
+        try:
+            result = run_training(cfg, device, out, resume=args.resume, progress=not args.no_progress, ranks=dist,
+                                  strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
+                                  batch_plan=plan)
+        except torch.OutOfMemoryError as err:  # the one line names what to change at this micro-batch
+            raise DeviceOutOfMemory(cfg.batch_size, "micro-batch") from err
     return result.exit_code

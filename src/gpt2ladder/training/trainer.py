@@ -43,7 +43,7 @@ from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import Engine, OptimConfig, build_model
-from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.runtime.hardware import detect, free_memory
 from gpt2ladder.runtime.memory import HEADROOM, eval_bytes_per_sequence
 from gpt2ladder.runtime.metrics import flops_per_token, mfu, peak_flops
 from gpt2ladder.runtime.setup import Setup
@@ -332,7 +332,11 @@ class Trainer:
         if self.device.type != "cuda" or not self.val or self.caps is None:
             return self.val
         size = len(self.val[0][0])
-        free = HEADROOM * self.caps.usable_memory - torch.cuda.memory_allocated(self.device)
+        # What is reserved, not what is allocated: a CUDA graph's pool keeps the step's activations
+        # reserved between steps, and validation cannot use them. The cache goes back first, so what
+        # stays reserved is what training holds.
+        free_memory(self.device)
+        free = HEADROOM * self.caps.usable_memory - torch.cuda.memory_reserved(self.device)
         per = eval_bytes_per_sequence(self.engine.raw_model.config, self.cfg.seq_len)
         fits = max(1, int(free // per))
         if fits >= size:
