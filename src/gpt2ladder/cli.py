@@ -413,7 +413,7 @@ def _out_of_memory_line(err: Exception) -> str:
     import torch
 
     if isinstance(err, torch.OutOfMemoryError):  # the command did not say at which batch size
-        return f"out of GPU memory; {out_of_memory_advice(None)}"
+        return f"out of memory on the GPU; {out_of_memory_advice(None)}"
     detail = _one_line(str(err))[:200] or type(err).__name__
     return (f"out of host memory ({detail}); use a smaller --batch-size, --seq-len, --tokens-per-step "
             "or --eval-batches")
