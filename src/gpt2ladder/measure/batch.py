@@ -117,12 +117,12 @@ def plan_batch(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], seq_len: 
     if batch == 0:
         raise LadderError(nothing_fits(seq_len, heaviest, est, caps))
     return BatchPlan(batch, largest, heaviest, est.per_sequence, memory, bool(caps.memory_cap), peak, want,
-                     card=caps.memory_cap or caps.total_memory, seq_len=seq_len)
+                     card=caps.card_memory, seq_len=seq_len)
 
 
 def nothing_fits(seq_len: int, heaviest: str, est: StepMemory, caps: Capabilities) -> str:
     """The one line for a card where not even one sequence fits, naming what to change."""
-    card = card_text(caps.memory_cap or caps.total_memory, caps.usable_memory, bool(caps.memory_cap))
+    card = card_text(caps.card_memory, caps.usable_memory, bool(caps.memory_cap))
     return (f"not even one sequence of {seq_len} tokens fits: {_who(heaviest)} needs {est.at(1) / GiB:.2f} GiB "
             f"for one, more than the {HEADROOM * caps.usable_memory / GiB:.2f} GiB planned for on this {card}; "
             f"{SMALLER_STEP}")
@@ -186,7 +186,7 @@ def graph_notice(rungs: tuple[str, ...], plain: tuple[str, ...], graphed: int, u
     """The one line `train` prints when it leaves the CUDA graph out to fit."""
     others = [n for n in rungs if n not in plain and n != "cuda_graph"]
     also = f" (nor {', '.join(others)}, which pay only inside one)" if others else ""
-    card = card_text(caps.memory_cap or caps.total_memory, caps.usable_memory, bool(caps.memory_cap))
+    card = card_text(caps.card_memory, caps.usable_memory, bool(caps.memory_cap))
     return (f"notice: training without a CUDA graph{also}: its memory pool keeps the step's activations apart, "
             f"so micro-batch 1 would need {graphed / GiB:.2f} GiB with it and needs {ungraphed / GiB:.2f} GiB "
             f"without, of {HEADROOM * caps.usable_memory / GiB:.2f} GiB planned for on this {card}")

@@ -45,7 +45,8 @@ def format_report(d: dict, marks: tuple[str, str, str] = ("✓", "✗", "?")) ->
 
 def _memory(m: dict) -> list[str]:
     cap = " (--gpu-memory)" if m["capped"] else ""
-    lines = ["", f"memory: {m['preset']} at {m['seq_len']} tokens per sequence on {_gib(m['memory_bytes'])} for PyTorch{cap}, "
+    lines = ["", f"memory: {m['preset']} at {m['seq_len']} tokens per sequence on {_gib(m['memory_bytes'])} for "
+             f"PyTorch{cap}, "
              "the largest batch per rung (estimated from shapes and dtypes; bench confirms it with a probe)"]
     width = max(len(n) for n in m["rungs"])
     lines += [f"  {name.ljust(width)}  {r['largest_batch']:>4} sequences  ({r['gib_per_sequence']:.2f} GiB each)"

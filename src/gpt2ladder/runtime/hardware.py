@@ -70,6 +70,11 @@ class Capabilities:
         return allocator_memory(self.total_memory, self.free_memory, self.memory_cap)
 
     @property
+    def card_memory(self) -> int:
+        """Bytes of the card: the one --gpu-memory stands in for, else what the device reports."""
+        return self.memory_cap or self.total_memory
+
+    @property
     def capability_text(self) -> str:
         return "%d.%d" % self.capability
 
