@@ -47,6 +47,7 @@ def test_what_cuda_reports_free_is_what_a_real_card_plans_with():
     assert allocator_memory(8 * GiB, free=5 * GiB, card=4 * GiB) == int(3.5 * GiB)  # a stand-in on it
     assert allocator_memory(140 * GiB, free=3 * GiB, card=4 * GiB) == 3 * GiB  # a busy big card
     assert allocator_memory(0) == 0 and Capabilities("cpu", "cpu").usable_memory == 0
+    assert Capabilities("mps", "Apple GPU", total_memory=16 * GiB).usable_memory == 16 * GiB  # no CUDA context
 
 
 @pytest.mark.parametrize("gib, words", [(0.5, "CUDA context"), (0.25, "above 0.5"), (200, "at most this GPU's")])

@@ -66,7 +66,10 @@ class Capabilities:
 
     @property
     def usable_memory(self) -> int:
-        """The memory every decision plans against: what this card's allocator can hold (`allocator_memory`)."""
+        """The memory every decision plans against: what this card's allocator can hold (`allocator_memory`);
+        off CUDA, what the device reports."""
+        if self.device_type != "cuda":
+            return self.total_memory
         return allocator_memory(self.total_memory, self.free_memory, self.memory_cap)
 
     @property
