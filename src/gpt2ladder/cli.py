@@ -11,7 +11,7 @@ import sys
 
 from gpt2ladder.commands.defaults import DEFAULTS
 from gpt2ladder.commands.defaults import default_text as D
-from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory
+from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory, out_of_memory_advice
 
 # What --data takes, for every command that trains or times steps on a text.
 DATA_HELP = ("a UTF-8 text file, in which a literal <|endoftext|> is GPT-2's end-of-text token; or token shards: a "
@@ -568,8 +568,8 @@ def _out_of_memory_line(err: Exception) -> str:
     flag far too large (--tokens-per-step 640000000000) rather than the batch."""
     import torch
 
-    if isinstance(err, torch.OutOfMemoryError):
-        return "out of memory at this batch size; use a smaller --batch-size or --batch-size auto"
+    if isinstance(err, torch.OutOfMemoryError):  # the command did not say at which batch size
+        return f"out of memory on the GPU; {out_of_memory_advice(None)}"
     detail = _one_line(str(err))[:200] or type(err).__name__
     return (f"out of host memory ({detail}); use a smaller --batch-size, --seq-len, --tokens-per-step "
             "or --eval-batches")

@@ -30,6 +30,28 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and any(w in str(err).lower() for w in _OOM_WORDS)
 
 
+class DeviceOutOfMemory(LadderError):
+    """The device ran out of memory at a batch size the command knows; the message says what to change."""
+
+    def __init__(self, batch_size: int, what: str = "batch size"):
+        self.batch_size = batch_size
+        super().__init__(f"out of memory at {what} {batch_size}; {out_of_memory_advice(batch_size)}")
+
+
+# What to change when not even one sequence fits: each sequence's cost, the step's, the model's.
+SMALLER_STEP = "use a smaller --seq-len, fewer --rungs or --preset tiny"
+
+
+def out_of_memory_advice(batch_size: int | None) -> str:
+    """What to change after the device ran out of memory: a smaller batch while there is one to take, at
+    one sequence SMALLER_STEP (None: the batch is not known, so both)."""
+    if batch_size == 1:
+        return f"not even one sequence fits: {SMALLER_STEP}"
+    if batch_size is None:
+        return f"use a smaller --batch-size or --batch-size auto (at batch size 1: {SMALLER_STEP.removeprefix('use ')})"
+    return "use a smaller --batch-size or --batch-size auto"
+
+
 def describe_failure(err: BaseException) -> str:
     """A rung's exception as one short line for its row (out-of-memory says what to try)."""
     import torch

@@ -248,6 +248,31 @@ def test_oom_outside_bench_is_one_line(capsys, monkeypatch):
     assert_one_line_error(code, err, 1, "out of memory", "--batch-size auto")
 
 
+@pytest.mark.parametrize("batch, words", [
+    (1, ["out of memory at micro-batch 1", "not even one sequence fits", "--seq-len", "fewer --rungs",
+         "--preset tiny"]),
+    (2, ["out of memory at micro-batch 2", "a smaller --batch-size"]),
+])
+def test_gpu_out_of_memory_in_train_names_what_to_change(tmp_path, capsys, text_file, monkeypatch, batch, words):
+    """At micro-batch 1 there is no smaller batch to suggest: the sequence, the rungs or the model."""
+    def out_of_memory(self, x, y):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 394.00 MiB")
+
+    monkeypatch.setattr(Engine, "step", out_of_memory)
+    code, _, err = run(capsys, "train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--steps", "1",
+                       "--batch-size", batch, "--seq-len", "16", "--data", text_file, "--out", tmp_path / "run",
+                       "--no-progress")
+    assert_one_line_error(code, err, 1, *words)
+    assert ("--batch-size" in err) == (batch > 1)
+
+
+def test_out_of_memory_at_an_unknown_batch_names_both_ways_out():
+    from gpt2ladder.cli import _out_of_memory_line
+
+    line = _out_of_memory_line(torch.OutOfMemoryError("CUDA out of memory"))
+    assert "a smaller --batch-size" in line and "at batch size 1: a smaller --seq-len, fewer --rungs or --preset tiny" in line
+
+
 @pytest.mark.parametrize("error", [
     RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
                  "to allocate 51463168000 bytes. Error code 12 (Cannot allocate memory)"),

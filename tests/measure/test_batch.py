@@ -1,4 +1,5 @@
-"""One batch for every rung: chosen from the estimate on simulated cards, confirmed (or shrunk) by a probe."""
+"""One batch for every rung: chosen from the estimate on simulated cards, confirmed (or shrunk) by a probe;
+train's micro-batch and CUDA graph, and bench's shorter sequences where a full one does not fit."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure import batch as batch_mod
-from gpt2ladder.measure.batch import plan_batch
+from gpt2ladder.measure.batch import longest_fitting_seq_len, plan_batch, plan_bench_batch, plan_training
 from gpt2ladder.measure.harness import climb
 from gpt2ladder.model.config import preset
 from gpt2ladder.runtime.hardware import Capabilities
@@ -19,13 +20,21 @@ RTX_24GB = Capabilities("cuda", "NVIDIA GeForce RTX 4090", (8, 9), total_memory=
 A100_80GB = Capabilities("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), total_memory=80 * GiB, triton_version="3.6.0")
 
 
+def hopper(gib: float, capped: bool = False) -> Capabilities:
+    """A Hopper card of `gib` GiB (every rung of the ladder runs there), or an H200 capped to stand in for it."""
+    if capped:
+        return Capabilities("cuda", "NVIDIA H200", (9, 0), total_memory=int(139.8 * GiB), triton_version="3.6.0",
+                            free_memory=139 * GiB, memory_cap=int(gib * GiB))
+    return Capabilities("cuda", "NVIDIA H100 PCIe", (9, 0), total_memory=int(gib * GiB), triton_version="3.6.0")
+
+
 def _rows(spec: str, caps: Capabilities):
     return [(r.name, setup_for(list(r.applied))) for r in climb(resolve_rungs(spec, caps),
                                                                  lambda n: why_unavailable(n, caps)) if r.reason is None]
 
 
 @pytest.mark.parametrize("caps, heaviest, batch", [
-    (AMPERE_8GB, "bf16", 3),   # bf16's eager autocast keeps an fp32 and a bf16 copy of the scores
+    (AMPERE_8GB, "bf16", 2),   # bf16's eager autocast keeps an fp32 and a bf16 copy of the scores
     (T4_16GB, "baseline", 7),  # no TF32 or bf16 before Ampere: the fp32 baseline is the heaviest there
     (RTX_24GB, "bf16", 11),
     (A100_80GB, "bf16", 16),   # 16 fits: the write-up's batch is kept
@@ -41,9 +50,12 @@ def test_a_t4_trains_with_fp16_and_a_grad_scaler():
     rows = _rows("auto", T4_16GB)
     assert "fp16" in [n for n, _ in rows] and rows[-1][1].autocast == "float16"
     plan = plan_batch(preset("gpt2"), rows[:4], 1024, T4_16GB, CUDA, want=16, divides=16, probe=False)
-    assert plan.heaviest == "fp16" and plan.batch == 4  # its eager fp16 step keeps scores in both dtypes
-    graphed = plan_batch(preset("gpt2"), rows, 1024, T4_16GB, CUDA, want=16, divides=16, probe=False)
-    assert dict(rows)[graphed.heaviest].cuda_graph and graphed.batch == 4  # a graph of accumulated steps
+    fp16 = plan_batch(preset("gpt2"), rows[:2], 1024, T4_16GB, CUDA, want=16, divides=16, probe=False)
+    assert fp16.heaviest == "fp16" and plan.per_sequence == fp16.per_sequence  # its eager step, scores in both dtypes
+    assert plan.batch == 4
+    rungs, graphed, notice = plan_training(preset("gpt2"), tuple(n for n, _ in rows), 1024, T4_16GB, CUDA, 16,
+                                           validates=True, probe=False)
+    assert "cuda_graph" in rungs and notice is None and graphed.batch == 8  # a graph of accumulated steps
 
 
 def test_auto_asks_for_the_largest_size_at_which_every_rung_fits():
@@ -54,23 +66,81 @@ def test_auto_asks_for_the_largest_size_at_which_every_rung_fits():
 def test_training_keeps_its_tokens_per_step_by_accumulation():
     """The micro-batch divides the step's 16 sequences; accumulation makes up the rest."""
     # The T4 trains with fp16 + GradScaler and without the fused loss (it needs bf16): a heavier step.
-    # A CUDA graph that captures accumulated micro-batches counts each twice (measured at 8 GiB: 8 x 2
-    # ran out of memory capturing, 4 x 4 fit), so the 8 GiB card trains at 4 x 4.
-    for caps, micro in [(AMPERE_8GB, 4), (T4_16GB, 4), (RTX_24GB, 16)]:
-        top = _rows("auto", caps)[-1:]
-        plan = plan_batch(preset("gpt2"), top, 1024, caps, CUDA, want=16, divides=16, probe=False)
-        assert plan.batch == micro and 16 % plan.batch == 0
+    for caps, micro in [(AMPERE_8GB, 4), (T4_16GB, 8), (RTX_24GB, 16)]:
+        rungs = tuple(n for n, _ in _rows("auto", caps))
+        kept, plan, _ = plan_training(preset("gpt2"), rungs, 1024, caps, CUDA, 16, validates=True, probe=False)
+        assert plan.batch == micro and 16 % plan.batch == 0 and kept == rungs
     no_graph = [(n, s) for n, s in _rows("auto", AMPERE_8GB) if not s.cuda_graph][-1:]
-    tight = Capabilities("cuda", "small", (8, 6), total_memory=int(5.5 * GiB))
+    tight = Capabilities("cuda", "small", (8, 6), total_memory=int(6.5 * GiB))
     plan = plan_batch(preset("gpt2"), no_graph, 1024, tight, CUDA, want=16, divides=16, probe=False)
     assert plan.largest == 6 and plan.batch == 4  # 6 fit, 4 divides 16
-    assert "6 fit on this 5.5 GiB GPU, 4 divides the step" in plan.reason()
+    assert "6 fit on this 6.5 GiB GPU, 6 GiB of it for PyTorch; 4 divides the step" in plan.reason()
+
+
+@pytest.mark.parametrize("capped", [False, True], ids=["card", "stand-in"])
+@pytest.mark.parametrize("gib, micro, graph", [(4, 1, False), (6, 4, True), (8, 4, True)])
+def test_train_on_small_cards_at_gpt2_1024(gib, micro, graph, capped):
+    """train's default step (16 x 1024 tokens) of GPT-2 124M with every rung of auto. At 4 GiB the graphed
+    step does not fit one sequence beside validation (the graph's pool keeps the step's activations):
+    trained without it, and without the rungs that pay only inside one, said in a notice."""
+    caps = hopper(gib, capped)
+    rungs = tuple(n for n, _ in _rows("auto", caps))
+    assert rungs[-1] == "fp32_wgrad" and "cuda_graph" in rungs
+    kept, plan, notice = plan_training(preset("gpt2"), rungs, 1024, caps, CUDA, 16, validates=True,
+                                       graph_only_too=True, probe=False)
+    assert (plan.batch, 16 // plan.batch, "cuda_graph" in kept) == (micro, 16 // micro, graph)
+    if graph:
+        assert kept == rungs and notice is None
+    else:
+        assert kept == tuple(n for n in rungs if n not in ("cuda_graph", "bf16_residual", "gelu_kernel",
+                                                           "fp32_wgrad"))
+        assert notice.startswith("notice: training without a CUDA graph (nor bf16_residual, gelu_kernel, "
+                                 "fp32_wgrad, which pay only inside one)")
+        assert "3.45 GiB with it and needs 2.83 GiB without, of 3.22 GiB planned for on this 4 GiB" in notice
+        named = plan_training(preset("gpt2"), rungs, 1024, caps, CUDA, 16, validates=True, probe=False)[0]
+        assert named == tuple(n for n in rungs if n != "cuda_graph")  # rungs named by hand: only the graph goes
+
+
+@pytest.mark.parametrize("capped", [False, True], ids=["card", "stand-in"])
+@pytest.mark.parametrize("gib, batch, seq_len", [(4, 1, 512), (6, 1, 1024), (8, 2, 1024)])
+def test_bench_seed_rungs_on_small_cards_at_gpt2_1024(gib, batch, seq_len, capped):
+    """bench's default: the write-up's rungs at up to 16 x 1024. At 4 GiB not even one sequence of 1024
+    fits the bf16 rung, so every rung runs at 512 tokens, and the first line says so."""
+    caps = hopper(gib, capped)
+    plan = plan_bench_batch(preset("gpt2"), _rows("seed", caps), 1024, caps, CUDA, want=16, probe=False)
+    assert (plan.batch, plan.seq_len) == (batch, seq_len)
+    if seq_len < 1024:
+        assert plan.shortened_from == 1024 and plan.full_length_heaviest == "bf16"
+        assert plan.reason().startswith("sequences of 512 tokens: not even one of 1024 fits every rung (the bf16 "
+                                        "rung needs 3.59 GiB for one, of 3.22 GiB planned for), so every rung runs "
+                                        "at 512, the longest power of two that fits; batch 1: ")
+    else:
+        assert plan.shortened_from is None and plan.reason().startswith(f"batch {batch}: the bf16 rung")
+
+
+def test_a_length_asked_for_is_not_shortened():
+    caps = hopper(4)
+    with pytest.raises(LadderError, match="not even one sequence of 1024 tokens fits: the bf16 rung needs 3.59 GiB "
+                                          "for one, more than the 3.22 GiB planned for on this 4 GiB GPU, 3.5 GiB of "
+                                          "it for PyTorch; use a smaller --seq-len, fewer --rungs or --preset tiny"):
+        plan_bench_batch(preset("gpt2"), _rows("seed", caps), 1024, caps, CUDA, want=16, probe=False, shorten=False)
+
+
+def test_the_longest_length_that_fits_is_a_power_of_two():
+    rows, cfg = _rows("seed", hopper(4)), preset("gpt2")
+    assert longest_fitting_seq_len(cfg, rows, 1024, hopper(4).usable_memory) == 512
+    assert longest_fitting_seq_len(cfg, rows, 1000, hopper(4).usable_memory) == 512
+    assert longest_fitting_seq_len(cfg, rows, 1024, hopper(3).usable_memory) == 256
+    assert longest_fitting_seq_len(cfg, rows, 1024, 2 * GiB) is None  # the weights and AdamW alone need 1.9 GiB
+    plan = plan_bench_batch(cfg, rows, 1024, hopper(3), CUDA, want=16, probe=False)
+    assert (plan.seq_len, plan.shortened_from) == (256, 1024)
 
 
 def test_a_cap_is_what_every_decision_plans_for():
     capped = Capabilities("cuda", "NVIDIA H200", (9, 0), total_memory=140 * GiB, memory_cap=8 * GiB)
     plan = plan_batch(preset("gpt2"), _rows("seed", capped), 1024, capped, CUDA, want=16, probe=False)
-    assert plan.batch == 3 and plan.capped and "8 GiB (--gpu-memory)" in plan.reason()
+    card = plan_batch(preset("gpt2"), _rows("seed", AMPERE_8GB), 1024, AMPERE_8GB, CUDA, want=16, probe=False)
+    assert plan.batch == card.batch == 2 and plan.capped and "8 GiB (--gpu-memory) GPU" in plan.reason()
 
 
 def test_nothing_fits_is_one_line():
@@ -88,6 +158,7 @@ def test_the_probe_confirms_or_shrinks_by_what_it_measured(monkeypatch):
         return None if batch > 2 else int(batch * 1.9 * GiB + 1.9 * GiB)  # 3 runs out of memory
 
     monkeypatch.setattr(batch_mod, "probe_peak", fake_probe)
-    plan = plan_batch(preset("gpt2"), _rows("seed", AMPERE_8GB), 1024, AMPERE_8GB, CUDA, want=16)
+    card = Capabilities("cuda", "NVIDIA RTX A2000 12GB", (8, 6), total_memory=12 * GiB, triton_version="3.6.0")
+    plan = plan_batch(preset("gpt2"), _rows("seed", card), 1024, card, CUDA, want=3)
     assert plan.batch == 2 and plan.probed_peak is not None
     assert [c[2] for c in calls] == [3, 2] and all(c[:2] == (False, False) for c in calls)  # eager steps

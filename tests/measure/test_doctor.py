@@ -1,5 +1,6 @@
 """`doctor` decides from a Capabilities record alone: simulated machines, then the real one end to end."""
 
+import dataclasses
 import io
 import json
 
@@ -189,3 +190,17 @@ def test_doctor_reports_free_disk_for_the_data_cache(capsys, tmp_path, monkeypat
     assert 0 < disk["free_bytes"] <= usage.total
     assert main(["doctor", "--device", "cpu"]) == 0
     assert f"data cache {tmp_path / 'not' / 'made' / 'yet'}: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gib, line", [
+    (4, "train: 16,384 tokens per step as micro-batch 1 x 16 accumulation steps, without a CUDA graph (it would not "
+        "fit beside the step)"),
+    (8, "train: 16,384 tokens per step as micro-batch 4 x 4 accumulation steps\n"),
+])
+def test_doctor_says_what_train_does_on_a_small_card(gib, line):
+    """The micro-batch and graph `train` chooses (`plan_training`), for a card of `gib` GiB."""
+    caps = dataclasses.replace(gpu("NVIDIA H100 PCIe", (9, 0)), total_memory=gib * 2**30)
+    report = diagnose(caps)
+    assert report["memory"]["memory_bytes"] == (gib - 0.5) * 2**30
+    assert report["memory"]["train"]["cuda_graph_left_out"] == (gib == 4)
+    assert line in doctor_report.format_report(report) + "\n"

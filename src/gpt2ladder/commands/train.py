@@ -16,14 +16,13 @@ import torch
 
 from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
-from gpt2ladder.errors import LadderError
+from gpt2ladder.errors import DeviceOutOfMemory, LadderError
 from gpt2ladder.ladder import (
     left_out_of_auto,
     resolve_rungs,
-    setup_for,
     why_unavailable,
 )
-from gpt2ladder.measure.batch import plan_batch
+from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.model.config import ModelConfig, preset
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.records import output_dir
@@ -52,10 +51,13 @@ def _train_command(args, dist: distributed.Dist) -> int:
         saved = saved_run(out, dist, args.resume)
         cfg, strategy = config_from_args(args, device, caps, dist, notices.append, saved)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent)  # no random stand-in
-        cfg, plan = planned_config(args, cfg, device, caps, dist)
-        result = train_claimed(cfg, device, out, saved, tokens=tokens, progress=not args.no_progress, dist=dist,
-                               strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
-                               batch_plan=plan, notices=notices)
+        cfg, plan = planned_config(args, cfg, device, caps, dist, notices.append)
+        try:
+            result = train_claimed(cfg, device, out, saved, tokens=tokens, progress=not args.no_progress, dist=dist,
+                                   strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
+                                   batch_plan=plan, notices=notices)
+        except torch.OutOfMemoryError as err:  # the one line names what to change at this micro-batch
+            raise DeviceOutOfMemory(cfg.batch_size, "micro-batch") from err
     return result.exit_code
 
 
@@ -132,13 +134,18 @@ def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print) -> 
     return tuple(usable) or ("baseline",)
 
 
-def planned_config(args, cfg: TrainConfig, device: torch.device, caps, dist=distributed.SINGLE):
+def planned_config(args, cfg: TrainConfig, device: torch.device, caps, dist=distributed.SINGLE, notify=print):
     """The config with, on a GPU when --batch-size is not given, the largest micro-batch that fits and
-    divides the step (`measure.batch.plan_batch`), the same on every rank; and that plan (or None)."""
+    divides the step, the same on every rank, and the CUDA graph left out (said in a notice) where only
+    the step without it fits (`measure.batch.plan_training`); and that plan (or None)."""
     if args.batch_size or device.type != "cuda":
         return cfg, None
     per_rank = cfg.tokens_per_step // (cfg.seq_len * dist.world_size)
-    plan = plan_batch(cfg.model, [(cfg.rungs[-1], setup_for(list(cfg.rungs)))], cfg.seq_len, caps, device,
-                      want=per_rank, divides=per_rank, seed=cfg.seed)
+    graph_only_too = args.rungs in (None, "auto") and not args.resume  # auto's rungs that pay only in a graph
+    rungs, plan, notice = plan_training(cfg.model, cfg.rungs, cfg.seq_len, caps, device, per_rank,
+                                        validates=bool(cfg.eval_every), graph_only_too=graph_only_too,
+                                        seed=cfg.seed)
+    if notice:
+        notify(notice)
     batch = int(distributed.reduce_floats([plan.batch], dist, "min")[0])  # every rank runs the same micro-batch
-    return dataclasses.replace(cfg, batch_size=batch), plan
+    return dataclasses.replace(cfg, rungs=rungs, batch_size=batch), plan

@@ -15,7 +15,7 @@ from pathlib import Path
 from gpt2ladder.data.text import cache_dir
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import LADDER, available_rungs, setup_for, why_unavailable
-from gpt2ladder.measure.batch import plan_batch
+from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.model.config import preset
 from gpt2ladder.runtime.hardware import SDPA_BACKENDS, Capabilities
 from gpt2ladder.runtime.memory import GiB, step_memory
@@ -100,8 +100,9 @@ def rung_checks(caps: Capabilities) -> list[Check]:
 
 def memory_plan(caps: Capabilities, preset_name: str = "gpt2", batch: int = 16) -> dict | None:
     """On a GPU: for each rung of `auto` (cumulative), the largest batch of the preset's block size that
-    fits this card's memory (the estimate of `runtime/memory.py`, not probed), and the micro-batch and
-    accumulation `train` would use for its default step of `batch` sequences. None off CUDA."""
+    fits this card's memory (the estimate of `runtime/memory.py`, not probed), and the micro-batch,
+    accumulation and CUDA graph `train` would use for its default step of `batch` sequences
+    (`plan_training`). None off CUDA."""
     if caps.device_type != "cuda" or not caps.usable_memory:
         return None
     cfg = preset(preset_name)
@@ -111,15 +112,16 @@ def memory_plan(caps: Capabilities, preset_name: str = "gpt2", batch: int = 16) 
         est = step_memory(cfg, setup_for(applied), cfg.block_size)
         rungs[name] = {"largest_batch": est.largest_batch(caps.usable_memory),
                        "gib_per_sequence": round(est.per_sequence / GiB, 3)}
-    micro = 0
+    micro, left_out = 0, False
     if applied:
         with contextlib.suppress(LadderError):  # nothing fits: said so below
-            micro = plan_batch(cfg, [(applied[-1], setup_for(applied))], cfg.block_size, caps, None, want=batch,
-                               divides=batch, probe=False).batch
+            kept, plan, _ = plan_training(cfg, tuple(applied), cfg.block_size, caps, None, batch, validates=True,
+                                          graph_only_too=True, probe=False)
+            micro, left_out = plan.batch, "cuda_graph" in applied and "cuda_graph" not in kept
     return {"preset": preset_name, "seq_len": cfg.block_size, "memory_bytes": caps.usable_memory,
             "capped": bool(caps.memory_cap), "rungs": rungs,
             "train": {"micro_batch": micro, "accumulation": batch // micro if micro else None,
-                      "tokens_per_step": batch * cfg.block_size}}
+                      "tokens_per_step": batch * cfg.block_size, "cuda_graph_left_out": left_out}}
 
 
 def data_disk(folder: Path | None = None) -> dict:

@@ -3,6 +3,8 @@ show them."""
 
 from __future__ import annotations
 
+from gpt2ladder.errors import SMALLER_STEP
+
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
@@ -50,17 +52,19 @@ def _disk(disk: dict) -> list[str]:
 
 def _memory(m: dict) -> list[str]:
     cap = " (--gpu-memory)" if m["capped"] else ""
-    lines = ["", f"memory: {m['preset']} at {m['seq_len']} tokens per sequence on {_gib(m['memory_bytes'])}{cap}, "
+    lines = ["", f"memory: {m['preset']} at {m['seq_len']} tokens per sequence on {_gib(m['memory_bytes'])} for "
+             f"PyTorch{cap}, "
              "the largest batch per rung (estimated from shapes and dtypes; bench confirms it with a probe)"]
     width = max(len(n) for n in m["rungs"])
     lines += [f"  {name.ljust(width)}  {r['largest_batch']:>4} sequences  ({r['gib_per_sequence']:.2f} GiB each)"
               for name, r in m["rungs"].items()]
     t = m["train"]
     if t["micro_batch"]:
+        graph = ", without a CUDA graph (it would not fit beside the step)" if t.get("cuda_graph_left_out") else ""
         lines.append(f"train: {t['tokens_per_step']:,} tokens per step as micro-batch {t['micro_batch']} x "
-                     f"{t['accumulation']} accumulation steps")
+                     f"{t['accumulation']} accumulation steps{graph}")
     else:
-        lines.append("train: not even one sequence fits at the top rung; use a smaller --seq-len or --preset")
+        lines.append(f"train: not even one sequence fits at the top rung; {SMALLER_STEP}")
     return lines
 
 

@@ -235,10 +235,15 @@ class Engine:
         before the capture, and NCCL's async error handling off (`distributed.init_from_env`).
         Gradient accumulation's inner micro-steps run under `no_sync` while capturing, so the graph
         all-reduces once per step, after the last one.
+
+        What the capture adds to the step's memory is kept small, so a card that fits the step fits
+        the graph: the values to restore wait in host memory, and the memory the warm-up used goes back
+        to the device before the graph's own pool takes what the captured step needs.
         """
         ddp = hasattr(self.model, "no_sync")
         self._static_x, self._static_y = x.clone(), y.clone()
         snapshot = _snapshot(self.raw_model, self.optimizer)
+        _allocate_optimizer_state(self.optimizer)
         side = self._stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -246,9 +251,13 @@ class Engine:
                 self.optimizer.zero_grad(set_to_none=not ddp)
                 self._eager_step(self._static_x, self._static_y)
         torch.cuda.current_stream().wait_stream(side)
-        # The graph allocates from a pool of its own: hand the warm-up's cached activations back first,
-        # or a step holds two sets of them (a card that fits one step would run out of memory here).
         torch.cuda.synchronize()
+        if not ddp:
+            # The graph allocates gradients of its own: freed only once capturing, the warm-up's would stay
+            # cached where nothing can reuse them, a gradient's worth of the card lost for the whole run.
+            self.optimizer.zero_grad(set_to_none=True)
+        # Hand the warm-up's cached activations back too, or a step holds two sets of them (the graph
+        # allocates from a pool of its own).
         torch.cuda.empty_cache()
         self._graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph, stream=side):
@@ -272,10 +281,30 @@ def _restore_gradient_sync(model):
 
 @torch.no_grad()
 def _snapshot(model, optimizer) -> dict:
-    params = {p: p.detach().clone() for p in model.parameters()}
-    state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+    """The weights and optimizer state as they are, copied to host memory: on the GPU the copy would
+    take 4 bytes per parameter (12 once AdamW has state, as after resuming) beside a step that needs
+    the rest of the card."""
+    params = {p: p.detach().to("cpu", copy=True) for p in model.parameters()}
+    state = {p: {k: v.to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in s.items()}
              for p, s in optimizer.state.items()}
     return {"params": params, "state": state}
+
+
+@torch.no_grad()
+def _allocate_optimizer_state(optimizer) -> None:
+    """Have the optimizer create its state now, before the warm-up: created inside it (after the first
+    backward) AdamW's moments would be carved out of the memory the warm-up's activations had just
+    freed, and those blocks could then not go back to the device for the graph's pool. One step on
+    zero gradients makes them; `_restore` undoes what it changed."""
+    if optimizer.state:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for p in params:
+        p.grad = None
+    torch.cuda.empty_cache()  # the zero gradients' memory, before the warm-up can take part of it
 
 
 @torch.no_grad()

@@ -29,6 +29,10 @@ SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "mem_efficient": "EFFICIENT_ATTENTI
 SDPA_WARNING_NAMES = {"flash": "flash attention", "mem_efficient": "memory efficient", "cudnn": "cudnn",
                       "math": "math"}
 GPT2_HEAD_SIZE = 64  # n_embd / n_head in every GPT-2 size (768/12 ... 1600/25)
+GiB = 2**30
+# What a card keeps outside PyTorch's allocator: the CUDA context, with the driver's and the libraries'
+# code and handles; about 0.5 GiB with a current driver and CUDA.
+CUDA_CONTEXT_BYTES = GiB // 2
 WINDOWS_TRITON_INSTALL = 'pip install -U "triton-windows>=3.8,<3.9"'
 
 
@@ -37,7 +41,7 @@ class Capabilities:
     device_type: str  # "cuda", "cpu" or "mps"
     name: str  # e.g. "NVIDIA H200", or the CPU's architecture
     capability: tuple[int, int] = (0, 0)  # CUDA compute capability; (0, 0) off CUDA
-    total_memory: int = 0  # bytes of device memory; 0 when unknown
+    total_memory: int = 0  # bytes of device memory, as the device reports them; 0 when unknown
     compile_problem: str | None = None  # why torch.compile cannot run here, None when it can
     os: str = "Linux"
     triton_version: str | None = None
@@ -51,7 +55,10 @@ class Capabilities:
     # empty until `probe_sdpa` has run, which only `doctor` asks for (it costs a few kernel launches).
     sdpa: tuple[tuple[str, str | None], ...] = ()
     sdpa_probe: str = ""  # the shapes and dtype the probe used, e.g. "bfloat16, head size 64"
-    memory_cap: int = 0  # bytes the allocator was capped to (--gpu-memory); 0 when not capped
+    memory_cap: int = 0  # bytes of the card --gpu-memory stands in for; 0 when not capped
+    # bytes this process's allocator could hold when detected: CUDA's free memory plus what the allocator
+    # already held; 0 when unknown (off CUDA, or a card described by hand)
+    free_memory: int = 0
 
     @property
     def bf16_supported(self) -> bool:
@@ -60,7 +67,15 @@ class Capabilities:
 
     @property
     def usable_memory(self) -> int:
-        """The memory every decision plans against: the cap when there is one, else the card's."""
+        """The memory every decision plans against: what this card's allocator can hold (`allocator_memory`);
+        off CUDA, what the device reports."""
+        if self.device_type != "cuda":
+            return self.total_memory
+        return allocator_memory(self.total_memory, self.free_memory, self.memory_cap)
+
+    @property
+    def card_memory(self) -> int:
+        """Bytes of the card: the one --gpu-memory stands in for, else what the device reports."""
         return self.memory_cap or self.total_memory
 
     @property
@@ -121,8 +136,9 @@ def detect(device: torch.device, probe: bool = False) -> Capabilities:
 
 def _cuda_facts(device: torch.device) -> dict:
     props = torch.cuda.get_device_properties(device)
+    free, _ = torch.cuda.mem_get_info(device)  # the context (and any other process) already taken off
     return {"device_type": "cuda", "name": props.name, "capability": (props.major, props.minor),
-            "total_memory": props.total_memory}
+            "total_memory": props.total_memory, "free_memory": free + torch.cuda.memory_reserved(device)}
 
 
 def _other_facts(device: torch.device) -> dict:
@@ -252,20 +268,43 @@ def _host_memory() -> int:
         return 0
 
 
+def allocator_memory(total: int, free: int = 0, card: int = 0) -> int:
+    """The bytes PyTorch's caching allocator can hold on this card: what every memory plan uses.
+
+    `card` (--gpu-memory): a card of that many bytes keeps CUDA_CONTEXT_BYTES for the context, so its
+    allocator gets the rest (and never more than this card has free). Else `free`, what CUDA reported
+    free plus what the allocator already held: the context and other processes are already off it.
+    Else (a card described by hand) the card's `total` less the context. 0 when nothing is known.
+    """
+    if card:
+        rest = max(0, card - CUDA_CONTEXT_BYTES)
+        return min(rest, free) if free else rest
+    if free:
+        return free
+    return max(0, total - CUDA_CONTEXT_BYTES) if total else 0
+
+
 def cap_memory(device: torch.device, caps: Capabilities, gib: float | None) -> Capabilities:
-    """Cap this process's CUDA allocator at `gib` GiB (--gpu-memory), so a big card stands in for a
-    smaller one; the returned capabilities plan against the cap. None: no cap."""
+    """Make this process's CUDA allocator hold what a card of `gib` GiB would give it (--gpu-memory), so a
+    big card stands in for a smaller one; the returned capabilities plan for that card. None: no cap."""
     if gib is None:
         return caps
     if device.type != "cuda":
         raise UsageError(f"--gpu-memory caps a CUDA GPU's memory; this is {device.type}")
-    cap = int(gib * 2**30)
-    if not 0 < cap <= caps.total_memory:
-        raise UsageError(f"--gpu-memory {gib:g} must be above 0 and at most this GPU's "
-                         f"{caps.total_memory / 2**30:.1f} GiB")
+    card = int(gib * GiB)
+    if not CUDA_CONTEXT_BYTES < card <= caps.total_memory:
+        raise UsageError(f"--gpu-memory {gib:g} must be above {CUDA_CONTEXT_BYTES / GiB:g} (what a card keeps for "
+                         f"the CUDA context) and at most this GPU's {caps.total_memory / GiB:.1f} GiB")
+    capped = dataclasses.replace(caps, memory_cap=card)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    torch.cuda.set_per_process_memory_fraction(cap / caps.total_memory, index)
-    return dataclasses.replace(caps, memory_cap=cap)
+    torch.cuda.set_per_process_memory_fraction(memory_fraction(capped), index)
+    return capped
+
+
+def memory_fraction(caps: Capabilities) -> float:
+    """The share of what the device reports that the allocator is capped at (set_per_process_memory_fraction's
+    argument) for these capabilities' allocator memory."""
+    return min(1.0, caps.usable_memory / caps.total_memory)
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,8 +1,7 @@
 """How much GPU memory a training step takes, estimated from the shapes and dtypes of a `Setup`.
 
-A step holds a fixed part, the fp32 parameters with their gradients and AdamW's two moments (16 bytes
-per parameter), and a part that grows with the batch: the activations saved for backward. Per
-sequence of T tokens that part is
+A step holds a fixed part and a part that grows with the batch. The part that grows is the activations
+saved for backward; per sequence of T tokens
 
     L * T * C * block  +  L * H * T^2 * attention (the four-line attention only)  +  T * Vp * head
 
@@ -12,16 +11,30 @@ bytes, with per-element byte counts that depend on how the step runs:
   6 under eager autocast (that fp32 output and its bf16 copy for the matmul), 4 compiled;
 - head, the classifier's logits and their gradient: 12 bytes eager (logits, log-softmax, gradient),
   8 compiled, 4 with the fused loss (one 16-bit gradient, written once).
-The numbers were fitted to the peak memory of every rung of GPT-2 124M at B=16 x 1024 on an H200
-(docs/experiments.md, "Memory"): against those records the estimate is over, never
-under, by at most 0.15 GiB for the eager rungs that set the batch (0.3 GiB at B=4) and 1.6 GiB for
-the others; a test checks that it stays so. A CUDA graph keeps its warm-up's allocations in a pool of its own: 0.5 GiB.
+These byte counts are fitted: to the peak memory of every rung of GPT-2 124M at B=16 x 1024 on an H200
+and of the three eager seed rungs at B=4 (docs/experiments.md, "Memory"). Against those records the
+estimate is over, never under, by at most 0.15 GiB for the eager rungs that set the batch (0.3 GiB at
+B=4) and 1.6 GiB for the others; a test checks that it stays so.
 
-The estimate picks a batch; a probe of the heaviest rung confirms it (`measure/batch.py`).
+The fixed part:
+- the fp32 weights, their gradients and AdamW's two moments: 16 bytes per parameter (derived);
+- accumulating micro-batches, a second set of weight gradients: after the first micro-batch each
+  backward makes new gradients that are added into the kept ones, and a compiled backward returns
+  all of them at once, 4 bytes per parameter; an eager one returns them one by one, so only the
+  largest, the tied embedding's, is held twice (derived);
+- a CUDA graph: 0.1 GiB (fitted: the graphed rung peaked 0.56 GiB above the rung before it at
+  B=16, of which 0.46 GiB was a copy of the weights the capture kept on the GPU then and keeps in host
+  memory now). Its memory pool holds the step's activations between steps and lends nothing to
+  anything else, so validation beside it needs room of its own for at least one sequence
+  (`eval_bytes_per_sequence`, derived).
+
+The estimate picks a batch; a probe of the heaviest rung confirms it (`measure/batch.py`). It plans
+against what the card's allocator can hold (`hardware.allocator_memory`), with HEADROOM kept free.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from gpt2ladder.model.config import ModelConfig
@@ -29,16 +42,20 @@ from gpt2ladder.model.setup import Setup
 
 GiB = 2**30
 OPTIMIZER_BYTES_PER_PARAM = 16  # fp32 weight, gradient, AdamW's exp_avg and exp_avg_sq
-GRAPH_POOL_BYTES = GiB // 2
+GRADIENT_BYTES_PER_PARAM = 4  # fp32
+GRAPH_BYTES = GiB // 10
 HEADROOM = 0.92  # plan to use at most this share of the memory: the allocator fragments, cuBLAS needs workspace
 
 
 def parameters(cfg: ModelConfig, setup: Setup) -> int:
     """Parameters of the model this setup trains (the tied classifier counted once)."""
     C, L = cfg.n_embd, cfg.n_layer
-    vocab = -(-cfg.vocab_size // setup.vocab_multiple) * setup.vocab_multiple
     per_block = 12 * C * C + 13 * C  # attention (4 C^2 + 4 C), MLP (8 C^2 + 5 C), two layer norms (4 C)
-    return vocab * C + cfg.block_size * C + L * per_block + 2 * C
+    return _vocab(cfg, setup) * C + cfg.block_size * C + L * per_block + 2 * C
+
+
+def _vocab(cfg: ModelConfig, setup: Setup) -> int:
+    return -(-cfg.vocab_size // setup.vocab_multiple) * setup.vocab_multiple
 
 
 def _bytes_per_element(setup: Setup) -> tuple[int, int, int]:
@@ -68,16 +85,29 @@ class StepMemory:
         return max(0, int((HEADROOM * memory - self.fixed) // self.per_sequence))
 
 
-def step_memory(cfg: ModelConfig, setup: Setup, seq_len: int) -> StepMemory:
-    """The estimate for one training step of this setup at sequences of `seq_len` tokens."""
+def step_memory(cfg: ModelConfig, setup: Setup, seq_len: int, accumulates: bool = False,
+                validates: bool = False) -> StepMemory:
+    """The estimate for one training step of this setup at sequences of `seq_len` tokens; `accumulates`:
+    over several micro-batches; `validates`: with validation between steps (train)."""
     T, C, L, H = seq_len, cfg.n_embd, cfg.n_layer, cfg.n_head
-    vocab = -(-cfg.vocab_size // setup.vocab_multiple) * setup.vocab_multiple
     block, attention, head = _bytes_per_element(setup)
-    per_sequence = L * T * C * block + T * vocab * head
+    per_sequence = L * T * C * block + T * _vocab(cfg, setup) * head
     if setup.attention == "manual":
         per_sequence += L * H * T * T * attention
-    fixed = OPTIMIZER_BYTES_PER_PARAM * parameters(cfg, setup) + (GRAPH_POOL_BYTES if setup.cuda_graph else 0)
-    return StepMemory(fixed, per_sequence)
+    return StepMemory(_fixed(cfg, setup, seq_len, accumulates, validates), per_sequence)
+
+
+def _fixed(cfg: ModelConfig, setup: Setup, seq_len: int, accumulates: bool, validates: bool) -> int:
+    n = parameters(cfg, setup)
+    fixed = OPTIMIZER_BYTES_PER_PARAM * n
+    if accumulates:
+        held_twice = n if setup.compile else _vocab(cfg, setup) * cfg.n_embd
+        fixed += GRADIENT_BYTES_PER_PARAM * held_twice
+    if setup.cuda_graph:
+        fixed += GRAPH_BYTES
+        if validates:
+            fixed += eval_bytes_per_sequence(dataclasses.replace(cfg, vocab_multiple=setup.vocab_multiple), seq_len)
+    return fixed
 
 
 def eval_bytes_per_sequence(cfg: ModelConfig, seq_len: int) -> int:

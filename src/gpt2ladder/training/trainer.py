@@ -36,7 +36,7 @@ from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import Engine, OptimConfig, build_model
-from gpt2ladder.runtime.hardware import Capabilities, detect
+from gpt2ladder.runtime.hardware import Capabilities, detect, free_memory
 from gpt2ladder.runtime.memory import HEADROOM, eval_bytes_per_sequence
 from gpt2ladder.runtime.metrics import flops_per_token, mfu, peak_flops
 from gpt2ladder.training.checkpoint import (
@@ -284,7 +284,11 @@ class Trainer:
         if self.device.type != "cuda" or not self.val:
             return self.val
         size = len(self.val[0][0])
-        free = HEADROOM * self.caps.usable_memory - torch.cuda.memory_allocated(self.device)
+        # What is reserved, not what is allocated: a CUDA graph's pool keeps the step's activations
+        # reserved between steps, and validation cannot use them. The cache goes back first, so what
+        # stays reserved is what training holds.
+        free_memory(self.device)
+        free = HEADROOM * self.caps.usable_memory - torch.cuda.memory_reserved(self.device)
         per = eval_bytes_per_sequence(self.engine.raw_model.config, self.cfg.seq_len)
         fits = max(1, int(free // per))
         if fits >= size:
