@@ -1,5 +1,6 @@
 """Tests for measure/profile.py and its report: the kernel-name categorizer, the attribution of step time, the outputs."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -17,6 +18,7 @@ from gpt2ladder.measure.profile import (
     attribute,
     categorize,
     run_profile,
+    settled_steps,
 )
 from gpt2ladder.report import profile as profile_report
 
@@ -249,6 +251,33 @@ def test_profile_of_only_skipped_rungs_fails_in_one_line(shakespeare_cache, tmp_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no rung could be measured: tf32 skipped" in err
     assert (tmp_path / "profile.json").exists()  # the rows with their reasons are still written
+
+
+def _warmup(*compiled):
+    return [{"ms": 100.0 * (i + 1), "compiled": c} for i, c in enumerate(compiled)]
+
+
+def test_the_unprofiled_time_comes_from_the_later_steps_after_the_last_compile():
+    assert settled_steps(_warmup(False, False, False, False)) == [300.0, 400.0]
+    assert settled_steps(_warmup(True, False, False, False, False)) == [400.0, 500.0]
+    assert settled_steps(_warmup(True, True, False)) == [300.0]
+    assert settled_steps(_warmup(False, False, True)) == [] and settled_steps([]) == []
+
+
+def test_a_compiled_rung_is_timed_unprofiled_only_after_compiling(shakespeare_cache):
+    cfg = ProfileConfig(rungs=("baseline", "compile"), batch_size=2, seq_len=16, steps=1, warmup=2,
+                        compile_backend="eager")
+    plain, compiled = run_profile(cfg, CPU, progress=False)["rungs"]
+    assert [s["compiled"] for s in plain["warmup_steps"]] == [False, False]
+    assert [s["compiled"] for s in compiled["warmup_steps"]] == [True, False]
+    assert compiled["unprofiled_ms_per_step"] == compiled["warmup_steps"][1]["ms"]
+    assert compiled["unprofiled_steps"] == 1
+    # One warm-up step, and it compiles: no step to take the figure from, so none is given.
+    record = run_profile(dataclasses.replace(cfg, warmup=1, last_only=True), CPU, progress=False)
+    (row,) = record["rungs"]
+    assert row["warmup_steps"][0]["compiled"] and row["unprofiled_ms_per_step"] is None
+    table = profile_report.format_table(record)
+    assert table.splitlines()[1].split()[-1] == "n/a" and "raise --warmup" in table
 
 
 def test_config_rejects_bad_values():

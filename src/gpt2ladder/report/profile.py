@@ -24,15 +24,23 @@ def _ms(value: float | None) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
+UNPROFILED = ("'unprofiled' = median of the later warm-up steps after the last one that compiled, without "
+              "the profiler; n/a: no warm-up step came after compiling, raise --warmup")
+
+
+def _unprofiled(row: dict) -> str:
+    value = row["unprofiled_ms_per_step"]
+    return "n/a" if value is None else _ms(value)
+
+
 def table_rows(record: dict) -> list[list[str]]:
     return rung_rows(record["rungs"], lambda r: [r["name"], _ms(r["ms_per_step"])]
-                     + [_ms(r["categories_ms"][c]) for c in record["categories"]] + [_ms(r["unprofiled_ms_per_step"])])
+                     + [_ms(r["categories_ms"][c]) for c in record["categories"]] + [_unprofiled(r)])
 
 
 def format_table(record: dict) -> str:
     lines = [text_table(headers(record), table_rows(record), right=True)]
-    lines.append(f"(ms per step by category; {_timed_by(record)}; 'unprofiled' = median of the last "
-                 "warm-up steps without the profiler)")
+    lines.append(f"(ms per step by category; {_timed_by(record)}; {UNPROFILED})")
     return "\n".join(lines)
 
 
@@ -45,6 +53,7 @@ def format_markdown(record: dict) -> str:
     lines = [f"# gpt2ladder profile: {cfg['preset']} on {dev['name']}", "",
              f"- batch {cfg['batch_size']} x {cfg['seq_len']}, {cfg['steps']} profiled steps after "
              f"{cfg['warmup']} warm-up; categories by {_timed_by(record)}; idle = step time not covered",
+             f"- {UNPROFILED}",
              f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; "
              f"gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; {record['date']}", "",
              "ms per step:", ""]
