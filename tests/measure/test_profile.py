@@ -9,6 +9,7 @@ import torch
 from torch.autograd import DeviceType
 
 from gpt2ladder.cli import main
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV
 from gpt2ladder.errors import UsageError
 from gpt2ladder.measure import profile
 from gpt2ladder.measure.profile import (
@@ -234,12 +235,15 @@ def test_command_writes_the_files(shakespeare_cache, tmp_path, capsys):
     assert not list(tmp_path.glob("trace-*.json"))  # traces only with --trace
 
 
-def test_last_only_profiles_the_top_rung_under_its_name(shakespeare_cache, tmp_path):
+def test_last_only_profiles_the_top_rung_under_its_name(shakespeare_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "eager")
     args = ["profile", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline,compile,tf32", "--last-only",
             "--steps", "1", "--warmup", "0", "--batch-size", "2", "--seq-len", "16", "--out", str(tmp_path),
             "--no-progress"]
     assert main(args) == 0
-    rows = json.loads((tmp_path / "profile.json").read_text())["rungs"]
+    record = json.loads((tmp_path / "profile.json").read_text())
+    rows = record["rungs"]
+    assert record["config"]["compile_backend"] == "eager"
     # tf32 cannot run on a CPU, so the top of what can run is compile, with baseline under it
     assert [(r["name"], r["status"], r["applied"]) for r in rows] == [("compile", "ok", ["baseline", "compile"])]
 
