@@ -81,3 +81,20 @@ def test_on_a_terminal_the_profilers_lines_are_dropped_and_a_bar_moves(capfd):
     assert FRAME.strip() in during  # passed on while the block still ran
     assert b"not dropped" in after
     assert b"profiler_st" not in during + after and b"USDT" not in during + after
+
+
+@pytest.mark.timeout(30)  # what it guards against is a block that never ends
+def test_a_closed_stderr_neither_blocks_nor_breaks_the_block():
+    """`gpt2ladder profile 2>&1 | head -1`: the reader is gone; the block still ends, and text written to
+    it goes nowhere rather than raising."""
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    saved = os.dup(2)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    try:
+        with lines_dropped(KINETO_LINE, KINETO_STARTS):
+            os.write(2, b"nobody reads this\n" + STOP)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

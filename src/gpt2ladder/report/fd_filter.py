@@ -29,6 +29,7 @@ class Relay(threading.Thread):
         self.read_fd, self.real_fd, self.line, self.starts = read_fd, real_fd, line, starts
         self.marker = b"\0end-of-block-" + uuid.uuid4().hex.encode() + b"\0"
         self.caught_up = threading.Event()  # set once the marker, written when the block ends, is read
+        self.broken = False
 
     def run(self) -> None:
         pending = b""  # read, not yet passed on
@@ -51,8 +52,13 @@ class Relay(threading.Thread):
         return held + pending[cut:]
 
     def _write(self, data: bytes) -> None:
-        while data:
-            data = data[os.write(self.real_fd, data):]
+        """Write all of `data`; once the real stderr is gone (a closed pipe), drop what comes, but keep
+        reading, so the writers never block and the block's end is still seen."""
+        try:
+            while data and not self.broken:
+                data = data[os.write(self.real_fd, data):]
+        except OSError:
+            self.broken = True
 
 
 def split_dropped(text: bytes, line: re.Pattern[bytes], starts: tuple[bytes, ...],
