@@ -153,12 +153,17 @@ def test_bad_bench_config():
 
 @pytest.mark.slow
 def test_the_default_bench_climbs_the_write_ups_ladder(shakespeare_cache, tmp_path, monkeypatch, capsys):
-    """The README's main job as a user runs it, with no flags (compile through the eager backend here)."""
+    """The README's main job as a user runs it, with no flags (compile through the eager backend here, and
+    2 timed steps after 1 warm-up in the defaults table instead of 10 after 3: the same run, shorter)."""
+    from gpt2ladder.commands.defaults import DEFAULTS
+
     monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
+    monkeypatch.setitem(DEFAULTS["bench"], "cpu", {**DEFAULTS["bench"]["cpu"], "steps": 2, "warmup": 1})
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--no-progress"]) == 0
     record = json.loads((tmp_path / "runs" / "bench" / "ladder.json").read_text())  # the default --out
     assert record["config"]["preset"] == "tiny" and record["config"]["batch_size"] == 4
+    assert record["config"]["seq_len"] == 128 and (record["config"]["steps"], record["config"]["warmup"]) == (2, 1)
     assert capsys.readouterr().out.count("\nbaseline ") == 1  # the table is printed once
     assert [r["name"] for r in record["rungs"] if r["status"] == "ok"] == ["baseline", "compile", "flash", "vocab"]
 

@@ -10,6 +10,7 @@ import torch
 
 from gpt2ladder.cli import main
 from gpt2ladder.commands import parity as parity_command
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import LADDER, parse_rungs
 from gpt2ladder.measure import parity
@@ -266,8 +267,9 @@ def test_config_is_frozen():
 # --- shards: one parity spread over several GPUs ---------------------------------------------------
 
 
-def test_shards_merge_into_the_same_report_as_one_run(shakespeare_cache, tmp_path, capsys):
+def test_shards_merge_into_the_same_report_as_one_run(shakespeare_cache, tmp_path, capsys, monkeypatch):
     """Each training run is independent: three shards plus a merge equal the single-process report."""
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "eager")  # the rungs from compile on: dynamo, without code generation
     common = ARGS + ["--rungs", "baseline,compile,flash,vocab", "--seeds", "2"]
     assert main(common + ["--out", str(tmp_path / "whole")]) == 0
     for k in range(3):
@@ -284,6 +286,7 @@ def test_shards_merge_into_the_same_report_as_one_run(shakespeare_cache, tmp_pat
             assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
             assert b["final_val"] == pytest.approx(a["final_val"], rel=1e-5)
     assert merged["rule"]["spread"] == whole["rule"]["spread"]
+    assert whole["config"]["compile_backend"] == merged["config"]["compile_backend"] == "eager"
     assert (tmp_path / "merged" / "parity.png").exists()
 
 

@@ -1,5 +1,6 @@
 """Tests for measure/profile.py and its report: the kernel-name categorizer, the attribution of step time, the outputs."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -8,6 +9,7 @@ import torch
 from torch.autograd import DeviceType
 
 from gpt2ladder.cli import main
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV
 from gpt2ladder.errors import UsageError
 from gpt2ladder.measure import profile
 from gpt2ladder.measure.profile import (
@@ -17,6 +19,7 @@ from gpt2ladder.measure.profile import (
     attribute,
     categorize,
     run_profile,
+    settled_steps,
 )
 from gpt2ladder.report import profile as profile_report
 
@@ -232,12 +235,15 @@ def test_command_writes_the_files(shakespeare_cache, tmp_path, capsys):
     assert not list(tmp_path.glob("trace-*.json"))  # traces only with --trace
 
 
-def test_last_only_profiles_the_top_rung_under_its_name(shakespeare_cache, tmp_path):
+def test_last_only_profiles_the_top_rung_under_its_name(shakespeare_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "eager")
     args = ["profile", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline,compile,tf32", "--last-only",
             "--steps", "1", "--warmup", "0", "--batch-size", "2", "--seq-len", "16", "--out", str(tmp_path),
             "--no-progress"]
     assert main(args) == 0
-    rows = json.loads((tmp_path / "profile.json").read_text())["rungs"]
+    record = json.loads((tmp_path / "profile.json").read_text())
+    rows = record["rungs"]
+    assert record["config"]["compile_backend"] == "eager"
     # tf32 cannot run on a CPU, so the top of what can run is compile, with baseline under it
     assert [(r["name"], r["status"], r["applied"]) for r in rows] == [("compile", "ok", ["baseline", "compile"])]
 
@@ -249,6 +255,33 @@ def test_profile_of_only_skipped_rungs_fails_in_one_line(shakespeare_cache, tmp_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no rung could be measured: tf32 skipped" in err
     assert (tmp_path / "profile.json").exists()  # the rows with their reasons are still written
+
+
+def _warmup(*compiled):
+    return [{"ms": 100.0 * (i + 1), "compiled": c} for i, c in enumerate(compiled)]
+
+
+def test_the_unprofiled_time_comes_from_the_later_steps_after_the_last_compile():
+    assert settled_steps(_warmup(False, False, False, False)) == [300.0, 400.0]
+    assert settled_steps(_warmup(True, False, False, False, False)) == [400.0, 500.0]
+    assert settled_steps(_warmup(True, True, False)) == [300.0]
+    assert settled_steps(_warmup(False, False, True)) == [] and settled_steps([]) == []
+
+
+def test_a_compiled_rung_is_timed_unprofiled_only_after_compiling(shakespeare_cache):
+    cfg = ProfileConfig(rungs=("baseline", "compile"), batch_size=2, seq_len=16, steps=1, warmup=2,
+                        compile_backend="eager")
+    plain, compiled = run_profile(cfg, CPU, progress=False)["rungs"]
+    assert [s["compiled"] for s in plain["warmup_steps"]] == [False, False]
+    assert [s["compiled"] for s in compiled["warmup_steps"]] == [True, False]
+    assert compiled["unprofiled_ms_per_step"] == compiled["warmup_steps"][1]["ms"]
+    assert compiled["unprofiled_steps"] == 1
+    # One warm-up step, and it compiles: no step to take the figure from, so none is given.
+    record = run_profile(dataclasses.replace(cfg, warmup=1, last_only=True), CPU, progress=False)
+    (row,) = record["rungs"]
+    assert row["warmup_steps"][0]["compiled"] and row["unprofiled_ms_per_step"] is None
+    table = profile_report.format_table(record)
+    assert table.splitlines()[1].split()[-1] == "n/a" and "raise --warmup" in table
 
 
 def test_config_rejects_bad_values():

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpt2ladder.cli import main
 from gpt2ladder.errors import UsageError
 from gpt2ladder.ladder import Setup
 from gpt2ladder.measure.scaling import add_scaling, load_baseline
@@ -193,11 +194,11 @@ def test_optimizer_state_layout_round_trip():
     torch.testing.assert_close(back["state"][3]["exp_avg"], opt.state_dict()["state"][3]["exp_avg"])
 
 
-def test_fsdp_without_torchrun_is_one_line(shakespeare_cache, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gpt2ladder", "bench", "--strategy", "fsdp", "--device", "cpu",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
+def test_fsdp_without_torchrun_is_one_line(shakespeare_cache, tmp_path, monkeypatch, capfd):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["bench", "--strategy", "fsdp", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert capfd.readouterr().err.strip().splitlines() == [
         "gpt2ladder: error: --strategy fsdp needs several processes: launch with torchrun --nproc_per_node=N "
         "-m gpt2ladder ..."]
 

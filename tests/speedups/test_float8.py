@@ -98,8 +98,10 @@ def test_without_grad_the_layer_is_the_plain_linear():
 
 
 def test_fp8_rungs_train_close_to_fp32():
+    # 16 tokens: a CPU's `_scaled_mm` is a slow reference kernel; the errors are those of 128 tokens
+    # (gradients 0.066 / 0.076 / 0.051 there, 0.068 / 0.076 / 0.054 here).
     gen = torch.Generator().manual_seed(2)
-    x, y = torch.randint(0, 50257, (2, 64), generator=gen), torch.randint(0, 50257, (2, 64), generator=gen)
+    x, y = torch.randint(0, 50257, (1, 16), generator=gen), torch.randint(0, 50257, (1, 16), generator=gen)
 
     def loss_and_grads(names):
         model = build_model(TINY, setup_for(names), CPU, seed=0)

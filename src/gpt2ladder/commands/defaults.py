@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # a type only: the CLI reads this table for --help without importing torch
     import torch
 
-# Read by `bench` and `train` only: lets CPU tests run the compile rung with backend "eager" (seconds,
-# not minutes). Not a user setting; the default is Inductor, the backend the rung is about.
+# Read by `bench`, `train`, `parity` and `profile` only: lets CPU tests run the compile rung with backend
+# "eager" (seconds, not minutes). Not a user setting; the default is Inductor, the backend the rung is about.
 COMPILE_BACKEND_ENV = "GPT2LADDER_COMPILE_BACKEND"
 
 DEFAULTS: dict[str, dict[str, dict]] = {

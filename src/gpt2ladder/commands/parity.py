@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
 
-from gpt2ladder.commands.defaults import defaults
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
 from gpt2ladder.errors import LadderError, UsageError, describe_failure
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
@@ -33,6 +34,7 @@ def config_from_args(args, device: torch.device, caps) -> ParityConfig:
         seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps or d["steps"],
         seeds=args.seeds, tolerance=args.tolerance, lr=args.lr, eval_every=args.eval_every,
         eval_batches=args.eval_batches, seed=args.seed, data=args.data,
+        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
     )
 
 

@@ -4,10 +4,11 @@ profile.json, .md, .png."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from gpt2ladder import data as data_mod
-from gpt2ladder.commands.defaults import defaults
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_batch
@@ -47,6 +48,7 @@ def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
                         batch_size=args.batch_size or d["batch_size"],
                         seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps,
                         warmup=args.warmup, seed=args.seed, data=args.data,
+                        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
                         trace_dir=str(out) if args.trace else None, last_only=args.last_only)
     tokens = tokens_for(cfg.data, cfg.seed)  # a bad --data fails here, before anything is printed
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)

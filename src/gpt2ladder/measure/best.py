@@ -3,7 +3,8 @@
 Every rung of the full ladder has been timed (rung k = rungs 0..k); a rung beyond the baseline is kept
 when its step is at least `MIN_GAIN` faster than the one before it, outside the noise (its p10-p90
 below the other's), and `parity` has not found it changing the loss (`Rung.parity_failure`). The kept combination is then timed
-for real, as one more row, so the record never claims a figure it did not measure.
+for real, as one more row, so the record never claims a figure it did not measure. That row also checks
+the run: where it contradicts the climb (`too_noisy`), the record, the table and the chart say so.
 """
 
 from __future__ import annotations
@@ -49,6 +50,31 @@ def add_best(record: dict, cfg, device, caps, tokens, dist: distributed.Dist = d
     row.update(name="best", summary="The rungs that paid here: " + ", ".join(kept) + ".", kind="best")
     record["rungs"].append(row)
     add_speedups(record["rungs"])
+    record["best"]["too_noisy"] = too_noisy(record["rungs"], kept)
+
+
+def too_noisy(rows: list[dict], kept: list[str]) -> str | None:
+    """Why this run cannot tell which rungs pay, or None (pure; tested on numbers).
+
+    A climb row made of kept rungs only is a part of the kept set, whose other rungs each measured
+    faster: measured together, the kept set should not be slower than that row. If it is, beyond both
+    rows' p10-p90, step times changed during the run by more than the rungs differ.
+    """
+    best = rows[-1]
+    if best["status"] != "ok":
+        return None
+    applied, parts = set(), []
+    for r in rows[:-1]:
+        if r["status"] != "skipped":  # a rung that could run is applied to every row after it
+            applied.add(r["name"])
+        if r["status"] == "ok" and applied <= set(kept) and best["ms_p10"] > r["ms_p90"]:
+            parts.append(r)
+    if not parts:
+        return None
+    part = min(parts, key=lambda r: r["ms_per_step"])
+    return (f"too noisy to rank: the kept rungs together took {best['ms_per_step']:.1f} ms, slower than "
+            f"{part['name']} at {part['ms_per_step']:.1f} ms, whose rungs they all include: step "
+            "times changed during the run by more than the rungs differ")
 
 
 def best_summary(record: dict) -> str:
@@ -64,4 +90,6 @@ def best_summary(record: dict) -> str:
                      + (" (slower than it, in this run)" if gain < 1 else ""))
     else:
         lines.append(f"  the kept set together: {row['status']}: {row.get('reason', '')}")
+    if best.get("too_noisy"):
+        lines.append(f"  {best['too_noisy']}")
     return "\n".join(lines)

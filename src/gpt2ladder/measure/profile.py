@@ -26,14 +26,10 @@ Decisions about categories (the names are the rule table `RULES` below):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import os
 import re
 import statistics
-import sys
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,9 +43,10 @@ from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
 from gpt2ladder.model.config import ModelConfig, check_run_shape, preset
+from gpt2ladder.report.fd_filter import lines_dropped
 from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
-from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.engine import Engine, compilations
 from gpt2ladder.runtime.hardware import detect
 
 CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "copies", "other", "idle")
@@ -235,28 +232,29 @@ def top_kernels(items, wall_us: float, steps: int, n: int = TOP_KERNELS) -> list
 # --- profiling the rungs ----------------------------------------------------------------------------
 
 
-_KINETO_LINE = re.compile(r"^(USDT|STAGE|INFO|WARNING):?\S*\s*\d{4}-\d\d-\d\d .*\.cpp:\d+\]")
+# The profiler's C++ library logs its start and stop straight to fd 2 ("USDT:2026-... profiler_stop"),
+# past Python and past its own log-level settings.
+KINETO_STARTS = (b"USDT", b"STAGE", b"INFO", b"WARNING")
+KINETO_LINE = re.compile(rb"(USDT|STAGE|INFO|WARNING):?\S*\s*\d{4}-\d\d-\d\d [^\n]*\.cpp:\d+\][^\n]*\n")
 
 
-@contextlib.contextmanager
-def kineto_lines_dropped():
-    """The profiler's C++ library logs its start and stop to the process's stderr ("USDT:... profiler_start"),
-    past Python and past its own log-level settings; those lines are dropped, anything else on stderr is
-    passed on when the block ends."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            kept = [line for line in sink.read().decode(errors="replace").splitlines(keepends=True)
-                    if not _KINETO_LINE.match(line)]
-            sys.stderr.write("".join(kept))
+def settled_steps(warmup: list[dict]) -> list[float]:
+    """The warm-up steps an un-profiled step time may be taken from: the later half of those after the
+    last step that compiled or captured a graph (the first steps after it still grow the allocator)."""
+    last = max((i for i, step in enumerate(warmup) if step["compiled"]), default=-1)
+    after = [step["ms"] for step in warmup[last + 1:]]
+    return after[len(after) // 2:]
+
+
+def warm_up(engine: Engine, batches, device: torch.device, steps: int, bar) -> list[dict]:
+    """`steps` un-profiled steps, each with its time and whether it compiled (or captured a CUDA graph)."""
+    out = []
+    for _ in range(steps):
+        before = (compilations(), engine.captures)
+        ms = timed_step(engine, batches, device)[0]
+        out.append({"ms": ms, "compiled": (compilations(), engine.captures) != before})
+        bar.update(1)
+    return out
 
 
 def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label: str, progress: bool) -> dict:
@@ -266,13 +264,10 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
     engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend)
     batches = data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
     bar = progress_bar(cfg.warmup + cfg.steps, label, progress)
-    warm_ms = []
-    for _ in range(cfg.warmup):
-        warm_ms.append(timed_step(engine, batches, device)[0])
-        bar.update(1)
+    warmup = warm_up(engine, batches, device, cfg.warmup, bar)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     clock_ms = []  # the same steps by the wall clock: an independent check of the profiler's total
-    with kineto_lines_dropped(), profile(activities=activities) as prof:
+    with lines_dropped(KINETO_LINE, KINETO_STARTS), profile(activities=activities) as prof:
         for _ in range(cfg.steps):
             clock_ms.append(timed_step(engine, batches, device, functools.partial(record_function, STEP_MARK))[0])
             bar.update(1)
@@ -282,9 +277,11 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
         with atomic_path(Path(cfg.trace_dir) / f"trace-{label}.json") as tmp:  # never through a link there
             prof.export_chrome_trace(str(tmp))
     result = attribute(prof.events(), device.type == "cuda", cfg.steps, launch_links(prof))
-    # The profiler's own overhead inflates launch-bound steps; the last warm-up steps show by how much.
-    tail = warm_ms[len(warm_ms) // 2:]
-    result["unprofiled_ms_per_step"] = statistics.median(tail) if tail else None
+    # The profiler's own overhead inflates launch-bound steps; settled warm-up steps show by how much.
+    settled = settled_steps(warmup)
+    result["unprofiled_ms_per_step"] = statistics.median(settled) if settled else None
+    result["unprofiled_steps"] = len(settled)
+    result["warmup_steps"] = warmup
     result["clock_ms_per_step"] = statistics.fmean(clock_ms)
     return result
 

@@ -99,6 +99,8 @@ def format_markdown(record: dict) -> str:
     if best:
         head.insert(-2, "- --rungs best kept: " + ", ".join(best["rungs"]) + "; dropped: "
                     + ("; ".join(f"{d['rung']} ({d['why']})" for d in best["decisions"] if not d["kept"]) or "none"))
+        if best.get("too_noisy"):
+            head.insert(-2, f"- {best['too_noisy']}")
     search = record.get("batch_search")
     if search:
         sizes = ", ".join(f"{t['batch_size']}: " + (f"{t['tokens_per_s']:,.0f}" if t["status"] == "ok" else t["status"])

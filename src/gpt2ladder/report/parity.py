@@ -61,38 +61,81 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 
 def plot_parity(record: dict, path: Path) -> Path:
-    """Left: smoothed train loss of every rung and baseline seed. Right: each rung's final val loss
-    against the band the rule allows around the baseline."""
+    """parity.png: `parity_figure` saved."""
     plt = pyplot()
-
-    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
-    _plot_train(ax_t, record)
-    _plot_final_val(ax_v, record)
-    fig.suptitle(f"parity: {record['config']['preset']}, {record['config']['steps']} steps on "
-                 f"{record['device']['name']}", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig = parity_figure(record)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def _plot_train(ax, record: dict) -> None:
+def parity_figure(record: dict):
+    """Left: the smoothed train loss of every run, from its first step. Middle: each run's train loss minus
+    the fp32 baseline's (the same weights and batches), where a rung that trains as the baseline is a line
+    on zero. Right: each rung's final val loss against the band the rule allows around the baseline.
+
+    Identical curves are drawn widest first, so each one shows as a stripe of its own colour, and the
+    legend names the runs identical to the baseline.
+    """
+    plt = pyplot()
+    fig, (ax_t, ax_d, ax_v) = plt.subplots(1, 3, figsize=(17, 4.8), gridspec_kw={"width_ratios": [3, 3, 2]})
+    runs = _train_runs(record)
     window = max(1, record["config"]["steps"] // 20)
-    runs = [(f"fp32 seed {r['seed']}", r, dict(color="#888888", linestyle="--", linewidth=1.0))
+    _plot_train(ax_t, runs, window)
+    _plot_difference(ax_d, runs, record["baseline_runs"][0]["train_loss"], window)
+    _plot_final_val(ax_v, record)
+    fig.suptitle(f"parity: {record['config']['preset']}, {record['config']['steps']} steps on "
+                 f"{record['device']['name']}" + _averaged(window), fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _train_runs(record: dict) -> list[tuple[str, list[float], dict]]:
+    """(label, train losses, line style) of the other baseline seeds and every rung that ran, in the
+    order they are drawn: widest first. A label says how far the run is from the fp32 baseline."""
+    base = record["baseline_runs"][0]["train_loss"]
+    runs = [(f"fp32 seed {r['seed']}", r["train_loss"], dict(color="#888888", linestyle="--", linewidth=1.0))
             for r in record["baseline_runs"][1:]]
-    runs += [(r["name"], r, dict(linewidth=1.2)) for r in record["rungs"] if r["status"] == "ok"]
-    tails = []
-    for label, run, style in runs:
-        curve = smooth(run["train_loss"], window)
+    rungs = [r for r in record["rungs"] if r["status"] == "ok"]
+    for k, r in enumerate(rungs):
+        width = 1.2 + 3.3 * (len(rungs) - 1 - k) / max(1, len(rungs) - 1)
+        runs.append((r["name"], r["train_loss"], dict(color=f"C{k % 10}", linewidth=width, solid_capstyle="butt")))
+    return [(f"{label} ({_distance(losses, base)})", losses, style) for label, losses, style in runs]
+
+
+def _distance(losses: list[float], base: list[float]) -> str:
+    """How far a run's train losses are from the baseline's, step for step: identical, the largest gap, or
+    not finite."""
+    gaps = [abs(a - b) for a, b in zip(losses, base)]
+    if not all(math.isfinite(g) for g in gaps):
+        return "not finite"
+    return "identical" if max(gaps, default=0.0) == 0 else f"max |Δ| {max(gaps):.1g}"
+
+
+def _averaged(window: int) -> str:
+    return f"; train losses as moving averages of {window} steps" if window > 1 else ""
+
+
+def _plot_train(ax, runs, window: int) -> None:
+    """Every run from its first step; no zoom past the first fall: the middle panel shows the detail."""
+    for label, losses, style in runs:
+        curve = smooth(losses, window)
         ax.plot(range(1, len(curve) + 1), curve, label=label, **style)
-        tails += [v for v in curve[len(curve) // 10:] if math.isfinite(v)]
-    if tails:  # zoom past the first tenth, where every run falls from ln(vocab) alike
-        pad = 0.05 * (max(tails) - min(tails)) or 0.01
-        ax.set_ylim(min(tails) - pad, max(tails) + pad)
-    ax.set_title(f"train loss (moving average of {window} steps)", fontsize=10)
+    ax.set_title("train loss", fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.legend(frameon=False, fontsize=7, ncol=2)
+    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def _plot_difference(ax, runs, base: list[float], window: int) -> None:
+    ax.axhline(0.0, color="#333333", linewidth=0.8)  # the fp32 baseline itself
+    for label, losses, style in runs:
+        curve = smooth([a - b for a, b in zip(losses, base)], window)
+        ax.plot(range(1, len(curve) + 1), curve, **style)
+    ax.set_title("train loss minus the fp32 baseline's (seed 0)", fontsize=10)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss difference")
     ax.spines[["top", "right"]].set_visible(False)
 
 
@@ -122,7 +165,7 @@ def _plot_final_val(ax, record: dict) -> None:
     ax.set_title(f"final validation loss; allowed gap {allowed:.4f}", fontsize=10)
     ax.set_xlabel("loss")
     if ax.get_legend_handles_labels()[0]:  # none when every run diverged; matplotlib would warn on stderr
-        ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+        ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     ax.spines[["top", "right"]].set_visible(False)
 
 

@@ -5,6 +5,7 @@ matplotlib with the Agg backend, so plots work on machines without a screen.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from gpt2ladder.data.files import atomic_file
@@ -13,6 +14,7 @@ from gpt2ladder.ladder import WRITEUP_RUNGS
 KIND_COLOURS = {"baseline": "#8C8C8C", "precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452", "best": "#8172B3"}
 KIND_LABELS = {"baseline": "baseline", "precision": "precision", "memory": "memory traffic", "overhead": "launch / optimizer overhead",
                "best": "the rungs that pay, together"}
+NOTE_COLOUR = "#C44E52"  # a warning about the measurement itself
 
 
 def pyplot():
@@ -31,10 +33,20 @@ def ladder_labels(rungs: list[dict]) -> list[str]:
 
 
 def ladder_chart(record: dict, path: Path) -> Path:
+    """ladder.png: `ladder_figure` saved."""
+    plt = pyplot()
+    fig = ladder_figure(record)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def ladder_figure(record: dict):
     """Milliseconds per step per rung, coloured by kind, with the median on each bar and p10-p90 whiskers.
 
     The write-up's rungs and gpt2ladder's own are set apart by a dashed line; a rung within noise of
-    the one before it (their p10-p90 overlap) says so under its value.
+    the one before it (their p10-p90 overlap) says so under its value. The legend, and a note when the
+    run was too noisy to rank the rungs, stand right of the bars, where no bar or label can be.
     """
     plt = pyplot()
     rungs = record["rungs"]
@@ -46,18 +58,28 @@ def ladder_chart(record: dict, path: Path) -> Path:
     ax.set_ylabel("ms per training step (median, p10-p90)")
     ax.set_ylim(0, top * 1.25)  # room above the tallest whisker for its label and the section names
     _mark_writeup_rungs(ax, rungs, top)
+    ax.set_title(ladder_title(record), fontsize=10)
+    kinds = dict.fromkeys(_kind(r) for r in rungs if r["status"] == "ok")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLOURS[k]) for k in kinds]
+    ax.legend(handles, [KIND_LABELS[k] for k in kinds], frameon=False, fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    note = (record.get("best") or {}).get("too_noisy")
+    if note:
+        ax.annotate(textwrap.fill(note, 34), xy=(1.02, 0.0), xycoords="axes fraction", ha="left", va="bottom",
+                    fontsize=8, color=NOTE_COLOUR)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def ladder_title(record: dict) -> str:
+    """Preset, batch and device; and, when no text could be had, that the tokens were random."""
     cfg = record["config"]
     cap = record["device"].get("memory_cap_bytes")
     where = record["device"]["name"] + (f" capped at {cap / 2**30:.0f} GiB" if cap else "")
-    ax.set_title(f"{cfg['preset']}, batch {cfg['batch_size']} x {cfg['seq_len']} on {where}", fontsize=10)
-    kinds = dict.fromkeys(_kind(r) for r in rungs if r["status"] == "ok")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLOURS[k]) for k in kinds]
-    ax.legend(handles, [KIND_LABELS[k] for k in kinds], frameon=False, fontsize=8, loc="upper right")
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    on_random = (record.get("data") or {}).get("source") == "random"
+    return (f"{cfg['preset']}, batch {cfg['batch_size']} x {cfg['seq_len']} on {where}"
+            + ("\non random tokens: the text was not available" if on_random else ""))
 
 
 def _bar(ax, i: int, r: dict, top: float) -> None:

@@ -24,15 +24,23 @@ def _ms(value: float | None) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
+UNPROFILED = ("'unprofiled' = median of the later warm-up steps after the last one that compiled, without "
+              "the profiler; n/a: no warm-up step came after compiling, raise --warmup")
+
+
+def _unprofiled(row: dict) -> str:
+    value = row["unprofiled_ms_per_step"]
+    return "n/a" if value is None else _ms(value)
+
+
 def table_rows(record: dict) -> list[list[str]]:
     return rung_rows(record["rungs"], lambda r: [r["name"], _ms(r["ms_per_step"])]
-                     + [_ms(r["categories_ms"][c]) for c in record["categories"]] + [_ms(r["unprofiled_ms_per_step"])])
+                     + [_ms(r["categories_ms"][c]) for c in record["categories"]] + [_unprofiled(r)])
 
 
 def format_table(record: dict) -> str:
     lines = [text_table(headers(record), table_rows(record), right=True)]
-    lines.append(f"(ms per step by category; {_timed_by(record)}; 'unprofiled' = median of the last "
-                 "warm-up steps without the profiler)")
+    lines.append(f"(ms per step by category; {_timed_by(record)}; {UNPROFILED})")
     return "\n".join(lines)
 
 
@@ -45,6 +53,7 @@ def format_markdown(record: dict) -> str:
     lines = [f"# gpt2ladder profile: {cfg['preset']} on {dev['name']}", "",
              f"- batch {cfg['batch_size']} x {cfg['seq_len']}, {cfg['steps']} profiled steps after "
              f"{cfg['warmup']} warm-up; categories by {_timed_by(record)}; idle = step time not covered",
+             f"- {UNPROFILED}",
              f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; "
              f"gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; {record['date']}", "",
              "ms per step:", ""]
@@ -63,7 +72,17 @@ def _short(name: str, n: int = 90) -> str:
 
 
 def plot_profile(record: dict, path: Path) -> Path:
-    """One stacked horizontal bar per rung, a segment per category, the step's total at its end."""
+    """profile.png: `profile_figure` saved; bbox_inches="tight" grows the figure to hold the legend below."""
+    plt = pyplot()
+    fig = profile_figure(record)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def profile_figure(record: dict):
+    """One stacked horizontal bar per rung, a segment per category, the step's total at its end; a rung
+    that did not run is its status, set off from the axis."""
     plt = pyplot()
 
     rungs = record["rungs"]
@@ -71,17 +90,10 @@ def plot_profile(record: dict, path: Path) -> Path:
     top = max([r["ms_per_step"] for r in rungs if r["status"] == "ok"] + [1e-3])
     for i, r in enumerate(rungs):
         if r["status"] != "ok":
-            ax.text(0, i, f"  {r['status']}", va="center", fontsize=8, color="#777777")
+            ax.annotate(r["status"], (0, i), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8,
+                        color="#777777")
             continue
-        left = 0.0
-        for c, label in record["categories"].items():
-            width = r["categories_ms"][c]
-            ax.barh(i, width, left=left, color=COLOURS[c], edgecolor="white", linewidth=0.5,
-                    label=label if i == _first_ok(rungs) else None)
-            if width > 0.08 * top:
-                ax.text(left + width / 2, i, _ms(width), ha="center", va="center", fontsize=7)
-            left += width
-        ax.text(left + top * 0.01, i, f"{_ms(r['ms_per_step'])} ms", va="center", fontsize=9)
+        _stacked_bar(ax, i, r, record["categories"], top, i == _first_ok(rungs))
     ax.set_yticks(range(len(rungs)), [r["name"] for r in rungs])
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.15)
@@ -89,14 +101,24 @@ def plot_profile(record: dict, path: Path) -> Path:
     cfg = record["config"]
     ax.set_title(f"where the step goes: {cfg['preset']}, batch {cfg['batch_size']} x {cfg['seq_len']} "
                  f"on {record['device']['name']}", fontsize=10)
-    # Legend below the axes; bbox_inches="tight" grows the figure to hold it, whatever the rung count.
-    if _first_ok(rungs) >= 0:
+    if _first_ok(rungs) >= 0:  # below the axes, whatever the rung count
         ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.7 / (1.0 + 0.45 * len(rungs))), ncol=4, frameon=False,
                   fontsize=8)
     ax.spines[["top", "right"]].set_visible(False)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
+
+
+def _stacked_bar(ax, i: int, r: dict, categories: dict, top: float, labelled: bool) -> None:
+    """Row i: a segment per category (wide ones with their value), the step's total after them."""
+    left = 0.0
+    for c, label in categories.items():
+        width = r["categories_ms"][c]
+        ax.barh(i, width, left=left, color=COLOURS[c], edgecolor="white", linewidth=0.5,
+                label=label if labelled else None)
+        if width > 0.08 * top:
+            ax.text(left + width / 2, i, _ms(width), ha="center", va="center", fontsize=7)
+        left += width
+    ax.text(left + top * 0.01, i, f"{_ms(r['ms_per_step'])} ms", va="center", fontsize=9)
 
 
 def _first_ok(rungs: list[dict]) -> int:

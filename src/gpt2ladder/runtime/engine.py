@@ -104,6 +104,7 @@ class Engine:
         self.optimizer = make_optimizer(self.raw_model, optim, setup, device)
         self.scaler = torch.amp.GradScaler(device.type) if setup.autocast == "float16" else None
         self._graph = None
+        self.captures = 0  # CUDA graph captures so far: a step that raised it was no ordinary step
 
     def _compiled(self, module, backend: str):
         if not self.setup.compile:
@@ -241,6 +242,7 @@ class Engine:
         to the device before the graph's own pool takes what the captured step needs.
         """
         ddp = hasattr(self.model, "no_sync")
+        self.captures += 1
         self._static_x, self._static_y = x.clone(), y.clone()
         snapshot = _snapshot(self.raw_model, self.optimizer)
         _allocate_optimizer_state(self.optimizer)
@@ -269,6 +271,18 @@ class Engine:
             self.optimizer.zero_grad(set_to_none=not ddp)
             self._static_loss = self._eager_step(self._static_x, self._static_y)
         _restore(self.raw_model, self.optimizer, snapshot)
+
+
+def compilations() -> int:
+    """How many compilation events torch has timed in this process since the last compile reset: dynamo's
+    frames, backward graphs compiled on first use, Inductor's autotuning. A step that raises it compiled.
+
+    Read from dynamo's own timing table, which every compile path writes to; its compile callbacks would
+    not do: the compile reset each compiling engine makes removes them.
+    """
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return sum(len(times) for times in compilation_time_metrics.values())
 
 
 @contextlib.contextmanager

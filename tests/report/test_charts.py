@@ -1,0 +1,134 @@
+"""The charts say what a reader must know, and no two of their words overlap: read from the figures'
+artists (titles, texts, lines, boxes), not from pixels."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpt2ladder.report.parity import parity_figure
+from gpt2ladder.report.plots import ladder_figure, pyplot
+from gpt2ladder.report.profile import profile_figure
+
+sys.path.insert(0, str(Path(__file__).parent))
+from chart_boxes import overlaps, text_boxes  # noqa: E402
+
+NOTE = ("too noisy to rank: the kept rungs together took 1035.9 ms, slower than compile at 336.4 ms, whose "
+        "rungs they all include: step times changed during the run by more than the rungs differ")
+
+
+@pytest.fixture
+def figures():
+    """Collects the figures a test makes and closes them."""
+    made = []
+    yield made.append
+    for fig in made:
+        pyplot().close(fig)
+
+
+def _row(name, ms, spread=0.02, kind="memory", **extra):
+    return {"name": name, "status": "ok", "kind": kind, "ms_per_step": ms, "ms_p10": ms * (1 - spread),
+            "ms_p90": ms * (1 + spread), **extra}
+
+
+def ladder_record(source="tinyshakespeare", note=None, n=6):
+    rows = [_row("baseline", 400.0, kind="baseline")] + [_row(f"rung{i}", 300.0 - 20 * i) for i in range(1, n)]
+    rows.append({"name": "tf32", "status": "skipped", "kind": "precision", "reason": "needs CUDA"})
+    rows.append(_row("best", 450.0, spread=0.05, kind="best", within_noise_of_prev=True))  # the tallest, at the right
+    record = {"config": {"preset": "tiny", "batch_size": 2, "seq_len": 64}, "device": {"name": "cpu (x86_64)"},
+              "data": {"source": source, "n_tokens": 400_000}, "rungs": rows}
+    if note is not None:
+        record["best"] = {"rungs": ["baseline"], "decisions": [], "too_noisy": note}
+    return record
+
+
+def _texts(fig) -> str:
+    return "\n".join(text for text, _, _ in text_boxes(fig))
+
+
+def test_a_ladder_on_random_tokens_says_so_in_its_title(figures):
+    random_run, text_run = ladder_figure(ladder_record(source="random")), ladder_figure(ladder_record())
+    figures(random_run), figures(text_run)
+    assert "random tokens" in random_run.axes[0].get_title()
+    assert "random" not in text_run.axes[0].get_title()
+
+
+def test_a_ladder_too_noisy_to_rank_says_so_on_the_chart(figures):
+    noisy, clean = ladder_figure(ladder_record(note=NOTE)), ladder_figure(ladder_record(note=None))
+    figures(noisy), figures(clean)
+    assert "too noisy to rank" in _texts(noisy) and "336.4 ms" in " ".join(_texts(noisy).split())
+    assert "too noisy" not in _texts(clean)
+
+
+@pytest.mark.parametrize("n", [3, 16])
+def test_no_two_words_of_the_ladder_overlap(figures, n):
+    """The tallest bar at the right (where the legend used to sit), a skipped rung, the noise note."""
+    fig = ladder_figure(ladder_record(source="random", note=NOTE, n=n))
+    figures(fig)
+    assert overlaps(fig) == []
+
+
+def parity_record(identical=True, steps=40):
+    """The shape of a real run: a fast fall from ln(vocab) in the first steps, then a slow one."""
+    base = [9.0 + 1.9 * 0.5**i - 0.01 * i for i in range(steps)]
+    rung = base if identical else [v + 1e-3 for v in base]
+    runs = [{"seed": 0, "final_val": 8.7, "train_loss": base},
+            {"seed": 1, "final_val": 8.75, "train_loss": [v + 0.1 * 0.5**i + 0.02 for i, v in enumerate(base)]}]
+    rungs = [{"name": name, "status": "ok", "verdict": "PASS", "final_val": 8.7, "train_loss": losses}
+             for name, losses in (("baseline", base), ("flash", rung), ("vocab", base))]
+    rungs.append({"name": "tf32", "status": "skipped", "reason": "needs CUDA"})
+    return {"config": {"steps": steps, "preset": "tiny"}, "device": {"name": "cpu"}, "rule": {"allowed_abs": 0.05},
+            "baseline_runs": runs, "rungs": rungs}
+
+
+def test_parity_plots_every_run_from_its_first_step(figures):
+    fig = parity_figure(parity_record())
+    figures(fig)
+    train = fig.axes[0]
+    lines = [line for line in train.get_lines() if len(line.get_xdata())]
+    assert lines and all(line.get_xdata()[0] == 1 for line in lines)
+    low, high = train.get_ylim()
+    assert low <= 8.62 and high >= 11.02  # every step of every run is in view, seed 1's first (11.02) too
+
+
+def test_identical_parity_curves_each_stay_visible(figures):
+    fig = parity_figure(parity_record())
+    figures(fig)
+    train, difference = fig.axes[0], fig.axes[1]
+    labels = train.get_legend_handles_labels()[1]
+    assert "baseline (identical)" in labels and "vocab (identical)" in labels
+    widths = {line.get_label().split()[0]: line.get_linewidth() for line in train.get_lines()}
+    assert widths["baseline"] > widths["flash"] > widths["vocab"]  # drawn widest first: stripes, not one line
+    rung_lines = [line for line in difference.get_lines() if len(line.get_xdata()) == 40]
+    assert len(rung_lines) == 4  # seed 1 and the three rungs, against the zero line
+    assert all(list(line.get_ydata()) == [0.0] * 40 for line in rung_lines[1:])
+
+
+def test_a_rung_off_the_baseline_says_by_how_much(figures):
+    fig = parity_figure(parity_record(identical=False))
+    figures(fig)
+    assert "flash (max |Δ| 0.001)" in fig.axes[0].get_legend_handles_labels()[1]
+
+
+def test_no_two_words_of_the_parity_plot_overlap(figures):
+    fig = parity_figure(parity_record())
+    figures(fig)
+    assert overlaps(fig) == []
+
+
+def profile_record():
+    categories = {"matmul": "matmul", "optimizer": "optimizer", "idle": "idle"}
+    ok = {"status": "ok", "ms_per_step": 100.0, "categories_ms": {"matmul": 60.0, "optimizer": 30.0, "idle": 10.0},
+          "timed_by": "CPU operator self time"}
+    rungs = [{"name": "baseline", **ok}, {"name": "tf32", "status": "skipped", "reason": "needs CUDA"},
+             {"name": "flash", **ok}]
+    return {"config": {"preset": "tiny", "batch_size": 2, "seq_len": 32}, "device": {"name": "cpu"},
+            "categories": categories, "rungs": rungs}
+
+
+def test_the_profiles_skipped_label_stands_clear_of_the_axis(figures):
+    fig = profile_figure(profile_record())
+    figures(fig)
+    boxes = {text: box for text, box, _ in text_boxes(fig)}
+    assert boxes["skipped"].x0 > boxes["left spine"].x1
+    assert overlaps(fig) == []
