@@ -2,6 +2,9 @@
 few steps of one setup. Imported by the tests/*/*_gpu.py test files (tests/ is on sys.path through its conftest)."""
 
 import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,3 +28,14 @@ def random_batches(n, b=8, t=256):
 def step_losses(names, batches, **kw):
     engine = Engine(TINY, setup_for(names), GPU, seed=0, **kw)
     return [engine.step(x, y).item() for x, y in batches]
+
+
+def in_fresh_process(path: str, name: str) -> None:
+    """Run the function `name` of the test file `path` in a new Python process and fail with its output if
+    it fails: memory readings and --gpu-memory caps there see no other test's live or cached allocations
+    (a cap counts everything the process holds, and the tests before this one leave some behind)."""
+    where = Path(path).resolve()
+    code = (f"import sys; sys.path[:0] = [{str(where.parent)!r}, {str(Path(__file__).parent)!r}]; "
+            f"import {where.stem}; {where.stem}.{name}()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
