@@ -78,7 +78,7 @@ def format_markdown(record: dict) -> str:
     head = [
         f"# gpt2ladder bench: {cfg['preset']} on {dev['name']}",
         "",
-        f"- batch {cfg['batch_size']} x seq {cfg['seq_len']}, {cfg['steps']} timed steps after "
+        f"- batch {cfg['batch_size']} x seq {cfg['seq_len']}, {_timed_text(record)} after "
         f"{cfg['warmup']} warm-up; data: {record['data']['source']}",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}, "
         f"Triton {record['versions']['triton']}; gpt2ladder {record['gpt2ladder']} at {record['git_sha']}",
@@ -110,6 +110,15 @@ def format_markdown(record: dict) -> str:
                         "ones it finished")
     body = markdown_table(HEADERS, ladder_rows(record))
     return "\n".join(head + body) + "\n"
+
+
+def _timed_text(record: dict) -> str:
+    """The steps each rung timed: the fixed count, or the adaptive rule and how many each rung took."""
+    rule = record.get("step_rule")
+    if not rule:
+        return f"{record['config']['steps']} timed steps"
+    took = ", ".join(f"{r['name']} {r['n_timed']}" for r in record["rungs"] if r.get("status") == "ok")
+    return rule["text"] + (f" (taken: {took})" if took else "")
 
 
 def format_scaling(record: dict) -> str:
