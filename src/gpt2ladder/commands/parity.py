@@ -52,7 +52,13 @@ def check_size(cfg: ParityConfig, caps) -> None:
 
 def _plan(cfg: ParityConfig, device, caps):
     """On a GPU, the micro-batch at which every training run fits (the fp32 baseline is one of them):
-    the largest divisor of --batch-size that fits, accumulation doing the rest."""
+    the largest divisor of --batch-size that fits, accumulation doing the rest.
+
+    Validation runs at the micro-batch, and beside a CUDA graph's pool it needs room of its own, which
+    this plan does not count (train's validation term is one sequence: train cuts its batches to what
+    fits). It need not: the fp32 baseline, always one of the runs, holds more per sequence in its eager
+    step than a graphed step and its validation together (tests/measure/test_parity.py checks the plan).
+    """
     if device.type != "cuda":
         return cfg, None
     plan = plan_batch(cfg.model, _runs(cfg, caps), cfg.seq_len, caps, device, want=cfg.batch_size,

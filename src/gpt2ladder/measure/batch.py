@@ -13,6 +13,9 @@ that still runs out of memory when timed is reported as such, never retried.
 fit even one sequence per micro-batch and the plain one can. `plan_bench_batch` climbs the ladder at a
 shorter sequence where not even one sequence of the asked length fits every rung.
 
+Off CUDA nothing is planned: `check_sizes` refuses, in one line before anything is allocated, a step
+that the host (or an Apple GPU) cannot hold by the estimate.
+
 `fastest_batch` (`--batch-size best`) times the top rung at a few sizes up to the largest that fits
 and keeps the one with the most tokens/s.
 """

@@ -2,7 +2,9 @@
 
 Each rung gets a fresh model from the same seed and the same batches, and its steps are timed by the
 harness (`harness.timed_step`). Warm-up steps (compile, autotuning, graph capture, allocator growth)
-are left out; the median and the spread of the timed steps are reported.
+are left out; the median and the spread of the timed steps are reported. How many steps are timed is a
+`timing.StepRule` the command chose: exactly --steps, or on a GPU without it more while a rung's
+p10-p90 range is wide, up to a bound (each row's n_timed and "timing" say how many, and why).
 
 Under torchrun (`torchrun --nproc_per_node=N -m gpt2ladder bench ...`) every rank runs every rung
 under the strategy the command chose (DDP; FSDP2 for gpt2-large/xl, or as --strategy says). --batch-size is then per GPU, so the
