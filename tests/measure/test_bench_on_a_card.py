@@ -81,7 +81,8 @@ def test_on_a_4_gib_card_every_rung_runs_at_512_tokens_and_the_first_line_says_w
     seen = card(hopper(4), [itertools.repeat(10.0)] * 6)
     lines, record = _bench(tmp_path, capsys)
     plan = record["batch_plan"]
-    assert (plan["seq_len"], plan["shortened_from"], plan["full_length_heaviest"], plan["batch"]) == (512, 1024, "bf16", 1)
+    assert (plan["seq_len"], plan["shortened_from"], plan["batch"]) == (512, 1024, 1)
+    assert plan["full_length_heaviest"] == "bf16"
     assert lines[0] == f"gpt2ladder bench: {plan['reason']}"
     assert lines[0].startswith("gpt2ladder bench: sequences of 512 tokens: not even one of 1024 fits every rung "
                                "(the bf16 rung needs ")
@@ -138,7 +139,8 @@ def test_without_steps_a_rung_is_timed_until_its_range_narrows_or_the_bound(card
     assert [len(r["samples_ms"]) for r in record["rungs"]] == [r["n_timed"] for r in record["rungs"]]
     assert len(seen.shapes) == 3 * WARMUP + sum(r["n_timed"] for r in record["rungs"])
     assert record["step_rule"] == StepRule.until_narrow(20).to_dict()
-    assert f"(taken: baseline 20, tf32 {settling['n_timed']}, bf16 {BOUND})" in (tmp_path / "ladder.md").read_text()
+    md = (tmp_path / "ladder.md").read_text()
+    assert f"- timed steps per rung: baseline 20, tf32 {settling['n_timed']}, bf16 {BOUND}\n" in md
 
 
 def test_steps_given_fix_the_count_however_noisy_the_rung(card, tmp_path, capsys):
@@ -147,6 +149,8 @@ def test_steps_given_fix_the_count_however_noisy_the_rung(card, tmp_path, capsys
     assert "batch 16 x 1024, 7 timed steps after 5 warm-up" in lines[1]
     assert [r["n_timed"] for r in record["rungs"]] == [7, 7, 7]
     assert "step_rule" not in record and not any("timing" in r for r in record["rungs"])
+    md = (tmp_path / "ladder.md").read_text()
+    assert "- batch 16 x seq 1024, 7 timed steps after 5 warm-up" in md and "timed steps per rung" not in md
 
 
 def test_a_cpu_keeps_the_count_without_steps():

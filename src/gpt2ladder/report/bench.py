@@ -90,6 +90,9 @@ def format_markdown(record: dict) -> str:
     plan = record.get("batch_plan")
     if plan:
         head.insert(-2, f"- {plan['reason']}" + ("; confirmed by a probe of its eager step" if plan["probed_peak"] else ""))
+    if record.get("step_rule"):
+        took = [f"{r['name']} {r['n_timed']}" for r in record["rungs"] if r.get("status") == "ok"]
+        head.insert(-2, "- timed steps per rung: " + (", ".join(took) or "none measured"))
     cap = dev.get("memory_cap_bytes")
     if cap:
         head.insert(-2, f"- the allocator was capped at {cap / 2**30:.1f} GiB (--gpu-memory) of this card's "
@@ -113,12 +116,9 @@ def format_markdown(record: dict) -> str:
 
 
 def _timed_text(record: dict) -> str:
-    """The steps each rung timed: the fixed count, or the adaptive rule and how many each rung took."""
+    """The steps each rung timed: the fixed count, or the adaptive rule."""
     rule = record.get("step_rule")
-    if not rule:
-        return f"{record['config']['steps']} timed steps"
-    took = ", ".join(f"{r['name']} {r['n_timed']}" for r in record["rungs"] if r.get("status") == "ok")
-    return rule["text"] + (f" (taken: {took})" if took else "")
+    return rule["text"] if rule else f"{record['config']['steps']} timed steps"
 
 
 def format_scaling(record: dict) -> str:
