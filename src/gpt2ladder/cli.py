@@ -111,8 +111,8 @@ def _add_bench(sub) -> None:
                    "longest power of two that does)")
     gpu_steps, cpu_steps = DEFAULTS["bench"]["gpu"]["steps"], DEFAULTS["bench"]["cpu"]["steps"]
     p.add_argument("--steps", type=_positive_int, help="timed steps per rung, exactly (default: on a GPU "
-                   f"{gpu_steps}, and more, up to {BOUND}, while a rung's p10-p90 range is over {SPREAD * 100:g}%% of its "
-                   f"median; {cpu_steps} on CPU)")
+                   f"{gpu_steps}, and more, up to {BOUND}, while a rung's p10-p90 range is over "
+                   f"{SPREAD * 100:g}%% of its median; {cpu_steps} on CPU)")
     p.add_argument("--warmup", type=int, help=f"untimed steps first (default: {D('bench', 'warmup')})")
     p.add_argument("--data", help=DATA_HELP)
     p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
