@@ -12,6 +12,7 @@ import sys
 from gpt2ladder.commands.defaults import DEFAULTS
 from gpt2ladder.commands.defaults import default_text as D
 from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory, out_of_memory_advice
+from gpt2ladder.measure.timing import BOUND, SPREAD
 
 # What --data takes, for every command that trains or times steps on a text.
 DATA_HELP = ("a UTF-8 text file, in which a literal <|endoftext|> is GPT-2's end-of-text token; or token shards: a "
@@ -105,8 +106,13 @@ def _add_bench(sub) -> None:
                    "global batch grows with the GPUs); 'auto' for the largest at which every rung fits, or 'best' for "
                    "the fastest (in tokens/s) of a few sizes up to the largest that fits, each timed at the top rung "
                    f"(default: on a GPU the largest up to {gpu_batch} at which every rung fits, {cpu_batch} on CPU)")
-    p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('bench', 'seq_len')})")
-    p.add_argument("--steps", type=_positive_int, help=f"timed steps per rung (default: {D('bench', 'steps')})")
+    p.add_argument("--seq-len", type=_positive_int, help="tokens per sequence, kept as given (default: "
+                   f"{D('bench', 'seq_len')}; on a card where not even one such sequence fits every rung, the "
+                   "longest power of two that does)")
+    gpu_steps, cpu_steps = DEFAULTS["bench"]["gpu"]["steps"], DEFAULTS["bench"]["cpu"]["steps"]
+    p.add_argument("--steps", type=_positive_int, help="timed steps per rung, exactly (default: on a GPU "
+                   f"{gpu_steps}, and more, up to {BOUND}, while a rung's p10-p90 range is over "
+                   f"{SPREAD * 100:g}%% of its median; {cpu_steps} on CPU)")
     p.add_argument("--warmup", type=int, help=f"untimed steps first (default: {D('bench', 'warmup')})")
     p.add_argument("--data", help=DATA_HELP)
     p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")

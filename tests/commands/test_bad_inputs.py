@@ -110,6 +110,11 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     # numbers that fit a flag but not the memory: numpy's _ArrayMemoryError (2**61 bytes, beyond any
     # address space, so it fails at once on every machine)
     ("train tokens per step 2**60", [*TRAIN, "--tokens-per-step", str(2**60)], 1, "out of host memory"),
+    # a step no host holds, refused by the estimate before anything is allocated (not grown into until
+    # the kernel kills the process)
+    ("bench batch 100000", [*BENCH, "--batch-size", "100000"], 2, "the largest batch that fits is"),
+    ("parity batch 100000", [*PARITY, "--batch-size", "100000"], 2, "the largest batch that fits is"),
+    ("profile batch 100000", [*PROFILE, "--batch-size", "100000"], 2, "the largest batch that fits is"),
 ]
 
 

@@ -342,3 +342,33 @@ def test_shards_that_cannot_be_one_report_are_usage_errors():
 def test_bad_shard_specs(text):
     with pytest.raises(UsageError, match="--shard"):
         parity_command.parse_shard(text)
+
+
+@pytest.mark.parametrize("gib", [6, 8, 12, 24, 80])
+def test_the_micro_batch_leaves_room_for_validation_beside_a_cuda_graph(gib, monkeypatch):
+    """Parity validates each run at its micro-batch; beside a CUDA graph's pool that needs room of its own,
+    which the plan does not count. The plan still holds: at the micro-batch chosen for the fp32 baseline,
+    every graphed run of the ladder fits with its validation."""
+    from gpt2ladder.ladder import setup_for
+    from gpt2ladder.measure import batch as batch_mod
+    from gpt2ladder.runtime.hardware import Capabilities
+    from gpt2ladder.runtime.memory import HEADROOM, GiB, eval_bytes_per_sequence, step_memory
+
+    monkeypatch.setattr(batch_mod, "probe_peak", lambda *a, **k: GiB)  # the probe agrees with the estimate
+    caps = Capabilities("cuda", "NVIDIA H100 PCIe", (9, 0), total_memory=gib * GiB, triton_version="3.6.0")
+    cfg = parity_command.config_from_args(parity_command_args(), torch.device("cuda"), caps)
+    cfg, plan = parity_command._plan(cfg, torch.device("cuda"), caps)
+    graphed = [setup for _, setup in parity_command._runs(cfg, caps) if setup.cuda_graph]
+    assert graphed and (cfg.preset, cfg.seq_len) == ("gpt2", 1024) and 16 % cfg.micro == 0
+    for setup in graphed:
+        step = step_memory(cfg.model, setup, cfg.seq_len, accumulates=cfg.micro < cfg.batch_size)
+        shape = dataclasses.replace(cfg.model, vocab_multiple=setup.vocab_multiple)
+        beside = cfg.micro * eval_bytes_per_sequence(shape, cfg.seq_len)
+        assert step.at(cfg.micro) + beside <= HEADROOM * caps.usable_memory, setup
+
+
+def parity_command_args():
+    """parity's flags as the CLI parses them, none given."""
+    from gpt2ladder.cli import build_parser
+
+    return build_parser().parse_args(["parity"])

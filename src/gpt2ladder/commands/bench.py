@@ -22,7 +22,9 @@ from gpt2ladder.measure.bench import BenchConfig, run_bench
 from gpt2ladder.measure.best import add_best, best_summary
 from gpt2ladder.measure.harness import climb, tokens_for
 from gpt2ladder.measure.scaling import add_scaling, load_baseline
+from gpt2ladder.measure.timing import StepRule
 from gpt2ladder.model.config import preset
+from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.bench import (
     format_markdown,
     format_scaling,
@@ -46,35 +48,49 @@ def _bench(args, dist: distributed.Dist) -> int:
     device = distributed.local_device(dist, args.device)
     caps = cap_memory(device, detect(device), args.gpu_memory)
     cfg = bench_config(args, device, caps, dist)
+    # a step too large for this host fails here in one line, not after the kernel has killed the process
+    batch_search.check_sizes(cfg.model, _rungs_run(cfg, caps), cfg.batch_size, cfg.seq_len, caps,
+                             batch_tokens=cfg.batch_size * cfg.seq_len, fewer_tokens="--batch-size or --seq-len")
     baseline = load_baseline(args.baseline_json, cfg.to_dict()) if args.baseline_json else None
     say = print if dist.is_main else (lambda *a, **k: None)
     tokens = tokens_for(cfg.data, cfg.seed, notify=say)  # a bad --data fails here, in one line, before any work
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # as does a text too short for one sequence
     out = prepare_out_dir(args.out)
     cfg, plan = _choose_batch(args, cfg, device, caps, dist)
+    rule = step_rule(args, cfg, device)
     progress = not args.no_progress
     search = winner = None
     if args.batch_size == "best":
-        cfg, search, winner = batch_search.fastest_batch(cfg, device, tokens, progress, say, caps)
-    _announce(args, cfg, caps, device, dist, plan, say)
+        cfg, search, winner = batch_search.fastest_batch(cfg, device, tokens, progress, say, caps, rule=rule)
+    _announce(args, cfg, caps, device, dist, plan, say, rule)
     on_row = _row_writer(out, say) if dist.is_main else None
     if winner and cfg.last_only:
         record = winner  # the top rung at the chosen size was just measured
     else:
-        record = run_bench(cfg, device, dist, progress=progress, notify=say, tokens=tokens, on_row=on_row, caps=caps)
+        record = run_bench(cfg, device, dist, progress=progress, notify=say, tokens=tokens, on_row=on_row, caps=caps,
+                           rule=rule)
     if plan:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     if search:
         record["batch_search"] = search
-    return _finish(args, record, cfg, device, caps, dist, tokens, baseline, out, say)
+    return _finish(args, record, cfg, device, caps, dist, tokens, baseline, out, say, rule)
+
+
+def step_rule(args, cfg: BenchConfig, device) -> StepRule:
+    """How many steps each rung times: exactly --steps when given; else, on a GPU, the default count and
+    more while the rung's p10-p90 range is wide (small batches make short, uneven steps). A CPU keeps the
+    count: its steps are long, and a CPU shared with other work rarely steadies however long it runs."""
+    if args.steps is None and device.type == "cuda":
+        return StepRule.until_narrow(cfg.steps)
+    return StepRule.fixed(cfg.steps)
 
 
 def _finish(args, record: dict, cfg: BenchConfig, device, caps, dist: distributed.Dist, tokens, baseline,
-            out: Path, say) -> int:
+            out: Path, say, rule: StepRule) -> int:
     """--rungs best's extra row, the scaling against --baseline-json, then the files (rank 0)."""
     failure = nothing_measured(record, out / "ladder.json")
     if args.rungs == "best" and failure is None:
-        add_best(record, cfg, device, caps, tokens, dist, progress=not args.no_progress)
+        add_best(record, cfg, device, caps, tokens, dist, progress=not args.no_progress, rule=rule)
         say(best_summary(record), flush=True)
     scaled = dist.enabled or baseline is not None
     if scaled:
@@ -88,28 +104,38 @@ def _finish(args, record: dict, cfg: BenchConfig, device, caps, dist: distribute
 
 
 def _choose_batch(args, cfg: BenchConfig, device, caps: Capabilities, dist: distributed.Dist):
-    """On a GPU, one batch that fits every rung measured (`measure.batch.plan_batch`): at most the size
-    asked for (16 by default), as large as fits with --batch-size auto, the top rung's largest with
-    best. A number given is kept as it is; on a CPU the default stays."""
+    """On a GPU, one batch that fits every rung measured (`measure.batch.plan_bench_batch`): at most the
+    size asked for (16 by default), as large as fits with --batch-size auto, the top rung's largest with
+    best; where not even one sequence of the default length fits every rung, every rung runs at the
+    longest power of two that does (a --seq-len given is kept, and fails in one line if nothing fits).
+    A number given is kept as it is; on a CPU the default stays."""
     if device.type != "cuda" or isinstance(args.batch_size, int):
         return cfg, None
-    rows = [(r.name, setup_for(list(r.applied)))
-            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, cfg.strategy), cfg.last_only)
-            if r.reason is None]
+    rows = _rungs_run(cfg, caps)
     if args.batch_size == "best":
         rows = rows[-1:]
     want = cfg.batch_size if args.batch_size is None else None
-    plan = batch_search.plan_batch(cfg.model, rows, cfg.seq_len, caps, device, want=want, seed=cfg.seed)
-    batch = int(distributed.reduce_floats([plan.batch], dist, "min")[0])  # every rank runs the same batch
-    return dataclasses.replace(cfg, batch_size=batch), plan
+    plan = batch_search.plan_bench_batch(cfg.model, rows, cfg.seq_len, caps, device, want=want, seed=cfg.seed,
+                                         shorten=args.seq_len is None)
+    # Every rank runs the same step: the smaller of each (a shorter sequence only leaves more room).
+    batch, seq_len = (int(v) for v in distributed.reduce_floats([plan.batch, plan.seq_len], dist, "min"))
+    return dataclasses.replace(cfg, batch_size=batch, seq_len=seq_len), plan
 
 
-def _announce(args, cfg: BenchConfig, caps: Capabilities, device, dist: distributed.Dist, plan, say) -> None:
+def _rungs_run(cfg: BenchConfig, caps: Capabilities) -> list[tuple[str, Setup]]:
+    """(name, setup) of every row the climb times here; a rung this machine skips holds no memory."""
+    return [(r.name, setup_for(list(r.applied)))
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, cfg.strategy), cfg.last_only)
+            if r.reason is None]
+
+
+def _announce(args, cfg: BenchConfig, caps: Capabilities, device, dist: distributed.Dist, plan, say,
+              rule: StepRule) -> None:
     """The first lines: the batch and why, what is timed, the processes, and what --rungs auto leaves out."""
     if plan:
         say(f"gpt2ladder bench: {plan.reason()}", flush=True)
     say(f"{'' if plan else 'gpt2ladder bench: '}{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
-        f"{cfg.steps} timed steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
+        f"{rule.describe()} after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
     if dist.enabled:
         say(f"{dist.world_size} processes ({dist.backend}, {cfg.strategy}):"
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)

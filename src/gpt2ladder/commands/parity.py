@@ -14,7 +14,7 @@ import torch
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
 from gpt2ladder.errors import LadderError, UsageError, describe_failure
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
-from gpt2ladder.measure.batch import plan_batch
+from gpt2ladder.measure.batch import check_sizes, plan_batch
 from gpt2ladder.measure.harness import climb
 from gpt2ladder.measure.parity import ParityConfig, merge_shards, parity_tokens, run_parity
 from gpt2ladder.model.config import preset
@@ -38,14 +38,32 @@ def config_from_args(args, device: torch.device, caps) -> ParityConfig:
     )
 
 
+def _runs(cfg: ParityConfig, caps) -> list[tuple[str, Setup]]:
+    """(name, setup) of every training run parity makes here: the fp32 baseline and each rung that runs."""
+    return [("baseline", Setup())] + [(r.name, setup_for(list(r.applied)))
+                                     for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps)) if r.reason is None]
+
+
+def check_size(cfg: ParityConfig, caps) -> None:
+    """Off CUDA, before anything is allocated: every run's step at its micro-batch, with a step's batch and
+    the validation batches made on the host beside it, fits this machine (else one line, exit 2)."""
+    tokens = (1 + cfg.eval_batches) * cfg.batch_size * cfg.seq_len
+    check_sizes(cfg.model, _runs(cfg, caps), cfg.micro, cfg.seq_len, caps, batch_tokens=tokens,
+                fewer_tokens="--batch-size or --eval-batches")
+
+
 def _plan(cfg: ParityConfig, device, caps):
     """On a GPU, the micro-batch at which every training run fits (the fp32 baseline is one of them):
-    the largest divisor of --batch-size that fits, accumulation doing the rest."""
+    the largest divisor of --batch-size that fits, accumulation doing the rest.
+
+    Validation runs at the micro-batch, and beside a CUDA graph's pool it needs room of its own, which
+    this plan does not count (train's validation term is one sequence: train cuts its batches to what
+    fits). It need not: the fp32 baseline, always one of the runs, holds more per sequence in its eager
+    step than a graphed step and its validation together (tests/measure/test_parity.py checks the plan).
+    """
     if device.type != "cuda":
         return cfg, None
-    rows = [("baseline", Setup())] + [(r.name, setup_for(list(r.applied)))
-                                     for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps)) if r.reason is None]
-    plan = plan_batch(cfg.model, rows, cfg.seq_len, caps, device, want=cfg.batch_size,
+    plan = plan_batch(cfg.model, _runs(cfg, caps), cfg.seq_len, caps, device, want=cfg.batch_size,
                       divides=cfg.batch_size, seed=cfg.seed)
     return dataclasses.replace(cfg, micro_batch=plan.batch), plan
 
@@ -57,6 +75,7 @@ def parity_command(args) -> int:
     device = resolve_device(args.device)
     caps = cap_memory(device, detect(device), args.gpu_memory)
     cfg = config_from_args(args, device, caps)
+    check_size(cfg, caps)
     shard = parse_shard(args.shard)
     with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
         tokens = parity_tokens(cfg)  # a bad --data fails here, before anything is printed

@@ -11,22 +11,28 @@ from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import resolve_rungs, setup_for, why_unavailable
-from gpt2ladder.measure.batch import plan_batch
+from gpt2ladder.measure.batch import check_sizes, plan_batch
 from gpt2ladder.measure.harness import climb, tokens_for
 from gpt2ladder.measure.profile import ProfileConfig, run_profile
 from gpt2ladder.model.config import preset
+from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.notices import nothing_measured
 from gpt2ladder.report.profile import format_table, write_outputs
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 
 
+def _rungs_run(cfg: ProfileConfig, caps) -> list[tuple[str, Setup]]:
+    """(name, setup) of every row the climb profiles here; a rung this machine skips holds no memory."""
+    return [(r.name, setup_for(list(r.applied)))
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps), cfg.last_only) if r.reason is None]
+
+
 def _plan(cfg: ProfileConfig, args, device, caps):
     """On a GPU without --batch-size: the one batch that fits every rung profiled, at most the default."""
     if device.type != "cuda" or args.batch_size:
         return cfg, None
-    rows = [(r.name, setup_for(list(r.applied)))
-            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps), cfg.last_only) if r.reason is None]
+    rows = _rungs_run(cfg, caps)
     if not rows:
         return cfg, None
     plan = plan_batch(cfg.model, rows, cfg.seq_len, caps, device, want=cfg.batch_size, seed=cfg.seed)
@@ -50,6 +56,9 @@ def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
                         warmup=args.warmup, seed=args.seed, data=args.data,
                         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
                         trace_dir=str(out) if args.trace else None, last_only=args.last_only)
+    # off CUDA a step too large for this machine fails here in one line, before anything is allocated
+    check_sizes(cfg.model, _rungs_run(cfg, caps), cfg.batch_size, cfg.seq_len, caps,
+                batch_tokens=cfg.batch_size * cfg.seq_len, fewer_tokens="--batch-size or --seq-len")
     tokens = tokens_for(cfg.data, cfg.seed)  # a bad --data fails here, before anything is printed
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)
     cfg, plan = _plan(cfg, args, device, caps)

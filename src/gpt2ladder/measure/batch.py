@@ -13,6 +13,9 @@ that still runs out of memory when timed is reported as such, never retried.
 fit even one sequence per micro-batch and the plain one can. `plan_bench_batch` climbs the ladder at a
 shorter sequence where not even one sequence of the asked length fits every rung.
 
+Off CUDA nothing is planned: `check_sizes` refuses, in one line before anything is allocated, a step
+that the host (or an Apple GPU) cannot hold by the estimate.
+
 `fastest_batch` (`--batch-size best`) times the top rung at a few sizes up to the largest that fits
 and keeps the one with the most tokens/s.
 """
@@ -24,13 +27,14 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt2ladder.errors import SMALLER_STEP, LadderError
+from gpt2ladder.errors import SMALLER_STEP, LadderError, UsageError
 from gpt2ladder.ladder import RUNGS_BY_NAME, setup_for
 from gpt2ladder.measure.bench import BenchConfig, run_bench
+from gpt2ladder.measure.timing import StepRule
 from gpt2ladder.model.config import GPT2_VOCAB_SIZE, ModelConfig
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.runtime.hardware import Capabilities, free_memory
-from gpt2ladder.runtime.memory import HEADROOM, GiB, StepMemory, step_memory
+from gpt2ladder.runtime.memory import HEADROOM, GiB, StepMemory, check_all_fit, step_memory
 from gpt2ladder.model.setup import Setup
 
 PROBES = 4  # at most this many probe steps before giving up on a size
@@ -126,6 +130,23 @@ def nothing_fits(seq_len: int, heaviest: str, est: StepMemory, caps: Capabilitie
     return (f"not even one sequence of {seq_len} tokens fits: {_who(heaviest)} needs {est.at(1) / GiB:.2f} GiB "
             f"for one, more than the {HEADROOM * caps.usable_memory / GiB:.2f} GiB planned for on this {card}; "
             f"{SMALLER_STEP}")
+
+
+def check_sizes(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], batch: int, seq_len: int,
+                caps: Capabilities, batch_tokens: int, fewer_tokens: str) -> None:
+    """Off CUDA, before anything is allocated: a UsageError (one line, naming the largest batch that fits)
+    unless a step of `batch` x `seq_len` of every one of these (name, setup) rungs, and `batch_tokens`
+    tokens of batches made on the host, fit the memory they run in (`runtime/memory.py check_all_fit`).
+
+    On a GPU the plan decides instead: a rung that runs out of memory there is a measured row, and the
+    estimate runs high for compiled rungs, so a size it refused might well have run.
+    """
+    if caps.device_type == "cuda" or not rungs:
+        return
+    problem = check_all_fit(model_cfg, [setup for _, setup in rungs], batch, seq_len, caps,
+                            batch_tokens=batch_tokens, fewer_tokens=fewer_tokens)
+    if problem:
+        raise UsageError(problem)
 
 
 def plan_bench_batch(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], seq_len: int, caps: Capabilities,
@@ -271,9 +292,11 @@ def batch_candidates(largest: int) -> list[int]:
     return sizes
 
 
-def fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say, caps=None) -> tuple[BenchConfig, dict, dict]:
-    """--batch-size best: the top rung timed at each candidate size up to the largest that fits; the
-    config at the size with the most tokens/s, the search (every size tried) and the winner's record.
+def fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say, caps=None,
+                  rule: StepRule | None = None) -> tuple[BenchConfig, dict, dict]:
+    """--batch-size best: the top rung timed at each candidate size up to the largest that fits (each as
+    `rule` says, like every rung of the bench); the config at the size with the most tokens/s, the search
+    (every size tried) and the winner's record.
 
     The largest size is not always the fastest: near the memory limit the allocator and the caches do
     worse, while small sizes pay the per-step costs (optimizer, launches) on fewer tokens.
@@ -282,7 +305,7 @@ def fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say, caps=No
     for b in batch_candidates(largest):
         say(f"--batch-size best: timing {b} sequences", flush=True)
         rec = run_bench(dataclasses.replace(cfg, batch_size=b, last_only=True), device, progress=progress,
-                        notify=lambda *a, **k: None, tokens=tokens, caps=caps)
+                        notify=lambda *a, **k: None, tokens=tokens, caps=caps, rule=rule)
         row = rec["rungs"][-1]
         tried.append({"batch_size": b, "status": row["status"], "ms_per_step": row.get("ms_per_step"),
                       "tokens_per_s": row.get("tokens_per_s")})

@@ -2,7 +2,9 @@
 
 Each rung gets a fresh model from the same seed and the same batches, and its steps are timed by the
 harness (`harness.timed_step`). Warm-up steps (compile, autotuning, graph capture, allocator growth)
-are left out; the median and the spread of the timed steps are reported.
+are left out; the median and the spread of the timed steps are reported. How many steps are timed is a
+`timing.StepRule` the command chose: exactly --steps, or on a GPU without it more while a rung's
+p10-p90 range is wide, up to a bound (each row's n_timed and "timing" say how many, and why).
 
 Under torchrun (`torchrun --nproc_per_node=N -m gpt2ladder bench ...`) every rank runs every rung
 under the strategy the command chose (DDP; FSDP2 for gpt2-large/xl, or as --strategy says). --batch-size is then per GPU, so the
@@ -21,6 +23,7 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
+from gpt2ladder.measure.timing import StepRule
 from gpt2ladder.model.config import ModelConfig, check_run_shape, preset
 from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
@@ -60,39 +63,46 @@ class BenchConfig:
 
 def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = distributed.SINGLE, *,
               progress: bool = True, notify=print, tokens: data_mod.TokenData | None = None, on_row=None,
-              caps: Capabilities | None = None) -> dict:
+              caps: Capabilities | None = None, rule: StepRule | None = None) -> dict:
     """Measure every rung in `cfg.rungs` (cumulatively) and return the self-describing record.
 
     `on_row(record)`, if given, sees the record so far after each rung: a long run that is cut off
     still leaves the rungs it measured. `caps` (default: detected) is what the record says of the device,
-    a --gpu-memory cap included.
+    a --gpu-memory cap included. `rule` says how many steps each rung times (default: `cfg.steps`).
     """
     caps = detect(device) if caps is None else caps
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
+    rule = rule or StepRule.fixed(cfg.steps)
     rows = []
     for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, cfg.strategy), cfg.last_only):
-        rows.append(measure_rung(row, cfg, tokens, device, caps, dist, progress))
+        rows.append(measure_rung(row, cfg, tokens, device, caps, dist, progress, rule))
         add_speedups(rows)
         if on_row is not None:
-            on_row(bench_record(cfg, caps, device, dist, tokens, rows, partial=True))
-    return bench_record(cfg, caps, device, dist, tokens, rows, partial=False)
+            on_row(bench_record(cfg, caps, device, dist, tokens, rows, partial=True, rule=rule))
+    return bench_record(cfg, caps, device, dist, tokens, rows, partial=False, rule=rule)
 
 
-def bench_record(cfg: BenchConfig, caps, device, dist: distributed.Dist, tokens, rows, partial: bool) -> dict:
+def bench_record(cfg: BenchConfig, caps, device, dist: distributed.Dist, tokens, rows, partial: bool,
+                 rule: StepRule | None = None) -> dict:
+    """The record: what ran, on what, and the rows; "step_rule" only when the count of timed steps adapted."""
     parallel = {"world_size": dist.world_size, "backend": dist.backend, "strategy": cfg.strategy,
                 "global_batch_size": cfg.batch_size * dist.world_size}
+    adaptive = {"step_rule": rule.to_dict()} if rule is not None and rule.adaptive else {}
     return {**record_header(caps, device), "command": "bench", "config": cfg.to_dict(), **parallel,
             "model": cfg.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
-            "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": list(rows)}
+            "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": list(rows), **adaptive}
 
 
 def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
-                 dist: distributed.Dist = distributed.SINGLE, progress: bool = True) -> dict:
-    """One row of the ladder: the setup of `row.applied` timed, or why it was not."""
+                 dist: distributed.Dist = distributed.SINGLE, progress: bool = True,
+                 rule: StepRule | None = None) -> dict:
+    """One row of the ladder: the setup of `row.applied` timed (as many steps as `rule` asks for, default
+    `cfg.steps`), or why it was not."""
     if row.reason:
         return row.skipped()
     setup = setup_for(list(row.applied))
-    result = guarded(lambda: _time_setup(setup, cfg, tokens, device, dist, progress, label=row.name),
+    rule = rule or StepRule.fixed(cfg.steps)
+    result = guarded(lambda: _time_setup(setup, cfg, tokens, device, dist, progress, row.name, rule),
                      device, cfg.batch_size)
     if result["status"] != "ok":
         return {**row.rung_fields(), **result}
@@ -103,17 +113,16 @@ def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
             "flops_per_token": flops, "mfu": mfu(tok_s, flops, peak_flops(caps.name))}
 
 
-def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist, progress: bool, label: str) -> dict:
+def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist, progress: bool, label: str,
+                rule: StepRule) -> dict:
     engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
                     parallelize=distributed.parallelize_for(dist, cfg.strategy))
     # --batch-size is per GPU: this rank reads its share of a global batch W times larger.
     batches = data_mod.Batches(tokens.train, cfg.batch_size * dist.world_size, cfg.seq_len, seed=cfg.seed,
                                rank=dist.rank, world_size=dist.world_size)
     samples, losses = _timed_steps(engine, batches, cfg, device, progress_bar(
-        cfg.warmup + cfg.steps, label, progress and dist.is_main))
-    # The group steps together, so a step lasts as long as its slowest rank; every rank gets the same
-    # numbers, and so makes the same decisions (--rungs best) afterwards.
-    samples = distributed.reduce_floats(samples, dist, "max")
+        cfg.warmup + rule.steps, label, progress and dist.is_main), rule, dist)
+    # Every rank has the same samples (the slowest rank's), and so makes the same decisions (--rungs best).
     stats = TimingStats.of(samples)
     logits_dtype, weight_dtype = _dtypes(engine, data_mod.to_device(*batches.batch(0), device)[0])
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
@@ -123,6 +132,7 @@ def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist,
     result = {
         "ms_per_step": stats.median, "ms_p10": stats.p10, "ms_p90": stats.p90, "ms_min": stats.min,
         "ms_max": stats.max, "n_timed": stats.n, "samples_ms": [round(s, 4) for s in samples],
+        **({"timing": rule.outcome(samples)} if rule.adaptive else {}),
         "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / dist.world_size,
         "peak_mem_bytes": peak, "loss": float(distributed.all_reduce_mean(losses[-1], dist)),
         "logits_dtype": logits_dtype,
@@ -134,20 +144,31 @@ def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist,
     return result
 
 
-def _timed_steps(engine: Engine, batches, cfg: BenchConfig, device, bar) -> tuple[list, list]:
-    """Warm-up + timed steps; the timed steps' milliseconds and losses."""
+def _timed_steps(engine: Engine, batches, cfg: BenchConfig, device, bar, rule: StepRule,
+                 dist: distributed.Dist = distributed.SINGLE) -> tuple[list, list]:
+    """Warm-up steps, then timed steps while `rule` asks for more; the timed steps' milliseconds and losses.
+
+    The group steps together, so a step lasts as long as its slowest rank: each step's time is the
+    slowest rank's (reduced outside the clock), and every rank, judging the same samples, stops together.
+    """
     samples, losses = [], []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    for i in range(cfg.warmup + cfg.steps):
+    for _ in range(cfg.warmup):
+        _tick(bar, timed_step(engine, batches, device)[0])
+    while rule.more(samples):
         ms, loss = timed_step(engine, batches, device)
-        if i >= cfg.warmup:
-            samples.append(ms)
-            losses.append(loss)
-        bar.update(1)
-        bar.set_postfix_str(f"{ms:.1f} ms")
+        samples.append(distributed.reduce_floats([ms], dist, "max")[0])
+        losses.append(loss)
+        bar.total = max(bar.total, cfg.warmup + len(samples))  # an adaptive rung may run past the count
+        _tick(bar, ms)
     bar.close()
     return samples, losses
+
+
+def _tick(bar, ms: float) -> None:
+    bar.update(1)
+    bar.set_postfix_str(f"{ms:.1f} ms")
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from gpt2ladder.ladder import RUNGS_BY_NAME
 from gpt2ladder.measure.bench import add_speedups, measure_rung, within_noise
 from gpt2ladder.measure.harness import Row
+from gpt2ladder.measure.timing import StepRule
 from gpt2ladder.runtime import distributed
 
 MIN_GAIN = 1.01  # a 1% faster median; smaller differences are within run-to-run noise
@@ -41,12 +42,13 @@ def decide(rows: list[dict]) -> tuple[list[str], list[dict]]:
 
 
 def add_best(record: dict, cfg, device, caps, tokens, dist: distributed.Dist = distributed.SINGLE,
-             progress: bool = True) -> None:
-    """Decide which measured rungs pay, then measure them together as one more row, named 'best'."""
+             progress: bool = True, rule: StepRule | None = None) -> None:
+    """Decide which measured rungs pay, then measure them together as one more row, named 'best' (timed
+    as `rule` says, like the rows it is compared with)."""
     kept, decisions = decide(record["rungs"])
     record["best"] = {"rungs": kept, "decisions": decisions, "rule": f"keep a rung when it is >= {MIN_GAIN}x faster"
                       " than the rung before it and outside the noise; the kept set is then measured as the row 'best'"}
-    row = measure_rung(Row(kept[-1], tuple(kept)), cfg, tokens, device, caps, dist, progress)
+    row = measure_rung(Row(kept[-1], tuple(kept)), cfg, tokens, device, caps, dist, progress, rule)
     row.update(name="best", summary="The rungs that paid here: " + ", ".join(kept) + ".", kind="best")
     record["rungs"].append(row)
     add_speedups(record["rungs"])

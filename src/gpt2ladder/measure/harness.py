@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from gpt2ladder import data as data_mod
-from gpt2ladder.errors import LadderError, describe_failure
+from gpt2ladder.errors import LadderError, describe_failure, out_of_memory_advice
 from gpt2ladder.ladder import RUNGS_BY_NAME
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.runtime.hardware import free_memory, synchronize
@@ -79,8 +79,9 @@ def guarded(work: Callable[[], dict], device: torch.device, batch_size: int) -> 
     except LadderError:
         raise
     except torch.OutOfMemoryError:
+        # at batch 1 no smaller batch is left to suggest: the advice names the sequence, rungs or model
         result = {"status": "oom", "reason": f"out of memory at batch size {batch_size}; "
-                  "try a smaller --batch-size or --batch-size auto"}
+                  f"{out_of_memory_advice(batch_size)}"}
     except Exception as err:
         result = {"status": "failed", "reason": describe_failure(err)}
     free_memory(device)  # after the except block, so the traceback no longer holds the failed step's tensors

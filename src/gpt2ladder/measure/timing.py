@@ -54,8 +54,16 @@ class StepRule:
             return f"{n} steps: the p10-p90 range narrowed to {width:.1%} of the median (at most {self.spread:.0%})"
         return f"{n} steps, the most it takes: the p10-p90 range stayed at {width:.1%} of the median"
 
+    def describe(self) -> str:
+        """What the first line says is timed: '20 timed steps', or '20 to 100 timed steps (more while ...)'."""
+        if not self.adaptive:
+            return f"{self.steps} timed steps"
+        return (f"{self.steps} to {self.bound} timed steps (more while the p10-p90 range is over {self.spread:.0%} "
+                "of the median)")
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The record's "step_rule": the numbers and the sentence that states them."""
+        return {**dataclasses.asdict(self), "text": self.describe()}
 
 
 def spread(samples: list[float]) -> float:

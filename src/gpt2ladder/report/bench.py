@@ -78,7 +78,7 @@ def format_markdown(record: dict) -> str:
     head = [
         f"# gpt2ladder bench: {cfg['preset']} on {dev['name']}",
         "",
-        f"- batch {cfg['batch_size']} x seq {cfg['seq_len']}, {cfg['steps']} timed steps after "
+        f"- batch {cfg['batch_size']} x seq {cfg['seq_len']}, {_timed_text(record)} after "
         f"{cfg['warmup']} warm-up; data: {record['data']['source']}",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}, "
         f"Triton {record['versions']['triton']}; gpt2ladder {record['gpt2ladder']} at {record['git_sha']}",
@@ -90,6 +90,9 @@ def format_markdown(record: dict) -> str:
     plan = record.get("batch_plan")
     if plan:
         head.insert(-2, f"- {plan['reason']}" + ("; confirmed by a probe of its eager step" if plan["probed_peak"] else ""))
+    if record.get("step_rule"):
+        took = [f"{r['name']} {r['n_timed']}" for r in record["rungs"] if r.get("status") == "ok"]
+        head.insert(-2, "- timed steps per rung: " + (", ".join(took) or "none measured"))
     cap = dev.get("memory_cap_bytes")
     if cap:
         head.insert(-2, f"- the allocator was capped at {cap / 2**30:.1f} GiB (--gpu-memory) of this card's "
@@ -112,6 +115,12 @@ def format_markdown(record: dict) -> str:
                         "ones it finished")
     body = markdown_table(HEADERS, ladder_rows(record))
     return "\n".join(head + body) + "\n"
+
+
+def _timed_text(record: dict) -> str:
+    """The steps each rung timed: the fixed count, or the adaptive rule."""
+    rule = record.get("step_rule")
+    return rule["text"] if rule else f"{record['config']['steps']} timed steps"
 
 
 def format_scaling(record: dict) -> str:

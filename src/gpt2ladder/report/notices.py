@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from gpt2ladder.errors import out_of_memory_advice
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime.hardware import matmul_rate
@@ -39,7 +40,7 @@ def nothing_measured(record: dict, where: Path) -> str | None:
         return None
     tried = [r for r in rows if r["status"] != "skipped"]
     if tried and all(r["status"] == "oom" for r in tried):
-        return (f"every rung ran out of memory at batch size {record['config']['batch_size']}; use a smaller "
-                f"--batch-size or --batch-size auto (rows in {where})")
+        batch = record["config"]["batch_size"]
+        return f"every rung ran out of memory at batch size {batch}; {out_of_memory_advice(batch)} (rows in {where})"
     first = (tried or rows)[0]
     return f"no rung could be measured: {first['name']} {first['status']}: {first['reason']} (rows in {where})"

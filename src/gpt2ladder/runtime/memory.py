@@ -123,6 +123,7 @@ def eval_bytes_per_sequence(cfg: ModelConfig, seq_len: int) -> int:
 # Bytes per token of a batch as data/batches.py makes it on the host: the int64 index of every window
 # into the text, the uint16 windows, their int64 copy, and the int64 inputs and targets.
 BATCH_BYTES_PER_TOKEN = 34
+TRAIN_TOKEN_FLAGS = "--tokens-per-step or --eval-batches"  # what makes train's batches fewer tokens
 
 
 def planning_memory(caps) -> tuple[int, str]:
@@ -135,11 +136,13 @@ def planning_memory(caps) -> tuple[int, str]:
     return caps.host_memory, "this host's memory"
 
 
-def check_fits(cfg: ModelConfig, setup: Setup, batch: int, seq_len: int, caps, batch_tokens: int = 0) -> str | None:
+def check_fits(cfg: ModelConfig, setup: Setup, batch: int, seq_len: int, caps, batch_tokens: int = 0,
+               fewer_tokens: str = TRAIN_TOKEN_FLAGS) -> str | None:
     """None when a training step of `batch` sequences of `seq_len` tokens fits in the memory it runs in
     (`planning_memory(caps)`) by the estimate, and `batch_tokens` tokens of batches made on the host (a
     whole step's batch, the validation batches) fit in the host's; else one line saying what does not
-    fit and the largest batch (or number of tokens) that does. A memory of unknown size is not checked.
+    fit and the largest batch (or number of tokens) that does, and, for the batches, the command's flags
+    that make fewer of them (`fewer_tokens`). A memory of unknown size is not checked.
 
     Arithmetic on Python integers only, before anything is allocated: a batch of 2**63 - 1 is a line, not
     numpy's "array is too big", and 100,000 sequences are not grown into until the kernel kills the process.
@@ -147,20 +150,22 @@ def check_fits(cfg: ModelConfig, setup: Setup, batch: int, seq_len: int, caps, b
     memory, whose = planning_memory(caps)
     step = step_memory(cfg, setup, seq_len)
     if caps.device_type == "cpu":  # the step and the batches share the host's memory
-        return _problem(step, batch, seq_len, memory, whose, batch_tokens)
+        return _problem(step, batch, seq_len, memory, whose, batch_tokens, fewer_tokens)
     return (_problem(step, batch, seq_len, memory, whose)
-            or _problem(StepMemory(0, 0), 0, seq_len, caps.host_memory, "this host's memory", batch_tokens))
+            or _problem(StepMemory(0, 0), 0, seq_len, caps.host_memory, "this host's memory", batch_tokens,
+                        fewer_tokens))
 
 
 def check_all_fit(cfg: ModelConfig, setups: list[Setup], batch: int, seq_len: int, caps,
-                  batch_tokens: int = 0) -> str | None:
+                  batch_tokens: int = 0, fewer_tokens: str = TRAIN_TOKEN_FLAGS) -> str | None:
     """`check_fits` for the heaviest of the setups a command runs (bench's, parity's and profile's rungs:
     the heaviest is not always the first, bf16's eager step holds more than fp32's)."""
     heaviest = max(setups, key=lambda setup: step_memory(cfg, setup, seq_len).at(batch))
-    return check_fits(cfg, heaviest, batch, seq_len, caps, batch_tokens)
+    return check_fits(cfg, heaviest, batch, seq_len, caps, batch_tokens, fewer_tokens)
 
 
-def _problem(step: StepMemory, batch: int, seq_len: int, memory: int, whose: str, batch_tokens: int = 0) -> str | None:
+def _problem(step: StepMemory, batch: int, seq_len: int, memory: int, whose: str, batch_tokens: int = 0,
+             fewer_tokens: str = TRAIN_TOKEN_FLAGS) -> str | None:
     """`check_fits` for one memory, holding `step` at `batch` and the batches beside it."""
     usable = int(HEADROOM * memory)
     room = f"the {_gib(usable)} GiB of {whose} ({_gib(memory)} GiB) that a run plans to use"
@@ -178,9 +183,8 @@ def _problem(step: StepMemory, batch: int, seq_len: int, memory: int, whose: str
     if step.at(batch) + held > usable:
         tokens = (usable - step.at(batch)) // BATCH_BYTES_PER_TOKEN
         beside = f" next to the step's {_gib(step.at(batch))} GiB" if step.at(batch) else ""
-        return (f"the batches made on the host ({batch_tokens:,} tokens: a whole step's and the validation "
-                f"batches, {_gib(held)} GiB) do not fit{beside} in {room}; at most {tokens:,} tokens fit: use "
-                "a smaller --tokens-per-step or --eval-batches")
+        return (f"the batches made on the host ({batch_tokens:,} tokens, {_gib(held)} GiB) do not fit{beside} "
+                f"in {room}; at most {tokens:,} tokens fit: use a smaller {fewer_tokens}")
     return None
 
 
