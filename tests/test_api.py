@@ -41,6 +41,27 @@ print("light")
     assert proc.stdout.strip().endswith("light")
 
 
+def test_help_imports_neither_numpy_nor_the_tokenizer():
+    """`gpt2ladder --help` starts in a few hundredths of a second: building the parser (prepare's --format
+    choices included) reads no numpy and no tiktoken, which alone cost it a fifth of a second."""
+    script = """
+import sys
+from gpt2ladder import cli
+for argv in (["--help"], ["prepare", "--help"]):
+    try:
+        cli.main(argv)
+    except SystemExit:
+        pass
+    heavy = sorted(m for m in ("numpy", "tiktoken") if m in sys.modules)
+    assert not heavy, f"gpt2ladder {' '.join(argv)} imported {heavy}"
+print("light")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("light")
+
+
 def test_the_check_can_fail():
     """The same check sees torch once something imports it."""
     script = "import sys, gpt2ladder; gpt2ladder.load; print('torch' in sys.modules)"

@@ -59,6 +59,17 @@ def test_a_folder_of_llmc_shards(tmp_path):
     assert again.n_tokens == td.n_tokens
 
 
+def test_hidden_files_in_a_folder_of_shards_are_not_shards(tmp_path):
+    """macOS leaves ._NAME beside every file copied to a foreign disk, and a killed writer its hidden
+    temporary: neither is a shard, as a glob (which skips hidden names) and `prepare` agree."""
+    arrays = llmc_folder(tmp_path / "c")
+    (tmp_path / "c" / "._fineweb_train_000001.bin").write_bytes(b"\x00\x05\x16\x07" + bytes(200))
+    (tmp_path / "c" / ".fineweb_train_000004.bin.0123456789ab.tmp.bin").write_bytes(bytes(2048))
+    td = load_tokens(tmp_path / "c", notify=lambda *_: None)
+    assert td.n_tokens == sum(map(len, arrays))
+    assert td.sha256 == load_tokens(str(tmp_path / "c" / "*.bin"), notify=lambda *_: None).sha256
+
+
 def test_the_identity_of_foreign_shards_is_names_sizes_and_headers(tmp_path):
     llmc_folder(tmp_path / "a")
     first = load_tokens(tmp_path / "a", notify=lambda *_: None).sha256

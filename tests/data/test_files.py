@@ -101,3 +101,12 @@ def test_a_log_that_is_a_link_is_refused_not_appended_through(folder, outside):
     with open_append(folder / "log.jsonl") as f:
         f.write("two\n")
     assert (folder / "log.jsonl").read_text() == "one\ntwo\n"
+
+
+def test_temp_of_names_the_destination_of_every_temporary_made_beside_it(folder):
+    for dest, suffix in ((folder / "edu_train_000001.bin", None), (folder / "ckpt.pt", None), (folder / "out", "")):
+        fd, tmp = files.beside(dest, files.open_new, suffix)
+        os.close(fd)
+        assert files.temp_of(tmp.name) == dest.name
+    for other in ("edu_train_000001.bin", ".edu_train_000001.bin.x1y2.part", ".ckpt.pt.tmp", ".a.0123456789ab.old"):
+        assert files.temp_of(other) is None

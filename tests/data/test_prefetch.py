@@ -84,12 +84,19 @@ def test_close_stops_the_thread_even_when_it_is_blocked_on_a_full_queue():
 @needs_cuda
 @pytest.mark.gpu
 def test_gpu_batches_from_pinned_buffers_are_the_loaders():
+    """No synchronize between batches, and each copy queued behind a matmul, as behind a training step: a
+    buffer filled again before its copy ran would hand the device a later batch's rows."""
     want = loader(5)
+    busy = torch.randn(4096, 4096, device="cuda")
+    got = []
     with Prefetcher(loader(5), "cuda", depth=2) as p:
         for _ in range(10):  # more batches than buffers: each buffer is filled again after its copy
+            busy @ busy  # keeps the stream busy, so the copy runs well after next() returns
             x, y = p.next()
             assert x.is_cuda and x.dtype == torch.int64
-            torch.cuda.synchronize()
+            got.append((x, y))
+        torch.cuda.synchronize()
+        for x, y in got:
             wx, wy = want.next()
             assert torch.equal(x.cpu(), wx) and torch.equal(y.cpu(), wy)
         assert all(s.x.is_pinned() for s in p._slots)

@@ -182,3 +182,19 @@ def test_names_and_sizes():
     with pytest.raises(UsageError, match="--shard-tokens must be from 1 to 2,147,483,647"):
         P.PrepareConfig(SourceSpec("x"), "out", "x", shard_tokens=2**31)
     assert os.path.basename(fmt.shard_name("edu", "val", 0)) == "edu_val_000000.bin"
+
+
+def test_what_a_killed_shard_writer_leaves_is_removed_by_the_next_run(tmp_path, source_file):
+    """kill -9 while a shard is written leaves the writer's temporary (`data/files.py`'s name beside the
+    shard, up to --shard-tokens x 2 bytes of zeros and tokens); the next run removes it with the rest."""
+    straight = prepare(config(source_file, tmp_path / "straight"))
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config(source_file, out), _interrupt_after(14))
+    killed = fmt.ShardWriter(out / "plays_train_000007.bin")  # open, never closed nor aborted: as if killed
+    killed.write(np.arange(10, dtype=np.uint16))
+    killed._f.flush()
+    (left,) = [p for p in out.iterdir() if p.name.startswith(".")]
+    assert prepare(config(source_file, out)) == straight
+    assert not left.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted([s["name"] for s in straight["shards"]] + ["manifest.json"])

@@ -162,3 +162,32 @@ def test_the_probe_confirms_or_shrinks_by_what_it_measured(monkeypatch):
     plan = plan_batch(preset("gpt2"), _rows("seed", card), 1024, card, CUDA, want=3)
     assert plan.batch == 2 and plan.probed_peak is not None
     assert [c[2] for c in calls] == [3, 2] and all(c[:2] == (False, False) for c in calls)  # eager steps
+
+
+@pytest.mark.parametrize("peak, measured", [(None, "ran out of memory"), (int(3.4 * GiB), "peaked at 3.40 GiB")])
+def test_a_probe_that_never_fits_says_what_it_measured_not_the_estimate(monkeypatch, peak, measured):
+    """The estimate fits one sequence (2.56 GiB of the 3.22 GiB planned for), the probes do not: the line
+    names the probe's last size and what it found, never '2.56 GiB for one, more than 3.22 GiB'."""
+    sizes = []
+
+    def fake_probe(cfg, setup, seq_len, batch, device, seed=0):
+        sizes.append(batch)
+        return peak
+
+    monkeypatch.setattr(batch_mod, "probe_peak", fake_probe)
+    card = hopper(4, capped=True)
+    with pytest.raises(LadderError) as err:
+        plan_batch(preset("gpt2"), _rows("seed", card)[:1], 512, card, CUDA, want=16)
+    text = str(err.value)
+    assert sizes and sizes[-1] == 1 and "\n" not in text
+    assert f"at batch 1 {measured}" in text and "3.22 GiB planned for" in text, text
+    assert "more than the" not in text  # the estimate (2.56 GiB) is less than what was planned for
+
+
+def test_probes_that_run_out_before_batch_1_do_not_claim_that_one_cannot_fit(monkeypatch):
+    monkeypatch.setattr(batch_mod, "probe_peak", lambda *a, **k: None)  # every probe runs out of memory
+    with pytest.raises(LadderError) as err:
+        plan_batch(preset("gpt2"), _rows("seed", A100_80GB), 1024, A100_80GB, CUDA, want=16)
+    text = str(err.value)
+    assert "not even one" not in text and "passed its probe" in text and "ran out of memory" in text, text
+    assert f"the last of {batch_mod.PROBES} tries" in text and "--batch-size" in text

@@ -172,6 +172,17 @@ def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path):
         lock.try_lock(tmp_path)
 
 
+def test_a_lock_file_that_is_a_hard_link_to_another_file_is_refused_and_left_as_it_was(tmp_path):
+    victim = tmp_path / "notes.txt"
+    victim.write_text("someone's notes\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    os.link(victim, run / ".lock")  # the same file under a second name: writing the pid would replace the notes
+    with pytest.raises(UsageError, match="hard link") as err:
+        lock.try_lock(run)
+    assert "\n" not in str(err.value) and victim.read_text() == "someone's notes\n"
+
+
 def test_releasing_never_removes_a_lock_file_another_run_has_made_since(tmp_path):
     held, _ = lock.try_lock(tmp_path)
     os.unlink(tmp_path / ".lock")  # gone, and another process has locked a new one there

@@ -114,7 +114,8 @@ def find_shards(spec: str | Path) -> tuple[str, list[fmt.Shard]]:
         raw = _nanogpt(p)
         if raw:
             return display_name(p), raw
-        paths = sorted(q for q in p.iterdir() if q.suffix in (".bin", ".npy") and q.is_file())
+        paths = sorted(q for q in p.iterdir() if q.suffix in (".bin", ".npy") and q.is_file()
+                       and not q.name.startswith("."))  # hidden: macOS's ._NAME, a writer's temporary; as glob
         if not paths:
             raise UsageError(f"data folder {p} holds no token shards (llm.c .bin, nanoGPT train.bin/val.bin, "
                              "build-nanogpt .npy) and no manifest.json; for a folder of texts run "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, TextIO, TypeVar
@@ -39,12 +40,22 @@ def beside(dest: Path, make: Callable[[Path], T], suffix: str | None = None) -> 
     exclusively, and a name taken (FileExistsError) is replaced by another."""
     suffix = dest.suffix if suffix is None else suffix
     for _ in range(_NAME_TRIES):
-        tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}.tmp{suffix}")
+        tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}.tmp{suffix}")  # the form `temp_of` reads
         try:
             return make(tmp), tmp
         except FileExistsError:
             continue
     raise FileExistsError(f"could not create a temporary file beside {dest}: every name tried was taken")
+
+
+_TEMP_NAME = re.compile(r"\.(?P<dest>.+)\.[0-9a-f]{12}\.tmp(?:\.[^.]*)?")
+
+
+def temp_of(name: str) -> str | None:
+    """The destination's name when `name` is one that `beside` makes (`.NAME.<random>.tmpSUFFIX`), else
+    None: what lets a command remove the temporaries a killed process left behind."""
+    match = _TEMP_NAME.fullmatch(name)
+    return match["dest"] if match else None
 
 
 def new_temp(dest: Path) -> tuple[int, Path]:

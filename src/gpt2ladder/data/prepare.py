@@ -30,6 +30,7 @@ import numpy as np
 
 from gpt2ladder.data import manifest as manifest_mod
 from gpt2ladder.data import shards as fmt
+from gpt2ladder.data.files import temp_of
 from gpt2ladder.data.sources import Piece, Source, SourceSpec
 from gpt2ladder.data.tokenizer import GPT2_EOT, encode_text_array, get_tokenizer, tokenizer_id
 from gpt2ladder.errors import LadderError, UsageError
@@ -348,10 +349,15 @@ def _verified(cfg: PrepareConfig, entries: list[dict], notify) -> list[dict]:
 def _clean(cfg: PrepareConfig, kept: list[dict]) -> None:
     """Remove what an interrupted run left beyond the kept shards: later shards and temporary files."""
     keep = {e["name"] for e in kept}
+
+    def ours(name: str) -> bool:
+        return name.startswith((f"{cfg.name}_val_", f"{cfg.name}_train_")) and name.endswith(".bin")
+
     for p in cfg.out.iterdir():
-        ours = p.name.startswith((f"{cfg.name}_val_", f"{cfg.name}_train_")) and p.suffix == ".bin"
-        temporary = p.name.startswith((f".{cfg.name}_", ".spool.")) and p.name.endswith(".part")
-        if (ours and p.name not in keep) or temporary:
+        written = temp_of(p.name)  # a ShardWriter's temporary (`files.beside`), left by a kill -9
+        temporary = (written is not None and ours(written)) or (
+            p.name.startswith((f".{cfg.name}_", ".spool.")) and p.name.endswith(".part"))
+        if (ours(p.name) and p.name not in keep) or temporary:
             p.unlink(missing_ok=True)
 
 

@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
-from gpt2ladder.data.tokenizer import safe_cut
 from gpt2ladder.errors import LadderError, UsageError
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "hf")
@@ -212,6 +211,8 @@ def _text_reader(files: list[Path], _field: str) -> Callable:
 
 def _text_pieces(path: Path, i: int, offset: int, mark) -> Iterator[Piece]:
     """One file's text from a byte offset (0, or just after a safe cut) in pieces cut where safe_cut allows."""
+    from gpt2ladder.data.tokenizer import safe_cut  # here: the CLI reads FORMATS for --help, without numpy
+
     decoder, carry, at, new = codecs.getincrementaldecoder("utf-8")(), "", offset, offset == 0
     with _open(path) as f:
         f.seek(offset)

@@ -112,14 +112,15 @@ def plan_batch(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], seq_len: 
     if divides is not None and want and largest < want:  # the step will accumulate micro-batches
         heaviest, est = _heaviest(model_cfg, rungs, seq_len, accumulates=True, validates=validates)
         largest = est.largest_batch(memory)
-    peak = None
+    peak, probed = None, None
     if probe and largest:
         setup = dict(rungs)[heaviest]
-        largest, peak = _confirm(model_cfg, eager(setup), seq_len, device, memory, min(largest, want or largest),
-                                 est, seed)
+        largest, peak, probed = _confirm(model_cfg, eager(setup), seq_len, device, memory,
+                                         min(largest, want or largest), est, seed)
     batch = _fitting(min(largest, want or largest), divides)
     if batch == 0:
-        raise LadderError(nothing_fits(seq_len, heaviest, est, caps))
+        raise LadderError(nothing_fits(seq_len, heaviest, est, caps) if probed is None
+                          else probe_failed(seq_len, heaviest, est, caps, probed, peak))
     return BatchPlan(batch, largest, heaviest, est.per_sequence, memory, bool(caps.memory_cap), peak, want,
                      card=caps.card_memory, seq_len=seq_len)
 
@@ -147,6 +148,21 @@ def check_sizes(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], batch: i
                             batch_tokens=batch_tokens, fewer_tokens=fewer_tokens)
     if problem:
         raise UsageError(problem)
+
+
+def probe_failed(seq_len: int, heaviest: str, est: StepMemory, caps: Capabilities, tried: int,
+                 peak: int | None) -> str:
+    """The one line when the estimate fits a batch but no probe does: what the last probe measured."""
+    card = card_text(caps.card_memory, caps.usable_memory, bool(caps.memory_cap))
+    found = f"peaked at {peak / GiB:.2f} GiB" if peak is not None else "ran out of memory"
+    planned = HEADROOM * caps.usable_memory / GiB
+    probe = (f"its probe (two eager steps) at batch {tried} {found}, over the {planned:.2f} GiB planned for "
+             f"on this {card}")
+    if tried == 1:
+        return (f"not even one sequence of {seq_len} tokens fits: {_who(heaviest)} is estimated at "
+                f"{est.at(1) / GiB:.2f} GiB for one, but {probe}; {SMALLER_STEP}")
+    return (f"no batch of {seq_len}-token sequences passed its probe: for {_who(heaviest)} {probe}, the last of "
+            f"{PROBES} tries; give a smaller --batch-size, or {SMALLER_STEP.removeprefix('use ')}")
 
 
 def plan_bench_batch(model_cfg: ModelConfig, rungs: list[tuple[str, Setup]], seq_len: int, caps: Capabilities,
@@ -243,18 +259,19 @@ def _fitting(batch: int, divides: int | None) -> int:
 
 
 def _confirm(model_cfg, setup: Setup, seq_len: int, device, memory: int, batch: int, est: StepMemory,
-             seed: int) -> tuple[int, int | None]:
-    """(a size whose probe fits, its peak bytes); shrinks by what each failed probe measured."""
-    budget = HEADROOM * memory
+             seed: int) -> tuple[int, int | None, int]:
+    """(a size whose probe fits, its peak bytes, that size); shrinks by what each failed probe measured.
+    When none fits: (0, the last probe's peak or None if it ran out of memory, the last size probed)."""
+    budget, peak, tried = HEADROOM * memory, None, batch
     for _ in range(PROBES):
         if batch < 1:
             break
-        peak = probe_peak(model_cfg, setup, seq_len, batch, device, seed)
+        tried, peak = batch, probe_peak(model_cfg, setup, seq_len, batch, device, seed)
         if peak is not None and peak <= budget:
-            return batch, peak
+            return batch, peak, batch
         over = (peak or est.at(batch) * 1.25) / budget  # out of memory: assume a quarter more than estimated
         batch = min(batch - 1, int(batch / over))
-    return 0, None
+    return 0, peak, tried
 
 
 def probe_peak(model_cfg, setup: Setup, seq_len: int, batch: int, device, seed: int = 0) -> int | None:

@@ -258,6 +258,12 @@ class Engine:
             # The graph allocates gradients of its own: freed only once capturing, the warm-up's would stay
             # cached where nothing can reuse them, a gradient's worth of the card lost for the whole run.
             self.optimizer.zero_grad(set_to_none=True)
+        # cuBLAS keeps a workspace per handle and stream, made at its first matmul there: the warm-up's
+        # backward (autograd's thread, a handle of its own) carves its 32 MiB out of memory the logits had
+        # freed, and that one block would keep their whole segment (hundreds of MB) out of empty_cache's
+        # reach for the run. Cleared, the captured step makes its workspace in the graph's pool, as
+        # Inductor's CUDA graphs do (torch/_inductor/cudagraph_trees.py, clear_cublass_cache).
+        torch._C._cuda_clearCublasWorkspaces()
         # Hand the warm-up's cached activations back too, or a step holds two sets of them (the graph
         # allocates from a pool of its own).
         torch.cuda.empty_cache()

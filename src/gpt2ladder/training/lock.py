@@ -4,8 +4,9 @@ flock belongs to the open file and dies with the process, so a run killed by kil
 only the file, which the next run takes over. The file names its holder (pid, host, since when) so a
 second run can say who has the directory. It is removed on release while still locked; a run that
 opened the old file meanwhile finds it gone and locks the new one (`_still_there`). The file is opened
-without following a symbolic link, and one that is not a regular file of its own is refused: a `.lock`
-planted as a link to another file would otherwise have that file's contents replaced by the pid line.
+without following a symbolic link, and one that is not a regular file of its own (a FIFO, a device, a
+second name of another file) is refused: a `.lock` planted as a link to another file would otherwise have
+that file's contents replaced by the pid line.
 Where fcntl does not exist (Windows) nothing is locked and the run says so.
 """
 
@@ -78,9 +79,14 @@ def _open(path: Path) -> int:
         if os.path.islink(path):  # ELOOP, or EMLINK on some BSDs
             raise UsageError(f"{path} is a symbolic link, not a lock file of gpt2ladder's; remove it") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device
         os.close(fd)
         raise UsageError(f"{path} is not a regular file, so it is not a lock file of gpt2ladder's; remove it")
+    if st.st_nlink > 1:  # another file's second name: the pid line would replace that file's contents
+        os.close(fd)
+        raise UsageError(f"{path} is a hard link to a file with {st.st_nlink} names, not a lock file of "
+                         "gpt2ladder's; remove it")
     return fd
 
 
