@@ -117,10 +117,11 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("train target zero", [*TRAIN, "--eval-every", "1", "--target-val-loss", "0"], 2,
      "--target-val-loss: expected a positive number"),
     ("train val tokens on a text", [*TRAIN, "--val-tokens", "2K"], 2, "--val-tokens is for a corpus of token shards"),
-    ("train val tokens 1.5", [*TRAIN, "--val-tokens", "1.5"], 2, "--val-tokens: expected a whole, positive token count"),
+    ("train val tokens 1.5", [*TRAIN, "--val-tokens", "1.5"], 2, "--val-tokens: expected a whole, positive token"),
     ("train hellaswag every -1", [*TRAIN, "--hellaswag-every", "-1"], 2, "--hellaswag-every must be zero or more"),
     ("train hellaswag data missing", [*TRAIN, "--hellaswag-every", "1", "--hellaswag-data", "{root}/missing.jsonl"],
      2, "HellaSwag file"),
+    ("train hellaswag data alone", [*TRAIN, "--hellaswag-data", "{text}"], 2, "is read by --hellaswag-every N"),
     ("train hellaswag data not HellaSwag", [*TRAIN, "--hellaswag-every", "1", "--hellaswag-data", "{text}"], 2,
      "is not a HellaSwag example"),
 ]

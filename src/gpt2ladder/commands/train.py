@@ -55,13 +55,11 @@ def _train_command(args, dist: distributed.Dist) -> int:
         saved = saved_run(out, dist, args.resume)
         cfg, strategy = config_from_args(args, device, caps, dist, notices.append, saved)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent)  # no random stand-in
-        if args.val_tokens is not None and not isinstance(tokens.val, data_mod.ShardedTokens):
-            raise UsageError("--val-tokens is for a corpus of token shards; a text validates on --eval-batches "
-                             "random windows of its last 10%")
+        refuse_idle_flags(args, cfg, tokens)
         cfg, plan = planned_config(args, cfg, device, caps, dist, notices.append)
         problem = check_fits(cfg.model, setup_for(list(cfg.rungs)), cfg.batch_size, cfg.seq_len, caps,
                              batch_tokens=host_batch_tokens(cfg, tokens, dist))
-        if problem:  # before anything the size would allocate
+        if problem:  # before anything of that size is allocated
             raise UsageError(problem)
         hellaswag = prepared_hellaswag(cfg, dist)  # downloaded or refused before the run says anything
         try:
@@ -75,6 +73,15 @@ def _train_command(args, dist: distributed.Dist) -> int:
 
 def _silent(*args, **kwargs) -> None:
     """The notices of ranks other than 0 (every rank finds the same)."""
+
+
+def refuse_idle_flags(args, cfg: TrainConfig, tokens: data_mod.TokenData) -> None:
+    """A UsageError for a flag given where it would do nothing (a setting kept from the checkpoint is let be)."""
+    if args.val_tokens is not None and not isinstance(tokens.val, data_mod.ShardedTokens):
+        raise UsageError("--val-tokens is for a corpus of token shards; a text validates on --eval-batches "
+                         "random windows of its last 10%")
+    if args.hellaswag_data is not None and not cfg.hellaswag_every:
+        raise UsageError("--hellaswag-data is read by --hellaswag-every N; give that too")
 
 
 def host_batch_tokens(cfg: TrainConfig, tokens: data_mod.TokenData, dist=distributed.SINGLE) -> int:

@@ -422,7 +422,8 @@ class Trainer:
     def _point_due(self) -> bool:
         """Whether this step needs every step before it read and logged: it measures or saves, or ends the run."""
         cfg = self.cfg
-        return self.step == cfg.steps or any(self._due(n) for n in (cfg.eval_every, cfg.ckpt_every, cfg.hellaswag_every))
+        every = (cfg.eval_every, cfg.ckpt_every, cfg.hellaswag_every)
+        return self.step == cfg.steps or any(self._due(n) for n in every)
 
     def _stopping(self, stop: StopSignals) -> bool:
         """Whether to stop after this step. Under torchrun every rank stops after the same step: a signal seen
