@@ -1,15 +1,17 @@
 """What a run's time went to: its timed steps, the steps that compiled and captured, validation and
 HellaSwag, checkpoints, and the wall time from its start, with the tokens it has trained on.
 
+The wall time runs from the moment the run starts building its model (reading the data comes before it).
 The training time is the sum of the timed steps: every step but the first of each session, which pays
-for torch.compile, the CUDA-graph capture and the allocator's growth (`warmup_ms`, reported apart, as
-a benchmark leaves out its warm-up). Validation, HellaSwag and checkpoints run between steps, outside any step's time.
+for torch.compile, the CUDA-graph capture and the allocator's growth (`warmup_ms`, reported apart, as a
+benchmark leaves out its warm-up). Validation, HellaSwag and checkpoints run between the steps, outside
+any step's time.
 
 Across a resume the figures keep adding up: the checkpoint holds them as they stood at its step, so a run
 stopped and resumed reports the time its weights took, summed over its sessions. Not counted: the time
 between a stop and its --resume, and steps done after the last checkpoint of a killed session (they are
-done again, and counted then). A checkpoint written before the clock existed starts it at its step
-(`from_step`).
+done again, and counted then). A checkpoint without a clock (from an older gpt2ladder) starts it at its
+step (`from_step`).
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
         timed = trainer.step_ms[1:] or trainer.step_ms  # the first step pays for compilation
         ms = statistics.median(timed)
         report.message(_target_text(trainer) + f", loss {loss:.4f}"
-                       + (f", val loss {val:.4f}" if val is not None else "")
+                       + (f", val loss {val:.4f}" if val is not None and trainer.reached is None else "")
                        + f", {ms:.1f} ms/step (median), {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
                        + _per_gpu(trainer, ms) + _between(trainer)
                        + f"; wrote {trainer.out}/log.jsonl, ckpt.pt, loss.png")
@@ -252,9 +252,9 @@ def _target_text(trainer: Trainer) -> str:
     since = f" since step {got['from_step']}" if got["from_step"] else ""
     warm = got["warmup_steps"]
     return (f"done: val loss {trainer.last_val_loss:.4f} reached the target {target:g} at step {got['step']}: "
-            f"{got['train_s']:.1f} s of training{since} (the timed steps; {warm} step{'s' if warm != 1 else ''} "
-            f"that compiled and captured took {got['warmup_s']:.1f} s apart), {got['wall_s']:.1f} s wall from the "
-            f"start, {got['tokens']:,} tokens")
+            f"{got['train_s']:.1f} s of training{since} (the timed steps; {got['warmup_s']:.1f} s more in {warm} "
+            f"warm-up step{'s' if warm != 1 else ''}, which compile and capture), {got['wall_s']:.1f} s wall from "
+            f"the start, {got['tokens']:,} tokens")
 
 
 def _between(trainer: Trainer) -> str:

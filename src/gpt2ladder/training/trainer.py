@@ -114,12 +114,14 @@ def weights_finite(model: torch.nn.Module, dist=distributed.SINGLE) -> bool:
 
 def rows_that_fit(run, seq_len: int) -> int:
     """How many sequences of `seq_len` tokens a no-grad forward may take on this GPU beside what training holds
-    (`run`: a Trainer). What is reserved counts, not what is allocated: a CUDA graph's pool keeps the step's
-    activations reserved between steps, and no forward outside it can use them. The cache goes back first, so
-    what stays reserved is what training holds."""
+    (`run`: a Trainer), the fewest of any rank's: every rank must make the same forwards (each one's
+    collectives under FSDP2, the stop check between them). What is reserved counts, not what is allocated: a
+    CUDA graph's pool keeps the step's activations reserved between steps, and no forward outside it can use
+    them. The cache goes back first, so what stays reserved is what training holds."""
     free_memory(run.device)
     free = HEADROOM * run.caps.usable_memory - torch.cuda.memory_reserved(run.device)
-    return max(1, int(free // eval_bytes_per_sequence(run.engine.raw_model.config, seq_len)))
+    rows = max(1, int(free // eval_bytes_per_sequence(run.engine.raw_model.config, seq_len)))
+    return int(distributed.reduce_floats([rows], run.dist, "min")[0])
 
 
 class Trainer:
