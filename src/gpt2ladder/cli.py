@@ -135,7 +135,8 @@ def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train GPT-2 on Tiny Shakespeare or any text",
                        description="Train at the fastest setting this machine allows, with validation, "
                        "atomic checkpoints that resume exactly, a log and a loss-curve plot. Ctrl-C or SIGTERM "
-                       "finishes the current step, saves a checkpoint and exits (status 130 or 143). With --resume "
+                       "finishes the current step (a validation under way stops between two batches), saves a "
+                       "checkpoint and exits (status 130 or 143). With --resume "
                        "every setting keeps the run's own value unless its flag is given; the defaults below are a "
                        "new run's.")
     _common(p)
