@@ -406,14 +406,15 @@ def test_without_hellaswag_every_nothing_is_read():
 # --- a target validation loss ----------------------------------------------------------------------------
 
 
-def _curve(tmp_path) -> list[dict]:
-    """A run validating every 2 steps, to choose a target from."""
-    _train(_cfg(steps=8, eval_every=2, lr=3e-3), tmp_path / "curve")
-    return [e for e in _log(tmp_path / "curve") if "val_loss" in e]
+@pytest.fixture(scope="module")
+def vals(shakespeare_cache, tmp_path_factory) -> list[dict]:
+    """The validations of a run validating every 2 steps, to choose a target from (made once)."""
+    out = tmp_path_factory.mktemp("curve") / "run"
+    _train(_cfg(steps=4, eval_every=2, lr=3e-3), out)
+    return [e for e in _log(out) if "val_loss" in e]
 
 
-def test_a_target_stops_at_the_first_validation_at_or_below_it_and_logs_what_it_took(tmp_path, capsys):
-    vals = _curve(tmp_path)
+def test_a_target_stops_at_the_first_validation_at_or_below_it_and_logs_what_it_took(tmp_path, capsys, vals):
     assert vals[0]["val_loss"] > vals[1]["val_loss"]  # step 2 misses a target that step 4 meets exactly
     target = vals[1]["val_loss"]
     result = _train(_cfg(steps=8, eval_every=2, lr=3e-3, target_val_loss=target), tmp_path / "run")
@@ -438,8 +439,7 @@ def test_a_target_not_reached_runs_every_step_and_says_so(tmp_path, capsys):
     assert "target val loss 0.5 not reached" in capsys.readouterr().out
 
 
-def test_the_time_to_a_target_adds_up_across_a_resume(tmp_path, monkeypatch):
-    vals = _curve(tmp_path)
+def test_the_time_to_a_target_adds_up_across_a_resume(tmp_path, monkeypatch, vals):
     cfg = _cfg(steps=8, eval_every=2, ckpt_every=2, lr=3e-3, target_val_loss=vals[1]["val_loss"])
     real_step, calls = Engine.step, []
 
