@@ -141,7 +141,8 @@ def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train GPT-2 on Tiny Shakespeare or any text",
                        description="Train at the fastest setting this machine allows, with validation, "
                        "atomic checkpoints that resume exactly, a log and a loss-curve plot. Ctrl-C or SIGTERM "
-                       "finishes the current step, saves a checkpoint and exits (status 130 or 143). With --resume "
+                       "finishes the current step (a validation under way stops between two batches), saves a "
+                       "checkpoint and exits (status 130 or 143). With --resume "
                        "every setting keeps the run's own value unless its flag is given; the defaults below are a "
                        "new run's.")
     _common(p)
@@ -169,6 +170,17 @@ def _add_train(sub) -> None:
     p.add_argument("--eval-every", type=int, help="validate every N steps, 0 for never (default: a tenth of --steps)")
     p.add_argument("--eval-batches", type=_positive_int, help="validation batches "
                    f"(default: {D('train', 'eval_batches')})")
+    p.add_argument("--val-tokens", type=_token_count, metavar="N", help="on a corpus of token shards: the tokens "
+                   "of its validation shards that every validation reads, from their start, e.g. 10M (default: "
+                   "--eval-batches steps' worth)")
+    p.add_argument("--hellaswag-every", type=int, metavar="N", help="score HellaSwag (the official validation "
+                   "set, downloaded once, as gpt2ladder eval does) every N steps and at the last step, through the "
+                   "run's own forward and precision, into log.jsonl; 0 for never (default: 0)")
+    p.add_argument("--hellaswag-data", metavar="FILE", help="with --hellaswag-every: a file in HellaSwag's JSONL "
+                   "format to score instead of the official set (default: the official validation set)")
+    p.add_argument("--target-val-loss", type=_positive_float, metavar="X", help="stop at the first validation at "
+                   "or below X, and log the training time (the timed steps, compile and capture apart), the wall "
+                   "time and the tokens it took; needs validation (off by default: all --steps)")
     p.add_argument("--ckpt-every", type=int, help="checkpoint every N steps, 0 for only at the end "
                    "(default: a fifth of --steps)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (or, if that is missing or "

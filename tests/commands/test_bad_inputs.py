@@ -107,9 +107,23 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
      "--out", "{out}", "--baseline-json", "{baseline_broken}"], 2, "is not a ladder.json written by gpt2ladder bench"),
     ("resume on another text", [*TRAIN, "--out", "{run}", "--resume", "--data", "{other_text}"], 2,
      "--allow-data-change"),
-    # numbers that fit a flag but not the memory: numpy's _ArrayMemoryError (2**61 bytes, beyond any
-    # address space, so it fails at once on every machine)
-    ("train tokens per step 2**60", [*TRAIN, "--tokens-per-step", str(2**60)], 1, "out of host memory"),
+    # numbers that fit a flag but not the memory: checked by arithmetic before anything is allocated
+    ("train tokens per step 2**60", [*TRAIN, "--tokens-per-step", str(2**60)], 2, "use a smaller --tokens-per-step"),
+    ("train batch 100000", [*TRAIN, "--batch-size", "100000"], 2, "the largest batch that fits is"),
+    ("train batch 2**63 - 1", [*TRAIN, "--batch-size", str(2**63 - 1)], 2, "the largest batch that fits is"),
+    # the options of train's measurements
+    ("train target without validation", [*TRAIN, "--target-val-loss", "3"], 2,
+     "--target-val-loss needs validation: give --eval-every N"),
+    ("train target zero", [*TRAIN, "--eval-every", "1", "--target-val-loss", "0"], 2,
+     "--target-val-loss: expected a positive number"),
+    ("train val tokens on a text", [*TRAIN, "--val-tokens", "2K"], 2, "--val-tokens is for a corpus of token shards"),
+    ("train val tokens 1.5", [*TRAIN, "--val-tokens", "1.5"], 2, "--val-tokens: expected a whole, positive token"),
+    ("train hellaswag every -1", [*TRAIN, "--hellaswag-every", "-1"], 2, "--hellaswag-every must be zero or more"),
+    ("train hellaswag data missing", [*TRAIN, "--hellaswag-every", "1", "--hellaswag-data", "{root}/missing.jsonl"],
+     2, "HellaSwag file"),
+    ("train hellaswag data alone", [*TRAIN, "--hellaswag-data", "{text}"], 2, "is read by --hellaswag-every N"),
+    ("train hellaswag data not HellaSwag", [*TRAIN, "--hellaswag-every", "1", "--hellaswag-data", "{text}"], 2,
+     "is not a HellaSwag example"),
     # a step no host holds, refused by the estimate before anything is allocated (not grown into until
     # the kernel kills the process)
     ("bench batch 100000", [*BENCH, "--batch-size", "100000"], 2, "the largest batch that fits is"),

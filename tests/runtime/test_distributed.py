@@ -334,24 +334,33 @@ def test_a_bad_launch_is_one_line_from_rank_zero(shakespeare_cache, tmp_path):
 
 
 def test_a_signal_seen_by_one_rank_stops_every_rank():
-    """Saving is a collective, so every rank must stop after the same step (train.Trainer._stop_agreed)."""
+    """Saving is a collective, so every rank must stop after the same step: whether any rank was asked to stop
+    travels in the step's loss all-reduce (train.Trainer._reduced), every rank reads it back with that step,
+    and only what was read back decides (train.Trainer._stopping), never a rank's own signal alone."""
     from types import SimpleNamespace
 
     from gpt2ladder.training.signals import StopSignals
     from gpt2ladder.training.trainer import Trainer
 
-    class PeerSawNothing(Dist):  # this rank's flag averaged with a peer's 0
-        def mean(self, value):
-            return value / 2
+    def peer(asked):
+        class Peer(Dist):  # this rank's [loss, asked] averaged with a peer's [3.0, asked]
+            def mean(self, value):
+                return (value + torch.tensor([3.0, float(asked)])) / 2
+        return Peer(0, 0, 2, "gloo")
 
-    class PeerSawSignal(Dist):
-        def mean(self, value):
-            return (value + 1) / 2
-
-    def agreed(dist, signum):
+    def reduced(dist, signum):
         stop = StopSignals()
         stop.signum = signum
-        return Trainer._stop_agreed(SimpleNamespace(dist=dist), stop)
+        return Trainer._reduced(SimpleNamespace(dist=dist), torch.tensor(1.0), stop).tolist()
 
-    assert agreed(PeerSawNothing(0, 0, 2, "gloo"), 15) and agreed(PeerSawSignal(0, 0, 2, "gloo"), None)
-    assert not agreed(PeerSawNothing(0, 0, 2, "gloo"), None) and not agreed(SINGLE, None)
+    assert reduced(peer(False), 15) == [2.0, 0.5] and reduced(peer(True), None) == [2.0, 0.5]
+    assert reduced(peer(True), 15) == [2.0, 1.0] and reduced(peer(False), None) == [2.0, 0.0]
+    assert reduced(SINGLE, 15) == [1.0]  # one process: the loss alone, its own signal is all there is
+
+    def stopping(dist, signum, read_back):
+        stop = StopSignals()
+        stop.signum = signum
+        return Trainer._stopping(SimpleNamespace(dist=dist, peer_asked=read_back), stop)
+
+    assert not stopping(peer(False), 15, read_back=False)  # not before the flag is read back on every rank
+    assert stopping(peer(False), None, read_back=True) and stopping(SINGLE, 15, read_back=False)

@@ -216,7 +216,7 @@ def test_best_pt_holds_the_lowest_validation_loss_across_a_resume(tmp_path, caps
     Resumed, the best comes back from the checkpoint, so the worse step 3 does not replace it; step 4's
     new best, a checkpoint step too, is saved as best.pt as well."""
     scripted = {1: 7.0, 2: 9.0, 3: 8.0, 4: 6.5}
-    monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches: scripted.get(self.step, 9.5))
+    monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches, stop=None: scripted.get(self.step, 9.5))
     run, validate = tmp_path / "run", ["--eval-every", "1", "--eval-batches", "1"]
     assert _cli(capsys, _args(run, "--ckpt-every", "2", *validate))[0] == 0
     assert load_checkpoint(run / "best.pt")["step"] == 1 and load_checkpoint(run)["best"] == {"step": 1, "val_loss": 7.0}

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from gpt2ladder.model.config import preset
+from gpt2ladder.runtime.distributed import SINGLE
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.training import trainer as trainer_mod
 
@@ -18,7 +19,7 @@ def test_validation_is_cut_to_what_fits_beside_what_training_reserves(monkeypatc
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 2 * GiB)  # weights, gradients, AdamW
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: int(4.3 * GiB))  # and the graph's pool
     val = [(torch.zeros(4, 1024, dtype=torch.long), torch.zeros(4, 1024, dtype=torch.long))] * 2
-    run = SimpleNamespace(device=torch.device("cuda", 0), val=val, cfg=SimpleNamespace(seq_len=1024),
+    run = SimpleNamespace(device=torch.device("cuda", 0), val=val, cfg=SimpleNamespace(seq_len=1024), dist=SINGLE,
                           caps=Capabilities("cuda", "a card", (8, 6), total_memory=6 * GiB),
                           engine=SimpleNamespace(raw_model=SimpleNamespace(config=preset("gpt2"))))
     cut = trainer_mod.Trainer._val_that_fits(run)

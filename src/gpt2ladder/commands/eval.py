@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder.errors import UsageError
-from gpt2ladder.evals.runner import evaluate, prepare
+from gpt2ladder.evals.runner import BATCH_SIZE, evaluate, prepare
 from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.model.hub import repo_id
 from gpt2ladder.report.progress import on_terminal
@@ -22,7 +22,6 @@ from gpt2ladder.training.checkpoint import state_digest
 from gpt2ladder.training.loading import LoadedModel, is_run, load_model
 
 DEFAULT_OUT = "runs/eval"
-BATCH_SIZE = {"cuda": 16, "cpu": 4}  # examples per forward pass; each is one row per choice
 
 
 def eval_command(args) -> int:

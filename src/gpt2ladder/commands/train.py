@@ -3,8 +3,9 @@
 Every decision is made here, once, before the run starts: the run directory is claimed, the
 checkpoint that --resume continues is read, each setting comes from its flag when one is given, else
 from that checkpoint (a resumed run keeps its own settings), else from this device's defaults; then
-the text is read, and on a GPU the micro-batch is planned. Every check of the user's input fails
-before the run prints anything.
+the text is read, on a GPU the micro-batch is planned, the sizes are checked against the memory they
+need (before anything of that size is allocated), and HellaSwag's data is read for --hellaswag-every.
+Every check of the user's input fails before the run prints anything.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import torch
 
 from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
-from gpt2ladder.errors import DeviceOutOfMemory, LadderError
+from gpt2ladder.errors import DeviceOutOfMemory, LadderError, UsageError
 from gpt2ladder.ladder import (
     left_out_of_auto,
     resolve_rungs,
+    setup_for,
     why_unavailable,
 )
 from gpt2ladder.measure.batch import plan_training
@@ -29,13 +31,15 @@ from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import built_model_config
 from gpt2ladder.runtime.hardware import cap_memory, detect
+from gpt2ladder.runtime.memory import check_fits
 from gpt2ladder.training.config import TrainConfig
-from gpt2ladder.training.run import Saved, claimed, saved_run, train_claimed
+from gpt2ladder.training.run import Saved, claimed, prepared_hellaswag, saved_run, train_claimed
 
 # The settings a resumed run keeps unless their flag is given (the micro-batch is re-planned on a GPU:
 # it changes how a step runs, not what it computes).
 SETTINGS = ("preset", "rungs", "batch_size", "seq_len", "tokens_per_step", "steps", "lr", "min_lr", "warmup_steps",
-            "weight_decay", "grad_clip", "eval_every", "eval_batches", "ckpt_every", "seed", "data", "init_from")
+            "weight_decay", "grad_clip", "eval_every", "eval_batches", "ckpt_every", "seed", "data", "init_from",
+            "val_tokens", "hellaswag_every", "hellaswag_data", "target_val_loss")
 
 
 def train_command(args) -> int:
@@ -51,11 +55,17 @@ def _train_command(args, dist: distributed.Dist) -> int:
         saved = saved_run(out, dist, args.resume)
         cfg, strategy = config_from_args(args, device, caps, dist, notices.append, saved)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent)  # no random stand-in
+        refuse_idle_flags(args, cfg, tokens)
         cfg, plan = planned_config(args, cfg, device, caps, dist, notices.append)
+        problem = check_fits(cfg.model, setup_for(list(cfg.rungs)), cfg.batch_size, cfg.seq_len, caps,
+                             batch_tokens=host_batch_tokens(cfg, tokens, dist))
+        if problem:  # before anything of that size is allocated
+            raise UsageError(problem)
+        hellaswag = prepared_hellaswag(cfg, dist)  # downloaded or refused before the run says anything
         try:
             result = train_claimed(cfg, device, out, saved, tokens=tokens, progress=not args.no_progress, dist=dist,
                                    strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
-                                   batch_plan=plan, notices=notices)
+                                   batch_plan=plan, notices=notices, hellaswag=hellaswag)
         except torch.OutOfMemoryError as err:  # the one line names what to change at this micro-batch
             raise DeviceOutOfMemory(cfg.batch_size, "micro-batch") from err
     return result.exit_code
@@ -63,6 +73,26 @@ def _train_command(args, dist: distributed.Dist) -> int:
 
 def _silent(*args, **kwargs) -> None:
     """The notices of ranks other than 0 (every rank finds the same)."""
+
+
+def refuse_idle_flags(args, cfg: TrainConfig, tokens: data_mod.TokenData) -> None:
+    """A UsageError for a flag given where it would do nothing (a setting kept from the checkpoint is let be)."""
+    if args.val_tokens is not None and not isinstance(tokens.val, data_mod.ShardedTokens):
+        raise UsageError("--val-tokens is for a corpus of token shards; a text validates on --eval-batches "
+                         "random windows of its last 10%")
+    if args.hellaswag_data is not None and not cfg.hellaswag_every:
+        raise UsageError("--hellaswag-data is read by --hellaswag-every N; give that too")
+
+
+def host_batch_tokens(cfg: TrainConfig, tokens: data_mod.TokenData, dist=distributed.SINGLE) -> int:
+    """The tokens of batches a run holds in host memory: this rank's share of a step's batch and, when it
+    validates, every validation batch (made once, kept for the run)."""
+    held = cfg.tokens_per_step // dist.world_size
+    if not cfg.eval_every:
+        return held
+    if cfg.val_tokens is not None and isinstance(tokens.val, data_mod.ShardedTokens):
+        return held + min(cfg.val_tokens, len(tokens.val))
+    return held + cfg.eval_batches * cfg.tokens_per_step
 
 
 def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, notify=print,
@@ -92,6 +122,8 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
         eval_every=value("eval_every", max(1, steps // 10)), eval_batches=value("eval_batches", d["eval_batches"]),
         ckpt_every=value("ckpt_every", max(1, steps // 5)), seed=value("seed", d["seed"]), data=value("data"),
         init_from=value("init_from"), compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", model=shape,
+        val_tokens=value("val_tokens"), hellaswag_every=value("hellaswag_every", 0),
+        hellaswag_data=value("hellaswag_data"), target_val_loss=value("target_val_loss"),
     )
     return cfg, strategy
 

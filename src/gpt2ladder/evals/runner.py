@@ -27,6 +27,7 @@ from gpt2ladder.report.progress import progress_bar
 TASKS: dict[str, ModuleType] = {hellaswag.NAME: hellaswag}
 MIN_LENGTH = 32  # the shortest padded length
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+BATCH_SIZE = {"cuda": 16, "cpu": 4}  # examples per forward pass by device type (each is one row per choice)
 
 
 def task_module(name: str) -> ModuleType:
@@ -74,13 +75,15 @@ class TaskResult:
                 "correct": self.correct, "correct_norm": self.correct_norm, "seconds": round(self.seconds, 3)}
 
 
-def prepare(task: str, task_data=None, limit: int | None = None, download: bool = True) -> Prepared:
+def prepare(task: str, task_data=None, limit: int | None = None, download: bool = True,
+            flag: str = "--task-data") -> Prepared:
     """Read a task's examples (the first `limit`; its official data unless `task_data` names a file) and
-    tokenize them; every input problem is raised here, before any model runs."""
+    tokenize them; every input problem is raised here, before any model runs. `flag` names the option that
+    gives another file (`eval`'s --task-data, `train`'s --hellaswag-data) in what is said when data is missing."""
     module = task_module(task)
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit must be a positive integer, got {limit}")
-    data = module.load(task_data, limit, download)
+    data = module.load(task_data, limit, download, flag)
     rendered = [module.render(example) for example in data.examples]
     return Prepared(task, data, tuple(tuple(c) for c, _ in rendered),
                     tuple(tuple(tuple(e) for e in ends) for _, ends in rendered),

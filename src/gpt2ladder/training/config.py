@@ -32,6 +32,12 @@ class TrainConfig:
     eval_every: int = 20  # 0 = never (the last step is always validated when this is on)
     eval_batches: int = 20
     ckpt_every: int = 40  # 0 = only at the end and on a signal
+    # A corpus of shards: the tokens of its validation shards every evaluation reads, from their start;
+    # None = eval_batches steps' worth. A text validates on eval_batches random windows instead.
+    val_tokens: int | None = None
+    hellaswag_every: int = 0  # 0 = never (the last step is always scored when this is on)
+    hellaswag_data: str | None = None  # a file in HellaSwag's format; None = the official validation set
+    target_val_loss: float | None = None  # stop at the first validation at or below it; None = run all steps
     seed: int = 0
     data: str | None = None  # a text file; None = Tiny Shakespeare (never random tokens)
     init_from: str | None = None  # local Hugging Face GPT-2 weights: a folder, or its model.safetensors
@@ -49,18 +55,30 @@ class TrainConfig:
         if self.eval_batches > MAX_EVAL_BATCHES:
             raise UsageError(f"--eval-batches is at most {MAX_EVAL_BATCHES:,} (they are built once and kept in "
                              f"memory for the whole run), got {self.eval_batches}")
-        for name in ("warmup_steps", "eval_every", "ckpt_every", "seed"):
+        for name in ("warmup_steps", "eval_every", "ckpt_every", "hellaswag_every", "seed"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{_flag(name)} must be zero or more, got {getattr(self, name)}")
         for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise UsageError(f"{_flag(name)} must be a finite number >= 0, got {getattr(self, name)}")
+        self._check_targets()
         if self.lr == 0 or self.min_lr > self.lr:
             raise UsageError(f"need 0 < --min-lr <= --lr, got --lr {self.lr} and --min-lr {self.min_lr}")
         block = self.model.block_size
         if self.seq_len > block:
             raise UsageError(f"--seq-len {self.seq_len} exceeds the model's block size of {block}")
         self.grad_accum(1)
+
+    def _check_targets(self) -> None:
+        if self.val_tokens is not None and self.val_tokens < 1:
+            raise UsageError(f"--val-tokens must be at least 1, got {self.val_tokens}")
+        target = self.target_val_loss
+        if target is None:
+            return
+        if not (math.isfinite(target) and target > 0):
+            raise UsageError(f"--target-val-loss must be a finite number above 0, got {target}")
+        if not self.eval_every:
+            raise UsageError("--target-val-loss needs validation: give --eval-every N (not 0)")
 
     def grad_accum(self, world_size: int = 1) -> int:
         """Micro-batches per optimizer step on each device."""

@@ -8,8 +8,15 @@ owns it (`lock.py`); every side effect a user sees (printing, the log, plots, Te
 files) happens only on the main rank. --resume refuses another text than the checkpoint's unless
 --allow-data-change is given.
 
-Exit codes: 0 when done; 130 after Ctrl-C (SIGINT) and 143 after SIGTERM, both of which finish the
-step in flight and save a checkpoint first; 1 or 2 with a one-line error otherwise.
+Exit codes: 0 when done (all --steps, or --target-val-loss reached); 130 after Ctrl-C (SIGINT) and 143
+after SIGTERM, both of which finish the step in flight (a validation under way is left between two
+batches) and save a checkpoint first; 1 or 2 with a one-line error otherwise.
+
+With --target-val-loss the step whose validation reaches the target carries a "target" field in log.jsonl:
+the target, the training time (`train_s`, the sum of the timed steps; `warmup_s` the steps that compiled
+and captured, `warmup_steps` of them, apart), the wall time from the run's start (`wall_s`), the tokens
+trained on, and the time validation, HellaSwag and checkpoints took between the steps. Across a resume
+they keep adding up (`clock.py` says what is and is not counted); the summary line says the same.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
-from gpt2ladder.errors import UsageError
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.evals import runner
 from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
 from gpt2ladder.runtime import distributed
@@ -65,7 +73,28 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
         saved = saved_run(out, dist, resume)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent) if tokens is None else tokens
         return train_claimed(cfg, device, out, saved, tokens=tokens, progress=progress, dist=dist, strategy=strategy,
-                             allow_data_change=allow_data_change, caps=caps or detect(device))
+                             allow_data_change=allow_data_change, caps=caps or detect(device),
+                             hellaswag=prepared_hellaswag(cfg, dist))
+
+
+def prepared_hellaswag(cfg: TrainConfig, dist=distributed.SINGLE) -> runner.Prepared | None:
+    """HellaSwag's examples for --hellaswag-every (None without it), read before the run says anything: rank 0
+    first, downloading the official set once when it is not in the cache; then the other ranks read that
+    file. A problem is rank 0's one line; the other ranks stop without a word."""
+    if not cfg.hellaswag_every:
+        return None
+    prepared, failed = None, None
+    if dist.is_main:
+        try:
+            prepared = runner.prepare("hellaswag", cfg.hellaswag_data, flag="--hellaswag-data")
+        except LadderError as err:
+            failed = err
+    if dist.world_size > 1 and distributed.reduce_floats([float(failed is not None)], dist, "max")[0]:
+        raise failed or UsageError("rank 0 could not read HellaSwag's data and has said why")
+    if failed is not None:
+        raise failed
+    return prepared if dist.is_main else runner.prepare("hellaswag", cfg.hellaswag_data, download=False,
+                                                         flag="--hellaswag-data")
 
 
 def _silent(*args, **kwargs) -> None:
@@ -115,14 +144,18 @@ def saved_run(out: Path, dist=distributed.SINGLE, resume: bool = True) -> Saved 
 def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Saved | None, *,
                   tokens: data_mod.TokenData, progress: bool = True, dist=distributed.SINGLE,
                   strategy: str | None = None, allow_data_change: bool = False, caps=None, batch_plan=None,
-                  notices=()) -> TrainResult:
+                  notices=(), hellaswag: runner.Prepared | None = None) -> TrainResult:
     """The run in a directory this process holds: the loop set up (and resumed), then trained to its end.
 
     Nothing is printed before the loop is ready, so any input the loop refuses (a text too short, a
     checkpoint of another model or text) fails first. `batch_plan` (how the micro-batch was chosen) goes
-    into config.json and the first line, `notices` (the command's, e.g. rungs left out) after it."""
+    into config.json and the first line, `notices` (the command's, e.g. rungs left out) after it;
+    `hellaswag` is what `prepared_hellaswag` read for cfg.hellaswag_every."""
     caps = detect(device) if caps is None else caps
-    trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps, resuming=saved is not None)
+    if cfg.hellaswag_every and hellaswag is None:
+        raise ValueError("cfg.hellaswag_every needs the examples: pass hellaswag=prepared_hellaswag(cfg, dist)")
+    trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps, resuming=saved is not None,
+                      hellaswag=hellaswag)
     changed = []
     if saved is not None:
         trainer.notices += saved.notices
@@ -142,6 +175,7 @@ def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Save
         model = Path(cfg.init_from).name if cfg.init_from else cfg.preset
         report.plot(f"{model} on {tokens.source}, {cfg.tokens_per_step:,} tokens/step")
     finally:
+        trainer.close()
         report.close()
     return _finish(report, trainer, code, stop.signum)
 
@@ -198,13 +232,35 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
     elif trainer.step_ms:
         timed = trainer.step_ms[1:] or trainer.step_ms  # the first step pays for compilation
         ms = statistics.median(timed)
-        report.message(f"done: step {trainer.step}, loss {loss:.4f}"
-                       + (f", val loss {val:.4f}" if val is not None else "")
-                       + f", {ms:.1f} ms/step, {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
-                       + _per_gpu(trainer, ms) + f"; wrote {trainer.out}/log.jsonl, ckpt.pt, loss.png")
+        report.message(_target_text(trainer) + f", loss {loss:.4f}"
+                       + (f", val loss {val:.4f}" if val is not None and trainer.reached is None else "")
+                       + f", {ms:.1f} ms/step (median), {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
+                       + _per_gpu(trainer, ms) + _between(trainer)
+                       + f"; wrote {trainer.out}/log.jsonl, ckpt.pt, loss.png")
     else:
         report.message(f"nothing to do: {trainer.ckpt_path} already holds step {trainer.step} of {trainer.cfg.steps}")
     return TrainResult(code, trainer.step, loss, val, trainer.out)
+
+
+def _target_text(trainer: Trainer) -> str:
+    """How the summary starts: the step it ended at and, with a target, whether and when it was reached."""
+    target, got = trainer.cfg.target_val_loss, trainer.reached
+    if target is None:
+        return f"done: step {trainer.step}"
+    if got is None:
+        return f"done: step {trainer.step}, target val loss {target:g} not reached"
+    since = f" since step {got['from_step']}" if got["from_step"] else ""
+    warm = got["warmup_steps"]
+    return (f"done: val loss {trainer.last_val_loss:.4f} reached the target {target:g} at step {got['step']}: "
+            f"{got['train_s']:.1f} s of training{since} (the timed steps; {got['warmup_s']:.1f} s more in {warm} "
+            f"warm-up step{'s' if warm != 1 else ''}, which compile and capture), {got['wall_s']:.1f} s wall from "
+            f"the start, {got['tokens']:,} tokens")
+
+
+def _between(trainer: Trainer) -> str:
+    """What this session spent between the steps, timed apart from them."""
+    spent = [f"{kind} {s:.1f} s" for kind, s in trainer.clock.session_s.items() if s > 0]
+    return f"; {', '.join(spent)} between the steps" if spent else ""
 
 
 def _per_gpu(trainer: Trainer, ms: float) -> str:

@@ -73,12 +73,11 @@ class Reporter:
         self.log.flush()  # a killed run keeps every step it logged
         self.bar.update(1)
         self.bar.set_postfix_str(_postfix(entry), refresh=False)
-        if "val_loss" in entry:
-            self.message(f"step {entry['step']}/{self.cfg.steps}: {_postfix(entry)}, val loss {entry['val_loss']:.4f}")
+        if "val_loss" in entry or "hellaswag" in entry:
+            self.message(f"step {entry['step']}/{self.cfg.steps}: {_postfix(entry)}{_measured(entry)}")
         if self.tb is not None:
-            for key, value in entry.items():
-                if key != "step" and value is not None:
-                    self.tb.add_scalar(key, value, entry["step"])
+            for key, value in scalars(entry).items():
+                self.tb.add_scalar(key, value, entry["step"])
 
     def plot(self, title: str) -> Path | None:
         """loss.png from the whole log (the steps before a resume included)."""
@@ -95,6 +94,26 @@ class Reporter:
         for thing in (self.bar, self.log, self.tb):
             if thing is not None:
                 thing.close()
+
+
+def scalars(entry: dict) -> dict[str, float]:
+    """A log entry's numbers as TensorBoard tags: a nested dict's as "hellaswag/acc" and the like."""
+    out = {}
+    for key, value in entry.items():
+        if isinstance(value, dict):
+            out.update({f"{key}/{k}": v for k, v in scalars(value).items()})
+        elif key != "step" and _is_number(value):
+            out[key] = value
+    return out
+
+
+def _measured(entry: dict) -> str:
+    """What the step measured besides its loss: validation, HellaSwag."""
+    text = f", val loss {entry['val_loss']:.4f}" if "val_loss" in entry else ""
+    hs = entry.get("hellaswag")
+    if hs:
+        text += f", HellaSwag acc_norm {hs['acc_norm']:.4f} (acc {hs['acc']:.4f}, {hs['n']:,} examples)"
+    return text
 
 
 def _postfix(entry: dict) -> str:

@@ -1,25 +1,36 @@
-"""The training loop: steps, validation and the checkpoint decisions of one run, resumable exactly.
+"""The training loop: steps, validation, HellaSwag and the checkpoint decisions of one run, resumable exactly.
 
-A `Trainer` holds the loop's state (engine, batches, step) and `run` trains to `cfg.steps` or until a
-signal. Resumed, it logs the same per-step losses as a run never interrupted: batch i is a function of
-(seed, i), the learning rate a function of the step, and the checkpoint holds weights, optimizer, data
-position and RNG states. The run around the loop (the lock, config.json, what is printed) is `run.py`.
+A `Trainer` holds the loop's state (engine, batches, step) and `run` trains to `cfg.steps`, until a signal
+or until validation reaches `cfg.target_val_loss`. Resumed, it logs the same per-step losses as a run never
+interrupted: batch i is a function of (seed, i), the learning rate a function of the step, and the
+checkpoint holds weights, optimizer, data position and RNG states. The run around the loop (the lock,
+config.json, what is printed) is `run.py`.
+
+The device is kept fed: batches are made ahead on a thread (`data/prefetch.py`), and on a GPU nothing in a
+step waits for the device. Each step's loss and time are read back a step later (`inflight.py`), so the
+log is written a step behind; at every point where the loop needs all of them (validation, HellaSwag, a
+checkpoint, a signal, the end) it reads every step in flight first, so the log is complete and in order
+before anything is measured or saved. Validation, HellaSwag and checkpoints are timed apart from the steps
+(`clock.py`).
 
 Nothing lost: a checkpoint is written only once its weights are known good, i.e. finite, with a
 validation loss (or, at a step without validation, the loss on one batch) that has not exploded
 (`health.py`); a run whose loss goes non-finite or explodes stops naming the step, and the last good
 checkpoint stays. ckpt.pt and ckpt.prev.pt hold the whole state (what --resume needs); best.pt, the
-lowest validation loss so far, holds the weights alone (what `sample` and `export` need).
+lowest validation loss so far, holds the weights alone (what `sample` and `export` need). A signal during
+validation ends it between two batches: the finished step stands and is saved.
 
 Data parallel under torchrun: the process's place is a `distributed.Dist` (rank, world size, and a
 `mean` that all-reduces), the model is wrapped by DDP or sharded by FSDP2 (the strategy), batches are
 split by rank, losses are averaged over ranks, and checkpoint files are written only where `is_main`.
 A checkpoint holds the full, unwrapped state (`Engine.state_dict`), so a run resumes on any number of
-processes (the same --tokens-per-step gives the same curve).
+processes (the same --tokens-per-step gives the same curve). Whether any rank was asked to stop travels in
+the loss's all-reduce, so every rank stops after the same step.
 
-Where a loop feature goes: a batch source is `training_batches` (anything with `next`, `batch(i)`,
-`state_dict` and `load_state_dict`); a measurement every N steps sits beside `evaluate` in `run`, due by
-`_due`; a reason to stop early joins the signal in `_stop_agreed`, which every rank must agree on.
+Where a loop feature goes: a batch source is `data.training_batches` (anything with `next`, `batch(i)`,
+`state_dict` and `load_state_dict`); a measurement every N steps sits beside `evaluate` in `_at_point`, due
+by `_due` and counted in `_point_due`; a reason to stop early joins the signal in `_stopping`, which every
+rank must agree on.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import torch
 
 from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError, describe_failure
+from gpt2ladder.evals import runner
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime import distributed
@@ -48,11 +60,13 @@ from gpt2ladder.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from gpt2ladder.training.clock import RunClock
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.health import loss_limit, loss_problem
+from gpt2ladder.training.inflight import Finished, InFlight, readback_lag
 from gpt2ladder.training.runlog import Reporter
 from gpt2ladder.training.schedule import lr_at
-from gpt2ladder.training.signals import StopSignals
+from gpt2ladder.training.signals import StopRequested, StopSignals, until_stopped
 
 
 def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, parallelize=None,
@@ -73,18 +87,21 @@ def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, paralleli
                   compile_backend=cfg.compile_backend, model=model, parallelize=parallelize)
 
 
-def training_batches(cfg: TrainConfig, tokens: data_mod.TokenData, dist=distributed.SINGLE) -> data_mod.Batches:
-    """This rank's share of each optimizer step's sequences: a pure function of (seed, step)."""
-    return data_mod.Batches(tokens.train, cfg.tokens_per_step // cfg.seq_len, cfg.seq_len, seed=cfg.seed,
-                            rank=dist.rank, world_size=dist.world_size)
+def training_batches(cfg: TrainConfig, tokens: data_mod.TokenData, dist=distributed.SINGLE):
+    """This rank's share of each optimizer step's sequences, a pure function of (seed, step): random windows
+    of a text (`Batches`), seeded passes over a corpus of shards (`OrderedBatches`)."""
+    return data_mod.training_batches(tokens, cfg.tokens_per_step // cfg.seq_len, cfg.seq_len, seed=cfg.seed,
+                                     rank=dist.rank, world_size=dist.world_size)
 
 
 def validation_batches(cfg: TrainConfig, tokens: data_mod.TokenData) -> list:
-    """Batches of a whole step's sequences, cut to the micro-batch: the same data on any card and any
-    number of processes (every rank evaluates all of them). None when the run never validates."""
+    """Batches of a whole step's sequences (a corpus: its first cfg.val_tokens validation tokens), cut to the
+    micro-batch: the same data on any card and any number of processes (every rank evaluates all of them).
+    None when the run never validates."""
     if not cfg.eval_every:
         return []
-    full = data_mod.eval_batches(tokens.val, cfg.tokens_per_step // cfg.seq_len, cfg.seq_len, cfg.eval_batches)
+    full = data_mod.validation_batches(tokens, cfg.tokens_per_step // cfg.seq_len, cfg.seq_len, cfg.eval_batches,
+                                       cfg.val_tokens)
     return data_mod.micro_batches(full, cfg.batch_size)
 
 
@@ -95,13 +112,26 @@ def weights_finite(model: torch.nn.Module, dist=distributed.SINGLE) -> bool:
     return bool(dist.mean(finite) == 1)
 
 
+def rows_that_fit(run, seq_len: int) -> int:
+    """How many sequences of `seq_len` tokens a no-grad forward may take on this GPU beside what training holds
+    (`run`: a Trainer), the fewest of any rank's: every rank must make the same forwards (each one's
+    collectives under FSDP2, the stop check between them). What is reserved counts, not what is allocated: a
+    CUDA graph's pool keeps the step's activations reserved between steps, and no forward outside it can use
+    them. The cache goes back first, so what stays reserved is what training holds."""
+    free_memory(run.device)
+    free = HEADROOM * run.caps.usable_memory - torch.cuda.memory_reserved(run.device)
+    rows = max(1, int(free // eval_bytes_per_sequence(run.engine.raw_model.config, seq_len)))
+    return int(distributed.reduce_floats([rows], run.dist, "min")[0])
+
+
 class Trainer:
-    """The loop's state: engine, batches, step; `run` trains to cfg.steps or until a signal."""
+    """The loop's state: engine, batches, step; `run` trains to cfg.steps, a signal or the target."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device, out: Path, tokens: data_mod.TokenData,
                  dist=distributed.SINGLE, strategy: str | None = None, caps: Capabilities | None = None,
-                 resuming: bool = False):
+                 resuming: bool = False, hellaswag: runner.Prepared | None = None):
         self.cfg, self.device, self.out, self.tokens, self.dist = cfg, device, out, tokens, dist
+        self.clock = RunClock()  # from now: the wall time counts the model's building too
         self.strategy = strategy  # "ddp" or "fsdp" under torchrun, None for one process
         self.caps = detect(device) if caps is None else caps  # what validation plans its memory against
         self.accum = cfg.grad_accum(dist.world_size)
@@ -110,9 +140,13 @@ class Trainer:
         parallelize = distributed.parallelize_for(dist, strategy)
         self.engine = build_engine(cfg, self.setup, device, parallelize, init_weights=not resuming)
         self.batches = training_batches(cfg, tokens, dist)
+        self.feed: data_mod.Prefetcher | None = None  # the batches made ahead, while `run` runs
         self.val = validation_batches(cfg, tokens)
+        self.hellaswag = hellaswag  # the examples, prepared before the run starts (cfg.hellaswag_every)
+        self.inflight = InFlight(device, readback_lag(device))
         self.ckpt_path = out / FILENAME
-        self.step = 0
+        self.step = 0  # steps queued; the engine's weights are this step's
+        self.first_step = 1  # this session's first, which compiles and captures
         self.saved_step: int | None = None  # the step the checkpoint on disk holds
         self.kept_path = self.ckpt_path  # where it is (ckpt.prev.pt after resuming from that)
         raw = self.engine.raw_model
@@ -124,13 +158,17 @@ class Trainer:
         self.last_val_loss: float | None = None
         self.val_step: int | None = None  # the step last_val_loss was measured at
         self.best: dict | None = None  # {"step", "val_loss"}: the lowest validation loss, kept in best.pt
+        self.reached: dict | None = None  # the target's figures, once validation reached cfg.target_val_loss
+        self.peer_asked = False  # under torchrun: some rank was asked to stop (read back with a step's loss)
         self.notices: list[str] = []  # what resuming found, said when the run starts
 
     # checkpoints
 
     def state(self) -> dict:
-        """The checkpoint's contents. Under FSDP2 a collective: every rank calls it, rank 0 gets the state."""
-        return {**self.engine.state_dict(), **self._facts(), "rng": rng_state(), "data": self.batches.state_dict()}
+        """The checkpoint's contents. Under FSDP2 a collective: every rank calls it, rank 0 gets the state.
+        The data position is the batch the next step takes, whatever the prefetcher has made ahead."""
+        return {**self.engine.state_dict(), **self._facts(), "rng": rng_state(),
+                "data": (self.feed or self.batches).state_dict(), "clock": self.clock.state_dict()}
 
     def weights_state(self) -> dict:
         """best.pt's contents: the weights and what describes them, without the optimizer's state (twice
@@ -146,6 +184,7 @@ class Trainer:
     def save(self) -> None:
         """Checkpoint the current step once its weights are known good; the last good checkpoint stays
         (as ckpt.prev.pt once this one is in place) otherwise."""
+        started = time.perf_counter()
         if not weights_finite(self.engine.raw_model, self.dist):
             raise LadderError(f"the weights became non-finite at step {self.step}; stopped without saving "
                               f"them ({self._kept()}); try a lower --lr")
@@ -155,12 +194,15 @@ class Trainer:
         if self.dist.is_main:
             save_checkpoint(self.ckpt_path, state, previous=self.out / PREVIOUS)
         self.saved_step, self.kept_path = self.step, self.ckpt_path
+        self.clock.add_between("checkpoints", time.perf_counter() - started)
 
     def save_best(self) -> None:
         """best.pt for this step's new lowest validation loss (weights validation has just checked)."""
+        started = time.perf_counter()
         state = self.weights_state()  # a collective under FSDP2, as state()
         if self.dist.is_main:
             save_checkpoint(self.out / BEST, state)
+        self.clock.add_between("checkpoints", time.perf_counter() - started)
 
     def _kept(self) -> str:
         if self.saved_step is None:
@@ -180,10 +222,12 @@ class Trainer:
             self.engine.load_state_dict(state)
             self.batches.load_state_dict(state["data"])
             set_rng_state(state["rng"])
+            self.step = self.saved_step = int(state["step"])
+            self.clock = self.clock.resumed(state.get("clock"), self.step)
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:  # a valid hash, odd contents
             raise LadderError(f"checkpoint {path} cannot be resumed (damaged, or not written by this gpt2ladder): "
                               f"{describe_failure(err)}") from None
-        self.step = self.saved_step = int(state["step"])
+        self.first_step = self.step + 1
         self.kept_path = path
         self.best = None if data_changed else state.get("best")  # a loss on other text is no yardstick
         return config_differences(state["train_config"], self.cfg.to_dict())
@@ -204,49 +248,125 @@ class Trainer:
 
     # steps
 
-    def train_step(self) -> dict:
-        """One optimizer step over tokens_per_step tokens; the clock covers data, step and the loss sync."""
+    def train_step(self, stop: StopSignals | None = None) -> None:
+        """Queue one optimizer step over tokens_per_step tokens. Its loss and time are read back later
+        (`inflight.py`): on a GPU once the device has run it, with the next step queued behind it."""
         cfg = self.cfg
-        t0 = time.perf_counter()
-        x, y = self.batches.next()  # (accum * B, T) rows of this rank
+        self.inflight.start()  # the time covers the batch's copy, the step and the loss's reduction
+        x, y = self.feed.next()  # (accum * B, T) rows of this rank, on the device
         shape = (self.accum, cfg.batch_size, cfg.seq_len)
-        x, y = data_mod.to_device(x.view(shape), y.view(shape), self.device)
         lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
         self.engine.set_lr(lr)
-        loss = float(self.dist.mean(self.engine.step(x, y)))  # the host sync that ends the step
-        ms = (time.perf_counter() - t0) * 1000
+        loss = self.engine.step(x.view(shape), y.view(shape))
         self.step += 1
-        self._check_loss("the loss", loss)
-        self.step_ms.append(ms)
-        tokens_per_s = cfg.tokens_per_step / (ms / 1000)  # all processes together
-        entry = {"step": self.step, "loss": loss, "lr": lr, "ms": round(ms, 3),
+        facts = {"step": self.step, "lr": lr}
+        if self.device.type != "cpu":  # the loader's share of the step (the CPU's log keeps its keys)
+            facts["data"] = {"host_ms": round(self.feed.host_ms, 3), "wait_ms": round(self.feed.wait_ms, 3)}
+        self.inflight.queue(self._reduced(loss, stop), facts)
+
+    def _reduced(self, loss: torch.Tensor, stop: StopSignals | None) -> torch.Tensor:
+        """The step's loss averaged over ranks, as a 1-d tensor read back with the step. Under torchrun the same
+        all-reduce carries whether any rank has been asked to stop: every rank reads the same answer after the
+        same step, and saving (a collective) needs every rank to stop there."""
+        if self.dist.world_size == 1:
+            return loss.detach().reshape(1)
+        asked = float(stop is not None and stop.requested)
+        flag = torch.full((1,), asked, dtype=torch.float32, device=loss.device)  # a fill kernel: no host sync
+        return self.dist.mean(torch.cat([loss.detach().float().reshape(1), flag]))
+
+    def _entry(self, done: Finished) -> dict:
+        """A finished step's log entry, once its loss is known good (a bad one stops the run naming the step);
+        its time joins the run's clock."""
+        cfg, step, loss = self.cfg, done.facts["step"], done.values[0]
+        self._check_loss("the loss", loss, step)
+        self.peer_asked = self.peer_asked or (len(done.values) > 1 and done.values[1] > 0)
+        self.last_loss = loss
+        self.step_ms.append(done.ms)
+        self.clock.add_step(done.ms, cfg.tokens_per_step, warmup=step == self.first_step)
+        tokens_per_s = cfg.tokens_per_step / (done.ms / 1000)  # all processes together
+        entry = {"step": step, "loss": loss, "lr": done.facts["lr"], "ms": round(done.ms, 3),
                  "tokens_per_s": round(tokens_per_s, 1),
                  "mfu": mfu(tokens_per_s / self.dist.world_size, self.flops_per_token, self.peak)}
         if self.dist.world_size > 1:
             entry["tokens_per_s_per_gpu"] = round(tokens_per_s / self.dist.world_size, 1)
-        return entry
+        return {**entry, **done.facts.get("data", {})}
 
-    def evaluate(self) -> float:
-        """Mean validation loss on the fixed batches; stops the run if it is not finite or has exploded."""
-        self.val = self._val_that_fits()
-        loss = self._mean_loss(self.val)
+    def _log_finished(self, report: Reporter, everything: bool) -> dict | None:
+        """Log the steps the device has finished, oldest first, each checked before it is logged. With
+        `everything`, every step in flight: the newest one's entry (this step's) comes back unlogged, for what
+        its step measures to join it."""
+        held = None
+        for done in self.inflight.finished(everything):
+            if held is not None:
+                report.step(held)
+            held = self._entry(done)
+        if everything:
+            return held
+        if held is not None:
+            report.step(held)
+        return None
+
+    def evaluate(self, stop: StopSignals | None = None) -> float:
+        """Mean validation loss on the fixed batches; stops the run if it is not finite or has exploded. A stop
+        asked for meanwhile ends it between two batches (StopRequested)."""
+        started = time.perf_counter()
+        try:
+            self.val = self._val_that_fits()
+            loss = self._mean_loss(self.val, stop)
+        finally:
+            self.clock.add_between("validation", time.perf_counter() - started)
         self._check_loss("the validation loss", loss)  # finite but huge weights: do not checkpoint them
         self.last_val_loss, self.val_step = loss, self.step
         return loss
 
     @torch.no_grad()
-    def _mean_loss(self, batches: list) -> float:
-        """Mean loss over batches through the same (maybe compiled) forward, in eval mode, all ranks averaged."""
+    def _mean_loss(self, batches: list, stop: StopSignals | None = None) -> float:
+        """Mean loss over batches through the same (maybe compiled) forward, in eval mode, all ranks averaged;
+        with `stop`, a stop asked for is honoured before the next batch."""
         model = self.engine.model
         model.eval()
         try:
             total = torch.zeros((), device=self.device)
             with self.engine.precision():
-                for x, y in batches:
+                for x, y in until_stopped(batches, stop, self._agree()):
                     total += self.engine.loss(*data_mod.to_device(x, y, self.device)).float()
             return float(self.dist.mean(total)) / len(batches)
         finally:
             model.train()
+
+    def score_hellaswag(self, stop: StopSignals | None = None) -> dict:
+        """HellaSwag through the run's own forward (compiled when the run compiles) and precision, in eval mode:
+        the entry log.jsonl keeps at this step, which `export` reads for the model card."""
+        if stop is not None:
+            stop.check(self._agree())  # a signal already asked for: not worth a pass over every example
+        started = time.perf_counter()
+        model, raw = self.engine.model, self.engine.raw_model
+        model.eval()
+        try:
+            result = runner.evaluate(self.hellaswag, self.engine.forward, device=self.device,
+                                     block_size=raw.config.block_size, vocab_size=raw.config.vocab_size,
+                                     batch_size=self._hellaswag_batch(), autocast=self.setup.autocast,
+                                     matmul_precision=self.setup.matmul_precision, progress=False)
+        finally:
+            model.train()
+            self.clock.add_between("HellaSwag", time.perf_counter() - started)
+        return runner.log_entry(self.hellaswag, result)
+
+    def _hellaswag_batch(self) -> int:
+        """Examples per forward: `gpt2ladder eval`'s, fewer on a GPU where their rows at the full block would
+        not fit beside what training holds."""
+        want = runner.BATCH_SIZE.get(self.device.type, runner.BATCH_SIZE["cpu"])
+        if self.device.type != "cuda":
+            return want
+        rows = rows_that_fit(self, self.engine.raw_model.config.block_size)
+        return max(1, min(want, rows // self.hellaswag.n_choices))
+
+    def _agree(self):
+        """Under torchrun, how a pass between steps learns whether any rank was asked to stop (a collective,
+        so all leave it at the same batch); None for one process."""
+        if self.dist.world_size == 1:
+            return None
+        return lambda mine: bool(self.dist.mean(torch.tensor(float(mine))) > 0)
 
     def _probe_batch(self) -> list:
         """One fixed batch to check weights no validation has seen: the first validation batch, else the
@@ -256,16 +376,25 @@ class Trainer:
         x, y = self.batches.batch(0)
         return [(x[:self.cfg.batch_size], y[:self.cfg.batch_size])]
 
-    def _check_loss(self, what: str, loss: float) -> None:
+    def _check_loss(self, what: str, loss: float, step: int | None = None) -> None:
         problem = loss_problem(loss, self.limit)
         if problem:
-            raise LadderError(f"{what} {problem} at step {self.step}; stopped without saving "
-                              f"({self._kept()}); try a lower --lr")
+            raise LadderError(f"{what} {problem} at step {self.step if step is None else step}; stopped without "
+                              f"saving ({self._kept()}); try a lower --lr")
 
     def _improves_best(self, val: float) -> bool:
         if self.best is not None and val >= self.best["val_loss"]:
             return False
         self.best = {"step": self.step, "val_loss": val}
+        return True
+
+    def _reached(self, entry: dict) -> bool:
+        """Whether this step's validation reached the target; if so, the time it took joins its log entry."""
+        target = self.cfg.target_val_loss
+        if target is None or "val_loss" not in entry or entry["val_loss"] > target:
+            return False
+        entry["target"] = {"val_loss": target, **self.clock.summary()}
+        self.reached = {"step": self.step, **entry["target"]}
         return True
 
     def _save_unless_forced(self, stop: StopSignals) -> None:
@@ -284,13 +413,7 @@ class Trainer:
         if self.device.type != "cuda" or not self.val:
             return self.val
         size = len(self.val[0][0])
-        # What is reserved, not what is allocated: a CUDA graph's pool keeps the step's activations
-        # reserved between steps, and validation cannot use them. The cache goes back first, so what
-        # stays reserved is what training holds.
-        free_memory(self.device)
-        free = HEADROOM * self.caps.usable_memory - torch.cuda.memory_reserved(self.device)
-        per = eval_bytes_per_sequence(self.engine.raw_model.config, self.cfg.seq_len)
-        fits = max(1, int(free // per))
+        fits = rows_that_fit(self, self.cfg.seq_len)
         if fits >= size:
             return self.val
         return data_mod.micro_batches(self.val, max(d for d in range(1, fits + 1) if size % d == 0))
@@ -298,31 +421,58 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return bool(every) and (self.step % every == 0 or self.step == self.cfg.steps)
 
-    def _stop_agreed(self, stop: StopSignals) -> bool:
-        """Whether to stop after this step. Under torchrun every rank stops after the same step (a signal
-        seen by any rank counts for all): saving is a collective, and a rank that ran on would hang."""
-        asked = stop.signum is not None
-        if self.dist.world_size == 1:
-            return asked
-        return bool(self.dist.mean(torch.tensor(float(asked))) > 0)
+    def _point_due(self) -> bool:
+        """Whether this step needs every step before it read and logged: it measures or saves, or ends the run."""
+        cfg = self.cfg
+        every = (cfg.eval_every, cfg.ckpt_every, cfg.hellaswag_every)
+        return self.step == cfg.steps or any(self._due(n) for n in every)
+
+    def _stopping(self, stop: StopSignals) -> bool:
+        """Whether to stop after this step. Under torchrun every rank stops after the same step: a signal seen
+        by any rank counts for all once it is read back with a step's loss (the same step on every rank, so
+        a step or two after the signal). Saving is a collective, and a rank that ran on would hang."""
+        return stop.requested if self.dist.world_size == 1 else self.peer_asked
 
     def run(self, stop: StopSignals, report: Reporter) -> int:
-        """Train until cfg.steps or a signal; 0, or 128 + the signal's number."""
+        """Train until cfg.steps, a signal or the target; 0, or 128 + the signal's number. The batches come
+        from a prefetching thread, stopped by `close()`."""
+        self.feed = data_mod.Prefetcher(self.batches, self.device)
         while self.step < self.cfg.steps:
-            entry = self.train_step()
-            self.last_loss = entry["loss"]
-            best = False
-            if self._due(self.cfg.eval_every):
-                entry["val_loss"] = self.evaluate()
-                best = self._improves_best(entry["val_loss"])
-            report.step(entry)  # logged before the checkpoint, so the log always reaches its step
-            stopping = self._stop_agreed(stop)
-            if self._due(self.cfg.ckpt_every) or stopping:
-                self._save_unless_forced(stop)
-            if best:
-                self.save_best()
-            if stopping:
-                return 128 + (stop.signum or signal.SIGTERM)
+            self.train_step(stop)
+            # A stop is a point too: every step in flight is read and logged before the save.
+            entry = self._log_finished(report, everything=self._point_due() or self._stopping(stop))
+            code = None if entry is None else self._at_point(entry, stop, report)
+            if code is not None:
+                return code
         if self.saved_step != self.step:
             self.save()
         return 0
+
+    def _at_point(self, entry: dict, stop: StopSignals, report: Reporter) -> int | None:
+        """This step, every step before it logged: what it measures, its log entry, its checkpoints. The exit
+        code when the run ends here (a signal, the target reached), else None."""
+        cfg = self.cfg
+        best = interrupted = False
+        try:
+            if self._due(cfg.eval_every):
+                entry["val_loss"] = self.evaluate(stop)
+                best = self._improves_best(entry["val_loss"])
+            if self._due(cfg.hellaswag_every):
+                entry["hellaswag"] = self.score_hellaswag(stop)
+        except StopRequested:  # the step stands; what it was measuring is left out
+            interrupted = True
+        reached = self._reached(entry)
+        report.step(entry)  # logged before the checkpoint, so the log always reaches its step
+        stopping = interrupted or self._stopping(stop)
+        if self._due(cfg.ckpt_every) or stopping or reached:
+            self._save_unless_forced(stop)
+        if best:
+            self.save_best()
+        if stopping:
+            return 128 + (stop.signum or signal.SIGTERM)
+        return 0 if reached else None
+
+    def close(self) -> None:
+        """Stop the prefetching thread (the run's `finally`)."""
+        if self.feed is not None:
+            self.feed.close()
