@@ -111,14 +111,17 @@ def _kind(row: dict) -> str:
     return "baseline" if row["name"] == "baseline" else row["kind"]
 
 
-def loss_curves(curves: dict[str, tuple[list[int], list[float]]], path: Path, title: str,
-                ylabel: str = "loss") -> Path:
-    """One line per named curve: {name: (steps, losses)}."""
+def loss_curves(curves: dict[str, tuple[list[float], list[float]]], path: Path, title: str,
+                ylabel: str = "loss", xlabel: str = "step", hline: tuple[float, str] | None = None) -> Path:
+    """One line per named curve: {name: (xs, losses)}, x the step unless `xlabel` says otherwise; `hline`,
+    (value, label), draws a level such as a target loss."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, (steps, losses) in curves.items():
-        ax.plot(steps, losses, label=name, linewidth=1.2)
-    ax.set_xlabel("step")
+        ax.plot(steps, losses, label=name, linewidth=1.2, marker="." if len(steps) < 40 else None)
+    if hline is not None:
+        ax.axhline(hline[0], color="#999999", linestyle="--", linewidth=0.8, label=hline[1])
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(frameon=False, fontsize=8)
