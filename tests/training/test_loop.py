@@ -12,8 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -29,36 +27,15 @@ from gpt2ladder.evals import runner
 from gpt2ladder.runtime.distributed import Dist
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.training import trainer as trainer_mod
-from gpt2ladder.training.checkpoint import load_checkpoint, rng_state, set_rng_state
-from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.loading import load_model
-from gpt2ladder.training.run import prepared_hellaswag, run_training
+from gpt2ladder.training.run import prepared_hellaswag
 from gpt2ladder.training.runlog import Reporter, read_log, scalars
-
-CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _real_text_offline(shakespeare_cache, monkeypatch):
-    """The real Tiny Shakespeare from the cache, never the network; the global RNGs put back afterwards."""
-
-    def no_network(*args, **kwargs):
-        raise urllib.error.URLError("network is off in tests")
-
-    monkeypatch.setattr(urllib.request, "urlopen", no_network)
-    saved = rng_state()
-    yield
-    set_rng_state(saved)
+from training_support import CPU, real_text_offline, small_config, train_in  # noqa: F401 (an autouse fixture)
 
 
-def _cfg(**kw) -> TrainConfig:
-    base = dict(preset="tiny", rungs=("baseline",), batch_size=2, seq_len=32, tokens_per_step=64, steps=6, lr=1e-3,
-                min_lr=1e-4, warmup_steps=2, eval_every=0, eval_batches=2, ckpt_every=0, seed=0)
-    return TrainConfig(**{**base, **kw})
 
-
-def _train(cfg: TrainConfig, out, **kw):
-    return run_training(cfg, CPU, out, progress=False, **kw)
+_cfg, _train = small_config, train_in
 
 
 def _log(out) -> list[dict]:
@@ -318,7 +295,7 @@ def test_sigterm_during_a_long_validation_exits_143_within_seconds_with_the_step
     finally:
         proc.kill()
     assert proc.returncode == 143, err
-    assert waited < 8, waited  # the whole validation takes over a minute here
+    assert waited < 20, waited  # the whole validation takes over a minute here (a loaded machine slows the save)
     assert "stopped by SIGTERM after step 1" in out and err == ""
     assert [("val_loss" in e) for e in _log(tmp_path)] == [False]
     assert load_checkpoint(tmp_path)["step"] == 1

@@ -8,8 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 import torch
@@ -23,41 +21,19 @@ from gpt2ladder.runtime.distributed import Dist
 from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training import checkpoint, schedule
-from gpt2ladder.training.checkpoint import load_checkpoint, rng_state, set_rng_state
+from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import read_log
-from gpt2ladder.training.run import run_training
 from gpt2ladder.training.trainer import Trainer
+from training_support import CPU, real_text_offline, small_config, train_in  # noqa: F401 (an autouse fixture)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     return schedule.lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
 
-CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _real_text_offline(shakespeare_cache, monkeypatch):
-    """Every test trains on the real Tiny Shakespeare from the cache, never the network; the global
-    RNGs that training seeds and a resume restores are put back afterwards."""
-
-    def no_network(*args, **kwargs):
-        raise urllib.error.URLError("network is off in tests")
-
-    monkeypatch.setattr(urllib.request, "urlopen", no_network)
-    saved = rng_state()
-    yield
-    set_rng_state(saved)
-
-
-def _cfg(**kw) -> TrainConfig:
-    base = dict(preset="tiny", rungs=("baseline",), batch_size=2, seq_len=32, tokens_per_step=64, steps=6, lr=1e-3,
-                min_lr=1e-4, warmup_steps=2, eval_every=0, eval_batches=2, ckpt_every=0, seed=0)
-    return TrainConfig(**{**base, **kw})
-
-
-def _train(cfg: TrainConfig, out, **kw):
-    return run_training(cfg, CPU, out, progress=False, **kw)
+_cfg, _train = small_config, train_in
 
 
 def _cli_args(out, *extra) -> list[str]:

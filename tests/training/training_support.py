@@ -1,0 +1,39 @@
+"""What the training tests share: a tiny run's config, a run in a folder, and the real text offline with
+the global RNGs put back (tests/training/test_trainer.py, test_loop.py)."""
+
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from gpt2ladder.training.checkpoint import rng_state, set_rng_state
+from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.run import run_training
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def real_text_offline(shakespeare_cache, monkeypatch):
+    """Every test of a module that imports this trains on the real Tiny Shakespeare from the cache, never
+    the network; the global RNGs that training seeds and a resume restores are put back afterwards."""
+
+    def no_network(*args, **kwargs):
+        raise urllib.error.URLError("network is off in tests")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    saved = rng_state()
+    yield
+    set_rng_state(saved)
+
+
+def small_config(**kw) -> TrainConfig:
+    """A six-step tiny run on 64-token steps, without validation or checkpoints unless `kw` asks."""
+    base = dict(preset="tiny", rungs=("baseline",), batch_size=2, seq_len=32, tokens_per_step=64, steps=6, lr=1e-3,
+                min_lr=1e-4, warmup_steps=2, eval_every=0, eval_batches=2, ckpt_every=0, seed=0)
+    return TrainConfig(**{**base, **kw})
+
+
+def train_in(cfg: TrainConfig, out, **kw):
+    return run_training(cfg, CPU, out, progress=False, **kw)
