@@ -31,7 +31,7 @@ from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.loading import load_model
 from gpt2ladder.training.run import prepared_hellaswag
 from gpt2ladder.training.runlog import Reporter, read_log, scalars
-from training_support import CPU, real_text_offline, small_config, train_in  # noqa: F401 (an autouse fixture)
+from training_support import CPU, nan_at_step, real_text_offline, small_config, train_in  # noqa: F401 (an autouse fixture)
 
 
 
@@ -87,17 +87,7 @@ def test_steps_read_back_late_give_the_synchronous_log_complete_and_in_order(tmp
 
 
 def test_a_non_finite_loss_read_back_late_stops_naming_its_step_before_any_save(tmp_path, monkeypatch, lagged):
-    real_step, calls, saved = Engine.step, [], {}
-
-    def nan_at_fifth(self, x, y):
-        loss = real_step(self, x, y)
-        calls.append(1)
-        if len(calls) == 5:
-            saved["bytes"] = (tmp_path / "ckpt.pt").read_bytes()
-            return torch.tensor(float("nan"))
-        return loss
-
-    monkeypatch.setattr(Engine, "step", nan_at_fifth)
+    calls, saved = nan_at_step(monkeypatch, tmp_path, 5)
     with pytest.raises(LadderError) as err:
         _train(_cfg(steps=10, ckpt_every=3), tmp_path)  # step 6's checkpoint reads step 5 first
     message = str(err.value)

@@ -25,7 +25,7 @@ from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import read_log
 from gpt2ladder.training.trainer import Trainer
-from training_support import CPU, real_text_offline, small_config, train_in  # noqa: F401 (an autouse fixture)
+from training_support import CPU, nan_at_step, real_text_offline, small_config, train_in  # noqa: F401 (an autouse fixture)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -412,17 +412,7 @@ def test_a_corrupt_checkpoint_resumes_from_the_one_before_it(finished_run, run_c
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
-    real_step, calls, saved = Engine.step, [], {}
-
-    def nan_at_fifth(self, x, y):
-        loss = real_step(self, x, y)
-        calls.append(1)
-        if len(calls) == 5:
-            saved["bytes"] = (tmp_path / "ckpt.pt").read_bytes()
-            return torch.tensor(float("nan"))
-        return loss
-
-    monkeypatch.setattr(Engine, "step", nan_at_fifth)
+    calls, saved = nan_at_step(monkeypatch, tmp_path, 5)
     with pytest.raises(LadderError) as err:
         _train(_cfg(steps=10, ckpt_every=3), tmp_path)
     message = str(err.value)

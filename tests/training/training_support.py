@@ -7,6 +7,7 @@ import urllib.request
 import pytest
 import torch
 
+from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.training.checkpoint import rng_state, set_rng_state
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.run import run_training
@@ -37,3 +38,20 @@ def small_config(**kw) -> TrainConfig:
 
 def train_in(cfg: TrainConfig, out, **kw):
     return run_training(cfg, CPU, out, progress=False, **kw)
+
+
+def nan_at_step(monkeypatch, out, n: int) -> tuple[list, dict]:
+    """Engine.step returns a NaN loss at its n-th call; (the calls so far, {"bytes": what out/ckpt.pt held
+    when that step ran})."""
+    real_step, calls, saved = Engine.step, [], {}
+
+    def step(self, x, y):
+        loss = real_step(self, x, y)
+        calls.append(1)
+        if len(calls) == n:
+            saved["bytes"] = (out / "ckpt.pt").read_bytes()
+            return torch.tensor(float("nan"))
+        return loss
+
+    monkeypatch.setattr(Engine, "step", step)
+    return calls, saved
