@@ -42,14 +42,16 @@ class DeviceOutOfMemory(LadderError):
 SMALLER_STEP = "use a smaller --seq-len, fewer --rungs or --preset tiny"
 
 
-def out_of_memory_advice(batch_size: int | None) -> str:
+def out_of_memory_advice(batch_size: int | None, *, auto_batch: bool = False) -> str:
     """What to change after the device ran out of memory: a smaller batch while there is one to take, at
-    one sequence SMALLER_STEP (None: the batch is not known, so both)."""
+    one sequence SMALLER_STEP (None: the batch is not known, so both). `auto_batch`: the command takes
+    `--batch-size auto` (bench alone), so the advice may name it."""
+    smaller = "use a smaller --batch-size" + (" or --batch-size auto" if auto_batch else "")
     if batch_size == 1:
         return f"not even one sequence fits: {SMALLER_STEP}"
     if batch_size is None:
-        return f"use a smaller --batch-size or --batch-size auto (at batch size 1: {SMALLER_STEP.removeprefix('use ')})"
-    return "use a smaller --batch-size or --batch-size auto"
+        return f"{smaller} (at batch size 1: {SMALLER_STEP.removeprefix('use ')})"
+    return smaller
 
 
 def describe_failure(err: BaseException) -> str:

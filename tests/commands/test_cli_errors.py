@@ -245,7 +245,8 @@ def test_oom_outside_bench_is_one_line(capsys, monkeypatch):
 
     monkeypatch.setattr(gpt2ladder.commands.doctor, "doctor_command", out_of_memory)
     code, _, err = run(capsys, "doctor")
-    assert_one_line_error(code, err, 1, "out of memory", "--batch-size auto")
+    assert_one_line_error(code, err, 1, "out of memory", "a smaller --batch-size", "--seq-len", "--preset tiny")
+    assert "auto" not in err  # only bench takes --batch-size auto
 
 
 @pytest.mark.parametrize("batch, words", [
@@ -264,6 +265,7 @@ def test_gpu_out_of_memory_in_train_names_what_to_change(tmp_path, capsys, text_
                        "--no-progress")
     assert_one_line_error(code, err, 1, *words)
     assert ("--batch-size" in err) == (batch > 1)
+    assert "auto" not in err  # train takes no --batch-size auto
 
 
 def test_out_of_memory_at_an_unknown_batch_names_both_ways_out():

@@ -24,9 +24,11 @@ def test_a_rung_that_runs_out_of_memory_at_batch_1_is_told_what_else_to_change()
 
 
 def test_a_rung_that_runs_out_of_memory_at_a_larger_batch_is_told_to_take_a_smaller_one():
-    row = guarded(_out_of_memory, CPU, 4)
+    row = guarded(_out_of_memory, CPU, 4, auto_batch=True)  # bench, which takes --batch-size auto
     assert row["status"] == "oom" and row["reason"] == ("out of memory at batch size 4; use a smaller --batch-size "
                                                         "or --batch-size auto")
+    row = guarded(_out_of_memory, CPU, 4)  # profile and parity take no --batch-size auto: it is not suggested
+    assert row["status"] == "oom" and row["reason"] == "out of memory at batch size 4; use a smaller --batch-size"
 
 
 def test_other_failures_are_rows_and_a_run_problem_still_ends_the_run():
@@ -42,13 +44,14 @@ def _record(batch: int, statuses: list[str]) -> dict:
     return {"config": {"batch_size": batch}, "rungs": rows}
 
 
-@pytest.mark.parametrize("batch, has, lacks", [
-    (1, ["at batch size 1; not even one sequence fits", "--seq-len", "fewer --rungs", "--preset tiny"],
+@pytest.mark.parametrize("batch, auto_batch, has, lacks", [
+    (1, True, ["at batch size 1; not even one sequence fits", "--seq-len", "fewer --rungs", "--preset tiny"],
      "--batch-size"),
-    (8, ["at batch size 8; use a smaller --batch-size or --batch-size auto"], "--preset tiny"),
+    (8, True, ["at batch size 8; use a smaller --batch-size or --batch-size auto"], "--preset tiny"),
+    (8, False, ["at batch size 8; use a smaller --batch-size ("], "auto"),
 ])
-def test_a_ladder_that_ran_out_of_memory_everywhere_names_the_way_out(batch, has, lacks, tmp_path):
-    line = nothing_measured(_record(batch, ["skipped", "oom", "oom"]), tmp_path / "ladder.json")
+def test_a_ladder_that_ran_out_of_memory_everywhere_names_the_way_out(batch, auto_batch, has, lacks, tmp_path):
+    line = nothing_measured(_record(batch, ["skipped", "oom", "oom"]), tmp_path / "ladder.json", auto_batch=auto_batch)
     assert line.startswith("every rung ran out of memory") and line.endswith(f"(rows in {tmp_path / 'ladder.json'})")
     assert all(words in line for words in has) and lacks not in line
 

@@ -88,7 +88,7 @@ def step_rule(args, cfg: BenchConfig, device) -> StepRule:
 def _finish(args, record: dict, cfg: BenchConfig, device, caps, dist: distributed.Dist, tokens, baseline,
             out: Path, say, rule: StepRule) -> int:
     """--rungs best's extra row, the scaling against --baseline-json, then the files (rank 0)."""
-    failure = nothing_measured(record, out / "ladder.json")
+    failure = nothing_measured(record, out / "ladder.json", auto_batch=True)
     if args.rungs == "best" and failure is None:
         add_best(record, cfg, device, caps, tokens, dist, progress=not args.no_progress, rule=rule)
         say(best_summary(record), flush=True)

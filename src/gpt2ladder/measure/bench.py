@@ -103,7 +103,7 @@ def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
     setup = setup_for(list(row.applied))
     rule = rule or StepRule.fixed(cfg.steps)
     result = guarded(lambda: _time_setup(setup, cfg, tokens, device, dist, progress, row.name, rule),
-                     device, cfg.batch_size)
+                     device, cfg.batch_size, auto_batch=True)
     if result["status"] != "ok":
         return {**row.rung_fields(), **result}
     flops = flops_per_token(result.pop("model_config"), cfg.seq_len, result.pop("n_params"))

@@ -68,11 +68,12 @@ def climb(names: list[str] | tuple[str, ...], why_not: Callable[[str], str | Non
     return rows
 
 
-def guarded(work: Callable[[], dict], device: torch.device, batch_size: int) -> dict:
+def guarded(work: Callable[[], dict], device: torch.device, batch_size: int, *, auto_batch: bool = False) -> dict:
     """{"status": "ok", **work()}, or a row saying why the work broke: "oom" or "failed" with a reason.
 
     A rung that breaks is a finding, not a reason to lose the others. A `LadderError` (a problem of
-    the whole run, not of this rung) still ends the run.
+    the whole run, not of this rung) still ends the run. `auto_batch`: the command takes `--batch-size
+    auto`, so an out-of-memory row may suggest it.
     """
     try:
         result = {"status": "ok", **work()}
@@ -81,7 +82,7 @@ def guarded(work: Callable[[], dict], device: torch.device, batch_size: int) -> 
     except torch.OutOfMemoryError:
         # at batch 1 no smaller batch is left to suggest: the advice names the sequence, rungs or model
         result = {"status": "oom", "reason": f"out of memory at batch size {batch_size}; "
-                  f"{out_of_memory_advice(batch_size)}"}
+                  f"{out_of_memory_advice(batch_size, auto_batch=auto_batch)}"}
     except Exception as err:
         result = {"status": "failed", "reason": describe_failure(err)}
     free_memory(device)  # after the except block, so the traceback no longer holds the failed step's tensors

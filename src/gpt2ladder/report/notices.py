@@ -33,14 +33,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def nothing_measured(record: dict, where: Path) -> str | None:
-    """Why a bench or profile ran no rung at all (exit 1, its files still written), or None when one ran."""
+def nothing_measured(record: dict, where: Path, *, auto_batch: bool = False) -> str | None:
+    """Why a bench or profile ran no rung at all (exit 1, its files still written), or None when one ran.
+    `auto_batch`: the command takes `--batch-size auto` (bench), so the advice may name it."""
     rows = record["rungs"]
     if any(r["status"] == "ok" for r in rows):
         return None
     tried = [r for r in rows if r["status"] != "skipped"]
     if tried and all(r["status"] == "oom" for r in tried):
         batch = record["config"]["batch_size"]
-        return f"every rung ran out of memory at batch size {batch}; {out_of_memory_advice(batch)} (rows in {where})"
+        return f"every rung ran out of memory at batch size {batch}; {out_of_memory_advice(batch, auto_batch=auto_batch)} (rows in {where})"
     first = (tried or rows)[0]
     return f"no rung could be measured: {first['name']} {first['status']}: {first['reason']} (rows in {where})"
