@@ -1,6 +1,8 @@
 """One batch for every rung: chosen from the estimate on simulated cards, confirmed (or shrunk) by a probe;
 train's micro-batch and CUDA graph, and bench's shorter sequences where a full one does not fit."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -191,3 +193,29 @@ def test_probes_that_run_out_before_batch_1_do_not_claim_that_one_cannot_fit(mon
     text = str(err.value)
     assert "not even one" not in text and "passed its probe" in text and "ran out of memory" in text, text
     assert f"the last of {batch_mod.PROBES} tries" in text and "--batch-size" in text
+
+
+def test_under_torchrun_every_rank_plans_against_the_tightest_ranks_memory(monkeypatch):
+    """Two 80 GiB ranks, one with another process's 76 GiB on its GPU: planned apart, the busy rank would
+    leave the CUDA graph out and the other keep it, and the two would run different steps. Both plan
+    against the tightest rank's free memory, so both leave it out."""
+    from gpt2ladder.commands.train import tightest_rank
+    from gpt2ladder.runtime import distributed
+    from gpt2ladder.runtime.distributed import Dist
+
+    free = {0: 79 * GiB, 1: 3 * GiB + GiB // 2}  # what each rank's GPU has free
+    monkeypatch.setattr(distributed, "reduce_floats",
+                        lambda values, dist, op: [min(free.values())] if op == "min" else values)
+    card = Capabilities("cuda", "NVIDIA H100 80GB HBM3", (9, 0), total_memory=80 * GiB, triton_version="3.6.0")
+    rungs = tuple(n for n, _ in _rows("auto", card))
+    kept = {}
+    for rank, own in free.items():
+        apart = dataclasses.replace(card, free_memory=own)
+        alone = plan_training(preset("gpt2"), rungs, 1024, apart, CUDA, 16, validates=True, probe=False)[0]
+        shared = tightest_rank(apart, Dist(rank=rank, world_size=2, backend="nccl"))
+        assert shared.usable_memory == 3 * GiB + GiB // 2
+        kept[rank] = ("cuda_graph" in alone,
+                      plan_training(preset("gpt2"), rungs, 1024, shared, CUDA, 16, validates=True, probe=False)[0])
+    assert kept[0][0] and not kept[1][0]  # planned apart, the ranks would disagree
+    assert kept[0][1] == kept[1][1] and "cuda_graph" not in kept[0][1]
+    assert tightest_rank(card) is card  # a single process plans against its own GPU

@@ -49,7 +49,7 @@ def train_command(args) -> int:
 
 def _train_command(args, dist: distributed.Dist) -> int:
     device = distributed.local_device(dist, args.device)
-    caps = cap_memory(device, detect(device), args.gpu_memory)
+    caps = tightest_rank(cap_memory(device, detect(device), args.gpu_memory), dist)
     notices: list[str] = []  # said when the run starts, after the line that names the step
     with output_dir(args.out) as out, claimed(out, dist):  # the folder goes again if nothing was written
         saved = saved_run(out, dist, args.resume)
@@ -164,6 +164,19 @@ def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print) -> 
         else:
             usable.append(name)
     return tuple(usable) or ("baseline",)
+
+
+def tightest_rank(caps, dist=distributed.SINGLE):
+    """These capabilities with the free memory of the rank that has least (under torchrun; a collective).
+
+    Each rank reads its own GPU's free memory, and another process on one GPU leaves it less: planned
+    apart, one rank could keep the CUDA graph and its rungs where another leaves them out, and the ranks
+    would then run different steps. Planned against the tightest rank, every rank decides the same.
+    """
+    if not dist.enabled:
+        return caps
+    least = int(distributed.reduce_floats([caps.free_memory], dist, "min")[0])
+    return dataclasses.replace(caps, free_memory=least)  # 0 where one rank cannot tell: the card's size then
 
 
 def planned_config(args, cfg: TrainConfig, device: torch.device, caps, dist=distributed.SINGLE, notify=print):
