@@ -170,3 +170,25 @@ def test_under_torchrun_every_rank_judges_the_slowest_ranks_steps(monkeypatch):
     samples, losses = bench._timed_steps(None, None, cfg, torch.device("cpu"), progress_bar(20, "x", False),
                                          StepRule.until_narrow(20), two)
     assert len(samples) == len(losses) == BOUND and sorted(set(samples)) == [10.0, 20.0]
+
+
+def _baseline(tmp_path, batch: int):
+    path = tmp_path / f"one-gpu-{batch}.json"
+    rows = [{"name": "baseline", "status": "ok", "tokens_per_s": 1000.0}]
+    path.write_text(json.dumps({"command": "bench", "config": {"preset": "gpt2", "batch_size": batch,
+                                                                "seq_len": 1024}, "world_size": 1, "rungs": rows}))
+    return path
+
+
+def test_a_baseline_is_matched_against_the_step_as_planned_for_the_card(card, tmp_path, capsys):
+    """An 8 GiB card plans batch 2 where 16 was asked for by default: a one-GPU baseline of that card (batch
+    2) is the right one, and a baseline at 16 measured another step; each judged against the plan."""
+    card(hopper(8), [itertools.repeat(10.0)])
+    lines, record = _bench(tmp_path / "out", capsys, "--rungs", "baseline", "--baseline-json", str(_baseline(tmp_path, 2)))
+    assert record["config"]["batch_size"] == 2 and record["baseline"]["path"].endswith("one-gpu-2.json")
+    assert record["rungs"][0]["scaling_efficiency"] == pytest.approx(record["rungs"][0]["tokens_per_s"] / 1000.0)
+    card(hopper(8), [])
+    assert main(["bench", "--no-progress", "--out", str(tmp_path / "again"), "--rungs", "baseline",
+                 "--baseline-json", str(_baseline(tmp_path, 16))]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "measured another step per GPU (batch_size 16 vs 2)" in err

@@ -21,7 +21,7 @@ from gpt2ladder.measure import batch as batch_search
 from gpt2ladder.measure.bench import BenchConfig, run_bench
 from gpt2ladder.measure.best import add_best, best_summary
 from gpt2ladder.measure.harness import climb, tokens_for
-from gpt2ladder.measure.scaling import add_scaling, load_baseline
+from gpt2ladder.measure.scaling import add_scaling, check_baseline, load_baseline
 from gpt2ladder.measure.timing import StepRule
 from gpt2ladder.model.config import preset
 from gpt2ladder.model.setup import Setup
@@ -51,17 +51,21 @@ def _bench(args, dist: distributed.Dist) -> int:
     # a step too large for this host fails here in one line, not after the kernel has killed the process
     batch_search.check_sizes(cfg.model, _rungs_run(cfg, caps), cfg.batch_size, cfg.seq_len, caps,
                              batch_tokens=cfg.batch_size * cfg.seq_len, fewer_tokens="--batch-size or --seq-len")
-    baseline = load_baseline(args.baseline_json, cfg.to_dict()) if args.baseline_json else None
+    baseline = load_baseline(args.baseline_json) if args.baseline_json else None  # its step: once planned
     say = print if dist.is_main else (lambda *a, **k: None)
     tokens = tokens_for(cfg.data, cfg.seed, notify=say)  # a bad --data fails here, in one line, before any work
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # as does a text too short for one sequence
     out = prepare_out_dir(args.out)
     cfg, plan = _choose_batch(args, cfg, device, caps, dist)
+    if baseline and args.batch_size != "best":  # the step as it will run, the batch and length planned
+        check_baseline(baseline, cfg.to_dict())
     rule = step_rule(args, cfg, device)
     progress = not args.no_progress
     search = winner = None
     if args.batch_size == "best":
         cfg, search, winner = batch_search.fastest_batch(cfg, device, tokens, progress, say, caps, rule=rule)
+        if baseline:  # the batch the search found
+            check_baseline(baseline, cfg.to_dict())
     _announce(args, cfg, caps, device, dist, plan, say, rule)
     on_row = _row_writer(out, say) if dist.is_main else None
     if winner and cfg.last_only:

@@ -17,8 +17,9 @@ from gpt2ladder.errors import UsageError
 MUST_MATCH = ("preset", "batch_size", "seq_len")
 
 
-def load_baseline(path: str | Path, config: dict) -> dict:
-    """A baseline ladder.json, or one line saying why it cannot serve as one for this config."""
+def load_baseline(path: str | Path, config: dict | None = None) -> dict:
+    """A baseline ladder.json, or one line saying why it cannot serve as one (for this config, if given:
+    `check_baseline`)."""
     path = Path(path)
     try:
         record = json.loads(path.read_text())
@@ -28,12 +29,20 @@ def load_baseline(path: str | Path, config: dict) -> dict:
         raise UsageError(f"--baseline-json {path} is not a readable ladder.json: {err}") from None
     if not isinstance(record, dict) or record.get("command") != "bench" or not _rows_readable(record.get("rungs")):
         raise UsageError(f"--baseline-json {path} is not a ladder.json written by gpt2ladder bench")
-    saved = record.get("config", {})
+    baseline = {**record, "path": str(path)}
+    if config is not None:
+        check_baseline(baseline, config)
+    return baseline
+
+
+def check_baseline(baseline: dict, config: dict) -> None:
+    """One line if the baseline measured another step per GPU than `config` (the config as it will run:
+    after the batch and the sequence length are planned for this card)."""
+    saved = baseline.get("config", {})
     diffs = [f"{k} {saved.get(k)!r} vs {config.get(k)!r}" for k in MUST_MATCH if saved.get(k) != config.get(k)]
     if diffs:
-        raise UsageError(f"--baseline-json {path} measured another step per GPU ({'; '.join(diffs)}); "
+        raise UsageError(f"--baseline-json {baseline['path']} measured another step per GPU ({'; '.join(diffs)}); "
                          "rerun it with the same --preset, --batch-size and --seq-len")
-    return {**record, "path": str(path)}
 
 
 def _rows_readable(rows) -> bool:
