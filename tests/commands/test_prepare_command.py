@@ -192,3 +192,22 @@ def test_ctrl_c_leaves_only_whole_shards_and_the_same_command_finishes(tmp_path,
     final = manifest.read(out / "manifest.json")
     assert final["shards"][:len(kept)] == [{k: s[k] for k in manifest.SHARD_KEYS} for s in kept]
     assert final["n_tokens"] == sum(s["n_tokens"] for s in final["shards"]) > 1_500_000
+
+
+def test_a_second_prepare_into_the_same_out_is_refused_while_the_first_writes(tmp_path, capsys):
+    """Run together, each would remove the other's temporaries as a killed run's: the second is one line and
+    touches nothing; the lock sits beside OUT (none among the shards) and goes with the first."""
+    from gpt2ladder.training import lock
+
+    out = tmp_path / "shards"
+    first, holder = lock.try_lock_file(tmp_path / ".shards.lock")  # what a prepare running now holds
+    assert holder is None
+    code, stdout, err = run(capsys, "prepare", texts(tmp_path / "plays"), out, "--workers", "1", "--no-progress")
+    one_line(code, err, 2, f"{out} is being written by another gpt2ladder prepare (pid {os.getpid()} ")
+    assert stdout == "" and not out.exists()
+    first.release()
+    code, _, err = run(capsys, "prepare", texts(tmp_path / "plays"), out, "--val-tokens", "200", "--workers", "1",
+                       "--no-progress")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plays", "shards"]  # the lock went with it
+    assert not any(p.name.startswith(".") for p in out.iterdir())

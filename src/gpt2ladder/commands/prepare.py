@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -10,8 +11,9 @@ from pathlib import Path
 from gpt2ladder.data import manifest as manifest_mod
 from gpt2ladder.data.prepare import PrepareConfig, Plan, available_cores, default_name, plan, run
 from gpt2ladder.data.sources import Source, SourceSpec, open_source
-from gpt2ladder.errors import LadderError
+from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.report.progress import progress_bar
+from gpt2ladder.training import lock
 
 
 def prepare_command(args) -> int:
@@ -20,6 +22,32 @@ def prepare_command(args) -> int:
                         args.val_tokens, args.shard_tokens, args.workers or available_cores())
     source = open_source(spec)
     source.check()  # a missing column or an empty source: one line now, before any work
+    with _held(cfg.out):
+        return _prepare(args, cfg, source)
+
+
+@contextlib.contextmanager
+def _held(out: Path):
+    """This process alone writes OUT while the block runs: it holds a lock beside the folder (`.OUT.lock` in
+    its parent, so nothing is added among the shards). A second prepare into the same OUT fails in one line;
+    run together, each would take the other's temporaries for a killed run's and remove them."""
+    where = out.resolve()
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot write to {where.parent}: {err.strerror or err}") from None
+    held, holder = lock.try_lock_file(where.parent / f".{where.name}.lock")
+    if holder:
+        raise UsageError(f"{out} is being written by another gpt2ladder prepare ({holder}); wait for it to "
+                         "finish, or give another OUT")
+    try:
+        yield
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _prepare(args, cfg: PrepareConfig, source: Source) -> int:
     planned = plan(cfg, source)
     if planned.finished:
         print(f"{cfg.out} already holds this corpus ({_counts(planned.finished)}); nothing to do")
