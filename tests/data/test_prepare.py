@@ -198,3 +198,19 @@ def test_what_a_killed_shard_writer_leaves_is_removed_by_the_next_run(tmp_path, 
     assert prepare(config(source_file, out)) == straight
     assert not left.exists()
     assert sorted(p.name for p in out.iterdir()) == sorted([s["name"] for s in straight["shards"]] + ["manifest.json"])
+
+
+def test_the_spool_is_a_new_file_of_its_own_never_written_through_a_link(tmp_path):
+    """A link planted at the spool's name (or a killed run's spool) is replaced, and the file it points to
+    is left as it was."""
+    outside = tmp_path / "someone-elses.txt"
+    outside.write_text("keep me\n")
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / ".spool.part").symlink_to(outside)
+    spool = P._Spool(folder)
+    spool.write(np.arange(5, dtype=fmt.TOKEN))
+    assert [int(t) for block in spool.blocks(0, 5) for t in block] == [0, 1, 2, 3, 4]
+    assert not spool.path.is_symlink() and outside.read_text() == "keep me\n"
+    spool.remove()
+    assert not spool.path.exists() and outside.read_text() == "keep me\n"

@@ -30,7 +30,7 @@ import numpy as np
 
 from gpt2ladder.data import manifest as manifest_mod
 from gpt2ladder.data import shards as fmt
-from gpt2ladder.data.files import temp_of
+from gpt2ladder.data.files import open_new, temp_of
 from gpt2ladder.data.sources import Piece, Source, SourceSpec
 from gpt2ladder.data.tokenizer import GPT2_EOT, encode_text_array, get_tokenizer, tokenizer_id
 from gpt2ladder.errors import LadderError, UsageError
@@ -169,7 +169,8 @@ class _Spool:
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / ".spool.part"
-        self.f = open(self.path, "w+b")
+        self.path.unlink(missing_ok=True)  # whatever is there (a killed run's, a link): removed, never written through
+        self.f = os.fdopen(open_new(self.path, os.O_RDWR), "w+b")
         self.n_tokens = 0
 
     def write(self, tokens: np.ndarray) -> None:
