@@ -184,7 +184,8 @@ def test_a_baseline_is_matched_against_the_step_as_planned_for_the_card(card, tm
     """An 8 GiB card plans batch 2 where 16 was asked for by default: a one-GPU baseline of that card (batch
     2) is the right one, and a baseline at 16 measured another step; each judged against the plan."""
     card(hopper(8), [itertools.repeat(10.0)])
-    lines, record = _bench(tmp_path / "out", capsys, "--rungs", "baseline", "--baseline-json", str(_baseline(tmp_path, 2)))
+    baseline = str(_baseline(tmp_path, 2))
+    lines, record = _bench(tmp_path / "out", capsys, "--rungs", "baseline", "--baseline-json", baseline)
     assert record["config"]["batch_size"] == 2 and record["baseline"]["path"].endswith("one-gpu-2.json")
     assert record["rungs"][0]["scaling_efficiency"] == pytest.approx(record["rungs"][0]["tokens_per_s"] / 1000.0)
     card(hopper(8), [])

@@ -42,6 +42,7 @@ def nothing_measured(record: dict, where: Path, *, auto_batch: bool = False) -> 
     tried = [r for r in rows if r["status"] != "skipped"]
     if tried and all(r["status"] == "oom" for r in tried):
         batch = record["config"]["batch_size"]
-        return f"every rung ran out of memory at batch size {batch}; {out_of_memory_advice(batch, auto_batch=auto_batch)} (rows in {where})"
+        advice = out_of_memory_advice(batch, auto_batch=auto_batch)
+        return f"every rung ran out of memory at batch size {batch}; {advice} (rows in {where})"
     first = (tried or rows)[0]
     return f"no rung could be measured: {first['name']} {first['status']}: {first['reason']} (rows in {where})"
