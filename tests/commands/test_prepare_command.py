@@ -196,18 +196,43 @@ def test_ctrl_c_leaves_only_whole_shards_and_the_same_command_finishes(tmp_path,
 
 def test_a_second_prepare_into_the_same_out_is_refused_while_the_first_writes(tmp_path, capsys):
     """Run together, each would remove the other's temporaries as a killed run's: the second is one line and
-    touches nothing; the lock sits beside OUT (none among the shards) and goes with the first."""
+    touches nothing; the lock, OUT/.lock, goes with the first."""
     from gpt2ladder.training import lock
 
     out = tmp_path / "shards"
-    first, holder = lock.try_lock_file(tmp_path / ".shards.lock")  # what a prepare running now holds
+    out.mkdir()
+    first, holder = lock.try_lock(out)  # what a prepare running now holds
     assert holder is None
     code, stdout, err = run(capsys, "prepare", texts(tmp_path / "plays"), out, "--workers", "1", "--no-progress")
     one_line(code, err, 2, f"{out} is being written by another gpt2ladder prepare (pid {os.getpid()} ")
-    assert stdout == "" and not out.exists()
+    assert stdout == "" and [p.name for p in out.iterdir()] == [".lock"]
     first.release()
     code, _, err = run(capsys, "prepare", texts(tmp_path / "plays"), out, "--val-tokens", "200", "--workers", "1",
                        "--no-progress")
     assert code == 0, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plays", "shards"]  # the lock went with it
-    assert not any(p.name.startswith(".") for p in out.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plays", "shards"]
+    assert not any(p.name.startswith(".") for p in out.iterdir())  # the lock went with it
+
+
+def test_a_finished_corpus_in_a_read_only_folder_still_answers(tmp_path, capsys, monkeypatch):
+    """Nothing is written to a finished corpus, so a folder where no lock can be made (read-only storage:
+    here the lock's open fails as it would there) still answers that there is nothing to do; and a refused
+    plan leaves no new folder behind."""
+    from gpt2ladder.training import lock
+
+    out = tmp_path / "shards"
+    assert run(capsys, "prepare", texts(tmp_path / "plays"), out, "--val-tokens", "200", "--workers", "1",
+               "--no-progress")[0] == 0
+
+    def read_only(folder):
+        raise PermissionError(13, "Permission denied", str(folder / ".lock"))
+
+    monkeypatch.setattr(lock, "try_lock", read_only)
+    code, stdout, err = run(capsys, "prepare", tmp_path / "plays", out, "--val-tokens", "200", "--workers", "1",
+                            "--no-progress")
+    assert code == 0 and err == "" and "already holds this corpus" in stdout
+    monkeypatch.undo()
+    inside = tmp_path / "plays" / "shards"
+    code, _, err = run(capsys, "prepare", tmp_path / "plays", inside, "--workers", "1", "--no-progress")
+    one_line(code, err, 2, "inside the source folder")
+    assert not inside.exists()

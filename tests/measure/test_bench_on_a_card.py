@@ -193,3 +193,4 @@ def test_a_baseline_is_matched_against_the_step_as_planned_for_the_card(card, tm
                  "--baseline-json", str(_baseline(tmp_path, 16))]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "measured another step per GPU (batch_size 16 vs 2)" in err
+    assert not (tmp_path / "again").exists()  # refused before the output folder is made

@@ -55,10 +55,10 @@ def _bench(args, dist: distributed.Dist) -> int:
     say = print if dist.is_main else (lambda *a, **k: None)
     tokens = tokens_for(cfg.data, cfg.seed, notify=say)  # a bad --data fails here, in one line, before any work
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # as does a text too short for one sequence
-    out = prepare_out_dir(args.out)
     cfg, plan = _choose_batch(args, cfg, device, caps, dist)
     if baseline and args.batch_size != "best":  # the step as it will run, the batch and length planned
         check_baseline(baseline, cfg.to_dict())
+    out = prepare_out_dir(args.out)
     rule = step_rule(args, cfg, device)
     progress = not args.no_progress
     search = winner = None

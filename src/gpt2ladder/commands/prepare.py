@@ -28,15 +28,17 @@ def prepare_command(args) -> int:
 
 @contextlib.contextmanager
 def _held(out: Path):
-    """This process alone writes OUT while the block runs: it holds a lock beside the folder (`.OUT.lock` in
-    its parent, so nothing is added among the shards). A second prepare into the same OUT fails in one line;
-    run together, each would take the other's temporaries for a killed run's and remove them."""
-    where = out.resolve()
+    """This process alone writes OUT while the block runs: it holds OUT/.lock (hidden, so the plan and the
+    loaders pass over it; gone when the block ends). A second prepare into the same OUT fails in one line;
+    run together, each would take the other's temporaries for a killed run's and remove them. An OUT that
+    cannot be written (a file, a read-only folder) is not locked: nothing can be written there, and the
+    plan or the run says why (a finished corpus there still answers that it has nothing to do)."""
+    made = not out.exists()
     try:
-        where.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"cannot write to {where.parent}: {err.strerror or err}") from None
-    held, holder = lock.try_lock_file(where.parent / f".{where.name}.lock")
+        out.mkdir(parents=True, exist_ok=True)
+        held, holder = lock.try_lock(out)
+    except OSError:
+        held = holder = None
     if holder:
         raise UsageError(f"{out} is being written by another gpt2ladder prepare ({holder}); wait for it to "
                          "finish, or give another OUT")
@@ -45,6 +47,9 @@ def _held(out: Path):
     finally:
         if held is not None:
             held.release()
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if still empty: a refused plan leaves no new folder behind
 
 
 def _prepare(args, cfg: PrepareConfig, source: Source) -> int:
