@@ -137,7 +137,14 @@ def test_train_init_from_a_hub_name_reads_its_shape_and_weights(model, weights, 
     cfg = TrainConfig(init_from="gpt2", seq_len=16, batch_size=1, tokens_per_step=16, steps=1, model=shape)
     assert cfg.model == SHAPE
     engine = build_engine(cfg, Setup(vocab_multiple=128), CPU)
-    assert torch.equal(_logits(engine.raw_model.eval()), _logits(model))
+    loaded, served = engine.raw_model.state_dict(), model.state_dict()
+    for name, weight in served.items():  # the hub's weights, bit for bit; the padded rows beyond them zero
+        rows = weight.shape[0]
+        assert torch.equal(loaded[name][:rows], weight), name
+        assert not loaded[name][rows:].any(), name
+    # The padded classifier is a wider matmul, which a CPU's BLAS may block differently: the same logits to
+    # float32 rounding, not bit for bit.
+    torch.testing.assert_close(_logits(engine.raw_model.eval()), _logits(model), rtol=1e-5, atol=1e-6)
 
 
 # --- online, with the download replaced ------------------------------------------------------------
