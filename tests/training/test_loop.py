@@ -31,7 +31,8 @@ from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.loading import load_model
 from gpt2ladder.training.run import prepared_hellaswag
 from gpt2ladder.training.runlog import Reporter, read_log, scalars
-from training_support import CPU, nan_at_step, real_text_offline, small_config, train_in  # noqa: F401 (an autouse fixture)
+from training_support import (  # noqa: F401 (real_text_offline: an autouse fixture)
+    CPU, nan_at_step, real_text_offline, signal_at_step, small_config, train_in)
 
 
 
@@ -113,15 +114,7 @@ def test_a_non_finite_loss_between_points_is_found_two_steps_later(tmp_path, mon
 
 
 def test_a_signal_with_steps_in_flight_logs_them_all_before_the_save(tmp_path, monkeypatch, lagged):
-    real_step, calls = Engine.step, []
-
-    def step_then_sigterm(self, x, y):
-        calls.append(1)
-        if len(calls) == 4:
-            os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-step; the step still completes
-        return real_step(self, x, y)
-
-    monkeypatch.setattr(Engine, "step", step_then_sigterm)
+    signal_at_step(monkeypatch, 4, signal.SIGTERM)
     result = _train(_cfg(steps=20), tmp_path)
     assert result.exit_code == 143 and result.step == 4
     assert [e["step"] for e in _log(tmp_path)] == [1, 2, 3, 4]
@@ -248,15 +241,7 @@ def test_ctrl_c_in_a_long_validation_ends_it_between_batches_and_saves_the_step(
 
 
 def test_ctrl_c_in_a_validation_step_leaves_out_its_validation(tmp_path, monkeypatch):
-    real_step, calls = Engine.step, []
-
-    def step_then_ctrl_c(self, x, y):
-        calls.append(1)
-        if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_step(self, x, y)
-
-    monkeypatch.setattr(Engine, "step", step_then_ctrl_c)
+    signal_at_step(monkeypatch, 3)
     result = _train(_cfg(steps=10, eval_every=3), tmp_path)
     assert result.exit_code == 130 and result.step == 3
     assert [("val_loss" in e) for e in _log(tmp_path)] == [False, False, False]
@@ -408,15 +393,7 @@ def test_a_target_not_reached_runs_every_step_and_says_so(tmp_path, capsys):
 
 def test_the_time_to_a_target_adds_up_across_a_resume(tmp_path, monkeypatch, vals):
     cfg = _cfg(steps=8, eval_every=2, ckpt_every=2, lr=3e-3, target_val_loss=vals[1]["val_loss"])
-    real_step, calls = Engine.step, []
-
-    def step_then_ctrl_c(self, x, y):
-        calls.append(1)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_step(self, x, y)
-
-    monkeypatch.setattr(Engine, "step", step_then_ctrl_c)
+    real_step = signal_at_step(monkeypatch, 2)
     assert _train(cfg, tmp_path / "run").exit_code == 130
     monkeypatch.setattr(Engine, "step", real_step)
     result = _train(cfg, tmp_path / "run", resume=True)

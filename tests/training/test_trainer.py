@@ -25,7 +25,8 @@ from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import read_log
 from gpt2ladder.training.trainer import Trainer
-from training_support import CPU, nan_at_step, real_text_offline, small_config, train_in  # noqa: F401 (an autouse fixture)
+from training_support import (  # noqa: F401 (real_text_offline: an autouse fixture)
+    CPU, nan_at_step, real_text_offline, signal_at_step, small_config, train_in)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -253,15 +254,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_143(tmp_path):
 
 
 def test_ctrl_c_saves_and_restores_the_signal_handlers(tmp_path, monkeypatch):
-    real_step, calls = Engine.step, []
-
-    def step_then_ctrl_c(self, x, y):
-        calls.append(1)
-        if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # arrives mid-step; the step still completes
-        return real_step(self, x, y)
-
-    monkeypatch.setattr(Engine, "step", step_then_ctrl_c)
+    signal_at_step(monkeypatch, 3)
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     result = _train(_cfg(steps=10, ckpt_every=0), tmp_path)
     assert result.exit_code == 130 and result.step == 3
@@ -319,15 +312,7 @@ def test_resume_alone_continues_with_the_runs_own_settings(tmp_path, capsys, mon
                 "--ckpt-every", "2", "--seed", "5", "--data", str(_text_file(tmp_path))]
     where = ["--device", "cpu", "--no-progress", "--out"]
     assert _cli(capsys, ["train", *settings, *where, str(tmp_path / "whole")])[0] == 0
-    real_step, calls = Engine.step, []
-
-    def step_then_ctrl_c(self, x, y):
-        calls.append(1)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_step(self, x, y)
-
-    monkeypatch.setattr(Engine, "step", step_then_ctrl_c)
+    real_step = signal_at_step(monkeypatch, 2)
     run = tmp_path / "run"
     assert _cli(capsys, ["train", *settings, *where, str(run)])[0] == 130
     saved = load_checkpoint(run)["train_config"]

@@ -1,6 +1,9 @@
-"""What the training tests share: a tiny run's config, a run in a folder, and the real text offline with
+"""What the training tests share: a tiny run's config, a run in a folder, stand-in steps (a NaN loss, a signal
+at step n), and the real text offline with
 the global RNGs put back (tests/training/test_trainer.py, test_loop.py)."""
 
+import os
+import signal
 import urllib.error
 import urllib.request
 
@@ -55,3 +58,18 @@ def nan_at_step(monkeypatch, out, n: int) -> tuple[list, dict]:
 
     monkeypatch.setattr(Engine, "step", step)
     return calls, saved
+
+
+def signal_at_step(monkeypatch, n: int, signum: int = signal.SIGINT):
+    """Engine.step sends this process `signum` at its n-th call, before the step runs (it arrives mid-step:
+    the step still completes); returns the real Engine.step, to put back for a resume."""
+    real_step, calls = Engine.step, []
+
+    def step(self, x, y):
+        calls.append(1)
+        if len(calls) == n:
+            os.kill(os.getpid(), signum)
+        return real_step(self, x, y)
+
+    monkeypatch.setattr(Engine, "step", step)
+    return real_step
