@@ -1,6 +1,6 @@
 """What the training tests share: a tiny run's config, a run in a folder, stand-in steps (a NaN loss, a signal
-at step n), and the real text offline with
-the global RNGs put back (tests/training/test_trainer.py, test_loop.py)."""
+at step n), and the real text offline with the global RNGs put back (tests/training/test_trainer.py,
+test_loop.py)."""
 
 import os
 import signal
