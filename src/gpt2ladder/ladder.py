@@ -153,6 +153,11 @@ LADDER: tuple[Rung, ...] = (
     Rung("fp32_wgrad", "Each Block's weight gradients leave their bf16 matmul in fp32 (cuBLAS's out_dtype), "
          "instead of being rounded to bf16 and cast to fp32 by 48 extra kernels; more precise as well.",
          "memory", {"fp32_wgrad": True}, _needs_mm_out_dtype, pays_with_graph=True),
+    Rung("weight_cast", "The Blocks' weights and biases are cast to bfloat16 at the start of the step by one "
+         "multi-tensor copy into copies kept between steps, where autocast cast each one beside its matmul in 72 "
+         "small kernels (the same rounding, so the same numbers).",
+         "overhead", {"weight_cast": True, "fp32_wgrad": True, "autocast": "bfloat16"}, _needs_mm_out_dtype,
+         pays_with_graph=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",
@@ -199,6 +204,8 @@ def why_unavailable(name: str, caps: Capabilities, strategy: str | None = None) 
 
 def strategy_problem(name: str, strategy: str | None) -> str | None:
     """Why a rung cannot run under this data-parallel strategy ("ddp", "fsdp"; None: one process)."""
+    if name == "weight_cast" and strategy == "fsdp":
+        return "FSDP2 replaces every parameter by its shard and gathers it inside the step, after the copies are made"
     if name != "cuda_graph" or strategy in (None, "ddp"):
         return None
     # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not.

@@ -96,3 +96,16 @@ def test_rung_trains_like_the_compiled_graphed_step_without_it(rung):
     with_rung = step_losses(names + [rung], batches)
     assert with_rung == pytest.approx(without, rel=5e-3)
     assert with_rung[-1] < with_rung[0]
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
+def test_weight_cast_computes_the_same_compiled_graphed_steps():
+    """The copies hold autocast's own rounding, so the graphed steps give the same losses as casting beside
+    each matmul (to the last bits: only the kernels that round differ), and training moves."""
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "fp32_wgrad"]
+    batches = random_batches(8)
+    without = step_losses(names, batches)
+    with_rung = step_losses(names + ["weight_cast"], batches)
+    assert with_rung == pytest.approx(without, rel=1e-5, abs=1e-6)
+    assert with_rung[-1] < with_rung[0]

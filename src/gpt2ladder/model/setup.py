@@ -28,6 +28,7 @@ class Setup:
     bf16_residual: bool = False  # the residual stream between Blocks in bf16 instead of fp32
     gelu_kernel: bool = False  # the MLP's GELU forward, and its backward with c_fc's bias gradient, in Triton
     fp32_wgrad: bool = False  # the Blocks' weight gradients written in fp32 by the matmul itself
+    weight_cast: bool = False  # the Blocks' weights cast to bf16 once per step, by one multi-tensor copy
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 

@@ -3,7 +3,8 @@
 Optional speed-ups are applied in one fixed order, after torchtitan's:
 build the model (its config carries attention, vocabulary padding and the residual's dtype) -> move
 it to the device -> the model rewrites of `speedups/` (`speedups.apply`, in the order its list
-asserts: fused classifier loss, float8 Linears, GELU-kernel MLPs, fp32 weight gradients) ->
+asserts: fused classifier loss, float8 Linears, GELU-kernel MLPs, fp32 weight gradients, their weights'
+bf16 copies) ->
 `parallelize` for data parallelism (`distributed.py`: FSDP2 shards every Block, then the root; DDP
 wraps) -> compile -> optimizer -> CUDA graph capture on the first step. The optimizer comes last because FSDP2 replaces every
 parameter by a sharded DTensor.
@@ -28,6 +29,7 @@ from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime import distributed
+from gpt2ladder.speedups.weight_cast import weight_casts
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 WARMUP_STEPS = 3  # eager steps before a CUDA graph capture: compile, autotuning, optimizer state
@@ -189,11 +191,13 @@ class Engine:
     def _eager_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         accum = x.shape[0]
         total = torch.zeros((), device=self.device)
-        for i in range(accum):
-            with self._no_sync(i < accum - 1):
-                loss = self.loss(x[i], y[i]) / accum
-                self._backward(loss)
-            total += loss.detach()
+        casts = weight_casts(self.raw_model)  # the weight_cast rung: refreshed once, read by every micro-step
+        with casts.fresh() if casts is not None else contextlib.nullcontext():
+            for i in range(accum):
+                with self._no_sync(i < accum - 1):
+                    loss = self.loss(x[i], y[i]) / accum
+                    self._backward(loss)
+                total += loss.detach()
         self._update()
         return total
 

@@ -46,6 +46,16 @@ def _fp32_wgrad(model: nn.Module, setup: Setup) -> list[str]:
     return use_fp32_wgrad(model)
 
 
+def _weight_cast(model: nn.Module, setup: Setup) -> list[str]:
+    import torch
+
+    from gpt2ladder.speedups.weight_cast import use_weight_casts
+
+    if setup.autocast is None:
+        return []  # nothing to cast: the matmuls run in the weights' own dtype
+    return use_weight_casts(model, {"bfloat16": torch.bfloat16, "float16": torch.float16}[setup.autocast])
+
+
 @dataclass(frozen=True)
 class Rewrite:
     name: str
@@ -63,6 +73,8 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite("fp32_wgrad", lambda s: s.fp32_wgrad, _fp32_wgrad, after=("float8", "gelu_kernel"),
             why="it replaces plain Linears only, so float8 ones stay float8, and the GELU kernel's MLP "
                 "must first see its c_fc as a plain Linear to take it"),
+    Rewrite("weight_cast", lambda s: s.weight_cast, _weight_cast, after=("fp32_wgrad",),
+            why="it gives copies to the Linears that fp32_wgrad makes, which are the ones that read them"),
 )
 
 

@@ -39,14 +39,24 @@ def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 class Fp32WgradMatmul(torch.autograd.Function):
-    """y = x @ weight.T (+ bias) in autocast's dtype; backward gives the weight and bias gradients in fp32."""
+    """y = x @ weight.T (+ bias) in autocast's dtype; backward gives the weight and bias gradients in fp32.
+
+    `weight_c`, `bias_c`: the weight and bias already in that dtype (the `weight_cast` rung's copies, made
+    at the start of the step), used instead of casting here; the gradients still go to `weight` and `bias`.
+    """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                weight_c: torch.Tensor | None = None, bias_c: torch.Tensor | None = None) -> torch.Tensor:
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
-            xc, wc = x.to(dtype), weight.to(dtype)
-            y = F.linear(xc, wc, None if bias is None else bias.to(dtype))
+            xc = x.to(dtype)
+            wc = weight_c if weight_c is not None and weight_c.dtype == dtype else weight.to(dtype)
+            if bias is None:
+                bc = None
+            else:
+                bc = bias_c if bias_c is not None and bias_c.dtype == dtype else bias.to(dtype)
+            y = F.linear(xc, wc, bc)
         ctx.save_for_backward(xc, wc)
         ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None
         return y
@@ -59,22 +69,32 @@ class Fp32WgradMatmul(torch.autograd.Function):
             grad_x = (g2 @ wc).view(*grad_y.shape[:-1], wc.shape[1]).to(ctx.x_dtype)
             grad_w = weight_grad(g2, xc.reshape(-1, xc.shape[-1])).to(ctx.w_dtype)
             grad_b = g2.sum(0, dtype=torch.float32).to(ctx.w_dtype) if ctx.has_bias else None
-        return grad_x, grad_w, grad_b
+        return grad_x, grad_w, grad_b, None, None
 
 
 class Fp32WgradLinear(nn.Linear):
-    """An `nn.Linear` (same parameters, same state dict) whose gradients come from `Fp32WgradMatmul`."""
+    """An `nn.Linear` (same parameters, same state dict) whose gradients come from `Fp32WgradMatmul`.
+
+    `casts` is set by the `weight_cast` rung (`speedups/weight_cast.py`): where it holds fresh copies of
+    the weight and bias in the compute dtype, the matmul reads those instead of casting.
+    """
+
+    casts = None  # a weight_cast.Slot, or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        return Fp32WgradMatmul.apply(x, self.weight, self.bias)
+        weight_c, bias_c = self._fresh_casts()
+        return Fp32WgradMatmul.apply(x, self.weight, self.bias, weight_c, bias_c)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x @ weight.T without the bias (the GELU kernel's MLP adds it in its own kernel)."""
         if not torch.is_grad_enabled():
             return F.linear(x, self.weight)
-        return Fp32WgradMatmul.apply(x, self.weight, None)
+        return Fp32WgradMatmul.apply(x, self.weight, None, self._fresh_casts()[0])
+
+    def _fresh_casts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return (None, None) if self.casts is None else self.casts.fresh()
 
 
 def use_fp32_wgrad(model: nn.Module) -> list[str]:

@@ -1,0 +1,79 @@
+"""The weight_cast rung: the Blocks' matmuls read bf16 copies refreshed once per step, and the step computes
+the same numbers as casting beside each matmul."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpt2ladder import speedups
+from gpt2ladder.ladder import setup_for, strategy_problem
+from gpt2ladder.model.config import PRESETS
+from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
+from gpt2ladder.speedups.weight_cast import weight_casts
+
+CPU = torch.device("cpu")
+BASE = dataclasses.replace(setup_for(["baseline", "bf16", "flash", "vocab", "fused_adamw"]), fp32_wgrad=True)
+
+
+def _batches(n=3):
+    gen = torch.Generator().manual_seed(5)
+    return [(torch.randint(0, 50257, (2, 2, 32), generator=gen), torch.randint(0, 50257, (2, 2, 32), generator=gen))
+            for _ in range(n)]
+
+
+def test_the_rewrite_gives_every_block_linear_a_copy_in_the_autocast_dtype():
+    engine = Engine(PRESETS["tiny"], dataclasses.replace(BASE, weight_cast=True), CPU)
+    casts = weight_casts(engine.raw_model)
+    linears = [m for m in engine.raw_model.modules() if isinstance(m, Fp32WgradLinear)]
+    assert casts is not None and len(linears) == 4 * PRESETS["tiny"].n_layer
+    assert all(m.casts.weight.dtype == torch.bfloat16 and m.casts.weight.shape == m.weight.shape for m in linears)
+    copies, sources = casts.pairs()
+    assert len(copies) == 2 * len(linears)  # GPT-2's Linears all have a bias
+    # Outside a step the matmuls do not read the copies, so a stale copy is never used.
+    assert linears[0].casts.fresh() == (None, None)
+    with casts.fresh():
+        assert all(torch.equal(c, s.to(torch.bfloat16)) for c, s in zip(copies, sources))
+        weight, bias = linears[0].casts.fresh()
+        assert weight is linears[0].casts.weight and bias is linears[0].casts.bias
+    assert linears[0].casts.fresh() == (None, None)
+    # The state dict is the model's own: the copies are not in it.
+    assert not any("cast" in k for k in engine.raw_model.state_dict())
+
+
+def test_without_autocast_there_is_nothing_to_cast():
+    setup = dataclasses.replace(BASE, autocast=None, weight_cast=True)
+    engine = Engine(PRESETS["tiny"], setup, CPU)
+    assert weight_casts(engine.raw_model) is None
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_steps_compute_the_same_numbers_as_casting_beside_each_matmul(backend):
+    """Eager and through AOT autograd, with gradient accumulation: the same losses and weights, bit for bit."""
+    losses, weights = {}, {}
+    for on in (False, True):
+        setup = dataclasses.replace(BASE, weight_cast=on, compile=backend is not None)
+        engine = Engine(PRESETS["tiny"], setup, CPU, compile_backend=backend or "inductor")
+        losses[on] = [engine.step(x, y).item() for x, y in _batches()]
+        weights[on] = engine.raw_model.state_dict()
+    assert losses[True] == losses[False]
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])
+    assert losses[True][-1] < losses[True][0]
+
+
+def test_a_step_reads_the_weights_as_they_are_now():
+    """Weights changed between steps (a resume, a load) are what the next step's copies hold."""
+    engine = Engine(PRESETS["tiny"], dataclasses.replace(BASE, weight_cast=True), CPU)
+    fresh = Engine(PRESETS["tiny"], dataclasses.replace(BASE, weight_cast=True), CPU, seed=1)
+    (x, y), = _batches(1)
+    engine.step(x, y)
+    engine.load_state_dict(fresh.state_dict())
+    assert engine.step(x, y).item() == fresh.step(x, y).item()
+
+
+def test_the_rewrite_runs_after_fp32_wgrad_and_fsdp_refuses_it():
+    names = [r.name for r in speedups.REWRITES]
+    assert names.index("weight_cast") > names.index("fp32_wgrad")
+    assert "shard" in strategy_problem("weight_cast", "fsdp")
+    assert strategy_problem("weight_cast", "ddp") is None and strategy_problem("weight_cast", None) is None
