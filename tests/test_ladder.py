@@ -63,9 +63,9 @@ EXPECTED = {  # rung -> the observable properties it may change
     "gelu_kernel": {"gelu_kernel"},
     "fp32_wgrad": {"fp32_wgrad"},
     "weight_cast": {"weight_cast"},
-    # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's
-    "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad"},
-    "fp8_attn": {"fp8_linears", "fp32_wgrad"},
+    # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's (nor its copies)
+    "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad", "weight_cast"},
+    "fp8_attn": {"fp8_linears", "fp32_wgrad", "weight_cast"},
 }
 
 
@@ -153,6 +153,9 @@ def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
     graph_only = ["bf16_residual", "gelu_kernel", "fp32_wgrad", "weight_cast"]
     assert left_out_of_auto(H200_TRITON) == {} and left_out_of_auto(H200_TRITON, "ddp") == {}
     left = left_out_of_auto(H200_TRITON, "fsdp")
+    # weight_cast cannot run under FSDP2 at all (its copies would be of the shards), so it is not "left out"
+    assert "shard" in why_unavailable("weight_cast", H200_TRITON, "fsdp")
+    graph_only.remove("weight_cast")
     assert sorted(left) == sorted(graph_only) and all("CUDA graph" in why for why in left.values())
     fsdp_auto = resolve_rungs("auto", H200_TRITON, "fsdp")
     assert "cuda_graph" not in fsdp_auto and not set(graph_only) & set(fsdp_auto)
