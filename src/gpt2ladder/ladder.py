@@ -94,6 +94,11 @@ def _needs_loss_kernel(caps: Capabilities) -> str | None:
     return _needs_triton_gpu("the loss_kernel rung")(caps) or _needs_fused_loss(caps)
 
 
+def _needs_norm_kernel(caps: Capabilities) -> str | None:
+    """The kernels normalise the bf16 residual stream, which the rung turns on."""
+    return _needs_triton_gpu("the norm_kernel rung")(caps) or _needs_ampere("a bfloat16 residual stream")(caps)
+
+
 def _needs_mm_out_dtype(caps: Capabilities) -> str | None:
     import torch
 
@@ -158,6 +163,11 @@ LADDER: tuple[Rung, ...] = (
          "small kernels (the same rounding, so the same numbers).",
          "overhead", {"weight_cast": True, "fp32_wgrad": True, "autocast": "bfloat16"}, _needs_mm_out_dtype,
          pays_with_graph=True),
+    Rung("norm_kernel", "Each residual add and the layer norm after it run as Triton kernels whose backward ends "
+         "the norm's weight and bias gradients in one small launch, where compile's ended them in two aten sums "
+         "with a memset before each (92 launches per step).",
+         "overhead", {"norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
+         _needs_norm_kernel, pays_with_graph=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",

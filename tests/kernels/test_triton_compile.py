@@ -30,6 +30,20 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
         {"h0_ptr": "*bf16", "bias_ptr": "*fp32", "out_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32",
          "BLOCK_M": C, "BLOCK_N": C, "WIDE": C},
         {"BLOCK_M": 8, "BLOCK_N": 256, "WIDE": False}),
+    "kernels.norm._add_norm_fwd_kernel": (
+        {"h_ptr": "*bf16", "p_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "s_ptr": "*bf16", "y_ptr": "*bf16",
+         "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32", "eps": "fp32", "BLOCK_M": C,
+         "BLOCK_C": C},
+        {"BLOCK_M": 4, "BLOCK_C": 1024}),
+    "kernels.norm._add_norm_bwd_kernel": (
+        {"dy_ptr": "*bf16", "ds_ptr": "*bf16", "s_ptr": "*bf16", "w_ptr": "*fp32", "mean_ptr": "*fp32",
+         "rstd_ptr": "*fp32", "dsum_ptr": "*bf16", "part_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
+         "programs": "i32", "STEPS": C, "BLOCK_M": C, "BLOCK_C": C},
+        {"STEPS": 16, "BLOCK_M": 4, "BLOCK_C": 1024}),
+    "kernels.norm._colsum_kernel": (
+        {"part_ptr": "*fp32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "n_cols": "i32", "N_PARTS": C, "BLOCK_P": C,
+         "BLOCK_N": C},
+        {"N_PARTS": 264, "BLOCK_P": 32, "BLOCK_N": 128}),
 }
 
 

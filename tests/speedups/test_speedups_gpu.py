@@ -109,3 +109,16 @@ def test_weight_cast_computes_the_same_compiled_graphed_steps():
     with_rung = step_losses(names + ["weight_cast"], batches)
     assert with_rung == pytest.approx(without, rel=1e-5, abs=1e-6)
     assert with_rung[-1] < with_rung[0]
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
+def test_norm_kernel_trains_like_compiles_add_and_norm():
+    """Compiled, graphed steps on the bf16 residual stream with the add + norm kernels and with compile's."""
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "bf16_residual"]
+    batches = random_batches(8)
+    without = step_losses(names, batches)
+    with_rung = step_losses(names + ["norm_kernel"], batches)
+    assert with_rung == pytest.approx(without, rel=5e-3)
+    assert with_rung[-1] < with_rung[0]

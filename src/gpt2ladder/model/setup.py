@@ -29,6 +29,7 @@ class Setup:
     gelu_kernel: bool = False  # the MLP's GELU forward, and its backward with c_fc's bias gradient, in Triton
     fp32_wgrad: bool = False  # the Blocks' weight gradients written in fp32 by the matmul itself
     weight_cast: bool = False  # the Blocks' weights cast to bf16 once per step, by one multi-tensor copy
+    norm_kernel: bool = False  # each residual add and the layer norm after it as Triton kernels
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 

@@ -56,6 +56,12 @@ def _weight_cast(model: nn.Module, setup: Setup) -> list[str]:
     return use_weight_casts(model, {"bfloat16": torch.bfloat16, "float16": torch.float16}[setup.autocast])
 
 
+def _norm_kernel(model: nn.Module, setup: Setup) -> list[str]:
+    from gpt2ladder.speedups.norm_block import use_norm_kernel
+
+    return use_norm_kernel(model)
+
+
 @dataclass(frozen=True)
 class Rewrite:
     name: str
@@ -75,6 +81,7 @@ REWRITES: tuple[Rewrite, ...] = (
                 "must first see its c_fc as a plain Linear to take it"),
     Rewrite("weight_cast", lambda s: s.weight_cast, _weight_cast, after=("fp32_wgrad",),
             why="it gives copies to the Linears that fp32_wgrad makes, which are the ones that read them"),
+    Rewrite("norm_kernel", lambda s: s.norm_kernel, _norm_kernel),
 )
 
 

@@ -1,0 +1,215 @@
+"""A residual add and the layer norm after it as Triton kernels, behind the `norm_kernel` rung.
+
+In GPT-2 every layer norm but the first reads the residual stream right after an add: s = h + branch,
+y = LN(s). Compiled, the add and the norm are one fused kernel each way, but the norm's weight and bias
+gradients (column sums over all N rows) end, after Inductor's split ("mix-order") reduction, in two aten
+sums over the (splits x C) partial sums, each with a memset before it: for GPT-2 124M, 46 sums and 46
+memsets per step, 0.37 ms of kernels plus a launch gap before each (profile and trace of 2026-12-02,
+docs/experiments.md).
+
+Here:
+  - `_add_norm_fwd_kernel`: a few rows per program; s = h + p rounded to the stream's dtype (stored), then
+    y = (s - mean) * rstd * w + b in fp32, stored in the compute dtype; the rows' mean and rstd (fp32) are
+    kept for the backward;
+  - `_add_norm_bwd_kernel`: a fixed number of programs, each walking row blocks; per row
+    dx = rstd (w dy - xhat mean(xhat w dy) - mean(w dy)), plus the residual's own gradient ds, stored
+    once; each program keeps its column sums of dy * xhat and dy in registers and writes them as one row
+    of a (2, programs, C) fp32 buffer;
+  - `_colsum_kernel`: that buffer's column sums, the weight and the bias gradient, in one launch.
+So a norm's backward is two launches and no memset, where compile's was one kernel, two memsets and two sums.
+
+The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA, or without Triton,
+`add_norm_reference` / `add_norm_grad_reference` run instead: the PyTorch expressions the kernels
+must match (tests/kernels/test_norm_kernel.py runs the kernels through Triton's CPU interpreter).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the reference expressions run instead
+    triton = None
+
+# Tile shapes: forward (rows per program, warps); backward (rows per step, warps, programs per SM).
+FWD_TILE = (4, 4)
+BWD_TILE = (4, 4, 2)
+
+
+def add_norm_reference(h, p, weight, bias, eps: float, out_dtype: torch.dtype):
+    """(s, y, mean, rstd): s = h + p in h's dtype, y = layer_norm(s) computed in fp32 (or wider) and stored in
+    out_dtype."""
+    acc = torch.promote_types(h.dtype, torch.float32)
+    s = (h.to(acc) + p.to(acc)).to(h.dtype)
+    sf = s.to(acc)
+    mean = sf.mean(-1)
+    rstd = torch.rsqrt(sf.var(-1, unbiased=False) + eps)
+    y = F.layer_norm(sf, (sf.shape[-1],), weight.to(acc), bias.to(acc), eps)
+    return s, y.to(out_dtype), mean, rstd
+
+
+def add_norm_grad_reference(dy, ds, s, weight, mean, rstd):
+    """(d(h + p) in s's dtype, weight gradient, bias gradient in the parameters' dtype), fp32 (or wider) inside."""
+    c = s.shape[-1]
+    acc = torch.promote_types(s.dtype, torch.float32)
+    xhat = (s.to(acc) - mean[..., None]) * rstd[..., None]
+    dyf = dy.to(acc)
+    wdy = dyf * weight.to(acc)
+    dx = rstd[..., None] * (wdy - xhat * (wdy * xhat).mean(-1, keepdim=True) - wdy.mean(-1, keepdim=True))
+    dsum = (dx + ds.to(acc)).to(s.dtype)
+    dw = (dyf * xhat).reshape(-1, c).sum(0).to(weight.dtype)
+    db = dyf.reshape(-1, c).sum(0).to(weight.dtype)
+    return dsum, dw, db
+
+
+if triton is not None:
+
+    @triton.jit
+    def _add_norm_fwd_kernel(h_ptr, p_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, eps,
+                             BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_C)
+        row_ok, col_ok = rows < n_rows, cols < n_cols
+        mask = row_ok[:, None] & col_ok[None, :]
+        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        s = (h + p).to(s_ptr.dtype.element_ty)  # the stream keeps its own dtype; the norm reads it back
+        tl.store(s_ptr + offs, s, mask=mask)
+        x = s.to(tl.float32)
+        mean = tl.sum(x, 1) / n_cols
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, 1) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = xc * rstd[:, None] * w[None, :] + b[None, :]
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(mean_ptr + rows, mean, mask=row_ok)
+        tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+    @triton.jit
+    def _add_norm_bwd_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dsum_ptr, part_ptr, n_rows, n_cols,
+                             programs, STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+        # `programs` programs; program pid takes row blocks pid, pid + programs, ... (STEPS of them at most;
+        # a constant, so that the loop has fixed bounds, which Triton's CPU interpreter needs too)
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_C)
+        col_ok = cols < n_cols
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK_C], tl.float32)
+        db = tl.zeros([BLOCK_C], tl.float32)
+        for i in tl.range(0, STEPS):
+            rows = (pid + i * programs) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < n_rows
+            mask = row_ok[:, None] & col_ok[None, :]
+            offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+            dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+            wdy = dy * w[None, :]
+            c1 = tl.sum(xhat * wdy, 1) / n_cols
+            c2 = tl.sum(wdy, 1) / n_cols
+            dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+            ds = tl.load(ds_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dsum_ptr + offs, (dx + ds).to(dsum_ptr.dtype.element_ty), mask=mask)
+            dw += tl.sum(dy * xhat, 0)
+            db += tl.sum(dy, 0)
+        tl.store(part_ptr + pid * n_cols + cols, dw, mask=col_ok)
+        tl.store(part_ptr + (programs + pid) * n_cols + cols, db, mask=col_ok)
+
+    @triton.jit
+    def _colsum_kernel(part_ptr, dw_ptr, db_ptr, n_cols, N_PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+        # program (j, k): columns j of the weight (k = 0) or the bias (k = 1) gradient, summed over the parts
+        which = tl.program_id(1)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < n_cols
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        base = part_ptr + which * N_PARTS * n_cols
+        for p0 in tl.range(0, N_PARTS, BLOCK_P):
+            parts = p0 + tl.arange(0, BLOCK_P)
+            mask = (parts < N_PARTS)[:, None] & col_ok[None, :]
+            acc += tl.sum(tl.load(base + parts[:, None] * n_cols + cols[None, :], mask=mask, other=0.0), 0)
+        if which == 0:
+            tl.store(dw_ptr + cols, acc.to(dw_ptr.dtype.element_ty), mask=col_ok)
+        else:
+            tl.store(db_ptr + cols, acc.to(db_ptr.dtype.element_ty), mask=col_ok)
+
+    def launch_fwd(h, p, weight, bias, eps, s, y, mean, rstd, tile=None) -> None:
+        """The forward into preallocated outputs; h, p, s, y are 2-D (N, C) and contiguous."""
+        n, c = h.shape
+        bm, warps = tile or FWD_TILE
+        _add_norm_fwd_kernel[(triton.cdiv(n, bm),)](h, p, weight, bias, s, y, mean, rstd, n, c, eps, BLOCK_M=bm,
+                                                   BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
+
+    def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None) -> None:
+        """The backward into preallocated outputs, with `programs` programs walking the row blocks."""
+        n, c = s.shape
+        bm, warps, _ = tile or BWD_TILE
+        blocks = triton.cdiv(n, bm)
+        programs = max(1, min(programs, blocks))
+        part = torch.empty((2, programs, c), device=s.device, dtype=torch.float32)
+        _add_norm_bwd_kernel[(programs,)](dy, ds, s, weight, mean, rstd, dsum, part, n, c, programs,
+                                          STEPS=triton.cdiv(blocks, programs), BLOCK_M=bm,
+                                          BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
+        _colsum_kernel[(triton.cdiv(c, 128), 2)](part, dw, db, c, N_PARTS=programs, BLOCK_P=32, BLOCK_N=128,
+                                                 num_warps=4)
+
+    def _programs(device: torch.device) -> int:
+        if device.type != "cuda":
+            return 3  # Triton's CPU interpreter: a few programs, each walking several row blocks
+        return torch.cuda.get_device_properties(device).multi_processor_count * BWD_TILE[2]
+
+    @torch.library.custom_op("gpt2ladder::add_norm_fwd", mutates_args=())
+    def add_norm_fwd(h: torch.Tensor, p: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                     out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = h.shape[-1]
+        h2, p2 = h.reshape(-1, c).contiguous(), p.reshape(-1, c).contiguous()
+        s, y = torch.empty_like(h2), torch.empty(h2.shape, device=h.device, dtype=out_dtype)
+        mean = torch.empty(h2.shape[0], device=h.device, dtype=torch.float32)
+        rstd = torch.empty_like(mean)
+        launch_fwd(h2, p2, weight.contiguous(), bias.contiguous(), eps, s, y, mean, rstd)
+        return s.view(h.shape), y.view(h.shape), mean.view(h.shape[:-1]), rstd.view(h.shape[:-1])
+
+    @add_norm_fwd.register_fake
+    def _(h, p, weight, bias, eps, out_dtype):
+        stats = h.new_empty(h.shape[:-1], dtype=torch.float32)
+        return torch.empty_like(h), h.new_empty(h.shape, dtype=out_dtype), stats, torch.empty_like(stats)
+
+    @torch.library.custom_op("gpt2ladder::add_norm_bwd", mutates_args=())
+    def add_norm_bwd(dy: torch.Tensor, ds: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+                     rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = s.shape[-1]
+        s2 = s.reshape(-1, c).contiguous()
+        dsum = torch.empty_like(s2)
+        dw, db = torch.empty_like(weight), torch.empty_like(weight)
+        launch_bwd(dy.reshape(-1, c).contiguous(), ds.reshape(-1, c).contiguous(), s2, weight.contiguous(),
+                   mean.reshape(-1).contiguous(), rstd.reshape(-1).contiguous(), dsum, dw, db, _programs(s.device))
+        return dsum.view(s.shape), dw, db
+
+    @add_norm_bwd.register_fake
+    def _(dy, ds, s, weight, mean, rstd):
+        return torch.empty_like(s), torch.empty_like(weight), torch.empty_like(weight)
+
+
+def kernels_available(t: torch.Tensor) -> bool:
+    return triton is not None and t.is_cuda
+
+
+def add_norm(h, p, weight, bias, eps: float, out_dtype: torch.dtype):
+    """(s, y, mean, rstd) of s = h + p, y = layer_norm(s): the kernel on CUDA with Triton, else the reference."""
+    if kernels_available(h):
+        return torch.ops.gpt2ladder.add_norm_fwd(h, p, weight, bias, eps, out_dtype)
+    return add_norm_reference(h, p, weight, bias, eps, out_dtype)
+
+
+def add_norm_grad(dy, ds, s, weight, mean, rstd):
+    """(d(h + p), weight gradient, bias gradient): the kernels on CUDA with Triton, else the reference."""
+    if kernels_available(s):
+        return torch.ops.gpt2ladder.add_norm_bwd(dy, ds, s, weight, mean, rstd)
+    return add_norm_grad_reference(dy, ds, s, weight, mean, rstd)

@@ -1,0 +1,115 @@
+"""The add + layer norm kernels compute what GPT-2's residual add and layer norm compute: the Triton kernels
+against the PyTorch expressions (through Triton's CPU interpreter), the expressions against autograd, and
+the rewired model against the original."""
+
+import dataclasses
+import importlib.util
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gpt2ladder.kernels.norm import add_norm_grad_reference, add_norm_reference
+from gpt2ladder.model.config import PRESETS
+from gpt2ladder.model.gpt import GPT, Block, init_weights
+from gpt2ladder.speedups.norm_block import AddNorm, FinalNorm, NormBlock, use_norm_kernel
+
+SCRIPT = r"""
+import json, sys, torch
+from gpt2ladder.kernels import norm as nk
+out = []
+for n, c, fwd_rows, bwd_rows, programs in json.loads(sys.argv[1]):
+    gen = torch.Generator().manual_seed(n * 100 + c)
+    h, p = torch.randn(n, c, generator=gen) * 2 + 1, torch.randn(n, c, generator=gen)
+    w, b = torch.randn(c, generator=gen), torch.randn(c, generator=gen)
+    dy, ds = torch.randn(n, c, generator=gen), torch.randn(n, c, generator=gen)
+    s, y = torch.full((n, c), 7.0), torch.full((n, c), 7.0)
+    mean, rstd = torch.full((n,), 7.0), torch.full((n,), 7.0)
+    nk.launch_fwd(h, p, w, b, 1e-5, s, y, mean, rstd, tile=(fwd_rows, 4))
+    dsum, dw, db = torch.full((n, c), 7.0), torch.full((c,), 7.0), torch.full((c,), 7.0)
+    nk.launch_bwd(dy, ds, s, w, mean, rstd, dsum, dw, db, programs, tile=(bwd_rows, 4, 1))
+    rs, ry, rmean, rrstd = nk.add_norm_reference(h, p, w, b, 1e-5, torch.float32)
+    rdsum, rdw, rdb = nk.add_norm_grad_reference(dy, ds, rs, w, rmean, rrstd)
+    err = lambda a, r: (a - r).abs().max().item() / max(1.0, r.abs().max().item())
+    out.append({"s": err(s, rs), "y": err(y, ry), "mean": err(mean, rmean), "rstd": err(rstd, rrstd),
+                "dsum": err(dsum, rdsum), "dw": err(dw, rdw), "db": err(db, rdb)})
+print(json.dumps(out))
+"""
+
+CASES = [  # rows, columns, forward rows per program, backward rows per step, backward programs
+    (70, 300, 4, 4, 3),  # columns not a power of two; the last row block half empty; programs walk 6 blocks
+    (64, 256, 8, 2, 5),  # exact tiles; programs get unequal numbers of row blocks
+    (3, 40, 4, 4, 8),  # fewer rows than one block; more programs asked for than there are blocks
+]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
+def test_kernels_match_the_pytorch_expressions(triton_interpret):
+    results = triton_interpret(SCRIPT, CASES)
+    for case, r in zip(CASES, results):
+        assert all(v < 1e-5 for v in r.values()), (case, r)  # every row and column written, none twice
+
+
+def test_reference_gradients_are_autograds():
+    """The expressions the backward kernel must match are the gradients of h + p and layer_norm(h + p)."""
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(5, 7, 48, generator=gen, dtype=torch.float64, requires_grad=True)
+    p = torch.randn(5, 7, 48, generator=gen, dtype=torch.float64, requires_grad=True)
+    norm = nn.LayerNorm(48, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.normal_(generator=gen), norm.bias.normal_(generator=gen)
+    ds, dy = torch.randn(5, 7, 48, generator=gen, dtype=torch.float64), torch.randn(5, 7, 48, generator=gen,
+                                                                                    dtype=torch.float64)
+    s = h + p
+    y = norm(s)
+    torch.autograd.backward((s, y), (ds, dy))
+    rs, ry, mean, rstd = add_norm_reference(h.detach(), p.detach(), norm.weight.detach(), norm.bias.detach(),
+                                            norm.eps, torch.float64)
+    torch.testing.assert_close(ry, y.detach())
+    dsum, dw, db = add_norm_grad_reference(dy, ds, rs, norm.weight.detach(), mean, rstd)
+    torch.testing.assert_close(dsum, h.grad)
+    torch.testing.assert_close(dsum, p.grad)
+    torch.testing.assert_close(dw, norm.weight.grad)
+    torch.testing.assert_close(db, norm.bias.grad)
+
+
+def test_add_norm_node_gives_both_inputs_the_summed_gradient():
+    gen = torch.Generator().manual_seed(1)
+    h = torch.randn(4, 32, generator=gen, requires_grad=True)
+    p = torch.randn(4, 32, generator=gen, requires_grad=True)
+    w, b = torch.randn(32, generator=gen, requires_grad=True), torch.randn(32, generator=gen, requires_grad=True)
+    s, y = AddNorm.apply(h, p, w, b, 1e-5, torch.float32)
+    (s.sum() * 2 + (y * y).sum()).backward()
+    hh, pp = h.detach().clone().requires_grad_(), p.detach().clone().requires_grad_()
+    ww, bb = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    s2 = hh + pp
+    y2 = nn.functional.layer_norm(s2, (32,), ww, bb, 1e-5)
+    (s2.sum() * 2 + (y2 * y2).sum()).backward()
+    for got, want in ((h.grad, hh.grad), (p.grad, pp.grad), (w.grad, ww.grad), (b.grad, bb.grad)):
+        torch.testing.assert_close(got, want)
+
+
+def test_the_rewrite_keeps_the_parameters_and_the_function():
+    """Every Block becomes a NormBlock and ln_f a FinalNorm with the same Parameters; off CUDA they run the
+    PyTorch expressions, so the loss and every gradient are the original model's, bit for bit."""
+    cfg = dataclasses.replace(PRESETS["tiny"], attention="sdpa")
+    plain, rewired = init_weights(GPT(cfg), 0), init_weights(GPT(cfg), 0)
+    before = dict(rewired.named_parameters())
+    names = use_norm_kernel(rewired)
+    assert names == [f"transformer.h.{i}" for i in range(cfg.n_layer)] + ["transformer.ln_f"]
+    assert dict(rewired.named_parameters()) == before and rewired.state_dict().keys() == plain.state_dict().keys()
+    assert all(type(b) is NormBlock for b in rewired.transformer.h) and type(rewired.transformer.ln_f) is FinalNorm
+    assert not any(type(m) is Block for m in rewired.modules())
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randint(0, cfg.vocab_size, (2, 16), generator=gen), torch.randint(0, cfg.vocab_size, (2, 16),
+                                                                                   generator=gen)
+    losses = []
+    for model in (plain, rewired):
+        _, loss = model(x, y)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == losses[1]
+    grads = dict(plain.named_parameters())
+    for name, param in rewired.named_parameters():
+        assert torch.equal(param.grad, grads[name].grad), name
+    assert use_norm_kernel(rewired) == []
