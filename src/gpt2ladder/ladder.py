@@ -27,8 +27,9 @@ class Rung:
     # Returns None when the rung can run here, else the reason it cannot.
     unavailable: Callable[[Capabilities], str | None] = field(repr=False, default=lambda caps: None)
     writeup: bool = False  # one of the write-up's five (and its baseline): what `--rungs seed` climbs
-    # Measured slower than the rung before it where it was tried (GPT-2 124M on an H200): climbed by
-    # `all` and tried by `--rungs best`, but not part of `auto`, which `train` uses and `doctor` recommends.
+    # Measured slower than the rung before it, or no faster (within noise), where it was tried (GPT-2 124M on
+    # an H200): climbed by `all` and tried by `--rungs best`, but not part of `auto`, which `train` uses and
+    # `doctor` recommends.
     opt_in: bool = False
     # Where `parity` found its loss off the fp32 baseline's by more than the rule allows: the rung is still
     # measured (`all`, `best`) and reported, but `best` never keeps it, however fast.
@@ -160,14 +161,15 @@ LADDER: tuple[Rung, ...] = (
          "memory", {"fp32_wgrad": True}, _needs_mm_out_dtype, pays_with_graph=True),
     Rung("weight_cast", "The Blocks' weights and biases are cast to bfloat16 at the start of the step by one "
          "multi-tensor copy into copies kept between steps, where autocast cast each one beside its matmul in 72 "
-         "small kernels (the same rounding, so the same numbers).",
+         "small kernels (the same rounding, so the same numbers); in the step within noise of the rung before "
+         "(opt-in).",
          "overhead", {"weight_cast": True, "fp32_wgrad": True, "autocast": "bfloat16"}, _needs_mm_out_dtype,
-         pays_with_graph=True),
+         opt_in=True, pays_with_graph=True),
     Rung("norm_kernel", "Each residual add and the layer norm after it run as Triton kernels whose backward ends "
          "the norm's weight and bias gradients in one small launch, where compile's ended them in two aten sums "
-         "with a memset before each (92 launches per step).",
+         "with a memset before each (92 launches per step); in the step within noise of the rung before (opt-in).",
          "overhead", {"norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_norm_kernel, pays_with_graph=True),
+         _needs_norm_kernel, opt_in=True, pays_with_graph=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",

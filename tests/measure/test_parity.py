@@ -296,6 +296,22 @@ def test_a_missing_shard_is_a_usage_error(shakespeare_cache, tmp_path, capsys):
     assert "parity runs missing from the shards: baseline-seed1" in capsys.readouterr().err
 
 
+def test_a_shard_from_before_the_micro_batch_setting_still_merges(shakespeare_cache, tmp_path, capsys):
+    """Shards written before `micro_batch` existed ran every step as one pass, which is what None means."""
+    for k in range(2):
+        assert main(ARGS + ["--rungs", "baseline", "--shard", f"{k}/2", "--out", str(tmp_path / f"s{k}")]) == 0
+    old = tmp_path / "s0" / "parity-shard-0-of-2.json"
+    record = json.loads(old.read_text())
+    del record["config"]["micro_batch"]
+    old.write_text(json.dumps(record))
+    assert main(["parity", "--merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m")]) == 0
+    assert json.loads((tmp_path / "m" / "parity.json").read_text())["rungs"][0]["name"] == "baseline"
+    record["config"]["flux"] = 1  # an unknown setting is still refused
+    old.write_text(json.dumps(record))
+    assert main(["parity", "--merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m2")]) == 2
+    assert "does not know (flux)" in capsys.readouterr().err
+
+
 def test_a_file_that_is_not_a_shard_is_a_usage_error(tmp_path, capsys):
     bench_record = tmp_path / "ladder.json"
     bench_record.write_text(json.dumps({"command": "bench", "rungs": []}))

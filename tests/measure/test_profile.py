@@ -36,6 +36,8 @@ KERNELS = [
     ("triton_poi_fused_add_gelu_native_layer_norm_2", "elementwise"),
     ("triton_red_fused__to_copy_native_layer_norm_native_layer_norm_backward_5", "elementwise"),
     ("triton_poi_fused_gelu_gelu_backward_view_9", "elementwise"),
+    ("_add_norm_bwd_kernel", "elementwise"),  # the norm_kernel rung's kernels are norms, not "other"
+    ("_colsum_kernel", "elementwise"),
     ("triton_poi_fused__to_copy_3", "copies"),
     ("triton_poi_fused_clone_permute_view_7", "copies"),
     ("triton_poi_fused_embedding_0", "copies"),

@@ -146,9 +146,18 @@ def _merge_command(args) -> int:
     return _finish(record, prepare_out_dir(args.out))
 
 
+# Settings added since shards were first written, with the value a shard without them ran with: before
+# `micro_batch` existed, parity took every step as one forward pass (what None means).
+ADDED_SETTINGS = {"micro_batch": None}
+
+
 def _check_shard_config(path: Path, config) -> None:
-    """The shard's settings must be exactly ParityConfig's (another version's shard says so here)."""
+    """The shard's settings must be exactly ParityConfig's (another version's shard says so here); a setting
+    added since (ADDED_SETTINGS) is filled in with the value such a shard ran with."""
     fields = set(ParityConfig().to_dict())
+    if isinstance(config, dict):
+        for key, value in ADDED_SETTINGS.items():
+            config.setdefault(key, value)
     keys = set(config) if isinstance(config, dict) else set()
     if not isinstance(config, dict) or keys != fields:
         odd = sorted(keys - fields) + [f"{k} (missing)" for k in sorted(fields - keys)]

@@ -76,7 +76,7 @@ RULES: tuple[tuple[str, str], ...] = (
                r"^aten::(cat|stack|t|view|reshape|_unsafe_view|as_strided|expand|slice|select|split|unbind|"
                r"unsqueeze|squeeze|narrow|detach|alias)$"),
     ("other", r"^aten::(empty|empty_strided|empty_like|resize_|item|_local_scalar_dense)$"),
-    ("elementwise", r"layer_?norm|gelu|tanh|elementwise|reduce_kernel|gammabeta|^aten::"),
+    ("elementwise", r"layer_?norm|add_norm|colsum|gelu|tanh|elementwise|reduce_kernel|gammabeta|^aten::"),
 )
 _COMPILED_RULES = tuple((category, re.compile(pattern)) for category, pattern in RULES)
 
