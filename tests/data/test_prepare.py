@@ -214,3 +214,15 @@ def test_the_spool_is_a_new_file_of_its_own_never_written_through_a_link(tmp_pat
     assert not spool.path.is_symlink() and outside.read_text() == "keep me\n"
     spool.remove()
     assert not spool.path.exists() and outside.read_text() == "keep me\n"
+
+
+def test_a_ctrl_c_between_making_a_temporary_and_renaming_it_leaves_nothing_behind(tmp_path):
+    """What `prepare` removes when interrupted: temporaries of its shards and manifests, nothing else."""
+    cfg = P.PrepareConfig(SourceSpec("x"), tmp_path, "plays")
+    names = [".manifest.partial.json.0123456789ab.tmp.json", ".manifest.json.0123456789ab.tmp.json",
+             ".plays_train_000001.bin.0123456789ab.tmp.bin", ".spool.1.part", "notes.txt", ".lock",
+             ".other.json.0123456789ab.tmp.json"]
+    for name in names:
+        (tmp_path / name).write_text("x")
+    P.drop_temporaries(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".other.json.0123456789ab.tmp.json", "notes.txt"]

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from gpt2ladder.data import manifest as manifest_mod
-from gpt2ladder.data.prepare import PrepareConfig, Plan, available_cores, default_name, plan, run
+from gpt2ladder.data.prepare import PrepareConfig, Plan, available_cores, default_name, drop_temporaries, plan, run
 from gpt2ladder.data.sources import Source, SourceSpec, open_source
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.report.progress import progress_bar
@@ -74,6 +74,7 @@ def _prepare(args, cfg: PrepareConfig, source: Source) -> int:
         manifest = run(cfg, source, planned, progress)
     except KeyboardInterrupt:
         bar.close()
+        drop_temporaries(cfg)
         print(f"gpt2ladder: interrupted; {_kept(cfg)} kept in {cfg.out}: run the same command to continue",
               file=sys.stderr)
         return 130

@@ -355,11 +355,24 @@ def _clean(cfg: PrepareConfig, kept: list[dict]) -> None:
         return name.startswith((f"{cfg.name}_val_", f"{cfg.name}_train_")) and name.endswith(".bin")
 
     for p in cfg.out.iterdir():
-        written = temp_of(p.name)  # a ShardWriter's temporary (`files.beside`), left by a kill -9
-        temporary = (written is not None and ours(written)) or (
-            p.name.startswith((f".{cfg.name}_", ".spool.")) and p.name.endswith(".part"))
-        if (ours(p.name) and p.name not in keep) or temporary:
+        if (ours(p.name) and p.name not in keep) or _temporary(cfg, p.name):
             p.unlink(missing_ok=True)
+
+
+def _temporary(cfg: PrepareConfig, name: str) -> bool:
+    """A temporary of a shard or of a manifest (`files.beside`), or a spool part, left by an interrupted run."""
+    written = temp_of(name)
+    shard = written is not None and written.startswith((f"{cfg.name}_val_", f"{cfg.name}_train_"))
+    manifest = written in ("manifest.json", "manifest.partial.json")
+    return shard or manifest or (name.startswith((f".{cfg.name}_", ".spool.")) and name.endswith(".part"))
+
+
+def drop_temporaries(cfg: PrepareConfig) -> None:
+    """Remove the temporaries a Ctrl-C caught between making a file and renaming it into place."""
+    if cfg.out.is_dir():
+        for p in cfg.out.iterdir():
+            if _temporary(cfg, p.name):
+                p.unlink(missing_ok=True)
 
 
 def run(cfg: PrepareConfig, source: Source, planned: Plan, progress: Callable[[int, int], None] | None = None) -> dict:
