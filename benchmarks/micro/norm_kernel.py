@@ -77,3 +77,35 @@ for tile in [(4, 4, 2), (4, 4, 1), (4, 4, 4), (2, 4, 2), (8, 4, 2), (8, 8, 2), (
           f"{rel(dsum, rdsum):.1e} {rel(dw, rdw):.1e} {rel(db, rdb):.1e}")
     best.append((ms, tile))
 print("fastest backward:", min(best))
+
+# The column sums alone (the second kernel of the backward): their share, at the backward's best tile, over
+# several tiles of their own; then the whole backward with the fastest.
+bm, warps, per_sm = min(best)[1]
+programs = min(SMS * per_sm, triton.cdiv(N, bm))
+part = torch.randn(2, programs, C, device="cuda")
+dw, db = torch.empty_like(w), torch.empty_like(w)
+ref_w, ref_b = part[0].sum(0), part[1].sum(0)
+print(f"column sums of (2, {programs}, {C}) fp32 (parts per step, columns per program, warps): ms, max rel. error")
+sums = []
+for tile in [(32, 128, 4), (64, 64, 4), (32, 64, 4), (64, 32, 4), (32, 32, 2), (128, 32, 4), (16, 16, 1),
+             (64, 16, 2), (256, 16, 4)]:
+    cp, cn, cw = tile
+
+    def colsum():
+        nk._colsum_kernel[(triton.cdiv(C, cn), 2)](part, dw, db, C, N_PARTS=programs, BLOCK_P=cp, BLOCK_N=cn,
+                                                   num_warps=cw)
+
+    colsum()
+    ms = bench(colsum)
+    print(tile, f"{ms:.4f} ms", f"{max(rel(dw, ref_w), rel(db, ref_b)):.1e}")
+    sums.append((ms, tile))
+print("fastest column sums:", min(sums))
+dsum, dw, db = torch.empty_like(h), torch.empty_like(w), torch.empty_like(w)
+for colsum_tile in (nk.COLSUM_TILE, min(sums)[1]):
+    def whole():
+        nk.launch_bwd(dy, ds, rs, w, rmean, rrstd, dsum, dw, db, SMS * per_sm, tile=(bm, warps, per_sm),
+                      colsum=colsum_tile)
+
+    whole()
+    print(f"backward at {(bm, warps, per_sm)} with column sums at {colsum_tile}: {bench(whole):.4f} ms, errors "
+          f"{rel(dsum, rdsum):.1e} {rel(dw, rdw):.1e} {rel(db, rdb):.1e}")

@@ -40,6 +40,7 @@ except ImportError:  # CPU-only installs: the reference expressions run instead
 # where compile's backward, its memsets and sums included, took about 0.050 ms.
 FWD_TILE = (4, 4)
 BWD_TILE = (8, 4, 2)
+COLSUM_TILE = (32, 128, 4)  # the column sums: parts per step, columns per program, warps
 
 
 def add_norm_reference(h, p, weight, bias, eps: float, out_dtype: torch.dtype):
@@ -150,18 +151,20 @@ if triton is not None:
         _add_norm_fwd_kernel[(triton.cdiv(n, bm),)](h, p, weight, bias, s, y, mean, rstd, n, c, eps, BLOCK_M=bm,
                                                    BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
 
-    def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None) -> None:
-        """The backward into preallocated outputs, with `programs` programs walking the row blocks."""
+    def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None, colsum=None) -> None:
+        """The backward into preallocated outputs, with `programs` programs walking the row blocks
+        (`colsum` = (parts per step, columns per program, warps) of the column sums)."""
         n, c = s.shape
         bm, warps, _ = tile or BWD_TILE
+        cp, cn, cw = colsum or COLSUM_TILE
         blocks = triton.cdiv(n, bm)
         programs = max(1, min(programs, blocks))
         part = torch.empty((2, programs, c), device=s.device, dtype=torch.float32)
         _add_norm_bwd_kernel[(programs,)](dy, ds, s, weight, mean, rstd, dsum, part, n, c, programs,
                                           STEPS=triton.cdiv(blocks, programs), BLOCK_M=bm,
                                           BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
-        _colsum_kernel[(triton.cdiv(c, 128), 2)](part, dw, db, c, N_PARTS=programs, BLOCK_P=32, BLOCK_N=128,
-                                                 num_warps=4)
+        _colsum_kernel[(triton.cdiv(c, cn), 2)](part, dw, db, c, N_PARTS=programs, BLOCK_P=cp, BLOCK_N=cn,
+                                                num_warps=cw)
 
     def _programs(device: torch.device) -> int:
         if device.type != "cuda":
