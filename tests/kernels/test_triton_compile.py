@@ -43,7 +43,7 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
     "kernels.norm._colsum_kernel": (
         {"part_ptr": "*fp32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "n_cols": "i32", "N_PARTS": C, "BLOCK_P": C,
          "BLOCK_N": C},
-        {"N_PARTS": 264, "BLOCK_P": 32, "BLOCK_N": 128}),
+        {"N_PARTS": 264, "BLOCK_P": 256, "BLOCK_N": 16}),
 }
 
 
