@@ -38,6 +38,9 @@ KERNELS = [
     ("triton_poi_fused_gelu_gelu_backward_view_9", "elementwise"),
     ("_add_norm_bwd_kernel", "elementwise"),  # the norm_kernel rung's kernels are norms, not "other"
     ("_colsum_kernel", "elementwise"),
+    ("aten::_foreach_copy_", "copies"),  # the weight_cast rung's casts, outside optimizer.step()
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "TensorListMetadata<2>, at::native::(anonymous namespace)::CopyFunctor<c10::BFloat16, float, 2, 1, 1>>", "copies"),
     ("triton_poi_fused__to_copy_3", "copies"),
     ("triton_poi_fused_clone_permute_view_7", "copies"),
     ("triton_poi_fused_embedding_0", "copies"),

@@ -1,6 +1,7 @@
 """The weight_cast rung: the Blocks' matmuls read bf16 copies refreshed once per step, and the step computes
 the same numbers as casting beside each matmul."""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -11,7 +12,7 @@ from gpt2ladder.ladder import setup_for, strategy_problem
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
-from gpt2ladder.speedups.weight_cast import weight_casts
+from gpt2ladder.speedups.weight_cast import WeightCasts, weight_casts
 
 CPU = torch.device("cpu")
 BASE = dataclasses.replace(setup_for(["baseline", "bf16", "flash", "vocab", "fused_adamw"]), fp32_wgrad=True)
@@ -77,3 +78,22 @@ def test_the_rewrite_runs_after_fp32_wgrad_and_fsdp_refuses_it():
     assert names.index("weight_cast") > names.index("fp32_wgrad")
     assert "shard" in strategy_problem("weight_cast", "fsdp")
     assert strategy_problem("weight_cast", "ddp") is None and strategy_problem("weight_cast", None) is None
+
+
+def test_the_step_reads_the_copies(monkeypatch):
+    """Copies changed after their refresh change the step's loss: the matmuls read them, not the weights."""
+    (x, y), = _batches(1)
+    setup = dataclasses.replace(BASE, weight_cast=True)
+    plain = Engine(PRESETS["tiny"], setup, CPU).step(x, y).item()
+    refresh = WeightCasts.fresh
+
+    @contextlib.contextmanager
+    def tripled(self):
+        with refresh(self):
+            copies, _ = self.pairs()
+            with torch.no_grad():
+                torch._foreach_mul_(copies, 3.0)
+            yield
+
+    monkeypatch.setattr(WeightCasts, "fresh", tripled)
+    assert Engine(PRESETS["tiny"], setup, CPU).step(x, y).item() != plain

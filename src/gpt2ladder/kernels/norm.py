@@ -185,9 +185,9 @@ if triton is not None:
         return s.view(h.shape), y.view(h.shape), mean.view(h.shape[:-1]), rstd.view(h.shape[:-1])
 
     @add_norm_fwd.register_fake
-    def _(h, p, weight, bias, eps, out_dtype):
+    def _(h, p, weight, bias, eps, out_dtype):  # contiguous, as the op's outputs are whatever h's strides
         stats = h.new_empty(h.shape[:-1], dtype=torch.float32)
-        return torch.empty_like(h), h.new_empty(h.shape, dtype=out_dtype), stats, torch.empty_like(stats)
+        return h.new_empty(h.shape), h.new_empty(h.shape, dtype=out_dtype), stats, torch.empty_like(stats)
 
     @torch.library.custom_op("gpt2ladder::add_norm_bwd", mutates_args=())
     def add_norm_bwd(dy: torch.Tensor, ds: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
@@ -202,7 +202,7 @@ if triton is not None:
 
     @add_norm_bwd.register_fake
     def _(dy, ds, s, weight, mean, rstd):
-        return torch.empty_like(s), torch.empty_like(weight), torch.empty_like(weight)
+        return s.new_empty(s.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
 
 
 def kernels_available(t: torch.Tensor) -> bool:

@@ -69,6 +69,9 @@ RULES: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|sdpa|attention|softmax|masked_fill"),
     ("matmul", r"gemm|gemv|cutlass|cublas|xmma|nvjet|wgmma|triton_tem_|scaled_mm|"
                r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear)$"),
+    # A multi-tensor copy outside optimizer.step() (the weight_cast rung's casts) moves data; inside it,
+    # everything is optimizer by its context anyway.
+    ("copies", r"_foreach_copy|copyfunctor"),
     ("optimizer", r"adam|multi_tensor_apply|_foreach|^optimizer\.|lpnorm"),
     ("copies", rf"^triton_[a-z]+_fused(_+({_DATA_OPS}))+$"),
     ("elementwise", r"^triton_|cpp_fused|compiledfxgraph"),  # every other fused kernel computes
