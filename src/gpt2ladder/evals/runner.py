@@ -22,11 +22,11 @@ import torch
 
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.evals import hellaswag, scoring
+from gpt2ladder.model.setup import AUTOCAST_DTYPES
 from gpt2ladder.report.progress import progress_bar
 
 TASKS: dict[str, ModuleType] = {hellaswag.NAME: hellaswag}
 MIN_LENGTH = 32  # the shortest padded length
-AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 BATCH_SIZE = {"cuda": 16, "cpu": 4}  # examples per forward pass by device type (each is one row per choice)
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # Setup.autocast -> its dtype
+
 
 @dataclass(frozen=True)
 class Setup:
@@ -32,6 +36,11 @@ class Setup:
     norm_kernel: bool = False  # each residual add and the layer norm after it as Triton kernels
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype autocast runs matmuls in, or None without autocast."""
+        return None if self.autocast is None else AUTOCAST_DTYPES[self.autocast]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

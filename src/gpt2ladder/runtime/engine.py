@@ -31,7 +31,6 @@ from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime import distributed
 from gpt2ladder.speedups.weight_cast import weight_casts
 
-AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 WARMUP_STEPS = 3  # eager steps before a CUDA graph capture: compile, autotuning, optimizer state
 DDP_WARMUP_STEPS = 11  # PyTorch's CUDA-graph notes: DDP needs 11 eager iterations before a full capture
 
@@ -130,7 +129,7 @@ class Engine:
         if self.setup.autocast is None:
             return contextlib.nullcontext()
         # Graph capture replays kernels, not Python: autocast's cast cache must not outlive a step.
-        return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.setup.autocast],
+        return torch.autocast(self.device.type, dtype=self.setup.autocast_dtype,
                               cache_enabled=not self.setup.cuda_graph)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

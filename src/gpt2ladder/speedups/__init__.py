@@ -47,13 +47,11 @@ def _fp32_wgrad(model: nn.Module, setup: Setup) -> list[str]:
 
 
 def _weight_cast(model: nn.Module, setup: Setup) -> list[str]:
-    import torch
-
     from gpt2ladder.speedups.weight_cast import use_weight_casts
 
-    if setup.autocast is None:
+    if setup.autocast_dtype is None:
         return []  # nothing to cast: the matmuls run in the weights' own dtype
-    return use_weight_casts(model, {"bfloat16": torch.bfloat16, "float16": torch.float16}[setup.autocast])
+    return use_weight_casts(model, setup.autocast_dtype)
 
 
 def _norm_kernel(model: nn.Module, setup: Setup) -> list[str]:
