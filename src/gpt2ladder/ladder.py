@@ -37,6 +37,8 @@ class Rung:
     # Cuts GPU work that, without a CUDA graph, launch gaps hide: `auto` leaves it out where no graph can
     # be captured (FSDP2), since there it measured slower (see GRAPH_ONLY_REASON).
     pays_with_graph: bool = False
+    # Data-parallel strategies ("ddp", "fsdp") the rung cannot run under, each with the reason.
+    refused_under: dict = field(default_factory=dict)
 
     def apply(self, setup: Setup) -> Setup:
         return dataclasses.replace(setup, **self.changes)
@@ -143,8 +145,11 @@ LADDER: tuple[Rung, ...] = (
          "log-sum-exp, then the gradient tiles in both layouts), which read the logits twice instead of three "
          "times and store the transposed float8 copy contiguously.",
          "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel),
+    # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not. (Under
+    # DDP the graph captures the all-reduces too: runtime/engine.py.)
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
-         "overhead", {"cuda_graph": True}, _needs_cuda("capturing a CUDA graph")),
+         "overhead", {"cuda_graph": True}, _needs_cuda("capturing a CUDA graph"),
+         refused_under={"fsdp": "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"}),
     # After the graph: rungs that cut GPU work, measured where launch gaps no longer hide it (ungraphed,
     # bf16_residual measured slower on the H200; graphed it saves 1.2-1.4 ms).
     Rung("bf16_residual", "The residual stream between Blocks is kept in bfloat16 (autocast leaves it in fp32), so "
@@ -164,7 +169,9 @@ LADDER: tuple[Rung, ...] = (
          "small kernels (the same rounding, so the same numbers); in the step within noise of the rung before "
          "(opt-in).",
          "overhead", {"weight_cast": True, "fp32_wgrad": True, "autocast": "bfloat16"}, _needs_mm_out_dtype,
-         opt_in=True, pays_with_graph=True),
+         opt_in=True, pays_with_graph=True, refused_under={
+             "fsdp": "FSDP2 replaces every parameter by its shard and gathers it inside the step, after the copies "
+                     "are made"}),
     Rung("norm_kernel", "Each residual add and the layer norm after it run as Triton kernels whose backward ends "
          "the norm's weight and bias gradients in one small launch, where compile's ended them in two aten sums "
          "with a memset before each (92 launches per step); in the step within noise of the rung before (opt-in).",
@@ -216,13 +223,7 @@ def why_unavailable(name: str, caps: Capabilities, strategy: str | None = None) 
 
 def strategy_problem(name: str, strategy: str | None) -> str | None:
     """Why a rung cannot run under this data-parallel strategy ("ddp", "fsdp"; None: one process)."""
-    if name == "weight_cast" and strategy == "fsdp":
-        return "FSDP2 replaces every parameter by its shard and gathers it inside the step, after the copies are made"
-    if name != "cuda_graph" or strategy in (None, "ddp"):
-        return None
-    # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not.
-    # (Under DDP the graph captures the all-reduces too: runtime/engine.py.)
-    return "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"
+    return RUNGS_BY_NAME[name].refused_under.get(strategy) if strategy else None
 
 
 GRAPH_ONLY_REASON = ("it pays only inside a CUDA graph, which cannot be captured here: ungraphed, bf16_residual "
