@@ -63,8 +63,6 @@ a_erf = F.gelu(h_ref)
 a, h = torch.ops.gpt2ladder.gelu_linear(x, w_fc, b_fc.to(bf))
 print("forward, error against fp32 (relative norm): "
       f"a {rel(a, a_ref):.2e} (vs the erf GELU {rel(a, a_erf):.2e}), h {rel(h, h_ref):.2e}")
-a32, h32 = torch.ops.gpt2ladder.gelu_linear(x, w_fc, b_fc)
-print(f"  with an fp32 bias: a {rel(a32, a_ref):.2e}, h {rel(h32, h_ref):.2e}")
 h0 = torch.empty(N, M, device="cuda", dtype=bf)
 out = torch.empty_like(h0)
 print("forward times:")
@@ -75,8 +73,12 @@ t_plain = show("cuBLASLt, default epilogue", lambda: lt.matmul_t(x, w_fc, out, b
 b_bf = b_fc.to(bf)
 t_new = show("cuBLASLt, GELU_AUX_BIAS (bf16 bias)", lambda: lt.matmul_t(
     x, w_fc, out, b_transposed=True, epilogue=lt._EPILOGUE_GELU_AUX_BIAS, bias=b_bf, aux=h0))
-t_new32 = show("cuBLASLt, GELU_AUX_BIAS (fp32 bias)", lambda: lt.matmul_t(
-    x, w_fc, out, b_transposed=True, epilogue=lt._EPILOGUE_GELU_AUX_BIAS, bias=b_fc, aux=h0))
+try:
+    t_new32 = show("cuBLASLt, GELU_AUX_BIAS (fp32 bias)", lambda: lt.matmul_t(
+        x, w_fc, out, b_transposed=True, epilogue=lt._EPILOGUE_GELU_AUX_BIAS, bias=b_fc, aux=h0))
+except lt.CublasLtError as e:
+    print("  fp32 bias:", e)
+    t_new32 = float("inf")
 print(f"  forward saving per layer: {t_old - min(t_new, t_new32):.4f} ms")
 
 # Backward: dA = g W_proj, dh = dA * gelu'(h), db = colsum(dh).
