@@ -243,9 +243,9 @@ def dgelu_matmul(grad: torch.Tensor, weight: torch.Tensor, h: torch.Tensor) -> t
         return dgelu_matmul_reference(grad, weight, h)
     grad, weight, h = grad.contiguous(), weight.contiguous(), h.contiguous()
     dh = torch.empty_like(h)
-    dbias = torch.empty(h.shape[1], device=h.device, dtype=torch.float32)
+    dbias = torch.empty(h.shape[1], device=h.device, dtype=h.dtype)  # cuBLASLt refuses fp32 for a bf16 output
     matmul_t(grad, weight, dh, b_transposed=False, epilogue=_EPILOGUE_DGELU_BGRAD, bias=dbias, aux=h)
-    return dh, dbias
+    return dh, dbias.float()
 
 
 @dgelu_matmul.register_fake
