@@ -174,9 +174,9 @@ LADDER: tuple[Rung, ...] = (
                      "are made"}),
     Rung("norm_kernel", "Each residual add and the layer norm after it run as Triton kernels whose backward ends "
          "the norm's weight and bias gradients in one small launch, where compile's ended them in two aten sums "
-         "with a memset before each (92 launches per step); in the step within noise of the rung before (opt-in).",
+         "with a memset before each (92 launches per step).",
          "overhead", {"norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_norm_kernel, opt_in=True, pays_with_graph=True),
+         _needs_norm_kernel, pays_with_graph=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",
