@@ -1,4 +1,4 @@
-"""cuBLASLt's GELU epilogues (src/gpt2ladder/kernels/cublaslt.py) at GPT-2 124M's MLP shape (B=16 x 1024,
+"""cuBLASLt's GELU epilogues (benchmarks/micro/cublaslt.py) at GPT-2 124M's MLP shape (B=16 x 1024,
 768 -> 3072 -> 768, bf16) on one GPU, against what the gelu_kernel rung runs: c_fc's matmul and the Triton
 GELU forward kernel; the matmul forming c_proj's input gradient and the Triton GELU backward kernel.
 Each one's error against fp32 expressions, times as CUDA graphs (so launch gaps do not count).
@@ -10,7 +10,7 @@ import torch
 import triton
 import torch.nn.functional as F
 
-from gpt2ladder.kernels import cublaslt as lt
+import cublaslt as lt
 from gpt2ladder.kernels import gelu as gk
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
@@ -60,7 +60,7 @@ def rel(a, b):
 h_ref = x.float() @ w_fc.float().t() + b_fc
 a_ref = F.gelu(h_ref, approximate="tanh")
 a_erf = F.gelu(h_ref)
-a, h = torch.ops.gpt2ladder.gelu_linear(x, w_fc, b_fc.to(bf))
+a, h = torch.ops.micro.gelu_linear(x, w_fc, b_fc.to(bf))
 print("forward, error against fp32 (relative norm): "
       f"a {rel(a, a_ref):.2e} (vs the erf GELU {rel(a, a_erf):.2e}), h {rel(h, h_ref):.2e}")
 h0 = torch.empty(N, M, device="cuda", dtype=bf)
@@ -86,7 +86,7 @@ hf = h.float().requires_grad_(True)
 da_ref = g.float() @ w_proj.float()
 (dh_ref,) = torch.autograd.grad(F.gelu(hf, approximate="tanh"), hf, da_ref)
 db_ref = dh_ref.sum(0)
-dh, db = torch.ops.gpt2ladder.dgelu_matmul(g, w_proj, h)
+dh, db = torch.ops.micro.dgelu_matmul(g, w_proj, h)
 print(f"backward, error against fp32: dh {rel(dh, dh_ref):.2e}, bias gradient {rel(db, db_ref):.2e}")
 da = torch.empty(N, M, device="cuda", dtype=bf)
 dh2 = torch.empty_like(da)

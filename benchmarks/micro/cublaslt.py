@@ -1,24 +1,24 @@
-"""cuBLASLt matmuls with a GELU in their epilogue, called through ctypes: behind the `gelu_epilogue` rung.
+"""cuBLASLt matmuls with a GELU in their epilogue, called through ctypes, for benchmarks/micro/gelu_epilogue.py.
 
 PyTorch runs the MLP's matmuls through cuBLAS but exposes none of cuBLASLt's GELU epilogues, so the GELU
 is a pass of its own over the (N, 4C) activations in each direction (the `gelu_kernel` rung's Triton
-kernels: 0.053 ms forward and 0.089 ms backward per layer at B=16 x 1024 on an H200). cuBLASLt can do
-both inside the matmuls that surround it, where the tile is still on chip:
+kernels). cuBLASLt can do both inside the matmuls around it:
 
-  - forward, CUBLASLT_EPILOGUE_GELU_AUX_BIAS on c_fc: h = x W^T + b is written once as the "aux" matrix
-    (what the backward needs) and a = gelu(h) as the output, so nobody reads h back to apply the GELU;
+  - forward, CUBLASLT_EPILOGUE_GELU_AUX_BIAS on c_fc: h = x W^T + b is written as the "aux" matrix (what
+    the backward needs) and a = gelu(h) as the output, so nobody reads h back to apply the GELU;
   - backward, CUBLASLT_EPILOGUE_DGELU_BGRAD on the matmul that forms c_proj's input gradient
-    (dA = dY W_proj): the epilogue multiplies by gelu'(h), read from the aux matrix, and writes the bias
-    gradient of c_fc (the column sums of dh) as well, so dA is never written and read back.
+    (dA = dY W_proj): the epilogue multiplies by gelu'(h), read from the aux matrix, and writes c_fc's
+    bias gradient (the column sums of dh) as well.
 
-cuBLASLt's GELU is the tanh form, GPT-2's (the epilogue computes in fp32; the results agree with
-`F.gelu(..., approximate="tanh")` to bf16 rounding, tests/kernels/test_kernels_gpu.py).
+Measured on an H200 at GPT-2 124M's shape (benchmarks/results/2026-12-02-h200-epilogue) neither pays: the
+forward epilogue is as fast as the matmul plus the Triton GELU kernel, the backward one twice as slow, and
+cuBLASLt refuses an fp32 bias or bias gradient beside a bf16 output. So no rung uses this; it stays here as
+the measurement's tool.
 
 The library is the libcublasLt that PyTorch itself loaded (found in the process's memory map), so no
-package is added; `problem()` says why it cannot be used here. cuBLASLt is column-major: a row-major
-(rows, cols) tensor is, to it, the (cols, rows) matrix with leading dimension cols, so y = x W^T
-(row-major, N x F) is D = W^T-as-stored (F x K, transposed) times x-as-stored (K x N), and the bias
-and aux run along D's rows (the F features), as the epilogue wants.
+package is added. cuBLASLt is column-major: a row-major (rows, cols) tensor is, to it, the (cols, rows)
+matrix with leading dimension cols, so y = x W^T (row-major, N x F) is D = W^T-as-stored (F x K,
+transposed) times x-as-stored (K x N), and the bias and aux run along D's rows (the F features).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def use_cublaslt(t: torch.Tensor) -> bool:
     return t.is_cuda and problem() is None
 
 
-@torch.library.custom_op("gpt2ladder::gelu_linear", mutates_args=())
+@torch.library.custom_op("micro::gelu_linear", mutates_args=())
 def gelu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gelu(h), h), h = x W^T + b: one cuBLASLt matmul with the GELU_AUX_BIAS epilogue. x (N, K), W (M, K),
     b (M,) in x's dtype or fp32."""
@@ -235,7 +235,7 @@ def _(x, weight, bias):
     return out, torch.empty_like(out)
 
 
-@torch.library.custom_op("gpt2ladder::dgelu_matmul", mutates_args=())
+@torch.library.custom_op("micro::dgelu_matmul", mutates_args=())
 def dgelu_matmul(grad: torch.Tensor, weight: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dh, bias gradient in fp32), dh = (grad @ W) * gelu'(h): one cuBLASLt matmul with the DGELU_BGRAD
     epilogue. grad (N, C), W (C, M) (c_proj's weight), h (N, M)."""
