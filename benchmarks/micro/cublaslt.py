@@ -198,7 +198,7 @@ def matmul_t(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, b_transpose
                                   WORKSPACE_BYTES, stream), "cublasLtMatmul")
 
 
-# Reference expressions: what the epilogue matmuls compute, in PyTorch (CPU, and the tests' yardstick).
+# Reference expressions: what the epilogue matmuls compute, in PyTorch (off CUDA, and the yardstick).
 
 def gelu_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gelu(h), h) for h = x W^T + b, in x's dtype (the matmul in fp32 inside)."""
@@ -219,7 +219,7 @@ def use_cublaslt(t: torch.Tensor) -> bool:
 @torch.library.custom_op("micro::gelu_linear", mutates_args=())
 def gelu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gelu(h), h), h = x W^T + b: one cuBLASLt matmul with the GELU_AUX_BIAS epilogue. x (N, K), W (M, K),
-    b (M,) in x's dtype or fp32."""
+    b (M,) in x's dtype (cuBLASLt refuses an fp32 bias beside a bf16 output)."""
     if not use_cublaslt(x):
         return gelu_linear_reference(x, weight, bias)
     x, weight, bias = x.contiguous(), weight.contiguous(), bias.contiguous()

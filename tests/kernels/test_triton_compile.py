@@ -20,9 +20,8 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
     "kernels.loss._loss_grad_kernel": (
         {"logits_ptr": "*bf16", "targets_ptr": "*i64", "lse_ptr": "*fp32", "g_ptr": "*fp8e5", "gt_ptr": "*fp8e5",
          "n_rows": "i32", "n_cols": "i32", "vocab_size": "i32", "scale": "fp32", "WRITE_T": C, "BLOCK_M": C,
-         "BLOCK_V": C, "ROWS_FAST": C, "COL_BLOCKS": C, "STAGES": C, "WIDE": C},
-        {"WRITE_T": True, "BLOCK_M": 32, "BLOCK_V": 64, "ROWS_FAST": True, "COL_BLOCKS": 1, "STAGES": 1,
-         "WIDE": False}),
+         "BLOCK_V": C, "ROWS_FAST": C, "WIDE": C},
+        {"WRITE_T": True, "BLOCK_M": 32, "BLOCK_V": 64, "ROWS_FAST": True, "WIDE": False}),
     "kernels.gelu._gelu_grad_kernel": (
         {"grad_ptr": "*bf16", "h0_ptr": "*bf16", "bias_ptr": "*fp32", "dh_ptr": "*bf16", "dbias_ptr": "*fp32",
          "n_rows": "i32", "n_cols": "i32", "BLOCK_M": C, "BLOCK_N": C, "ROW_BLOCKS": C, "WIDE": C},

@@ -36,11 +36,10 @@ except ImportError:  # CPU-only installs: the fused loss uses its PyTorch expres
     triton = None
 
 # Tile shapes: statistics pass (rows per program, columns per step, warps, pipeline stages); gradient
-# pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks, column blocks per
-# program, pipeline stages of that loop). Chosen by
+# pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks). Chosen by
 # benchmarks/micro/loss_kernel.py on the H200 (docs/experiments.md).
 STATS = (1, 2048, 2, 1)
-GRAD = (32, 64, 4, True, 1, 1)
+GRAD = (32, 64, 4, True)
 
 
 def available(logits: torch.Tensor) -> bool:
@@ -75,40 +74,36 @@ if triton is not None:
     @triton.jit
     def _loss_grad_kernel(logits_ptr, targets_ptr, lse_ptr, g_ptr, gt_ptr, n_rows, n_cols, vocab_size, scale,
                           WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-                          ROWS_FAST: tl.constexpr, COL_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
-                          WIDE: tl.constexpr):
+                          ROWS_FAST: tl.constexpr, WIDE: tl.constexpr):
         # ROWS_FAST: neighbouring programs take neighbouring row blocks (and so fill neighbouring
-        # stretches of the transposed copy); else neighbouring column blocks of the same rows. Each
-        # program does COL_BLOCKS column blocks of its rows in a loop (pipelined over STAGES stages, so the
-        # next tile's load overlaps this one's stores), reading the rows' lse and targets once.
+        # stretches of the transposed copy); else neighbouring column blocks of the same rows.
         row_block = tl.program_id(0) if ROWS_FAST else tl.program_id(1)
-        col_group = tl.program_id(1) if ROWS_FAST else tl.program_id(0)
+        col_block = tl.program_id(1) if ROWS_FAST else tl.program_id(0)
         rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = col_block * BLOCK_V + tl.arange(0, BLOCK_V)
         row_ok = rows < n_rows
+        col_ok = cols < n_cols
+        if WIDE:  # 64-bit offsets only past 2^31 elements: fewer integer instructions per element
+            offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+            offs_t = cols.to(tl.int64)[:, None] * n_rows + rows[None, :]
+        else:
+            offs = rows[:, None] * n_cols + cols[None, :]
+            offs_t = cols[:, None] * n_rows + rows[None, :]
+        x = tl.load(logits_ptr + offs, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
         target = tl.load(targets_ptr + rows, mask=row_ok, other=-1)
-        for i in tl.range(0, COL_BLOCKS, num_stages=STAGES):
-            cols = (col_group * COL_BLOCKS + i) * BLOCK_V + tl.arange(0, BLOCK_V)
-            col_ok = cols < n_cols
-            if WIDE:  # 64-bit offsets only past 2^31 elements: fewer integer instructions per element
-                offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
-                offs_t = cols.to(tl.int64)[:, None] * n_rows + rows[None, :]
-            else:
-                offs = rows[:, None] * n_cols + cols[None, :]
-                offs_t = cols[:, None] * n_rows + rows[None, :]
-            x = tl.load(logits_ptr + offs, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-            p = tl.where(cols[None, :] < vocab_size, tl.exp(x - lse[:, None]), 0.0)  # padded columns: exactly 0
-            g = (p - tl.where(cols[None, :] == target[:, None], 1.0, 0.0)) * scale
-            g = g.to(g_ptr.dtype.element_ty)
-            tl.store(g_ptr + offs, g, mask=row_ok[:, None] & col_ok[None, :])
-            if WRITE_T:
-                tl.store(gt_ptr + offs_t, tl.trans(g), mask=col_ok[:, None] & row_ok[None, :])
+        p = tl.where(cols[None, :] < vocab_size, tl.exp(x - lse[:, None]), 0.0)  # padded columns: exactly 0
+        g = (p - tl.where(cols[None, :] == target[:, None], 1.0, 0.0)) * scale
+        g = g.to(g_ptr.dtype.element_ty)
+        tl.store(g_ptr + offs, g, mask=row_ok[:, None] & col_ok[None, :])
+        if WRITE_T:
+            tl.store(gt_ptr + offs_t, tl.trans(g), mask=col_ok[:, None] & row_ok[None, :])
 
     def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None) -> None:
         """Run both kernels into preallocated outputs (g_t=None: no transposed copy).
 
-        `stats` = (rows, columns, warps, stages) and `grad` = (rows, columns, warps, rows_fast[, column blocks per
-        program, stages]) override the tile shapes (benchmarks/micro/loss_kernel.py compares them).
+        `stats` = (rows, columns, warps, stages) and `grad` = (rows, columns, warps, rows_fast) override
+        the tile shapes (benchmarks/micro/loss_kernel.py compares them).
         """
         n, v = logits.shape
         wide = logits.numel() >= 2**31
@@ -116,12 +111,11 @@ if triton is not None:
         _loss_stats_kernel[(triton.cdiv(n, sm),)](
             logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, WIDE=wide,
             num_warps=sw, num_stages=ss)
-        gm, gv, gw, rows_fast, col_blocks, stages = (tuple(grad or GRAD) + (1, 1))[:6]
-        blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv * col_blocks))
+        gm, gv, gw, rows_fast = grad or GRAD
+        blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv))
         _loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
             logits, targets, lse, g, g if g_t is None else g_t, n, v, vocab_size, scale, WRITE_T=g_t is not None,
-            BLOCK_M=gm, BLOCK_V=gv, ROWS_FAST=rows_fast, COL_BLOCKS=col_blocks, STAGES=stages, WIDE=wide,
-            num_warps=gw)
+            BLOCK_M=gm, BLOCK_V=gv, ROWS_FAST=rows_fast, WIDE=wide, num_warps=gw)
 
 
     @torch.library.custom_op("gpt2ladder::logit_grad", mutates_args=())

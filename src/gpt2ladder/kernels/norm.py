@@ -17,7 +17,7 @@ Here:
     of a (2, programs, C) fp32 buffer;
   - `_colsum_kernel`: that buffer's column sums, the weight and the bias gradient, in one launch.
 So a norm's backward is two launches and no memset, where compile's was one kernel, two memsets and two sums.
-In the step of GPT-2 124M at B=16 x 1024 on an H200 that made the top rung 0.26 ms faster (two A/B pairs;
+In the step of GPT-2 124M at B=16 x 1024 on an H200 that made the top rung 0.25 ms faster (two A/B pairs;
 docs/experiments.md).
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA, or without Triton,
