@@ -129,7 +129,7 @@ def _choose_batch(args, cfg: BenchConfig, device, caps: Capabilities, dist: dist
 def _rungs_run(cfg: BenchConfig, caps: Capabilities) -> list[tuple[str, Setup]]:
     """(name, setup) of every row the climb times here; a rung this machine skips holds no memory."""
     return [(r.name, setup_for(list(r.applied)))
-            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, cfg.strategy), cfg.last_only)
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, cfg.strategy), cfg.last_only, cfg.start)
             if r.reason is None]
 
 
@@ -190,11 +190,14 @@ def bench_config(args, device: torch.device, caps: Capabilities, dist: distribut
     if args.batch_size == "best" and dist.enabled:
         raise UsageError("--batch-size best times sizes on one GPU; under torchrun pass a number "
                          "(find it with a one-GPU `gpt2ladder bench --batch-size best`)")
+    rungs = tuple(resolve_rungs(args.rungs, caps, strategy))
+    if args.start is not None and args.start not in rungs:
+        raise UsageError(f"--from {args.start}: not one of the rungs climbed ({', '.join(rungs)})")
     return BenchConfig(
-        preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps, strategy)),
+        preset=name, model=shape, rungs=rungs,
         batch_size=args.batch_size if isinstance(args.batch_size, int) else d["batch_size"],
         seq_len=args.seq_len or d["seq_len"] or shape.block_size,
         steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,
-        seed=args.seed, data=args.data, strategy=strategy, last_only=args.last_only,
+        seed=args.seed, data=args.data, strategy=strategy, last_only=args.last_only, start=args.start,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
     )

@@ -48,6 +48,7 @@ class BenchConfig:
     compile_backend: str = "inductor"
     strategy: str | None = None  # "ddp" or "fsdp" under torchrun, None for one process
     last_only: bool = False  # time only the top of the ladder: every named rung applied together
+    start: str | None = None  # time the rungs from this one on; the ones before it are applied, not timed
     model: ModelConfig | None = None  # the preset's shape; None: looked up here, once (the record's "model")
 
     def __post_init__(self) -> None:
@@ -74,7 +75,7 @@ def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = d
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     rule = rule or StepRule.fixed(cfg.steps)
     rows = []
-    for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, cfg.strategy), cfg.last_only):
+    for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, cfg.strategy), cfg.last_only, cfg.start):
         rows.append(measure_rung(row, cfg, tokens, device, caps, dist, progress, rule))
         add_speedups(rows)
         if on_row is not None:

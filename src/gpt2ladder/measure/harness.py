@@ -49,18 +49,20 @@ class Row:
 
 
 def climb(names: list[str] | tuple[str, ...], why_not: Callable[[str], str | None],
-          last_only: bool = False) -> list[Row]:
+          last_only: bool = False, start: str | None = None) -> list[Row]:
     """The rows of a ladder over `names`, each with the rungs applied to reach it.
 
     With `last_only` one row: the top of what can run here, under its own name (every named rung that
-    can run, applied together).
+    can run, applied together). With `start` (one of `names`) the rows from that rung on: the rungs
+    before it are applied, not timed.
     """
     rows, applied = [], []
+    begin = names.index(start) if start is not None else 0
     for k, name in enumerate(names):
         reason = why_not(name)
         if reason is None:
             applied.append(name)
-        if last_only and k < len(names) - 1:
+        if k < begin or (last_only and k < len(names) - 1):
             continue
         if last_only and applied:
             name, reason = applied[-1], None

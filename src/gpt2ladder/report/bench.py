@@ -97,6 +97,9 @@ def format_markdown(record: dict) -> str:
     if cap:
         head.insert(-2, f"- the allocator was capped at {cap / 2**30:.1f} GiB (--gpu-memory) of this card's "
                         f"{dev['memory_bytes'] / 2**30:.1f} GiB: a smaller card's memory, this card's speed")
+    if cfg.get("start"):
+        head.insert(-2, f"- timed from {cfg['start']} on: the rungs before it applied, not timed; 'vs base' is "
+                        f"against {cfg['start']}")
     head.insert(-2, "- vs prev 'noise': the rung's p10-p90 overlaps the rung before it, no difference was measured")
     best = record.get("best")
     if best:
