@@ -28,8 +28,8 @@ class Rung:
     unavailable: Callable[[Capabilities], str | None] = field(repr=False, default=lambda caps: None)
     writeup: bool = False  # one of the write-up's five (and its baseline): what `--rungs seed` climbs
     # Measured slower than the rung before it, or no faster (within noise), where it was tried (GPT-2 124M on
-    # an H200): climbed by `all` and tried by `--rungs best`, but not part of `auto`, which `train` uses and
-    # `doctor` recommends.
+    # an H200), or not yet measured on a GPU: climbed by `all` and tried by `--rungs best`, but not part of
+    # `auto`, which `train` uses and `doctor` recommends.
     opt_in: bool = False
     # Where `parity` found its loss off the fp32 baseline's by more than the rule allows: the rung is still
     # measured (`all`, `best`) and reported, but `best` never keeps it, however fast.
@@ -177,6 +177,11 @@ LADDER: tuple[Rung, ...] = (
          "with a memset before each (92 launches per step).",
          "overhead", {"norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
          _needs_norm_kernel, pays_with_graph=True),
+    Rung("proj_bias", "The attention's and MLP's output projections leave their biases to the norm kernels, which "
+         "add them with the residual and sum their gradients with the norm's own, where compile summed each in two "
+         "more reductions (48 launches per step); opt-in until measured on a GPU.",
+         "overhead", {"proj_bias": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
+         _needs_norm_kernel, opt_in=True, pays_with_graph=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",

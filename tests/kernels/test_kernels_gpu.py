@@ -93,22 +93,29 @@ def test_gelu_forward_kernel_matches_the_expressions_at_gpt2_size():
 
 @needs_cuda
 @needs_triton
-def test_norm_kernels_match_the_expressions_at_gpt2_size():
-    """The add + layer norm kernels against their reference at GPT-2's residual shape, bf16 in and out."""
+@pytest.mark.parametrize("with_pbias", [False, True])
+def test_norm_kernels_match_the_expressions_at_gpt2_size(with_pbias):
+    """The add + layer norm kernels against their reference at GPT-2's residual shape, bf16 in and out (with the
+    branch's bias added in the kernel, and its gradient summed, for the proj_bias rung)."""
     from gpt2ladder.kernels import norm as nk
 
     gen = torch.Generator().manual_seed(0)
     n, c = 16384, 768
     h, p, dy, ds = ((torch.randn(n, c, generator=gen) * k).to(GPU, torch.bfloat16) for k in (2, 1, 1e-3, 1e-3))
     w, b = (1 + 0.1 * torch.randn(c, generator=gen)).to(GPU), (0.1 * torch.randn(c, generator=gen)).to(GPU)
-    s, y, mean, rstd = torch.ops.gpt2ladder.add_norm_fwd(h, p, w, b, 1e-5, torch.bfloat16)
-    rs, ry, rmean, rrstd = nk.add_norm_reference(h, p, w, b, 1e-5, torch.bfloat16)
+    pb = (0.1 * torch.randn(c, generator=gen)).to(GPU) if with_pbias else None
+    s, y, mean, rstd = torch.ops.gpt2ladder.add_norm_fwd(h, p, pb, w, b, 1e-5, torch.bfloat16)
+    rs, ry, rmean, rrstd = nk.add_norm_reference(h, p, w, b, 1e-5, torch.bfloat16, pb)
     assert torch.equal(s, rs)  # one rounding of the fp32 sum, both ways
     torch.testing.assert_close(mean, rmean, rtol=0, atol=1e-5)
     torch.testing.assert_close(rstd, rrstd, rtol=1e-5, atol=0)
     assert ((y.float() - ry.float()).abs() <= 2**-7 * ry.float().abs() + 1e-6).all()  # within a bf16 step
-    dsum, dw, db = torch.ops.gpt2ladder.add_norm_bwd(dy, ds, s, w, mean, rstd)
-    rdsum, rdw, rdb = nk.add_norm_grad_reference(dy, ds, rs, w, rmean, rrstd)
+    dsum, dw, db, dpb = torch.ops.gpt2ladder.add_norm_bwd(dy, ds, s, w, mean, rstd, with_pbias)
+    rdsum, rdw, rdb, *rdpb = nk.add_norm_grad_reference(dy, ds, rs, w, rmean, rrstd, with_pbias=with_pbias)
+    if with_pbias:
+        torch.testing.assert_close(dpb, rdpb[0], rtol=1e-4, atol=1e-5)
+    else:
+        assert dpb.numel() == 0
     assert ((dsum.float() - rdsum.float()).abs() <= 2**-7 * rdsum.float().abs() + 1e-9).all()
     torch.testing.assert_close(dw, rdw, rtol=1e-4, atol=1e-5)  # fp32 sums over 16384 rows, another order
     torch.testing.assert_close(db, rdb, rtol=1e-4, atol=1e-5)

@@ -30,19 +30,19 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
         {"h0_ptr": "*bf16", "bias_ptr": "*fp32", "out_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32",
          "BLOCK_M": C, "BLOCK_N": C, "WIDE": C},
         {"BLOCK_M": 8, "BLOCK_N": 256, "WIDE": False}),
-    "kernels.norm._add_norm_fwd_kernel": (
-        {"h_ptr": "*bf16", "p_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "s_ptr": "*bf16", "y_ptr": "*bf16",
-         "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32", "eps": "fp32", "BLOCK_M": C,
-         "BLOCK_C": C},
-        {"BLOCK_M": 4, "BLOCK_C": 1024}),
-    "kernels.norm._add_norm_bwd_kernel": (
+    **{f"kernels.norm._add_norm_fwd_kernel#{'pbias' if pb else 'plain'}": (
+        {"h_ptr": "*bf16", "p_ptr": "*bf16", "pb_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "s_ptr": "*bf16",
+         "y_ptr": "*bf16", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32", "eps": "fp32",
+         "HAS_PB": C, "BLOCK_M": C, "BLOCK_C": C},
+        {"HAS_PB": pb, "BLOCK_M": 4, "BLOCK_C": 1024}) for pb in (False, True)},
+    **{f"kernels.norm._add_norm_bwd_kernel#{'pbias' if pb else 'plain'}": (
         {"dy_ptr": "*bf16", "ds_ptr": "*bf16", "s_ptr": "*bf16", "w_ptr": "*fp32", "mean_ptr": "*fp32",
          "rstd_ptr": "*fp32", "dsum_ptr": "*bf16", "part_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
-         "programs": "i32", "STEPS": C, "BLOCK_M": C, "BLOCK_C": C},
-        {"STEPS": 16, "BLOCK_M": 4, "BLOCK_C": 1024}),
+         "programs": "i32", "HAS_PB": C, "STEPS": C, "BLOCK_M": C, "BLOCK_C": C},
+        {"HAS_PB": pb, "STEPS": 16, "BLOCK_M": 4, "BLOCK_C": 1024}) for pb in (False, True)},
     "kernels.norm._colsum_kernel": (
-        {"part_ptr": "*fp32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "n_cols": "i32", "N_PARTS": C, "BLOCK_P": C,
-         "BLOCK_N": C},
+        {"part_ptr": "*fp32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "dpb_ptr": "*fp32", "n_cols": "i32", "N_PARTS": C,
+         "BLOCK_P": C, "BLOCK_N": C},
         {"N_PARTS": 264, "BLOCK_P": 256, "BLOCK_N": 16}),
 }
 
@@ -55,7 +55,7 @@ def test_kernel_compiles_to_a_cubin(name, capability):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    module, kernel = name.rsplit(".", 1)
+    module, kernel = name.split("#")[0].rsplit(".", 1)  # after a '#': which variant of the kernel
     fn = getattr(importlib.import_module(f"gpt2ladder.{module}"), kernel)
     signature, constexprs = KERNELS[name]
     if capability < 89 and "fp8" in str(signature):

@@ -122,3 +122,18 @@ def test_norm_kernel_trains_like_compiles_add_and_norm():
     with_rung = step_losses(names + ["norm_kernel"], batches)
     assert with_rung == pytest.approx(without, rel=5e-3)
     assert with_rung[-1] < with_rung[0]
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
+def test_proj_bias_trains_like_the_norm_kernel_without_it():
+    """Compiled, graphed steps with the output projections' biases added and summed by the norm kernels, and
+    with them in the matmuls: the same losses up to bf16 rounding, and training moves."""
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "bf16_residual",
+             "gelu_kernel", "fp32_wgrad", "norm_kernel"]
+    batches = random_batches(8)
+    without = step_losses(names, batches)
+    with_rung = step_losses(names + ["proj_bias"], batches)
+    assert with_rung == pytest.approx(without, rel=5e-3)
+    assert with_rung[-1] < with_rung[0]

@@ -17,6 +17,9 @@ Here:
     of a (2, programs, C) fp32 buffer;
   - `_colsum_kernel`: that buffer's column sums, the weight and the bias gradient, in one launch.
 So a norm's backward is two launches and no memset, where compile's was one kernel, two memsets and two sums.
+With a branch bias (the `proj_bias` rung: the attention's or MLP's output projection leaves its bias out of
+its matmul) the forward adds it to p, and the backward sums its gradient (the column sums of d(h + p)) as a
+third row of the same parts, in the same two launches.
 In the step of GPT-2 124M at B=16 x 1024 on an H200 that made the top rung 0.25 ms faster (two A/B pairs;
 docs/experiments.md).
 
@@ -47,11 +50,12 @@ BWD_TILE = (8, 4, 2)
 COLSUM_TILE = (256, 16, 4)
 
 
-def add_norm_reference(h, p, weight, bias, eps: float, out_dtype: torch.dtype):
-    """(s, y, mean, rstd): s = h + p in h's dtype, y = layer_norm(s) computed in fp32 (or wider) and stored in
-    out_dtype."""
+def add_norm_reference(h, p, weight, bias, eps: float, out_dtype: torch.dtype, pbias=None):
+    """(s, y, mean, rstd): s = h + p (+ pbias, the branch's own bias, broadcast over the rows) in h's dtype,
+    y = layer_norm(s) computed in fp32 (or wider) and stored in out_dtype."""
     acc = torch.promote_types(h.dtype, torch.float32)
-    s = (h.to(acc) + p.to(acc)).to(h.dtype)
+    branch = p.to(acc) if pbias is None else p.to(acc) + pbias.to(acc)
+    s = (h.to(acc) + branch).to(h.dtype)
     sf = s.to(acc)
     mean = sf.mean(-1)
     rstd = torch.rsqrt(sf.var(-1, unbiased=False) + eps)
@@ -59,25 +63,28 @@ def add_norm_reference(h, p, weight, bias, eps: float, out_dtype: torch.dtype):
     return s, y.to(out_dtype), mean, rstd
 
 
-def add_norm_grad_reference(dy, ds, s, weight, mean, rstd):
-    """(d(h + p) in s's dtype, weight gradient, bias gradient in the parameters' dtype), fp32 (or wider) inside."""
+def add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias: bool = False):
+    """(d(h + p) in s's dtype, weight gradient, bias gradient in the parameters' dtype), fp32 (or wider) inside;
+    `with_pbias`: also the branch bias's gradient, the column sums of d(h + p) before its rounding."""
     c = s.shape[-1]
     acc = torch.promote_types(s.dtype, torch.float32)
     xhat = (s.to(acc) - mean[..., None]) * rstd[..., None]
     dyf = dy.to(acc)
     wdy = dyf * weight.to(acc)
     dx = rstd[..., None] * (wdy - xhat * (wdy * xhat).mean(-1, keepdim=True) - wdy.mean(-1, keepdim=True))
-    dsum = (dx + ds.to(acc)).to(s.dtype)
+    dsum_acc = dx + ds.to(acc)
     dw = (dyf * xhat).reshape(-1, c).sum(0).to(weight.dtype)
     db = dyf.reshape(-1, c).sum(0).to(weight.dtype)
-    return dsum, dw, db
+    if with_pbias:
+        return dsum_acc.to(s.dtype), dw, db, dsum_acc.reshape(-1, c).sum(0).to(weight.dtype)
+    return dsum_acc.to(s.dtype), dw, db
 
 
 if triton is not None:
 
     @triton.jit
-    def _add_norm_fwd_kernel(h_ptr, p_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, eps,
-                             BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _add_norm_fwd_kernel(h_ptr, p_ptr, pb_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols,
+                             eps, HAS_PB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_C)
         row_ok, col_ok = rows < n_rows, cols < n_cols
@@ -85,6 +92,8 @@ if triton is not None:
         offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
         h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_PB:  # the branch's bias, which its matmul left out
+            p += tl.load(pb_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         s = (h + p).to(s_ptr.dtype.element_ty)  # the stream keeps its own dtype; the norm reads it back
         tl.store(s_ptr + offs, s, mask=mask)
         x = s.to(tl.float32)
@@ -100,7 +109,8 @@ if triton is not None:
 
     @triton.jit
     def _add_norm_bwd_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dsum_ptr, part_ptr, n_rows, n_cols,
-                             programs, STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+                             programs, HAS_PB: tl.constexpr, STEPS: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_C: tl.constexpr):
         # `programs` programs; program pid takes row blocks pid, pid + programs, ... (STEPS of them at most;
         # a constant, so that the loop has fixed bounds, which Triton's CPU interpreter needs too)
         pid = tl.program_id(0)
@@ -109,6 +119,7 @@ if triton is not None:
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         dw = tl.zeros([BLOCK_C], tl.float32)
         db = tl.zeros([BLOCK_C], tl.float32)
+        dpb = tl.zeros([BLOCK_C], tl.float32)
         for i in tl.range(0, STEPS):
             rows = (pid + i * programs) * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok = rows < n_rows
@@ -124,16 +135,22 @@ if triton is not None:
             c2 = tl.sum(wdy, 1) / n_cols
             dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
             ds = tl.load(ds_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            tl.store(dsum_ptr + offs, (dx + ds).to(dsum_ptr.dtype.element_ty), mask=mask)
+            dsum = tl.where(mask, dx + ds, 0.0)
+            tl.store(dsum_ptr + offs, dsum.to(dsum_ptr.dtype.element_ty), mask=mask)
             dw += tl.sum(dy * xhat, 0)
             db += tl.sum(dy, 0)
+            if HAS_PB:  # the branch bias's gradient: the column sums of what the branch receives
+                dpb += tl.sum(dsum, 0)
         tl.store(part_ptr + pid * n_cols + cols, dw, mask=col_ok)
         tl.store(part_ptr + (programs + pid) * n_cols + cols, db, mask=col_ok)
+        if HAS_PB:
+            tl.store(part_ptr + (2 * programs + pid) * n_cols + cols, dpb, mask=col_ok)
 
     @triton.jit
-    def _colsum_kernel(part_ptr, dw_ptr, db_ptr, n_cols, N_PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
+    def _colsum_kernel(part_ptr, dw_ptr, db_ptr, dpb_ptr, n_cols, N_PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
                        BLOCK_N: tl.constexpr):
-        # program (j, k): columns j of the weight (k = 0) or the bias (k = 1) gradient, summed over the parts
+        # program (j, k): columns j of the weight (k = 0), the bias (k = 1) or the branch bias's (k = 2)
+        # gradient, summed over the parts
         which = tl.program_id(1)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < n_cols
@@ -145,30 +162,37 @@ if triton is not None:
             acc += tl.sum(tl.load(base + parts[:, None] * n_cols + cols[None, :], mask=mask, other=0.0), 0)
         if which == 0:
             tl.store(dw_ptr + cols, acc.to(dw_ptr.dtype.element_ty), mask=col_ok)
-        else:
+        elif which == 1:
             tl.store(db_ptr + cols, acc.to(db_ptr.dtype.element_ty), mask=col_ok)
+        else:
+            tl.store(dpb_ptr + cols, acc.to(dpb_ptr.dtype.element_ty), mask=col_ok)
 
-    def launch_fwd(h, p, weight, bias, eps, s, y, mean, rstd, tile=None) -> None:
-        """The forward into preallocated outputs; h, p, s, y are 2-D (N, C) and contiguous."""
+    def launch_fwd(h, p, weight, bias, eps, s, y, mean, rstd, tile=None, pbias=None) -> None:
+        """The forward into preallocated outputs; h, p, s, y are 2-D (N, C) and contiguous; `pbias` (C,), if
+        given, is added to p."""
         n, c = h.shape
         bm, warps = tile or FWD_TILE
-        _add_norm_fwd_kernel[(triton.cdiv(n, bm),)](h, p, weight, bias, s, y, mean, rstd, n, c, eps, BLOCK_M=bm,
+        _add_norm_fwd_kernel[(triton.cdiv(n, bm),)](h, p, bias if pbias is None else pbias, weight, bias, s, y, mean,
+                                                   rstd, n, c, eps, HAS_PB=pbias is not None, BLOCK_M=bm,
                                                    BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
 
-    def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None, colsum=None) -> None:
+    def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None, colsum=None,
+                   dpb=None) -> None:
         """The backward into preallocated outputs, with `programs` programs walking the row blocks
-        (`colsum` = (parts per step, columns per program, warps) of the column sums)."""
+        (`colsum` = (parts per step, columns per program, warps) of the column sums); `dpb`, if given, gets the
+        branch bias's gradient."""
         n, c = s.shape
         bm, warps, _ = tile or BWD_TILE
         cp, cn, cw = colsum or COLSUM_TILE
         blocks = triton.cdiv(n, bm)
         programs = max(1, min(programs, blocks))
-        part = torch.empty((2, programs, c), device=s.device, dtype=torch.float32)
+        sums = 2 if dpb is None else 3
+        part = torch.empty((sums, programs, c), device=s.device, dtype=torch.float32)
         _add_norm_bwd_kernel[(programs,)](dy, ds, s, weight, mean, rstd, dsum, part, n, c, programs,
-                                          STEPS=triton.cdiv(blocks, programs), BLOCK_M=bm,
+                                          HAS_PB=dpb is not None, STEPS=triton.cdiv(blocks, programs), BLOCK_M=bm,
                                           BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
-        _colsum_kernel[(triton.cdiv(c, cn), 2)](part, dw, db, c, N_PARTS=programs, BLOCK_P=cp, BLOCK_N=cn,
-                                                num_warps=cw)
+        _colsum_kernel[(triton.cdiv(c, cn), sums)](part, dw, db, db if dpb is None else dpb, c, N_PARTS=programs,
+                                                   BLOCK_P=cp, BLOCK_N=cn, num_warps=cw)
 
     def _programs(device: torch.device) -> int:
         if device.type != "cuda":
@@ -176,50 +200,61 @@ if triton is not None:
         return torch.cuda.get_device_properties(device).multi_processor_count * BWD_TILE[2]
 
     @torch.library.custom_op("gpt2ladder::add_norm_fwd", mutates_args=())
-    def add_norm_fwd(h: torch.Tensor, p: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+    def add_norm_fwd(h: torch.Tensor, p: torch.Tensor, pbias: torch.Tensor | None, weight: torch.Tensor,
+                     bias: torch.Tensor, eps: float,
                      out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         c = h.shape[-1]
         h2, p2 = h.reshape(-1, c).contiguous(), p.reshape(-1, c).contiguous()
         s, y = torch.empty_like(h2), torch.empty(h2.shape, device=h.device, dtype=out_dtype)
         mean = torch.empty(h2.shape[0], device=h.device, dtype=torch.float32)
         rstd = torch.empty_like(mean)
-        launch_fwd(h2, p2, weight.contiguous(), bias.contiguous(), eps, s, y, mean, rstd)
+        launch_fwd(h2, p2, weight.contiguous(), bias.contiguous(), eps, s, y, mean, rstd,
+                   pbias=None if pbias is None else pbias.contiguous())
         return s.view(h.shape), y.view(h.shape), mean.view(h.shape[:-1]), rstd.view(h.shape[:-1])
 
     @add_norm_fwd.register_fake
-    def _(h, p, weight, bias, eps, out_dtype):  # contiguous, as the op's outputs are whatever h's strides
+    def _(h, p, pbias, weight, bias, eps, out_dtype):  # contiguous, as the op's outputs are whatever h's strides
         stats = h.new_empty(h.shape[:-1], dtype=torch.float32)
         return h.new_empty(h.shape), h.new_empty(h.shape, dtype=out_dtype), stats, torch.empty_like(stats)
 
     @torch.library.custom_op("gpt2ladder::add_norm_bwd", mutates_args=())
     def add_norm_bwd(dy: torch.Tensor, ds: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                     rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     rstd: torch.Tensor, with_pbias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor]:
         c = s.shape[-1]
         s2 = s.reshape(-1, c).contiguous()
         dsum = torch.empty_like(s2)
         dw, db = torch.empty_like(weight), torch.empty_like(weight)
+        dpb = torch.empty_like(weight) if with_pbias else weight.new_empty((0,))
         launch_bwd(dy.reshape(-1, c).contiguous(), ds.reshape(-1, c).contiguous(), s2, weight.contiguous(),
-                   mean.reshape(-1).contiguous(), rstd.reshape(-1).contiguous(), dsum, dw, db, _programs(s.device))
-        return dsum.view(s.shape), dw, db
+                   mean.reshape(-1).contiguous(), rstd.reshape(-1).contiguous(), dsum, dw, db, _programs(s.device),
+                   dpb=dpb if with_pbias else None)
+        return dsum.view(s.shape), dw, db, dpb
 
     @add_norm_bwd.register_fake
-    def _(dy, ds, s, weight, mean, rstd):
-        return s.new_empty(s.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
+    def _(dy, ds, s, weight, mean, rstd, with_pbias):
+        dpb = weight.new_empty(weight.shape if with_pbias else (0,))
+        return s.new_empty(s.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape), dpb
 
 
 def kernels_available(t: torch.Tensor) -> bool:
     return triton is not None and t.is_cuda
 
 
-def add_norm(h, p, weight, bias, eps: float, out_dtype: torch.dtype):
-    """(s, y, mean, rstd) of s = h + p, y = layer_norm(s): the kernel on CUDA with Triton, else the reference."""
+def add_norm(h, p, weight, bias, eps: float, out_dtype: torch.dtype, pbias=None):
+    """(s, y, mean, rstd) of s = h + p (+ pbias), y = layer_norm(s): the kernel on CUDA with Triton, else the
+    reference."""
     if kernels_available(h):
-        return torch.ops.gpt2ladder.add_norm_fwd(h, p, weight, bias, eps, out_dtype)
-    return add_norm_reference(h, p, weight, bias, eps, out_dtype)
+        return torch.ops.gpt2ladder.add_norm_fwd(h, p, pbias, weight, bias, eps, out_dtype)
+    return add_norm_reference(h, p, weight, bias, eps, out_dtype, pbias)
 
 
-def add_norm_grad(dy, ds, s, weight, mean, rstd):
-    """(d(h + p), weight gradient, bias gradient): the kernels on CUDA with Triton, else the reference."""
+def add_norm_grad(dy, ds, s, weight, mean, rstd, with_pbias: bool = False):
+    """(d(h + p), weight gradient, bias gradient, branch bias gradient or None): the kernels on CUDA with Triton,
+    else the reference."""
     if kernels_available(s):
-        return torch.ops.gpt2ladder.add_norm_bwd(dy, ds, s, weight, mean, rstd)
-    return add_norm_grad_reference(dy, ds, s, weight, mean, rstd)
+        dsum, dw, db, dpb = torch.ops.gpt2ladder.add_norm_bwd(dy, ds, s, weight, mean, rstd, with_pbias)
+        return dsum, dw, db, dpb if with_pbias else None
+    if with_pbias:
+        return add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias=True)
+    return (*add_norm_grad_reference(dy, ds, s, weight, mean, rstd), None)

@@ -32,6 +32,10 @@ class CausalSelfAttention(nn.Module):
             self.register_buffer("bias", mask.view(1, 1, cfg.block_size, cfg.block_size), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.pre_proj(x))
+
+    def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
+        """Everything before the output projection c_proj: the heads' outputs side by side, (B, T, C)."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -41,8 +45,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         else:
             y = manual_attention(q, k, v, self.bias[:, :, :T, :T])
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.c_proj(y)
+        return y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
 
 
 def manual_attention(q, k, v, mask: torch.Tensor) -> torch.Tensor:
@@ -62,7 +65,11 @@ class MLP(nn.Module):
         self.c_proj.residual_scaled = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.gelu(self.c_fc(x)))
+        return self.c_proj(self.pre_proj(x))
+
+    def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
+        """Everything before the output projection c_proj: the GELU's output, (B, T, 4C)."""
+        return self.gelu(self.c_fc(x))
 
 
 class Block(nn.Module):

@@ -34,6 +34,7 @@ class Setup:
     fp32_wgrad: bool = False  # the Blocks' weight gradients written in fp32 by the matmul itself
     weight_cast: bool = False  # the Blocks' weights cast to bf16 once per step, by one multi-tensor copy
     norm_kernel: bool = False  # each residual add and the layer norm after it as Triton kernels
+    proj_bias: bool = False  # the Blocks' output-projection biases added, and their gradients summed, by those kernels
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 

@@ -38,9 +38,13 @@ class KernelMLP(nn.Module):
         self.c_fc, self.c_proj = mlp.c_fc, mlp.c_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.pre_proj(x))
+
+    def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
+        """Everything before c_proj: the GELU's output."""
         # c_fc without its bias: its own matmul where it has one (the fp32_wgrad rung's Linear)
         h0 = self.c_fc.matmul(x) if hasattr(self.c_fc, "matmul") else F.linear(x, self.c_fc.weight)
-        return self.c_proj(BiasGelu.apply(h0, self.c_fc.bias))
+        return BiasGelu.apply(h0, self.c_fc.bias)
 
 
 def use_gelu_kernel(model: nn.Module) -> list[str]:

@@ -11,6 +11,12 @@ makes the last add there).
 
 The kernels run on CUDA with Triton for a stream in bf16 or fp16 (the `bf16_residual` rung, which this
 rung turns on); anywhere else `AddNorm` falls back to the PyTorch expressions, the same function.
+
+With `defer_bias` (the `proj_bias` rung) the pending branch is (p, bias): the attention's and the MLP's
+output projection run without their bias (`pre_proj`, then the matmul alone), and the norm kernel adds the
+bias with the residual and sums its gradient with the norm's own column sums. Compile summed each of those
+24 bias gradients a step in two reductions of its own. The bias is added in fp32 before the one rounding of
+h + p, where the matmul's epilogue rounded p with it first; the same function, rounded differently.
 """
 
 from __future__ import annotations
@@ -22,16 +28,19 @@ import torch.nn.functional as F
 from gpt2ladder.kernels import norm as norm_kernels
 from gpt2ladder.model.gpt import Block
 from gpt2ladder.speedups.common import compute_dtype, replace_modules
+from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
 
 
 class AddNorm(torch.autograd.Function):
-    """(s, y) = (h + p, layer_norm(h + p)); y in `out_dtype`. The backward adds the stream's own gradient of
-    s to the norm's, and returns that sum for both h and p."""
+    """(s, y) = (h + p + pbias, layer_norm(s)); y in `out_dtype`, pbias (the branch's own bias, broadcast over
+    the rows) optional. The backward adds the stream's own gradient of s to the norm's, returns that sum for
+    both h and p, and its column sums for pbias."""
 
     @staticmethod
-    def forward(ctx, h, p, weight, bias, eps: float, out_dtype: torch.dtype):
-        s, y, mean, rstd = norm_kernels.add_norm(h, p, weight, bias, eps, out_dtype)
+    def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype):
+        s, y, mean, rstd = norm_kernels.add_norm(h, p, weight, bias, eps, out_dtype, pbias)
         ctx.save_for_backward(s, weight, mean, rstd)
+        ctx.has_pbias = pbias is not None
         return s, y
 
     @staticmethod
@@ -39,35 +48,64 @@ class AddNorm(torch.autograd.Function):
         s, weight, mean, rstd = ctx.saved_tensors
         ds = torch.zeros_like(s) if ds is None else ds
         dy = torch.zeros_like(s) if dy is None else dy
-        dsum, dw, db = norm_kernels.add_norm_grad(dy, ds, s, weight, mean, rstd)
-        return dsum, dsum, dw, db, None, None
+        dsum, dw, db, dpbias = norm_kernels.add_norm_grad(dy, ds, s, weight, mean, rstd, ctx.has_pbias)
+        return dsum, dsum, dpbias, dw, db, None, None
 
 
-def add_then_norm(h: torch.Tensor, p: torch.Tensor | None, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h + p, norm(h + p)); with p None, (h, norm(h)) by the norm itself."""
-    if p is None:
+def kernels_run(h: torch.Tensor) -> bool:
+    """Whether the add and norm on this stream go through the kernels (else PyTorch's expressions)."""
+    return (norm_kernels.kernels_available(h) and h.dtype in (torch.bfloat16, torch.float16)
+            and torch.is_grad_enabled())
+
+
+def add_then_norm(h: torch.Tensor, pending, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, norm(s)) for s = h + the pending branch, a pair (p, its bias or None); with no branch, (h, norm(h))
+    by the norm itself."""
+    if pending is None:
         return h, norm(h)
-    if not (norm_kernels.kernels_available(h) and h.dtype in (torch.bfloat16, torch.float16) and p.dtype == h.dtype
-            and torch.is_grad_enabled()):
-        s = h + p
+    p, pbias = pending
+    if not (kernels_run(h) and p.dtype == h.dtype):
+        s = h + (p if pbias is None else (p + pbias).to(p.dtype))
         return s, norm(s)
     dtype = compute_dtype(h) if torch.is_autocast_enabled(h.device.type) else h.dtype
     with torch.autocast(h.device.type, enabled=False):
-        return AddNorm.apply(h, p, norm.weight, norm.bias, norm.eps, dtype)
+        return AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype)
+
+
+def _deferrable(proj: nn.Module) -> bool:
+    """A plain or fp32_wgrad Linear with a bias: its matmul can leave the bias to the norm kernel."""
+    return proj.bias is not None and (type(proj) is nn.Linear or isinstance(proj, Fp32WgradLinear))
+
+
+def branch(module: nn.Module, y: torch.Tensor, defer_bias: bool):
+    """The pending branch (p, bias or None) of an attention or MLP on y. With `defer_bias` (only where the norm
+    kernels run) its output projection's bias is left out of the matmul and handed to the norm kernel, which
+    adds it with the residual and sums its gradient with the norm's own."""
+    proj = module.c_proj
+    if not (defer_bias and _deferrable(proj)):
+        return module(y), None
+    a = module.pre_proj(y)
+    p = proj.matmul(a) if isinstance(proj, Fp32WgradLinear) else F.linear(a, proj.weight)
+    return p, proj.bias
 
 
 class NormBlock(nn.Module):
-    """A Block whose input and output may be the pair (h, branch) with the add still to do."""
+    """A Block whose input and output may be the pair (h, pending branch) with the add still to do.
 
-    def __init__(self, block: Block):
+    `defer_bias` (the `proj_bias` rung): the pending branch carries its output projection's bias apart.
+    """
+
+    def __init__(self, block: Block, defer_bias: bool = False):
         super().__init__()
         self.ln_1, self.attn, self.ln_2, self.mlp = block.ln_1, block.attn, block.ln_2, block.mlp
+        self.defer_bias = defer_bias
 
     def forward(self, x):
-        h, p = x if isinstance(x, tuple) else (x, None)
-        h, y = add_then_norm(h, p, self.ln_1)
-        h, y = add_then_norm(h, self.attn(y), self.ln_2)
-        return h, self.mlp(y)
+        h, pending = x if isinstance(x, tuple) else (x, None)
+        defer = self.defer_bias and kernels_run(h)
+        h, y = add_then_norm(h, pending, self.ln_1)
+        h, y = add_then_norm(h, branch(self.attn, y, defer), self.ln_2)
+        return h, branch(self.mlp, y, defer)
 
 
 class FinalNorm(nn.LayerNorm):
@@ -75,14 +113,15 @@ class FinalNorm(nn.LayerNorm):
 
     def forward(self, x):
         if isinstance(x, tuple):
-            h, p = x
-            x = h + p
+            h, (p, pbias) = x
+            x = h + (p if pbias is None else (p + pbias).to(p.dtype))
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-def use_norm_kernel(model: nn.Module) -> list[str]:
-    """Replace every Block by a `NormBlock` and the final norm by a `FinalNorm`; their names."""
-    names = replace_modules(model, lambda name, m: type(m) is Block, NormBlock)
+def use_norm_kernel(model: nn.Module, defer_bias: bool = False) -> list[str]:
+    """Replace every Block by a `NormBlock` and the final norm by a `FinalNorm`; their names. `defer_bias`: the
+    Blocks' output projections leave their biases to the norm kernels (the `proj_bias` rung)."""
+    names = replace_modules(model, lambda name, m: type(m) is Block, lambda b: NormBlock(b, defer_bias))
     ln_f = model.transformer.ln_f
     if names and type(ln_f) is nn.LayerNorm:
         final = FinalNorm(ln_f.normalized_shape, eps=ln_f.eps, elementwise_affine=True, device="meta")
