@@ -181,7 +181,9 @@ LADDER: tuple[Rung, ...] = (
          "add them with the residual and sum their gradients with the norm's own, where compile summed each in two "
          "more reductions (48 launches per step); opt-in until measured on a GPU.",
          "overhead", {"proj_bias": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_norm_kernel, opt_in=True, pays_with_graph=True),
+         _needs_norm_kernel, opt_in=True, pays_with_graph=True, refused_under={
+             "fsdp": "the MLP's output bias is read by the next Block's norm, after FSDP2 has freed the gathered "
+                     "parameters of the Block it belongs to"}),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",

@@ -101,13 +101,15 @@ def test_add_norm_node_gives_both_inputs_the_summed_gradient(with_pbias):
         torch.testing.assert_close(got, want)
 
 
-def test_the_rewrite_keeps_the_parameters_and_the_function():
+@pytest.mark.parametrize("defer_bias", [False, True])
+def test_the_rewrite_keeps_the_parameters_and_the_function(defer_bias):
     """Every Block becomes a NormBlock and ln_f a FinalNorm with the same Parameters; off CUDA they run the
-    PyTorch expressions, so the loss and every gradient are the original model's, bit for bit."""
+    PyTorch expressions (and keep the projections' biases in their matmuls), so the loss and every gradient
+    are the original model's, bit for bit."""
     cfg = dataclasses.replace(PRESETS["tiny"], attention="sdpa")
     plain, rewired = init_weights(GPT(cfg), 0), init_weights(GPT(cfg), 0)
     before = dict(rewired.named_parameters())
-    names = use_norm_kernel(rewired)
+    names = use_norm_kernel(rewired, defer_bias=defer_bias)
     assert names == [f"transformer.h.{i}" for i in range(cfg.n_layer)] + ["transformer.ln_f"]
     assert dict(rewired.named_parameters()) == before and rewired.state_dict().keys() == plain.state_dict().keys()
     assert all(type(b) is NormBlock for b in rewired.transformer.h) and type(rewired.transformer.ln_f) is FinalNorm
@@ -127,17 +129,25 @@ def test_the_rewrite_keeps_the_parameters_and_the_function():
     assert use_norm_kernel(rewired) == []
 
 
-def test_deferred_projection_biases_reach_the_norm_and_train_the_same(monkeypatch):
+@pytest.mark.parametrize("before", [(), ("gelu_kernel", "fp32_wgrad")])
+def test_deferred_projection_biases_reach_the_norm_and_train_the_same(monkeypatch, before):
     """With `defer_bias` (the proj_bias rung) every Block's attention and MLP output projection runs without its
-    bias and AddNorm adds it and returns its gradient. The norm kernels need a GPU, so here AddNorm's PyTorch
-    expressions stand in for them (on a bf16 residual stream under CPU autocast): the loss and every gradient
-    are the plain rewrite's up to bf16 rounding, and the deferred path is the one that ran."""
+    bias and AddNorm adds it and returns its gradient; also with the GELU kernel's MLP and fp32_wgrad's Linears,
+    as in `auto`. The norm kernels need a GPU, so here AddNorm's PyTorch expressions stand in for them (on a
+    bf16 residual stream under CPU autocast): the loss and every gradient are the plain rewrite's up to bf16
+    rounding, and the deferred path is the one that ran."""
     import gpt2ladder.speedups.norm_block as nb
+    from gpt2ladder.speedups.fp32_wgrad import use_fp32_wgrad
+    from gpt2ladder.speedups.gelu_mlp import use_gelu_kernel
 
     monkeypatch.setattr(nb, "kernels_run", lambda h: h.dtype == torch.bfloat16 and torch.is_grad_enabled())
     cfg = dataclasses.replace(PRESETS["tiny"], attention="sdpa", low_precision_residual=True)
     models = {defer: init_weights(GPT(cfg), 0) for defer in (False, True)}
     for defer, model in models.items():
+        if "gelu_kernel" in before:
+            assert use_gelu_kernel(model)
+        if "fp32_wgrad" in before:
+            assert use_fp32_wgrad(model)
         use_norm_kernel(model, defer_bias=defer)
     seen = []
     real_apply = nb.AddNorm.apply

@@ -14,7 +14,7 @@ Here:
   - `_add_norm_bwd_kernel`: a fixed number of programs, each walking row blocks; per row
     dx = rstd (w dy - xhat mean(xhat w dy) - mean(w dy)), plus the residual's own gradient ds, stored
     once; each program keeps its column sums of dy * xhat and dy in registers and writes them as one row
-    of a (2, programs, C) fp32 buffer;
+    of a (2, programs, C) fp32 buffer (3 with a branch bias, below);
   - `_colsum_kernel`: that buffer's column sums, the weight and the bias gradient, in one launch.
 So a norm's backward is two launches and no memset, where compile's was one kernel, two memsets and two sums.
 With a branch bias (the `proj_bias` rung: the attention's or MLP's output projection leaves its bias out of

@@ -40,7 +40,7 @@ class AddNorm(torch.autograd.Function):
     def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype):
         s, y, mean, rstd = norm_kernels.add_norm(h, p, weight, bias, eps, out_dtype, pbias)
         ctx.save_for_backward(s, weight, mean, rstd)
-        ctx.has_pbias = pbias is not None
+        ctx.has_pbias = pbias is not None and ctx.needs_input_grad[2]
         return s, y
 
     @staticmethod
