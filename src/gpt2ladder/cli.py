@@ -124,8 +124,8 @@ def _add_bench(sub) -> None:
     which.add_argument("--last-only", action="store_true", help="time only the top rung (every named rung applied "
                        "together), e.g. for a batch-size or multi-GPU run (off by default)")
     which.add_argument("--from", dest="start", metavar="RUNG", help="time the rungs from RUNG on; those before it "
-                       "are applied but not timed, and 'vs base' is against RUNG (e.g. --rungs auto --from vocab: "
-                       "the write-up's last rung and every one after it; off by default)")
+                       "are applied but not timed, and 'vs base' is against RUNG; --rungs auto --from vocab times "
+                       "the write-up's last rung and every one after it (off by default)")
     _no_progress(p)
     p.set_defaults(handler=_bench)
 
