@@ -179,17 +179,17 @@ def test_last_only_times_just_the_top_rung(shakespeare_cache):
 
 def test_from_times_the_rungs_from_there_on_with_the_ones_before_applied(shakespeare_cache, tmp_path, capsys):
     out = tmp_path / "res"
-    code = main(["bench", "--rungs", "baseline,tf32,compile,flash,vocab", "--from", "flash", "--batch-size", "2",
+    code = main(["bench", "--rungs", "baseline,tf32,flash,vocab,fused_adamw", "--from", "vocab", "--batch-size", "2",
                  "--seq-len", "32", "--steps", "2", "--warmup", "1", "--out", str(out), "--no-progress"])
     assert code == 0
     record = json.loads((out / "ladder.json").read_text())
     rows = record["rungs"]
-    assert [r["name"] for r in rows] == ["flash", "vocab"] and record["config"]["start"] == "flash"
-    assert rows[0]["setup"]["compile"] and rows[0]["setup"]["matmul_precision"] == "highest"  # tf32 skipped here
-    assert rows[0]["speedup_vs_baseline"] == 1.0 and rows[1]["setup"]["vocab_multiple"] == 128
-    assert "- timed from flash on: the rungs before it applied, not timed" in (out / "ladder.md").read_text()
+    assert [r["name"] for r in rows] == ["vocab", "fused_adamw"] and record["config"]["start"] == "vocab"
+    assert rows[0]["setup"]["attention"] == "sdpa" and rows[0]["setup"]["matmul_precision"] == "highest"  # no tf32
+    assert rows[0]["speedup_vs_baseline"] == 1.0 and rows[1]["setup"]["fused_adamw"]
+    assert "- timed from vocab on: the rungs before it applied, not timed" in (out / "ladder.md").read_text()
     text = capsys.readouterr().out
-    assert "\nbaseline " not in text and "\ncompile " not in text
+    assert "\nbaseline " not in text and "\nflash " not in text
 
 
 def test_best_batch_candidates_are_fractions_of_the_largest_fit():
