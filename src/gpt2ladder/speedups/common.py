@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -28,6 +29,12 @@ def replace_modules(model: nn.Module, wanted, build) -> list[str]:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, build(module))
     return [name for name, _ in targets]
+
+
+def matmul_without_bias(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x @ linear.weight.T, the bias left to whoever adds it next: the Linear's own bias-less matmul where it
+    has one (the fp32_wgrad rung's), else F.linear without the bias."""
+    return linear.matmul(x) if hasattr(linear, "matmul") else F.linear(x, linear.weight)
 
 
 def in_blocks(name: str) -> bool:

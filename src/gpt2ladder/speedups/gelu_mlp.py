@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gpt2ladder.kernels import gelu as gelu_kernels
 from gpt2ladder.model.gpt import MLP
-from gpt2ladder.speedups.common import replace_modules
+from gpt2ladder.speedups.common import matmul_without_bias, replace_modules
 
 
 class BiasGelu(torch.autograd.Function):
@@ -42,9 +41,7 @@ class KernelMLP(nn.Module):
 
     def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
         """Everything before c_proj: the GELU's output."""
-        # c_fc without its bias: its own matmul where it has one (the fp32_wgrad rung's Linear)
-        h0 = self.c_fc.matmul(x) if hasattr(self.c_fc, "matmul") else F.linear(x, self.c_fc.weight)
-        return BiasGelu.apply(h0, self.c_fc.bias)
+        return BiasGelu.apply(matmul_without_bias(self.c_fc, x), self.c_fc.bias)
 
 
 def use_gelu_kernel(model: nn.Module) -> list[str]:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from gpt2ladder.kernels import norm as norm_kernels
 from gpt2ladder.model.gpt import Block
-from gpt2ladder.speedups.common import compute_dtype, replace_modules
+from gpt2ladder.speedups.common import compute_dtype, matmul_without_bias, replace_modules
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
 
 
@@ -65,11 +65,17 @@ def add_then_norm(h: torch.Tensor, pending, norm: nn.LayerNorm) -> tuple[torch.T
         return h, norm(h)
     p, pbias = pending
     if not (kernels_run(h) and p.dtype == h.dtype):
-        s = h + (p if pbias is None else (p + pbias).to(p.dtype))
+        s = h + with_bias(pending)
         return s, norm(s)
     dtype = compute_dtype(h) if torch.is_autocast_enabled(h.device.type) else h.dtype
     with torch.autocast(h.device.type, enabled=False):
         return AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype)
+
+
+def with_bias(pending) -> torch.Tensor:
+    """A pending branch (p, bias or None) as one tensor in p's dtype, for the PyTorch expressions."""
+    p, pbias = pending
+    return p if pbias is None else (p + pbias).to(p.dtype)
 
 
 def _deferrable(proj: nn.Module) -> bool:
@@ -84,9 +90,7 @@ def branch(module: nn.Module, y: torch.Tensor, defer_bias: bool):
     proj = module.c_proj
     if not (defer_bias and _deferrable(proj)):
         return module(y), None
-    a = module.pre_proj(y)
-    p = proj.matmul(a) if isinstance(proj, Fp32WgradLinear) else F.linear(a, proj.weight)
-    return p, proj.bias
+    return matmul_without_bias(proj, module.pre_proj(y)), proj.bias
 
 
 class NormBlock(nn.Module):
@@ -113,8 +117,8 @@ class FinalNorm(nn.LayerNorm):
 
     def forward(self, x):
         if isinstance(x, tuple):
-            h, (p, pbias) = x
-            x = h + (p if pbias is None else (p + pbias).to(p.dtype))
+            h, pending = x
+            x = h + with_bias(pending)
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
