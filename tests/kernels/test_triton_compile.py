@@ -22,6 +22,10 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
          "n_rows": "i32", "n_cols": "i32", "vocab_size": "i32", "scale": "fp32", "WRITE_T": C, "BLOCK_M": C,
          "BLOCK_V": C, "ROWS_FAST": C, "WIDE": C},
         {"WRITE_T": True, "BLOCK_M": 32, "BLOCK_V": 64, "ROWS_FAST": True, "WIDE": False}),
+    "kernels.loss._transpose_kernel": (
+        {"src_ptr": "*fp8e5", "dst_ptr": "*fp8e5", "n_rows": "i32", "n_cols": "i32", "BLOCK_R": C, "BLOCK_C": C,
+         "WIDE": C},
+        {"BLOCK_R": 128, "BLOCK_C": 128, "WIDE": False}),
     "kernels.gelu._gelu_grad_kernel": (
         {"grad_ptr": "*bf16", "h0_ptr": "*bf16", "bias_ptr": "*fp32", "dh_ptr": "*bf16", "dbias_ptr": "*fp32",
          "n_rows": "i32", "n_cols": "i32", "BLOCK_M": C, "BLOCK_N": C, "ROW_BLOCKS": C, "WIDE": C},

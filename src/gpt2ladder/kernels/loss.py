@@ -11,13 +11,18 @@ Here the work is split at the one true dependency, the log-sum-exp:
   1. `_loss_stats_kernel`: a few rows per program, one read of the logits with a running max and a
      rescaled sum (one exp per logit), then lse and the loss per row;
   2. `_loss_grad_kernel`: one (BLOCK_M x BLOCK_V) tile per program reads the logits once more and writes
-     the gradient tile, and for float8 the same values transposed (`tl.trans`, so both stores are
+     the gradient tile;
+  3. for float8, `_transpose_kernel` copies the gradient's bytes into the (Vp, N) layout the classifier's
+     weight-gradient matmul needs, one square tile per program (`tl.trans`, so loads and stores are both
      contiguous along their rows).
-Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 1.65 GB written (two float8 layouts or one
-bf16). Measured on the H200 with the tiles below: 0.52 ms and 1.23 ms (3.2 and 2.7 TB/s, where a plain
-copy of the logits reaches 4.3 TB/s), against 2.65 ms for the compiled expressions. Offsets are 32-bit
-below 2^31 elements (as at GPT-2's shape): fewer integer instructions per element, though the step's
-profile showed no change (1.33 and 0.53 ms; docs/experiments.md).
+Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 0.83 GB written (bf16 or float8), and for float8
+0.83 + 0.83 GB more by the transpose. The gradient kernel can also write the transposed tile itself
+(`WRITE_T`): fewer bytes, but its two stores ran at 2.6 TB/s together (1.28 ms) where the gradient pass
+alone reaches 3.8 TB/s and the transpose 3.9 (0.65 + 0.42 ms;
+benchmarks/results/2026-12-02-h200-proj-bias/logs/loss-transpose.log). Measured on the H200 with the
+tiles below: statistics 0.52 ms (3.2 TB/s, where a plain copy of the logits reaches 4.3 TB/s), against
+2.65 ms for the compiled expressions of all three. Offsets are 32-bit below 2^31 elements (as at GPT-2's
+shape): fewer integer instructions per element.
 
 `logit_grad` is a custom op, so torch.compile and CUDA graphs treat it as one opaque call. Off CUDA, or
 without Triton, the fused loss keeps its PyTorch expressions, which this op must match:
@@ -36,10 +41,13 @@ except ImportError:  # CPU-only installs: the fused loss uses its PyTorch expres
     triton = None
 
 # Tile shapes: statistics pass (rows per program, columns per step, warps, pipeline stages); gradient
-# pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks). Chosen by
-# benchmarks/micro/loss_kernel.py on the H200 (docs/experiments.md).
+# pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks); the transpose
+# (rows, columns, warps). Chosen by benchmarks/micro/loss_kernel.py and loss_transpose.py on the H200
+# (docs/experiments.md); GRAD_BOTH is the gradient pass's tile when it writes both layouts itself.
 STATS = (1, 2048, 2, 1)
-GRAD = (32, 64, 4, True)
+GRAD = (4, 512, 4, True)
+GRAD_BOTH = (32, 64, 4, True)
+TRANSPOSE = (128, 128, 8)
 
 
 def available(logits: torch.Tensor) -> bool:
@@ -99,11 +107,25 @@ if triton is not None:
         if WRITE_T:
             tl.store(gt_ptr + offs_t, tl.trans(g), mask=col_ok[:, None] & row_ok[None, :])
 
-    def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None) -> None:
-        """Run both kernels into preallocated outputs (g_t=None: no transposed copy).
+    @triton.jit
+    def _transpose_kernel(src_ptr, dst_ptr, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                          WIDE: tl.constexpr):
+        # dst (n_cols, n_rows) = src (n_rows, n_cols) transposed, one (BLOCK_R x BLOCK_C) tile per program
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        if WIDE:
+            rows, cols = rows.to(tl.int64), cols.to(tl.int64)
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+        tile = tl.load(src_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask)
+        tl.store(dst_ptr + cols[:, None] * n_rows + rows[None, :], tl.trans(tile), mask=tl.trans(mask))
+
+    def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None,
+               split: bool = True) -> None:
+        """Run the kernels into preallocated outputs (g_t=None: no transposed copy).
 
         `stats` = (rows, columns, warps, stages) and `grad` = (rows, columns, warps, rows_fast) override
-        the tile shapes (benchmarks/micro/loss_kernel.py compares them).
+        the tile shapes (benchmarks/micro/loss_kernel.py compares them); `split=False` has the gradient kernel
+        write the transposed copy itself instead of the transpose kernel.
         """
         n, v = logits.shape
         wide = logits.numel() >= 2**31
@@ -111,11 +133,16 @@ if triton is not None:
         _loss_stats_kernel[(triton.cdiv(n, sm),)](
             logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, WIDE=wide,
             num_warps=sw, num_stages=ss)
-        gm, gv, gw, rows_fast = grad or GRAD
+        write_t = g_t is not None and not split
+        gm, gv, gw, rows_fast = grad or (GRAD_BOTH if write_t else GRAD)
         blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv))
         _loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
-            logits, targets, lse, g, g if g_t is None else g_t, n, v, vocab_size, scale, WRITE_T=g_t is not None,
+            logits, targets, lse, g, g_t if write_t else g, n, v, vocab_size, scale, WRITE_T=write_t,
             BLOCK_M=gm, BLOCK_V=gv, ROWS_FAST=rows_fast, WIDE=wide, num_warps=gw)
+        if g_t is not None and split:
+            tr, tc, tw = TRANSPOSE
+            _transpose_kernel[(triton.cdiv(n, tr), triton.cdiv(v, tc))](g, g_t, n, v, BLOCK_R=tr, BLOCK_C=tc,
+                                                                        WIDE=wide, num_warps=tw)
 
 
     @torch.library.custom_op("gpt2ladder::logit_grad", mutates_args=())
