@@ -43,6 +43,7 @@ def observe(engine: Engine) -> dict:
         "weight_cast": len(model.weight_casts.linears) if hasattr(model, "weight_casts") else 0,
         "norm_kernel": sum(type(m).__name__ == "NormBlock" for m in model.modules()),
         "proj_bias": sum(getattr(m, "defer_bias", False) for m in model.modules()),
+        "fp8_forward": sum(getattr(m, "fp8_attn_in", False) + getattr(m, "fp8_mlp_in", False) for m in model.modules()),
         "fp8_linears": sorted({n.split(".", 3)[3] for n, m in model.named_modules()
                                if type(m).__name__ == "Float8Linear"}),
         "graph": engine.setup.cuda_graph,
@@ -67,9 +68,11 @@ EXPECTED = {  # rung -> the observable properties it may change
     "weight_cast": {"weight_cast"},
     "norm_kernel": {"norm_kernel"},
     "proj_bias": {"proj_bias"},
-    # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's (nor its copies)
-    "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad", "weight_cast"},
-    "fp8_attn": {"fp8_linears", "fp32_wgrad", "weight_cast"},
+    "fp8_forward": {"fp8_forward"},
+    # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's (nor its copies), and their
+    # own float8 casts, not the norm kernel's
+    "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad", "weight_cast", "fp8_forward"},
+    "fp8_attn": {"fp8_linears", "fp32_wgrad", "weight_cast", "fp8_forward"},
 }
 
 
@@ -134,6 +137,9 @@ T4_TRITON = Capabilities("cuda", "Tesla T4", (7, 5), triton_version="3.5.1")
     (CPU_CAPS, "weight_cast", False), (T4, "weight_cast", False), (A100, "weight_cast", True),
     (CPU_CAPS, "norm_kernel", False), (H200, "norm_kernel", False), (T4_TRITON, "norm_kernel", False),
     (H200_TRITON, "norm_kernel", True), (CPU_CAPS, "proj_bias", False), (H200_TRITON, "proj_bias", True),
+    (CPU_CAPS, "fp8_forward", False), (H200, "fp8_forward", False),
+    (Capabilities("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), triton_version="3.5.1"), "fp8_forward", False),
+    (H200_TRITON, "fp8_forward", True),
 ])
 def test_availability(caps, rung, available):
     reason = why_unavailable(rung, caps)
@@ -145,9 +151,9 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["weight_cast", "proj_bias", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["weight_cast", "fp8_forward", "fp8_mlp", "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
-    assert resolve_rungs("auto", H200_TRITON)[-3:] == ["gelu_kernel", "fp32_wgrad", "norm_kernel"]
+    assert resolve_rungs("auto", H200_TRITON)[-3:] == ["fp32_wgrad", "norm_kernel", "proj_bias"]
     assert [n for n in resolve_rungs("best", H200_TRITON) if n in opt_in] == opt_in  # measured; kept if they pay
     assert [n for n in resolve_rungs("all", H200_TRITON) if n in opt_in] == opt_in
     assert "fp8_mlp" not in resolve_rungs("best", A100)  # and only where float8 exists
@@ -156,7 +162,8 @@ def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
     from gpt2ladder.ladder import left_out_of_auto
 
-    graph_only = ["bf16_residual", "gelu_kernel", "fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias"]
+    graph_only = ["bf16_residual", "gelu_kernel", "fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
+                  "fp8_forward"]
     assert left_out_of_auto(H200_TRITON) == {} and left_out_of_auto(H200_TRITON, "ddp") == {}
     left = left_out_of_auto(H200_TRITON, "fsdp")
     # weight_cast cannot run under FSDP2 at all (its copies would be of the shards), nor proj_bias (a Block's

@@ -118,6 +118,11 @@ def _needs_fp8(caps: Capabilities) -> str | None:
     return caps.compile_problem  # the casts are only cheap when compile fuses them into neighbours
 
 
+def _needs_fp8_forward(caps: Capabilities) -> str | None:
+    """Float8 forward products, the norm kernels that write their operand, and fp32_wgrad's gradients."""
+    return _needs_fp8(caps) or _needs_norm_kernel(caps) or _needs_mm_out_dtype(caps)
+
+
 LADDER: tuple[Rung, ...] = (
     Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
          "precision", {}, writeup=True),
@@ -179,11 +184,17 @@ LADDER: tuple[Rung, ...] = (
          _needs_norm_kernel, pays_with_graph=True),
     Rung("proj_bias", "The attention's and MLP's output projections leave their biases to the norm kernels, which "
          "add them with the residual and sum their gradients with the norm's own, where compile summed each in two "
-         "more reductions (48 launches per step); opt-in until measured on a GPU.",
+         "more reductions (48 launches per step).",
          "overhead", {"proj_bias": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_norm_kernel, opt_in=True, pays_with_graph=True, refused_under={
+         _needs_norm_kernel, pays_with_graph=True, refused_under={
              "fsdp": "the MLP's output bias is read by the next Block's norm, after FSDP2 has freed the gathered "
                      "parameters of the Block it belongs to"}),
+    Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
+         "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
+         "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "
+         "matmuls; opt-in until measured on a GPU.",
+         "precision", {"fp8_forward": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
+         _needs_fp8_forward, opt_in=True, pays_with_graph=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",

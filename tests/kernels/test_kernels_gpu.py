@@ -93,10 +93,11 @@ def test_gelu_forward_kernel_matches_the_expressions_at_gpt2_size():
 
 @needs_cuda
 @needs_triton
-@pytest.mark.parametrize("with_pbias", [False, True])
-def test_norm_kernels_match_the_expressions_at_gpt2_size(with_pbias):
+@pytest.mark.parametrize("with_pbias,fp8", [(False, False), (True, False), (True, True)])
+def test_norm_kernels_match_the_expressions_at_gpt2_size(with_pbias, fp8):
     """The add + layer norm kernels against their reference at GPT-2's residual shape, bf16 in and out (with the
-    branch's bias added in the kernel, and its gradient summed, for the proj_bias rung)."""
+    branch's bias added in the kernel, and its gradient summed, for the proj_bias rung; with the output's float8
+    copy and row scales for the fp8_forward rung)."""
     from gpt2ladder.kernels import norm as nk
 
     gen = torch.Generator().manual_seed(0)
@@ -104,8 +105,17 @@ def test_norm_kernels_match_the_expressions_at_gpt2_size(with_pbias):
     h, p, dy, ds = ((torch.randn(n, c, generator=gen) * k).to(GPU, torch.bfloat16) for k in (2, 1, 1e-3, 1e-3))
     w, b = (1 + 0.1 * torch.randn(c, generator=gen)).to(GPU), (0.1 * torch.randn(c, generator=gen)).to(GPU)
     pb = (0.1 * torch.randn(c, generator=gen)).to(GPU) if with_pbias else None
-    s, y, mean, rstd = torch.ops.gpt2ladder.add_norm_fwd(h, p, pb, w, b, 1e-5, torch.bfloat16)
+    if fp8 and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 needs compute capability 8.9+")
+    s, y, mean, rstd, q, qs = torch.ops.gpt2ladder.add_norm_fwd(h, p, pb, w, b, 1e-5, torch.bfloat16, fp8)
     rs, ry, rmean, rrstd = nk.add_norm_reference(h, p, w, b, 1e-5, torch.bfloat16, pb)
+    if fp8:  # against the float8 copy of the reference's fp32 output: the same scales, the same bytes but for ties
+        rq, rqs = nk.rows_to_fp8(nk.add_norm_reference(h, p, w, b, 1e-5, torch.float32, pb)[1])
+        torch.testing.assert_close(qs, rqs, rtol=1e-5, atol=0)
+        steps = (q.float() - rq.float()).abs() / (2**-3 * rq.float().abs() + 2**-9)
+        assert steps.max().item() <= 1.01 and (q.view(torch.uint8) == rq.view(torch.uint8)).float().mean() > 0.999
+    else:
+        assert q.numel() == 0 and qs.numel() == 0
     assert torch.equal(s, rs)  # one rounding of the fp32 sum, both ways
     torch.testing.assert_close(mean, rmean, rtol=0, atol=1e-5)
     torch.testing.assert_close(rstd, rrstd, rtol=1e-5, atol=0)

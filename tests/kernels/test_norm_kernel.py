@@ -1,6 +1,8 @@
 """The add + layer norm kernels compute what GPT-2's residual add and layer norm compute: the Triton kernels
 against the PyTorch expressions (through Triton's CPU interpreter), the expressions against autograd, and
-the rewired model against the original."""
+the rewired model against the original. The interpreter's float8 conversion is not the GPU's (it rounds a
+value just under a power of two down to the power below), so the float8 copy is read here before its rounding,
+in fp32; tests/kernels/test_kernels_gpu.py checks the rounded copy on a GPU."""
 
 import dataclasses
 import importlib.util
@@ -18,7 +20,7 @@ SCRIPT = r"""
 import json, sys, torch
 from gpt2ladder.kernels import norm as nk
 out = []
-for n, c, fwd_rows, bwd_rows, programs, with_pbias in json.loads(sys.argv[1]):
+for n, c, fwd_rows, bwd_rows, programs, with_pbias, fp8 in json.loads(sys.argv[1]):
     gen = torch.Generator().manual_seed(n * 100 + c)
     h, p = torch.randn(n, c, generator=gen) * 2 + 1, torch.randn(n, c, generator=gen)
     w, b = torch.randn(c, generator=gen), torch.randn(c, generator=gen)
@@ -26,25 +28,34 @@ for n, c, fwd_rows, bwd_rows, programs, with_pbias in json.loads(sys.argv[1]):
     pb = torch.randn(c, generator=gen) if with_pbias else None
     s, y = torch.full((n, c), 7.0), torch.full((n, c), 7.0)
     mean, rstd = torch.full((n,), 7.0), torch.full((n,), 7.0)
-    nk.launch_fwd(h, p, w, b, 1e-5, s, y, mean, rstd, tile=(fwd_rows, 4), pbias=pb)
+    q = torch.full((n, c), 7.0) if fp8 else None  # fp32: the values before their float8 rounding (see below)
+    qs = torch.full((n,), 7.0) if fp8 else None
+    nk.launch_fwd(h, p, w, b, 1e-5, s, y, mean, rstd, tile=(fwd_rows, 4), pbias=pb, q=q, qs=qs)
     dsum, dw, db = torch.full((n, c), 7.0), torch.full((c,), 7.0), torch.full((c,), 7.0)
     dpb = torch.full((c,), 7.0) if with_pbias else None
     nk.launch_bwd(dy, ds, s, w, mean, rstd, dsum, dw, db, programs, tile=(bwd_rows, 4, 1), dpb=dpb)
     rs, ry, rmean, rrstd = nk.add_norm_reference(h, p, w, b, 1e-5, torch.float32, pb)
+    if fp8:  # the float8 copy's scales, and the values it rounds (y / scale)
+        rq, rqs = nk.rows_to_fp8(ry)
+        fp8_err = {"qs": err(qs, rqs), "q": err(q, ry / rqs[:, None]), "q_max": abs(q.abs().amax(1) - 448).max().item()}
+    else:
+        fp8_err = {}
     ref = nk.add_norm_grad_reference(dy, ds, rs, w, rmean, rrstd, with_pbias=with_pbias)
     err = lambda a, r: (a - r).abs().max().item() / max(1.0, r.abs().max().item())
     out.append({"s": err(s, rs), "y": err(y, ry), "mean": err(mean, rmean), "rstd": err(rstd, rrstd),
                 "dsum": err(dsum, ref[0]), "dw": err(dw, ref[1]), "db": err(db, ref[2]),
-                "dpb": err(dpb, ref[3]) if with_pbias else 0.0})
+                "dpb": err(dpb, ref[3]) if with_pbias else 0.0, **fp8_err})
 print(json.dumps(out))
 """
 
-CASES = [  # rows, columns, forward rows per program, backward rows per step, backward programs, branch bias
-    (70, 300, 4, 4, 3, False),  # columns not a power of two; the last row block half empty; programs walk 6 blocks
-    (64, 256, 8, 2, 5, False),  # exact tiles; programs get unequal numbers of row blocks
-    (3, 40, 4, 4, 8, False),  # fewer rows than one block; more programs asked for than there are blocks
-    (70, 300, 4, 4, 3, True),  # the same with the branch's bias added in the kernel and its gradient summed
-    (3, 40, 4, 4, 8, True),
+CASES = [  # rows, columns, forward rows per program, backward rows per step, backward programs, branch bias, float8
+    (70, 300, 4, 4, 3, False, False),  # columns not a power of two; the last row block half empty; 6 blocks each
+    (64, 256, 8, 2, 5, False, False),  # exact tiles; programs get unequal numbers of row blocks
+    (3, 40, 4, 4, 8, False, False),  # fewer rows than one block; more programs asked for than there are blocks
+    (70, 300, 4, 4, 3, True, False),  # the same with the branch's bias added in the kernel and its gradient summed
+    (3, 40, 4, 4, 8, True, False),
+    (70, 300, 4, 4, 3, True, True),  # and the output's float8 copy with its row scales
+    (64, 256, 8, 2, 5, False, True),
 ]
 
 
@@ -52,7 +63,9 @@ CASES = [  # rows, columns, forward rows per program, backward rows per step, ba
 def test_kernels_match_the_pytorch_expressions(triton_interpret):
     results = triton_interpret(SCRIPT, CASES)
     for case, r in zip(CASES, results):
+        q_max = r.pop("q_max", 0.0)
         assert all(v < 1e-5 for v in r.values()), (case, r)  # every row and column written, none twice
+        assert q_max < 1e-3, (case, q_max)  # each row's largest value lands on e4m3's largest, 448
 
 
 def test_reference_gradients_are_autograds():

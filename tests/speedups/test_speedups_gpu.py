@@ -137,3 +137,40 @@ def test_proj_bias_trains_like_the_norm_kernel_without_it():
     with_rung = step_losses(names + ["proj_bias"], batches)
     assert with_rung == pytest.approx(without, rel=5e-3)
     assert with_rung[-1] < with_rung[0]
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="float8 matmuls need compute capability 8.9+")
+def test_fp8_forward_trains_like_the_bf16_forward():
+    """Compiled, graphed steps of the top of auto with c_attn's and c_fc's forward products in float8 (from the
+    norm kernels' float8 copies) and in bf16: the same losses within float8's precision, and training moves."""
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head",
+             "loss_kernel", "cuda_graph", "bf16_residual", "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
+    batches = random_batches(8)
+    without = step_losses(names, batches)
+    with_rung = step_losses(names + ["fp8_forward"], batches)
+    assert with_rung[0] == pytest.approx(without[0], abs=2e-2)
+    assert with_rung == pytest.approx(without, rel=2e-2)
+    assert with_rung[-1] < with_rung[0]
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="float8 matmuls need compute capability 8.9+")
+def test_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():
+    """`torch._scaled_mm` with one scale per row of each operand computes what the CPU path computes in fp32:
+    each scale on the right side (rows of x, output features of w), the bias added, within bf16's rounding."""
+    from gpt2ladder.kernels.norm import rows_to_fp8
+    from gpt2ladder.speedups.fp8_forward import scaled_matmul
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 768, generator=gen) * torch.linspace(0.01, 10, 512)[:, None]  # rows of unlike sizes
+    w = torch.randn(2304, 768, generator=gen) * torch.linspace(0.001, 0.1, 2304)[:, None]
+    b = torch.randn(2304, generator=gen).bfloat16()
+    x8, sx = rows_to_fp8(x)
+    w8, sw = rows_to_fp8(w)
+    got = scaled_matmul(x8.to(GPU), sx.to(GPU), w8.to(GPU), sw.to(GPU), b.to(GPU), torch.bfloat16).cpu()
+    want = scaled_matmul(x8, sx, w8, sw, b, torch.float32)
+    assert ((got.float() - want).abs() <= 2**-7 * want.abs() + 1e-3 * want.abs().amax(1, keepdim=True)).all()

@@ -20,6 +20,9 @@ So a norm's backward is two launches and no memset, where compile's was one kern
 With a branch bias (the `proj_bias` rung: the attention's or MLP's output projection leaves its bias out of
 its matmul) the forward adds it to p, and the backward sums its gradient (the column sums of d(h + p)) as a
 third row of the same parts, in the same two launches.
+With `fp8` (the `fp8_forward` rung) the forward also writes y in float8 (e4m3) with one fp32 scale per row, the
+row's amax mapped to e4m3's largest value, for the next matmul to read instead of y: the kernel has the whole
+row in registers, so the scale costs no pass of its own.
 In the step of GPT-2 124M at B=16 x 1024 on an H200 that made the top rung 0.25 ms faster (two A/B pairs;
 docs/experiments.md).
 
@@ -46,6 +49,8 @@ except ImportError:  # CPU-only installs: the reference expressions run instead
 # per step, columns per program, warps): 0.0025 ms at 256 x 16 (96 programs), 0.0088 ms at 32 x 128 (12),
 # which brings the whole backward to 0.037 ms.
 FWD_TILE = (4, 4)
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = torch.finfo(E4M3).max  # 448
 BWD_TILE = (8, 4, 2)
 COLSUM_TILE = (256, 16, 4)
 
@@ -61,6 +66,14 @@ def add_norm_reference(h, p, weight, bias, eps: float, out_dtype: torch.dtype, p
     rstd = torch.rsqrt(sf.var(-1, unbiased=False) + eps)
     y = F.layer_norm(sf, (sf.shape[-1],), weight.to(acc), bias.to(acc), eps)
     return s, y.to(out_dtype), mean, rstd
+
+
+def rows_to_fp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y / scale in e4m3, scale): one fp32 scale per row (the last dimension), the row's amax mapped to e4m3's
+    largest value; what the forward kernel writes with `fp8`, from y before its rounding to the output dtype."""
+    yf = y.float()
+    scale = yf.abs().amax(-1).clamp(min=1e-12) / E4M3_MAX
+    return (yf / scale[..., None]).to(E4M3), scale
 
 
 def add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias: bool = False):
@@ -83,8 +96,9 @@ def add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias: bool = Fa
 if triton is not None:
 
     @triton.jit
-    def _add_norm_fwd_kernel(h_ptr, p_ptr, pb_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols,
-                             eps, HAS_PB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _add_norm_fwd_kernel(h_ptr, p_ptr, pb_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, q_ptr, qs_ptr,
+                             n_rows, n_cols, eps, HAS_PB: tl.constexpr, HAS_Q: tl.constexpr, Q_MAX: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_C)
         row_ok, col_ok = rows < n_rows, cols < n_cols
@@ -104,6 +118,10 @@ if triton is not None:
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = xc * rstd[:, None] * w[None, :] + b[None, :]
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if HAS_Q:  # y in float8 for the next matmul, one scale per row (its amax mapped to the format's max)
+            qscale = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), 1), 1e-12) / Q_MAX
+            tl.store(q_ptr + offs, (y / qscale[:, None]).to(q_ptr.dtype.element_ty), mask=mask)
+            tl.store(qs_ptr + rows, qscale, mask=row_ok)
         tl.store(mean_ptr + rows, mean, mask=row_ok)
         tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
@@ -167,13 +185,17 @@ if triton is not None:
         else:
             tl.store(dpb_ptr + cols, acc.to(dpb_ptr.dtype.element_ty), mask=col_ok)
 
-    def launch_fwd(h, p, weight, bias, eps, s, y, mean, rstd, tile=None, pbias=None) -> None:
+    def launch_fwd(h, p, weight, bias, eps, s, y, mean, rstd, tile=None, pbias=None, q=None, qs=None) -> None:
         """The forward into preallocated outputs; h, p, s, y are 2-D (N, C) and contiguous; `pbias` (C,), if
-        given, is added to p."""
+        given, is added to p; `q` (N, C) float8 e4m3 and `qs` (N,) fp32, if given, get y's float8 copy and its
+        row scales (a q of another dtype gets y / scale unrounded, as the CPU interpreter's test reads it)."""
         n, c = h.shape
         bm, warps = tile or FWD_TILE
+        with_q = q is not None
         _add_norm_fwd_kernel[(triton.cdiv(n, bm),)](h, p, bias if pbias is None else pbias, weight, bias, s, y, mean,
-                                                   rstd, n, c, eps, HAS_PB=pbias is not None, BLOCK_M=bm,
+                                                   rstd, q if with_q else y, qs if with_q else mean, n, c, eps,
+                                                   HAS_PB=pbias is not None, HAS_Q=with_q,
+                                                   Q_MAX=E4M3_MAX, BLOCK_M=bm,
                                                    BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
 
     def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None, colsum=None,
@@ -201,21 +223,29 @@ if triton is not None:
 
     @torch.library.custom_op("gpt2ladder::add_norm_fwd", mutates_args=())
     def add_norm_fwd(h: torch.Tensor, p: torch.Tensor, pbias: torch.Tensor | None, weight: torch.Tensor,
-                     bias: torch.Tensor, eps: float,
-                     out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                     bias: torch.Tensor, eps: float, out_dtype: torch.dtype,
+                     fp8: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                         torch.Tensor]:
+        """(s, y, mean, rstd, y in float8, its row scales); without `fp8` the last two are empty."""
         c = h.shape[-1]
         h2, p2 = h.reshape(-1, c).contiguous(), p.reshape(-1, c).contiguous()
         s, y = torch.empty_like(h2), torch.empty(h2.shape, device=h.device, dtype=out_dtype)
         mean = torch.empty(h2.shape[0], device=h.device, dtype=torch.float32)
         rstd = torch.empty_like(mean)
+        q = torch.empty(h2.shape if fp8 else (0,), device=h.device, dtype=E4M3)
+        qs = torch.empty_like(mean) if fp8 else mean.new_empty((0,))
         launch_fwd(h2, p2, weight.contiguous(), bias.contiguous(), eps, s, y, mean, rstd,
-                   pbias=None if pbias is None else pbias.contiguous())
-        return s.view(h.shape), y.view(h.shape), mean.view(h.shape[:-1]), rstd.view(h.shape[:-1])
+                   pbias=None if pbias is None else pbias.contiguous(), q=q if fp8 else None, qs=qs if fp8 else None)
+        stats_shape = h.shape[:-1]
+        return (s.view(h.shape), y.view(h.shape), mean.view(stats_shape), rstd.view(stats_shape),
+                q.view(h.shape) if fp8 else q, qs.view(stats_shape) if fp8 else qs)
 
     @add_norm_fwd.register_fake
-    def _(h, p, pbias, weight, bias, eps, out_dtype):  # contiguous, as the op's outputs are whatever h's strides
+    def _(h, p, pbias, weight, bias, eps, out_dtype, fp8):  # contiguous, as the op's outputs are whatever h's strides
         stats = h.new_empty(h.shape[:-1], dtype=torch.float32)
-        return h.new_empty(h.shape), h.new_empty(h.shape, dtype=out_dtype), stats, torch.empty_like(stats)
+        q = h.new_empty(h.shape if fp8 else (0,), dtype=E4M3)
+        qs = torch.empty_like(stats) if fp8 else stats.new_empty((0,))
+        return h.new_empty(h.shape), h.new_empty(h.shape, dtype=out_dtype), stats, torch.empty_like(stats), q, qs
 
     @torch.library.custom_op("gpt2ladder::add_norm_bwd", mutates_args=())
     def add_norm_bwd(dy: torch.Tensor, ds: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
@@ -241,12 +271,16 @@ def kernels_available(t: torch.Tensor) -> bool:
     return triton is not None and t.is_cuda
 
 
-def add_norm(h, p, weight, bias, eps: float, out_dtype: torch.dtype, pbias=None):
-    """(s, y, mean, rstd) of s = h + p (+ pbias), y = layer_norm(s): the kernel on CUDA with Triton, else the
-    reference."""
+def add_norm(h, p, weight, bias, eps: float, out_dtype: torch.dtype, pbias=None, fp8: bool = False):
+    """(s, y, mean, rstd, q, qs) of s = h + p (+ pbias), y = layer_norm(s), and with `fp8` y in float8 (q) with its
+    row scales (qs), else None for both: the kernel on CUDA with Triton, else the reference."""
     if kernels_available(h):
-        return torch.ops.gpt2ladder.add_norm_fwd(h, p, pbias, weight, bias, eps, out_dtype)
-    return add_norm_reference(h, p, weight, bias, eps, out_dtype, pbias)
+        s, y, mean, rstd, q, qs = torch.ops.gpt2ladder.add_norm_fwd(h, p, pbias, weight, bias, eps, out_dtype, fp8)
+        return (s, y, mean, rstd, q, qs) if fp8 else (s, y, mean, rstd, None, None)
+    wide = torch.promote_types(h.dtype, torch.float32)  # y before its rounding, for the float8 copy
+    s, y, mean, rstd = add_norm_reference(h, p, weight, bias, eps, wide, pbias)
+    q, qs = rows_to_fp8(y) if fp8 else (None, None)
+    return s, y.to(out_dtype), mean, rstd, q, qs
 
 
 def add_norm_grad(dy, ds, s, weight, mean, rstd, with_pbias: bool = False):

@@ -36,8 +36,16 @@ class CausalSelfAttention(nn.Module):
 
     def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
         """Everything before the output projection c_proj: the heads' outputs side by side, (B, T, C)."""
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        return self.after_in_proj(self.c_attn(x))
+
+    def in_proj(self) -> tuple[nn.Linear, bool]:
+        """The input projection's Linear, and whether its bias is added in its matmul."""
+        return self.c_attn, True
+
+    def after_in_proj(self, qkv: torch.Tensor) -> torch.Tensor:
+        """From c_attn's output, q, k and v side by side (B, T, 3C), to the heads' outputs, (B, T, C)."""
+        B, T, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        q, k, v = qkv.split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -69,7 +77,14 @@ class MLP(nn.Module):
 
     def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
         """Everything before the output projection c_proj: the GELU's output, (B, T, 4C)."""
-        return self.gelu(self.c_fc(x))
+        return self.after_in_proj(self.c_fc(x))
+
+    def in_proj(self) -> tuple[nn.Linear, bool]:
+        """The input projection's Linear, and whether its bias is added in its matmul."""
+        return self.c_fc, True
+
+    def after_in_proj(self, h: torch.Tensor) -> torch.Tensor:
+        return self.gelu(h)
 
 
 class Block(nn.Module):

@@ -38,6 +38,18 @@ def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return grad.t().float() @ x.float()
 
 
+def linear_grads(grad_y: torch.Tensor, xc: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype, w_dtype: torch.dtype,
+                 has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(input, weight, bias or None) gradients of y = x @ w.T (+ b) from the input and weight as the matmul read
+    them (`xc`, `wc`, in the compute dtype): the input gradient in that dtype, the weight's and bias's in fp32."""
+    g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(wc.dtype)
+    with torch.autocast(grad_y.device.type, enabled=False):
+        grad_x = (g2 @ wc).view(*grad_y.shape[:-1], wc.shape[1]).to(x_dtype)
+        grad_w = weight_grad(g2, xc.reshape(-1, xc.shape[-1])).to(w_dtype)
+        grad_b = g2.sum(0, dtype=torch.float32).to(w_dtype) if has_bias else None
+    return grad_x, grad_w, grad_b
+
+
 class Fp32WgradMatmul(torch.autograd.Function):
     """y = x @ weight.T (+ bias) in autocast's dtype; backward gives the weight and bias gradients in fp32.
 
@@ -64,12 +76,7 @@ class Fp32WgradMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         xc, wc = ctx.saved_tensors
-        g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(wc.dtype)
-        with torch.autocast(grad_y.device.type, enabled=False):
-            grad_x = (g2 @ wc).view(*grad_y.shape[:-1], wc.shape[1]).to(ctx.x_dtype)
-            grad_w = weight_grad(g2, xc.reshape(-1, xc.shape[-1])).to(ctx.w_dtype)
-            grad_b = g2.sum(0, dtype=torch.float32).to(ctx.w_dtype) if ctx.has_bias else None
-        return grad_x, grad_w, grad_b, None, None
+        return (*linear_grads(grad_y, xc, wc, ctx.x_dtype, ctx.w_dtype, ctx.has_bias), None, None)
 
 
 class Fp32WgradLinear(nn.Linear):

@@ -41,7 +41,14 @@ class KernelMLP(nn.Module):
 
     def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
         """Everything before c_proj: the GELU's output."""
-        return BiasGelu.apply(matmul_without_bias(self.c_fc, x), self.c_fc.bias)
+        return self.after_in_proj(matmul_without_bias(self.c_fc, x))
+
+    def in_proj(self) -> tuple[nn.Linear, bool]:
+        """The input projection's Linear, and whether its bias is added in its matmul (here: in the GELU kernel)."""
+        return self.c_fc, False
+
+    def after_in_proj(self, h0: torch.Tensor) -> torch.Tensor:
+        return BiasGelu.apply(h0, self.c_fc.bias)
 
 
 def use_gelu_kernel(model: nn.Module) -> list[str]:

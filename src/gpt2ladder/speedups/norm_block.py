@@ -17,6 +17,10 @@ output projection run without their bias (`pre_proj`, then the matmul alone), an
 bias with the residual and sums its gradient with the norm's own column sums. Compile summed each of those
 24 bias gradients a step in two reductions of its own. The bias is added in fp32 before the one rounding of
 h + p, where the matmul's epilogue rounded p with it first; the same function, rounded differently.
+
+With `fp8_forward` (the `fp8_forward` rung) each norm that feeds an input projection (c_attn, c_fc) also writes
+its output in float8 with one scale per row, and the projection's forward product reads that
+(`speedups/fp8_forward.py`).
 """
 
 from __future__ import annotations
@@ -29,27 +33,32 @@ from gpt2ladder.kernels import norm as norm_kernels
 from gpt2ladder.model.gpt import Block
 from gpt2ladder.speedups.common import compute_dtype, matmul_without_bias, replace_modules
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
+from gpt2ladder.speedups.fp8_forward import Float8Rows, float8_rows, in_proj_float8, takes_float8
 
 
 class AddNorm(torch.autograd.Function):
     """(s, y) = (h + p + pbias, layer_norm(s)); y in `out_dtype`, pbias (the branch's own bias, broadcast over
     the rows) optional. The backward adds the stream's own gradient of s to the norm's, returns that sum for
-    both h and p, and its column sums for pbias."""
+    both h and p, and its column sums for pbias. With `fp8`, (s, y, y in float8, its row scales): the last two
+    take no gradient."""
 
     @staticmethod
-    def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype):
-        s, y, mean, rstd = norm_kernels.add_norm(h, p, weight, bias, eps, out_dtype, pbias)
+    def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype, fp8: bool = False):
+        s, y, mean, rstd, q, qs = norm_kernels.add_norm(h, p, weight, bias, eps, out_dtype, pbias, fp8)
         ctx.save_for_backward(s, weight, mean, rstd)
         ctx.has_pbias = pbias is not None and ctx.needs_input_grad[2]
-        return s, y
+        if not fp8:
+            return s, y
+        ctx.mark_non_differentiable(q, qs)
+        return s, y, q, qs
 
     @staticmethod
-    def backward(ctx, ds, dy):
+    def backward(ctx, ds, dy, *_float8):
         s, weight, mean, rstd = ctx.saved_tensors
         ds = torch.zeros_like(s) if ds is None else ds
         dy = torch.zeros_like(s) if dy is None else dy
         dsum, dw, db, dpbias = norm_kernels.add_norm_grad(dy, ds, s, weight, mean, rstd, ctx.has_pbias)
-        return dsum, dsum, dpbias, dw, db, None, None
+        return dsum, dsum, dpbias, dw, db, None, None, None
 
 
 def kernels_run(h: torch.Tensor) -> bool:
@@ -58,18 +67,22 @@ def kernels_run(h: torch.Tensor) -> bool:
             and torch.is_grad_enabled())
 
 
-def add_then_norm(h: torch.Tensor, pending, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+def add_then_norm(h: torch.Tensor, pending, norm: nn.LayerNorm, fp8: bool = False):
     """(s, norm(s)) for s = h + the pending branch, a pair (p, its bias or None); with no branch, (h, norm(h))
-    by the norm itself."""
+    by the norm itself. `fp8` (only where the kernels run): norm(s) as `Float8Rows`, with its float8 copy."""
+    dtype = compute_dtype(h) if torch.is_autocast_enabled(h.device.type) else h.dtype
     if pending is None:
-        return h, norm(h)
+        y = norm(h)
+        return h, float8_rows(y, dtype) if fp8 else y
     p, pbias = pending
     if not (kernels_run(h) and p.dtype == h.dtype):
         s = h + with_bias(pending)
         return s, norm(s)
-    dtype = compute_dtype(h) if torch.is_autocast_enabled(h.device.type) else h.dtype
     with torch.autocast(h.device.type, enabled=False):
-        return AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype)
+        if not fp8:
+            return AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype)
+        s, y, q, qs = AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype, True)
+        return s, Float8Rows(y, q, qs)
 
 
 def with_bias(pending) -> torch.Tensor:
@@ -83,32 +96,38 @@ def _deferrable(proj: nn.Module) -> bool:
     return proj.bias is not None and (type(proj) is nn.Linear or isinstance(proj, Fp32WgradLinear))
 
 
-def branch(module: nn.Module, y: torch.Tensor, defer_bias: bool):
+def branch(module: nn.Module, y, defer_bias: bool):
     """The pending branch (p, bias or None) of an attention or MLP on y. With `defer_bias` (only where the norm
     kernels run) its output projection's bias is left out of the matmul and handed to the norm kernel, which
-    adds it with the residual and sums its gradient with the norm's own."""
+    adds it with the residual and sums its gradient with the norm's own. A `Float8Rows` y: the input
+    projection's forward product in float8."""
+    pre = module.after_in_proj(in_proj_float8(module, y)) if isinstance(y, Float8Rows) else module.pre_proj(y)
     proj = module.c_proj
-    if not (defer_bias and _deferrable(proj)):
-        return module(y), None
-    return matmul_without_bias(proj, module.pre_proj(y)), proj.bias
+    if defer_bias and _deferrable(proj):
+        return matmul_without_bias(proj, pre), proj.bias
+    return proj(pre), None
 
 
 class NormBlock(nn.Module):
     """A Block whose input and output may be the pair (h, pending branch) with the add still to do.
 
     `defer_bias` (the `proj_bias` rung): the pending branch carries its output projection's bias apart.
+    `fp8_forward` (the `fp8_forward` rung): the attention's and MLP's input projections multiply in float8.
     """
 
-    def __init__(self, block: Block, defer_bias: bool = False):
+    def __init__(self, block: Block, defer_bias: bool = False, fp8_forward: bool = False):
         super().__init__()
         self.ln_1, self.attn, self.ln_2, self.mlp = block.ln_1, block.attn, block.ln_2, block.mlp
         self.defer_bias = defer_bias
+        self.fp8_attn_in = fp8_forward and takes_float8(self.attn)
+        self.fp8_mlp_in = fp8_forward and takes_float8(self.mlp)
 
     def forward(self, x):
         h, pending = x if isinstance(x, tuple) else (x, None)
-        defer = self.defer_bias and kernels_run(h)
-        h, y = add_then_norm(h, pending, self.ln_1)
-        h, y = add_then_norm(h, branch(self.attn, y, defer), self.ln_2)
+        kernels = kernels_run(h)
+        defer = self.defer_bias and kernels
+        h, y = add_then_norm(h, pending, self.ln_1, self.fp8_attn_in and kernels)
+        h, y = add_then_norm(h, branch(self.attn, y, defer), self.ln_2, self.fp8_mlp_in and kernels)
         return h, branch(self.mlp, y, defer)
 
 
@@ -122,10 +141,12 @@ class FinalNorm(nn.LayerNorm):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-def use_norm_kernel(model: nn.Module, defer_bias: bool = False) -> list[str]:
+def use_norm_kernel(model: nn.Module, defer_bias: bool = False, fp8_forward: bool = False) -> list[str]:
     """Replace every Block by a `NormBlock` and the final norm by a `FinalNorm`; their names. `defer_bias`: the
-    Blocks' output projections leave their biases to the norm kernels (the `proj_bias` rung)."""
-    names = replace_modules(model, lambda name, m: type(m) is Block, lambda b: NormBlock(b, defer_bias))
+    Blocks' output projections leave their biases to the norm kernels (the `proj_bias` rung); `fp8_forward`: their
+    input projections multiply in float8, from the norms' float8 copies (the `fp8_forward` rung)."""
+    names = replace_modules(model, lambda name, m: type(m) is Block,
+                            lambda b: NormBlock(b, defer_bias, fp8_forward))
     ln_f = model.transformer.ln_f
     if names and type(ln_f) is nn.LayerNorm:
         final = FinalNorm(ln_f.normalized_shape, eps=ln_f.eps, elementwise_affine=True, device="meta")

@@ -1,0 +1,86 @@
+"""The attention's and the MLP's input projections (c_attn, c_fc) read float8 in their forward matmul: the
+`fp8_forward` rung.
+
+Each of those matmuls reads a layer norm's output. With the `norm_kernel` rung that output comes from a Triton
+kernel which holds each row in registers, so it can also write the row in float8 (e4m3) with one fp32 scale per
+row at the cost of one more store (`kernels/norm.py`, `fp8`); the first Block's ln_1, which compile runs, gets
+its copy from the same expressions (`rows_to_fp8`). The weight is cast per output feature at every step (a
+small reduction compile fuses with its bf16 cast), and `torch._scaled_mm` multiplies the two with the scales and
+the bias in its epilogue. At GPT-2 124M's shapes on an H200 that matmul took 0.065 and 0.085 ms against bf16's
+0.101 and 0.130 (benchmarks/micro/fp8_forward.py).
+
+Only the forward product is float8. The backward is fp32_wgrad's, from the bf16 input the norm also wrote and
+the weight in bf16: the gradients are bf16 matmuls, the weight's and bias's written in fp32. Only training
+steps take this path (the norm kernels run only with grad enabled), so evaluation and generation run the model
+itself in bf16.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+
+from gpt2ladder.kernels.norm import rows_to_fp8
+from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads
+
+
+class Float8Rows(NamedTuple):
+    """An activation (..., C) in the compute dtype together with its float8 copy and one scale per row."""
+
+    x: torch.Tensor
+    x8: torch.Tensor
+    scale: torch.Tensor  # (...,) fp32: x ~ x8 * scale[..., None]
+
+
+def float8_rows(y: torch.Tensor, dtype: torch.dtype) -> Float8Rows:
+    """`y` (any float dtype) as Float8Rows: rounded to `dtype`, and cast to float8 from its own values."""
+    return Float8Rows(y.to(dtype), *rows_to_fp8(y))
+
+
+def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """(x8 * sx[:, None]) @ (w8 * sw[:, None]).T + bias in `out_dtype`, for 2-D float8 x8 (N, in), w8 (out, in) and
+    fp32 row scales: `torch._scaled_mm` on CUDA, the same product in fp32 elsewhere."""
+    if x8.is_cuda:
+        return torch._scaled_mm(x8, w8.t(), scale_a=sx[:, None], scale_b=sw[None, :], bias=bias,
+                                out_dtype=out_dtype, use_fast_accum=True)
+    y = (x8.float() * sx[:, None]) @ (w8.float() * sw[:, None]).t()
+    return (y if bias is None else y + bias.float()).to(out_dtype)
+
+
+class Fp8InputMatmul(torch.autograd.Function):
+    """y = x @ weight.T (+ bias), the forward product from x's float8 copy (x8, scales sx) and the weight cast per
+    output feature; the backward from x and the weight in x's dtype, the weight's and bias's gradients in fp32."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, x8: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            w8, sw = rows_to_fp8(weight)
+            wc = weight.to(x.dtype)
+            bc = None if bias is None else bias.to(x.dtype)
+            y = scaled_matmul(x8.reshape(-1, x8.shape[-1]), sx.reshape(-1), w8, sw, bc, x.dtype)
+        ctx.save_for_backward(x, wc)
+        ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        x, wc = ctx.saved_tensors
+        grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias)
+        return grad_x, None, None, grad_w, grad_b
+
+
+def takes_float8(module: nn.Module) -> bool:
+    """Whether an attention or MLP can run its input projection through `Fp8InputMatmul`: a plain or fp32_wgrad
+    Linear (not a float8 one), whose sizes `_scaled_mm` takes (multiples of 16)."""
+    linear, _ = module.in_proj()
+    plain = type(linear) is nn.Linear or isinstance(linear, Fp32WgradLinear)
+    return plain and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
+
+
+def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
+    """The module's input projection of `rows`, its forward product in float8."""
+    linear, with_bias = module.in_proj()
+    return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, linear.bias if with_bias else None)

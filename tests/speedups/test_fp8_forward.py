@@ -1,0 +1,128 @@
+"""The fp8_forward rung: float8 row copies, the matmul that reads them, and the wiring through the norm Blocks.
+
+Off CUDA the float8 product is the same arithmetic in fp32 (`scaled_matmul`), and the norm kernels' PyTorch
+expressions stand in for the kernels, so what is checked here is what each piece computes and that the rung's
+path is the one that runs; tests/kernels/test_kernels_gpu.py and tests/speedups/test_speedups_gpu.py check the
+kernels and `torch._scaled_mm` on a GPU."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gpt2ladder.kernels.norm import E4M3_MAX, rows_to_fp8
+from gpt2ladder.model.config import PRESETS
+from gpt2ladder.model.gpt import GPT, init_weights
+from gpt2ladder.speedups.fp32_wgrad import Fp32WgradMatmul
+from gpt2ladder.speedups.fp8_forward import Fp8InputMatmul, takes_float8
+
+
+def test_rows_to_fp8_scales_each_row_to_the_format_and_keeps_its_values():
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randn(6, 64, generator=gen) * torch.tensor([1e-3, 0.1, 1, 10, 300, 1])[:, None]
+    y[5] = 0.0  # an all-zero row: a finite scale, zeros out
+    q, scale = rows_to_fp8(y)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == y.shape and scale.shape == (6,)
+    assert torch.equal(q[:5].float().abs().amax(1), torch.full((5,), E4M3_MAX))  # each row's amax at 448
+    assert torch.isfinite(scale).all() and (q[5].float() == 0).all()
+    back = q.float() * scale[:, None]
+    # e4m3 keeps 3 mantissa bits: within half a step (2^-4 relative) for values in its normal range
+    normal = q.float().abs() >= 2**-6
+    assert ((back - y).abs()[normal] <= 2**-4 * y.abs()[normal] * 1.0001).all()
+    assert (back - y).abs().max() > 0  # it is a rounding, not a copy
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_float8_matmul_is_the_scaled_product_and_its_backward_is_fp32_wgrads(with_bias):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 8, 32, generator=gen).bfloat16().requires_grad_()
+    w = (torch.randn(48, 32, generator=gen) * 0.05).requires_grad_()
+    b = (torch.randn(48, generator=gen) * 0.05).requires_grad_() if with_bias else None
+    x8, sx = rows_to_fp8(x.detach())
+    y = Fp8InputMatmul.apply(x, x8, sx, w, b)
+    assert y.shape == (4, 8, 48) and y.dtype == torch.bfloat16
+    exact = x.detach().float() @ w.detach().t() + (0 if b is None else b.detach())
+    err = ((y.float() - exact).norm() / exact.norm()).item()
+    assert 1e-3 < err < 0.06  # float8's rounding of both operands (bf16 alone: ~3e-3 less), no more
+    grad = torch.randn(4, 8, 48, generator=gen).bfloat16()
+    y.backward(grad)
+    # the same gradients, bit for bit, as fp32_wgrad's matmul given the same input and weight
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    b2 = b.detach().clone().requires_grad_() if with_bias else None
+    Fp32WgradMatmul.apply(x2, w2, b2).backward(grad)
+    assert torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad) and w.grad.dtype == torch.float32
+    if with_bias:
+        assert torch.equal(b.grad, b2.grad)
+
+
+def test_only_plain_linears_of_sixteen_multiples_take_float8():
+    from gpt2ladder.speedups.float8 import use_float8
+
+    cfg = PRESETS["tiny"]
+    model = GPT(cfg)
+    block = model.transformer.h[0]
+    assert takes_float8(block.attn) and takes_float8(block.mlp)
+    use_float8(model, mlp=True, attn=False)
+    assert not takes_float8(block.mlp) and takes_float8(block.attn)  # a float8 Linear keeps its own casts
+    odd = GPT(dataclasses.replace(cfg, n_embd=72, n_head=4))  # 72 = 4.5 x 16
+    assert not takes_float8(odd.transformer.h[0].attn)
+
+
+@pytest.mark.parametrize("before", [(), ("gelu_kernel", "fp32_wgrad")])
+def test_the_norm_blocks_feed_every_input_projection_in_float8_and_train_the_same(monkeypatch, before):
+    """With `fp8_forward` every Block's c_attn and c_fc reads the norm's float8 copy (the first Block's ln_1, which
+    compile runs, through the same expressions), also with the GELU kernel's MLP and fp32_wgrad's Linears, as in
+    auto. AddNorm's PyTorch expressions stand in for the kernels (on a bf16 stream under CPU autocast): the loss
+    and gradients are those without the rung up to float8's rounding, and every gradient is there."""
+    import gpt2ladder.speedups.fp8_forward as f8
+    import gpt2ladder.speedups.norm_block as nb
+    from gpt2ladder.speedups.fp32_wgrad import use_fp32_wgrad
+    from gpt2ladder.speedups.gelu_mlp import use_gelu_kernel
+
+    monkeypatch.setattr(nb, "kernels_run", lambda h: h.dtype == torch.bfloat16 and torch.is_grad_enabled())
+    cfg = dataclasses.replace(PRESETS["tiny"], attention="sdpa", low_precision_residual=True)
+    models = {fp8: init_weights(GPT(cfg), 0) for fp8 in (False, True)}
+    for fp8, model in models.items():
+        if "gelu_kernel" in before:
+            assert use_gelu_kernel(model)
+        if "fp32_wgrad" in before:
+            assert use_fp32_wgrad(model)
+        nb.use_norm_kernel(model, defer_bias=True, fp8_forward=fp8)
+    calls = []
+    real_apply = f8.Fp8InputMatmul.apply
+    monkeypatch.setattr(f8.Fp8InputMatmul, "apply", lambda *a: calls.append(a[3].shape) or real_apply(*a))
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randint(0, cfg.vocab_size, (2, 16), generator=gen), torch.randint(0, cfg.vocab_size, (2, 16),
+                                                                                   generator=gen)
+    losses = {}
+    for fp8, model in models.items():
+        calls.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = model(x, y)
+        loss.backward()
+        losses[fp8] = loss.item()
+        c = cfg.n_embd
+        assert calls == ([(3 * c, c), (4 * c, c)] * cfg.n_layer if fp8 else [])
+    assert abs(losses[True] - losses[False]) < 2e-2
+    plain = dict(models[False].named_parameters())
+    for name, param in models[True].named_parameters():
+        assert param.grad is not None, name
+        rel = (param.grad - plain[name].grad).norm() / plain[name].grad.norm()
+        assert rel < 0.1, (name, rel.item())
+    with torch.no_grad():  # evaluation runs the model itself: no float8
+        calls.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            models[True](x, y)
+        assert calls == []
+
+
+def test_the_rung_reaches_the_norm_blocks():
+    from gpt2ladder.ladder import setup_for
+    from gpt2ladder.runtime.engine import Engine
+
+    names = ["baseline", "compile", "norm_kernel", "fp8_forward"]
+    engine = Engine(PRESETS["tiny"], setup_for(names), torch.device("cpu"), compile_backend="eager")
+    blocks = [m for m in engine.raw_model.modules() if type(m).__name__ == "NormBlock"]
+    assert blocks and all(b.fp8_attn_in and b.fp8_mlp_in for b in blocks)
+    assert not any(isinstance(m, nn.Linear) and type(m).__name__ == "Float8Linear" for m in engine.raw_model.modules())
