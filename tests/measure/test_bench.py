@@ -192,6 +192,19 @@ def test_from_times_the_rungs_from_there_on_with_the_ones_before_applied(shakesp
     assert "\nbaseline " not in text and "\nflash " not in text
 
 
+def test_from_with_last_only_times_that_rung_and_the_top():
+    from gpt2ladder.measure.harness import climb
+
+    names = ["baseline", "tf32", "flash", "vocab", "fused_adamw", "fused_loss"]
+    why_not = {"tf32": "no TF32 here", "fused_loss": "not here"}.get
+    rows = climb(names, why_not, last_only=True, start="flash")
+    assert [(r.name, r.applied) for r in rows] == [("flash", ("baseline", "flash")),
+                                                   ("fused_adamw", ("baseline", "flash", "vocab", "fused_adamw"))]
+    assert all(r.reason is None for r in rows)  # the top under its own name, though the last named cannot run
+    assert [r.name for r in climb(names, why_not, last_only=True, start="fused_loss")] == ["fused_adamw"]
+    assert [r.name for r in climb(names, why_not, start="vocab")] == ["vocab", "fused_adamw", "fused_loss"]
+
+
 def test_best_batch_candidates_are_fractions_of_the_largest_fit():
     from gpt2ladder.measure.batch import batch_candidates
 

@@ -18,8 +18,8 @@ Here the work is split at the one true dependency, the log-sum-exp:
 Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 0.83 GB written (bf16 or float8), and for float8
 0.83 + 0.83 GB more by the transpose. The gradient kernel can also write the transposed tile itself
 (`WRITE_T`): fewer bytes, but its two stores ran at 2.6 TB/s together (1.28 ms) where the gradient pass
-alone reaches 3.8 TB/s and the transpose 3.9 (0.65 + 0.42 ms;
-benchmarks/results/2026-12-02-h200-proj-bias/logs/loss-transpose.log). Measured on the H200 with the
+alone reaches 3.8 TB/s and the transpose 3.9 (0.65 + 0.42 ms; benchmarks/micro/loss_transpose.py,
+docs/experiments.md). Measured on the H200 with the
 tiles below: statistics 0.52 ms (3.2 TB/s, where a plain copy of the logits reaches 4.3 TB/s), against
 2.65 ms for the compiled expressions of all three. Offsets are 32-bit below 2^31 elements (as at GPT-2's
 shape): fewer integer instructions per element.

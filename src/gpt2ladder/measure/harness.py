@@ -54,7 +54,7 @@ def climb(names: list[str] | tuple[str, ...], why_not: Callable[[str], str | Non
 
     With `last_only` one row: the top of what can run here, under its own name (every named rung that
     can run, applied together). With `start` (one of `names`) the rows from that rung on: the rungs
-    before it are applied, not timed.
+    before it are applied, not timed. With both, two rows: `start` and the top.
     """
     rows, applied = [], []
     begin = names.index(start) if start is not None else 0
@@ -62,9 +62,10 @@ def climb(names: list[str] | tuple[str, ...], why_not: Callable[[str], str | Non
         reason = why_not(name)
         if reason is None:
             applied.append(name)
-        if k < begin or (last_only and k < len(names) - 1):
+        top = k == len(names) - 1
+        if k < begin or (last_only and not top and k != begin):
             continue
-        if last_only and applied:
+        if last_only and top and applied:
             name, reason = applied[-1], None
         rows.append(Row(name, tuple(applied), reason))
     return rows
