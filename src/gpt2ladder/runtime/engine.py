@@ -207,12 +207,30 @@ class Engine:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.optim_cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.optim_cfg.grad_clip)
+            self._clip()
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
+
+    def _clip(self) -> None:
+        """Scale the gradients down to a total norm of at most grad_clip, as clip_grad_norm_ does. Fused AdamW
+        (without a GradScaler, whose place this is) takes the factor as its `grad_scale` and divides each gradient
+        by it as it reads it, where clip_grad_norm_ would first rewrite every gradient in a pass of its own."""
+        params = [p for p in self.raw_model.parameters() if p.grad is not None]
+        clip = self.optim_cfg.grad_clip
+        if not self._clips_in_optimizer(params):
+            torch.nn.utils.clip_grad_norm_(params, clip)
+            return
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        # 1 / clip_grad_norm_'s factor min(clip / (norm + 1e-6), 1)
+        self.optimizer.grad_scale = ((norm + 1e-6) / clip).clamp(min=1.0)
+
+    def _clips_in_optimizer(self, params) -> bool:
+        return (self.scaler is None and bool(self.optimizer.defaults.get("fused"))
+                and hasattr(torch.nn.utils, "get_total_norm")  # PyTorch 2.6+
+                and not any(hasattr(p, "to_local") for p in params))  # FSDP2's sharded gradients: clip_grad_norm_
 
     def _no_sync(self, skip_allreduce: bool):
         """Inner micro-steps of gradient accumulation do not all-reduce (DDP); a no-op otherwise."""
