@@ -120,12 +120,12 @@ def _add_bench(sub) -> None:
     _strategy(p)
     p.add_argument("--baseline-json", help="a one-GPU ladder.json of the same preset, batch and seq-len: report "
                    "the scaling efficiency of this (torchrun) run against it (no default)")
-    p.add_argument("--last-only", action="store_true", help="time only the top rung (every named rung applied "
-                   "together), e.g. for a batch-size or multi-GPU run; with --from, RUNG and the top: --rungs auto "
-                   "--from vocab --last-only times the write-up's last rung against the top (off by default)")
-    p.add_argument("--from", dest="start", metavar="RUNG", help="time the rungs from RUNG on; those before it "
-                   "are applied but not timed, and 'vs base' is against RUNG; --rungs auto --from vocab times "
-                   "the write-up's last rung and every one after it (off by default)")
+    p.add_argument("--last-only", action="store_true", help="time the top rung alone (every named rung applied "
+                   "together), e.g. for a batch-size or multi-GPU run; with --from RUNG, RUNG and the top: --rungs "
+                   "auto --from vocab --last-only times the write-up's last rung against the top (off by default)")
+    p.add_argument("--from", dest="start", metavar="RUNG", help="time the rungs from RUNG on (with --last-only: "
+                   "RUNG and the top); those before it are applied but not timed, and 'vs base' is against RUNG; "
+                   "--rungs auto --from vocab times the write-up's last rung and every one after it (off by default)")
     _no_progress(p)
     p.set_defaults(handler=_bench)
 

@@ -146,9 +146,9 @@ LADDER: tuple[Rung, ...] = (
     Rung("fp8_head", "The classifier's three matmuls run in float8 inside the fused loss (which it turns on, "
          "with the 50304-row vocabulary it needs), at twice the bf16 tensor-core rate.",
          "precision", {"fp8_head": True, "fused_loss": True, "vocab_multiple": 128}, _needs_fp8),
-    Rung("loss_kernel", "The fused loss's pass over the logits runs as two hand-written Triton kernels (row "
-         "log-sum-exp, then the gradient tiles in both layouts), which read the logits twice instead of three "
-         "times and store the transposed float8 copy contiguously.",
+    Rung("loss_kernel", "The fused loss's pass over the logits runs as hand-written Triton kernels (row "
+         "log-sum-exp, then the gradient tiles, then for float8 a transpose of their bytes), which read the logits "
+         "twice instead of three times and store the transposed float8 copy contiguously.",
          "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel),
     # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not. (Under
     # DDP the graph captures the all-reduces too: runtime/engine.py.)

@@ -51,6 +51,8 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("bench steps zero", [*BENCH, "--steps", "0"], 2, "--steps: expected a positive integer"),
     ("bench from a rung not climbed", [*BENCH, "--rungs", "baseline,flash", "--from", "vocab"], 2,
      "--from vocab: not one of the rungs climbed (baseline, flash)"),
+    ("bench best from a rung", [*BENCH, "--rungs", "best", "--from", "vocab"], 2, "times every rung: drop --from"),
+    ("bench best last only", [*BENCH, "--rungs", "best", "--last-only"], 2, "times every rung: drop --last-only"),
     ("profile warmup negative", [*PROFILE, "--warmup", "-1"], 2, "--warmup must be zero or more"),
     ("parity bad shard", [*PARITY, "--shard", "3/2"], 2, "need 0 <= K < N"),
     ("train bad strategy", [*TRAIN, "--strategy", "zero3"], 2, "unknown --strategy 'zero3'"),

@@ -17,15 +17,16 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
         {"logits_ptr": "*bf16", "targets_ptr": "*i64", "lse_ptr": "*fp32", "loss_ptr": "*fp32", "n_rows": "i32",
          "n_cols": "i32", "vocab_size": C, "BLOCK_M": C, "BLOCK_V": C, "WIDE": C},
         {"vocab_size": 50257, "BLOCK_M": 1, "BLOCK_V": 2048, "WIDE": False}),
-    "kernels.loss._loss_grad_kernel": (
+    **{f"kernels.loss._loss_grad_kernel#{variant}": (
         {"logits_ptr": "*bf16", "targets_ptr": "*i64", "lse_ptr": "*fp32", "g_ptr": "*fp8e5", "gt_ptr": "*fp8e5",
          "n_rows": "i32", "n_cols": "i32", "vocab_size": "i32", "scale": "fp32", "WRITE_T": C, "BLOCK_M": C,
          "BLOCK_V": C, "ROWS_FAST": C, "WIDE": C},
-        {"WRITE_T": True, "BLOCK_M": 32, "BLOCK_V": 64, "ROWS_FAST": True, "WIDE": False}),
-    "kernels.loss._transpose_kernel": (
+        {"WRITE_T": write_t, "BLOCK_M": bm, "BLOCK_V": bv, "ROWS_FAST": True, "WIDE": False})
+        for variant, write_t, bm, bv in (("both-layouts", True, 32, 64), ("row-major", False, 4, 512))},
+    **{f"kernels.loss._transpose_kernel#{'wide' if wide else 'narrow'}": (
         {"src_ptr": "*fp8e5", "dst_ptr": "*fp8e5", "n_rows": "i32", "n_cols": "i32", "BLOCK_R": C, "BLOCK_C": C,
          "WIDE": C},
-        {"BLOCK_R": 128, "BLOCK_C": 128, "WIDE": False}),
+        {"BLOCK_R": 128, "BLOCK_C": 128, "WIDE": wide}) for wide in (False, True)},
     "kernels.gelu._gelu_grad_kernel": (
         {"grad_ptr": "*bf16", "h0_ptr": "*bf16", "bias_ptr": "*fp32", "dh_ptr": "*bf16", "dbias_ptr": "*fp32",
          "n_rows": "i32", "n_cols": "i32", "BLOCK_M": C, "BLOCK_N": C, "ROW_BLOCKS": C, "WIDE": C},

@@ -202,6 +202,9 @@ def test_from_with_last_only_times_that_rung_and_the_top():
                                                    ("fused_adamw", ("baseline", "flash", "vocab", "fused_adamw"))]
     assert all(r.reason is None for r in rows)  # the top under its own name, though the last named cannot run
     assert [r.name for r in climb(names, why_not, last_only=True, start="fused_loss")] == ["fused_adamw"]
+    # nothing after the start can run: one row, not the same row twice
+    assert [r.name for r in climb(names, why_not, last_only=True, start="fused_adamw")] == ["fused_adamw"]
+    assert [r.name for r in climb(names, why_not, last_only=True)] == ["fused_adamw"]  # without --from: the top
     assert [r.name for r in climb(names, why_not, start="vocab")] == ["vocab", "fused_adamw", "fused_loss"]
 
 

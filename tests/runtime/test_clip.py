@@ -11,16 +11,19 @@ from gpt2ladder.runtime.engine import Engine, OptimConfig
 CPU = torch.device("cpu")
 
 
-def train(rungs: list[str], clip: float, in_optimizer: bool | None = None, steps: int = 3):
+def train(rungs: list[str], clip: float, in_optimizer: bool | None = None, steps: int = 3, accum: int = 1):
     engine = Engine(PRESETS["tiny"], setup_for(rungs), CPU, optim=OptimConfig(lr=3e-3, grad_clip=clip),
                     compile_backend="eager")
     if in_optimizer is False:
         engine._clips_in_optimizer = lambda params: False
+    real_clip = engine._clip
+    engine.scales = []  # the factors the optimizer was given
+    engine._clip = lambda: engine.scales.append(real_clip()) or engine.scales[-1]
     passes = []
     real = torch.nn.utils.clip_grad_norm_
     gen = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 50257, (steps, 2, 32), generator=gen)
-    y = torch.randint(0, 50257, (steps, 2, 32), generator=gen)
+    x = torch.randint(0, 50257, (steps, accum, 2, 32), generator=gen)
+    y = torch.randint(0, 50257, (steps, accum, 2, 32), generator=gen)
     norms = []
     try:
         torch.nn.utils.clip_grad_norm_ = lambda *a, **k: passes.append(1) or real(*a, **k)
@@ -32,19 +35,21 @@ def train(rungs: list[str], clip: float, in_optimizer: bool | None = None, steps
     return engine, len(passes), norms
 
 
-@pytest.mark.parametrize("clip", [0.05, 100.0])  # every step clipped; none
-def test_fused_adamw_clips_through_its_grad_scale_as_clip_grad_norm_does(clip):
+@pytest.mark.parametrize("clip,accum", [(0.05, 1), (100.0, 1), (0.05, 2)])  # every step clipped; none; accumulated
+def test_fused_adamw_clips_through_its_grad_scale_as_clip_grad_norm_does(clip, accum):
     rungs = ["baseline", "fused_adamw"]
-    fused, passes, norms = train(rungs, clip)
-    plain, plain_passes, plain_norms = train(rungs, clip, in_optimizer=False)
+    fused, passes, norms = train(rungs, clip, accum=accum)
+    plain, plain_passes, plain_norms = train(rungs, clip, in_optimizer=False, accum=accum)
+    assert not hasattr(fused.optimizer, "grad_scale")  # given for each step only, as a GradScaler does
+    assert all(s is None for s in plain.scales) and len(fused.scales) == 3
     assert passes == 0 and plain_passes == 3  # the optimizer's factor, not clip_grad_norm_'s pass
     # both leave the gradients clipped: the fused kernel writes back what it read, divided by grad_scale
     assert norms == pytest.approx(plain_norms, rel=1e-4)
     if clip < 1:
-        assert fused.optimizer.grad_scale.item() > 10  # clipped hard: the factor matters
+        assert all(s.item() > 10 for s in fused.scales)  # clipped hard: the factor matters
         assert norms == pytest.approx([clip] * 3, rel=1e-4)
     else:
-        assert fused.optimizer.grad_scale.item() == 1.0
+        assert all(s.item() == 1.0 for s in fused.scales)
     plain_params = dict(plain.raw_model.named_parameters())
     for name, p in fused.raw_model.named_parameters():
         # one division instead of a multiplication; Adam magnifies that rounding where a gradient is near zero
@@ -57,4 +62,4 @@ def test_fused_adamw_clips_through_its_grad_scale_as_clip_grad_norm_does(clip):
 
 def test_the_unfused_optimizer_keeps_clip_grad_norm():
     engine, passes, _ = train(["baseline"], 0.05, steps=2)
-    assert passes == 2 and getattr(engine.optimizer, "grad_scale", None) is None
+    assert passes == 2 and engine.scales == [None, None]

@@ -9,7 +9,6 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn as nn
 
 from gpt2ladder.kernels.norm import E4M3_MAX, rows_to_fp8
 from gpt2ladder.model.config import PRESETS
@@ -54,6 +53,10 @@ def test_the_float8_matmul_is_the_scaled_product_and_its_backward_is_fp32_wgrads
     assert torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad) and w.grad.dtype == torch.float32
     if with_bias:
         assert torch.equal(b.grad, b2.grad)
+    # the weight_cast rung's copy, where there is one, is what the backward multiplies by
+    x.grad = None
+    Fp8InputMatmul.apply(x, x8, sx, w, b, torch.zeros_like(w, dtype=torch.bfloat16)).backward(grad)
+    assert (x.grad == 0).all()
 
 
 def test_only_plain_linears_of_sixteen_multiples_take_float8():
@@ -117,12 +120,14 @@ def test_the_norm_blocks_feed_every_input_projection_in_float8_and_train_the_sam
         assert calls == []
 
 
-def test_the_rung_reaches_the_norm_blocks():
+@pytest.mark.parametrize("float8_mlp", [False, True])
+def test_the_rung_reaches_the_norm_blocks(float8_mlp):
+    """Every NormBlock feeds its input projections in float8; with fp8_mlp the MLP's c_fc is a Float8Linear,
+    which casts for itself, so only the attention's is fed."""
     from gpt2ladder.ladder import setup_for
     from gpt2ladder.runtime.engine import Engine
 
-    names = ["baseline", "compile", "norm_kernel", "fp8_forward"]
+    names = ["baseline", "compile", "norm_kernel", "fp8_forward"] + (["fp8_mlp"] if float8_mlp else [])
     engine = Engine(PRESETS["tiny"], setup_for(names), torch.device("cpu"), compile_backend="eager")
     blocks = [m for m in engine.raw_model.modules() if type(m).__name__ == "NormBlock"]
-    assert blocks and all(b.fp8_attn_in and b.fp8_mlp_in for b in blocks)
-    assert not any(isinstance(m, nn.Linear) and type(m).__name__ == "Float8Linear" for m in engine.raw_model.modules())
+    assert blocks and all(b.fp8_attn_in and b.fp8_mlp_in != float8_mlp for b in blocks)

@@ -68,7 +68,7 @@ def _bench(args, dist: distributed.Dist) -> int:
             check_baseline(baseline, cfg.to_dict())
     _announce(args, cfg, caps, device, dist, plan, say, rule)
     on_row = _row_writer(out, say) if dist.is_main else None
-    if winner and cfg.last_only:
+    if winner and cfg.last_only and cfg.start is None:
         record = winner  # the top rung at the chosen size was just measured
     else:
         record = run_bench(cfg, device, dist, progress=progress, notify=say, tokens=tokens, on_row=on_row, caps=caps,
@@ -190,6 +190,9 @@ def bench_config(args, device: torch.device, caps: Capabilities, dist: distribut
     if args.batch_size == "best" and dist.enabled:
         raise UsageError("--batch-size best times sizes on one GPU; under torchrun pass a number "
                          "(find it with a one-GPU `gpt2ladder bench --batch-size best`)")
+    if args.rungs == "best" and (args.start is not None or args.last_only):
+        raise UsageError(f"--rungs best keeps the rungs that pay over the rung before each, so it times every "
+                         f"rung: drop {'--from' if args.start is not None else '--last-only'}")
     rungs = tuple(resolve_rungs(args.rungs, caps, strategy))
     if args.start is not None and args.start not in rungs:
         raise UsageError(f"--from {args.start}: not one of the rungs climbed ({', '.join(rungs)})")

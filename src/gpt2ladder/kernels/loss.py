@@ -15,8 +15,8 @@ Here the work is split at the one true dependency, the log-sum-exp:
   3. for float8, `_transpose_kernel` copies the gradient's bytes into the (Vp, N) layout the classifier's
      weight-gradient matmul needs, one square tile per program (`tl.trans`, so loads and stores are both
      contiguous along their rows).
-Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 0.83 GB written (bf16 or float8), and for float8
-0.83 + 0.83 GB more by the transpose. The gradient kernel can also write the transposed tile itself
+Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 0.83 GB written in float8 (1.65 GB in bf16), and for
+float8 0.83 + 0.83 GB more by the transpose. The gradient kernel can also write the transposed tile itself
 (`WRITE_T`): fewer bytes, but its two stores ran at 2.6 TB/s together (1.28 ms) where the gradient pass
 alone reaches 3.8 TB/s and the transpose 3.9 (0.65 + 0.42 ms; benchmarks/micro/loss_transpose.py,
 docs/experiments.md). Measured on the H200 with the
@@ -43,7 +43,9 @@ except ImportError:  # CPU-only installs: the fused loss uses its PyTorch expres
 # Tile shapes: statistics pass (rows per program, columns per step, warps, pipeline stages); gradient
 # pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks); the transpose
 # (rows, columns, warps). Chosen by benchmarks/micro/loss_kernel.py and loss_transpose.py on the H200
-# (docs/experiments.md); GRAD_BOTH is the gradient pass's tile when it writes both layouts itself.
+# (docs/experiments.md): GRAD for the float8 gradient's row-major pass before the transpose; GRAD_BOTH when the
+# kernel writes both layouts itself, and for a bf16 gradient (the tile it ran at before the split; the new one
+# was measured for float8 only).
 STATS = (1, 2048, 2, 1)
 GRAD = (4, 512, 4, True)
 GRAD_BOTH = (32, 64, 4, True)
@@ -134,7 +136,7 @@ if triton is not None:
             logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, WIDE=wide,
             num_warps=sw, num_stages=ss)
         write_t = g_t is not None and not split
-        gm, gv, gw, rows_fast = grad or (GRAD_BOTH if write_t else GRAD)
+        gm, gv, gw, rows_fast = grad or (GRAD if g_t is not None and split else GRAD_BOTH)
         blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv))
         _loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
             logits, targets, lse, g, g_t if write_t else g, n, v, vocab_size, scale, WRITE_T=write_t,

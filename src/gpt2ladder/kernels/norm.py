@@ -70,7 +70,8 @@ def add_norm_reference(h, p, weight, bias, eps: float, out_dtype: torch.dtype, p
 
 def rows_to_fp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(y / scale in e4m3, scale): one fp32 scale per row (the last dimension), the row's amax mapped to e4m3's
-    largest value; what the forward kernel writes with `fp8`, from y before its rounding to the output dtype."""
+    largest value; what the forward kernel writes with `fp8` (up to its division's rounding, which Triton does not
+    make exact), from y before its rounding to the output dtype."""
     yf = y.float()
     scale = yf.abs().amax(-1).clamp(min=1e-12) / E4M3_MAX
     return (yf / scale[..., None]).to(E4M3), scale

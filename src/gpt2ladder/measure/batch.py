@@ -321,7 +321,7 @@ def fastest_batch(cfg: BenchConfig, device, tokens, progress: bool, say, caps=No
     largest, tried, best = cfg.batch_size, [], None
     for b in batch_candidates(largest):
         say(f"--batch-size best: timing {b} sequences", flush=True)
-        rec = run_bench(dataclasses.replace(cfg, batch_size=b, last_only=True), device, progress=progress,
+        rec = run_bench(dataclasses.replace(cfg, batch_size=b, last_only=True, start=None), device, progress=progress,
                         notify=lambda *a, **k: None, tokens=tokens, caps=caps, rule=rule)
         row = rec["rungs"][-1]
         tried.append({"batch_size": b, "status": row["status"], "ms_per_step": row.get("ms_per_step"),

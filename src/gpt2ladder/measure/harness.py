@@ -54,7 +54,7 @@ def climb(names: list[str] | tuple[str, ...], why_not: Callable[[str], str | Non
 
     With `last_only` one row: the top of what can run here, under its own name (every named rung that
     can run, applied together). With `start` (one of `names`) the rows from that rung on: the rungs
-    before it are applied, not timed. With both, two rows: `start` and the top.
+    before it are applied, not timed. With both, `start` and the top (one row where they are the same).
     """
     rows, applied = [], []
     begin = names.index(start) if start is not None else 0
@@ -63,10 +63,12 @@ def climb(names: list[str] | tuple[str, ...], why_not: Callable[[str], str | Non
         if reason is None:
             applied.append(name)
         top = k == len(names) - 1
-        if k < begin or (last_only and not top and k != begin):
+        if k < begin or (last_only and not top and not (start is not None and k == begin)):
             continue
         if last_only and top and applied:
             name, reason = applied[-1], None
+            if rows and rows[-1].reason is None and rows[-1].applied == tuple(applied):
+                continue  # nothing after `start` can run here: the top is `start` itself
         rows.append(Row(name, tuple(applied), reason))
     return rows
 

@@ -206,26 +206,32 @@ class Engine:
     def _update(self) -> None:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        if self.optim_cfg.grad_clip > 0:
-            self._clip()
+        scale = self._clip() if self.optim_cfg.grad_clip > 0 else None
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        else:
+        elif scale is None:
             self.optimizer.step()
+        else:  # set for this step only, as a GradScaler sets it for the steps it drives
+            self.optimizer.grad_scale = scale
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.grad_scale
 
-    def _clip(self) -> None:
-        """Scale the gradients down to a total norm of at most grad_clip, as clip_grad_norm_ does. Fused AdamW
-        (without a GradScaler, whose place this is) takes the factor as its `grad_scale` and divides each gradient
-        by it as it reads it, where clip_grad_norm_ would first rewrite every gradient in a pass of its own."""
+    def _clip(self) -> torch.Tensor | None:
+        """Scale the gradients down to a total norm of at most grad_clip, as clip_grad_norm_ does; or, with fused
+        AdamW (and no GradScaler, whose place that is), return the factor to divide them by, which the optimizer
+        takes as its `grad_scale`: it divides each gradient as it reads it and stores the result, so the pass of
+        clip_grad_norm_'s own that read and rewrote every gradient first goes (one read of them all, and its
+        launches)."""
         params = [p for p in self.raw_model.parameters() if p.grad is not None]
         clip = self.optim_cfg.grad_clip
         if not self._clips_in_optimizer(params):
             torch.nn.utils.clip_grad_norm_(params, clip)
-            return
+            return None
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        # 1 / clip_grad_norm_'s factor min(clip / (norm + 1e-6), 1)
-        self.optimizer.grad_scale = ((norm + 1e-6) / clip).clamp(min=1.0)
+        return ((norm + 1e-6) / clip).clamp(min=1.0)  # 1 / clip_grad_norm_'s factor min(clip / (norm + 1e-6), 1)
 
     def _clips_in_optimizer(self, params) -> bool:
         return (self.scaler is None and bool(self.optimizer.defaults.get("fused"))

@@ -38,8 +38,9 @@ class Float8Rows(NamedTuple):
 
 
 def float8_rows(y: torch.Tensor, dtype: torch.dtype) -> Float8Rows:
-    """`y` (any float dtype) as Float8Rows: rounded to `dtype`, and cast to float8 from its own values."""
-    return Float8Rows(y.to(dtype), *rows_to_fp8(y))
+    """`y` (any float dtype) as Float8Rows: rounded to `dtype`, and cast to float8 from its own values (a copy that
+    takes no gradient: the backward reads the rounded y)."""
+    return Float8Rows(y.to(dtype), *rows_to_fp8(y.detach()))
 
 
 def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
@@ -58,11 +59,16 @@ class Fp8InputMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, x8: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
+                bias: torch.Tensor | None, weight_c: torch.Tensor | None = None,
+                bias_c: torch.Tensor | None = None) -> torch.Tensor:
+        """`weight_c`, `bias_c`: the `weight_cast` rung's copies in x's dtype, read instead of casting here."""
         with torch.autocast(x.device.type, enabled=False):
             w8, sw = rows_to_fp8(weight)
-            wc = weight.to(x.dtype)
-            bc = None if bias is None else bias.to(x.dtype)
+            wc = weight_c if weight_c is not None and weight_c.dtype == x.dtype else weight.to(x.dtype)
+            if bias is None:
+                bc = None
+            else:
+                bc = bias_c if bias_c is not None and bias_c.dtype == x.dtype else bias.to(x.dtype)
             y = scaled_matmul(x8.reshape(-1, x8.shape[-1]), sx.reshape(-1), w8, sw, bc, x.dtype)
         ctx.save_for_backward(x, wc)
         ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None
@@ -72,7 +78,7 @@ class Fp8InputMatmul(torch.autograd.Function):
     def backward(ctx, grad_y: torch.Tensor):
         x, wc = ctx.saved_tensors
         grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias)
-        return grad_x, None, None, grad_w, grad_b
+        return grad_x, None, None, grad_w, grad_b, None, None
 
 
 def takes_float8(module: nn.Module) -> bool:
@@ -86,4 +92,7 @@ def takes_float8(module: nn.Module) -> bool:
 def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
     """The module's input projection of `rows`, its forward product in float8."""
     linear, with_bias = module.in_proj()
-    return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, linear.bias if with_bias else None)
+    weight_c, bias_c = linear._fresh_casts() if isinstance(linear, Fp32WgradLinear) else (None, None)
+    bias = linear.bias if with_bias else None
+    return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, bias, weight_c,
+                                bias_c if with_bias else None)
