@@ -150,33 +150,15 @@ def test_deferred_projection_biases_reach_the_norm_and_train_the_same(monkeypatc
     bf16 residual stream under CPU autocast): the loss and every gradient are the plain rewrite's up to bf16
     rounding, and the deferred path is the one that ran."""
     import gpt2ladder.speedups.norm_block as nb
-    from gpt2ladder.speedups.fp32_wgrad import use_fp32_wgrad
-    from gpt2ladder.speedups.gelu_mlp import use_gelu_kernel
+    from norm_block_support import CFG, one_step_each, rewired_models
 
-    monkeypatch.setattr(nb, "kernels_run", lambda h: h.dtype == torch.bfloat16 and torch.is_grad_enabled())
-    cfg = dataclasses.replace(PRESETS["tiny"], attention="sdpa", low_precision_residual=True)
-    models = {defer: init_weights(GPT(cfg), 0) for defer in (False, True)}
-    for defer, model in models.items():
-        if "gelu_kernel" in before:
-            assert use_gelu_kernel(model)
-        if "fp32_wgrad" in before:
-            assert use_fp32_wgrad(model)
-        use_norm_kernel(model, defer_bias=defer)
-    seen = []
+    models = rewired_models(monkeypatch, before, {defer: {"defer_bias": defer} for defer in (False, True)})
+    calls = []
     real_apply = nb.AddNorm.apply
-    monkeypatch.setattr(nb.AddNorm, "apply", lambda *a: seen.append(a[2] is not None) or real_apply(*a))
-    gen = torch.Generator().manual_seed(3)
-    x, y = torch.randint(0, cfg.vocab_size, (2, 16), generator=gen), torch.randint(0, cfg.vocab_size, (2, 16),
-                                                                                   generator=gen)
-    losses = {}
-    for defer, model in models.items():
-        seen.clear()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, loss = model(x, y)
-        loss.backward()
-        losses[defer] = loss.item()
-        # ln_1 of Blocks 1.. and every ln_2 run AddNorm; with defer_bias each gets its branch's bias
-        assert seen == [defer] * (2 * cfg.n_layer - 1)
+    monkeypatch.setattr(nb.AddNorm, "apply", lambda *a: calls.append(a[2] is not None) or real_apply(*a))
+    losses, seen = one_step_each(models, calls)
+    for defer in (False, True):  # ln_1 of Blocks 1.. and every ln_2 run AddNorm; with defer_bias each gets its bias
+        assert seen[defer] == [defer] * (2 * CFG.n_layer - 1)
     assert abs(losses[True] - losses[False]) < 1e-2
     plain = dict(models[False].named_parameters())
     for name, param in models[True].named_parameters():

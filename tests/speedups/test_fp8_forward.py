@@ -12,7 +12,7 @@ import torch
 
 from gpt2ladder.kernels.norm import E4M3_MAX, rows_to_fp8
 from gpt2ladder.model.config import PRESETS
-from gpt2ladder.model.gpt import GPT, init_weights
+from gpt2ladder.model.gpt import GPT
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradMatmul
 from gpt2ladder.speedups.fp8_forward import Fp8InputMatmul, takes_float8
 
@@ -79,34 +79,16 @@ def test_the_norm_blocks_feed_every_input_projection_in_float8_and_train_the_sam
     auto. AddNorm's PyTorch expressions stand in for the kernels (on a bf16 stream under CPU autocast): the loss
     and gradients are those without the rung up to float8's rounding, and every gradient is there."""
     import gpt2ladder.speedups.fp8_forward as f8
-    import gpt2ladder.speedups.norm_block as nb
-    from gpt2ladder.speedups.fp32_wgrad import use_fp32_wgrad
-    from gpt2ladder.speedups.gelu_mlp import use_gelu_kernel
+    from norm_block_support import CFG, one_step_each, rewired_models
 
-    monkeypatch.setattr(nb, "kernels_run", lambda h: h.dtype == torch.bfloat16 and torch.is_grad_enabled())
-    cfg = dataclasses.replace(PRESETS["tiny"], attention="sdpa", low_precision_residual=True)
-    models = {fp8: init_weights(GPT(cfg), 0) for fp8 in (False, True)}
-    for fp8, model in models.items():
-        if "gelu_kernel" in before:
-            assert use_gelu_kernel(model)
-        if "fp32_wgrad" in before:
-            assert use_fp32_wgrad(model)
-        nb.use_norm_kernel(model, defer_bias=True, fp8_forward=fp8)
+    variants = {fp8: {"defer_bias": True, "fp8_forward": fp8} for fp8 in (False, True)}
+    models = rewired_models(monkeypatch, before, variants)
     calls = []
     real_apply = f8.Fp8InputMatmul.apply
     monkeypatch.setattr(f8.Fp8InputMatmul, "apply", lambda *a: calls.append(a[3].shape) or real_apply(*a))
-    gen = torch.Generator().manual_seed(3)
-    x, y = torch.randint(0, cfg.vocab_size, (2, 16), generator=gen), torch.randint(0, cfg.vocab_size, (2, 16),
-                                                                                   generator=gen)
-    losses = {}
-    for fp8, model in models.items():
-        calls.clear()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, loss = model(x, y)
-        loss.backward()
-        losses[fp8] = loss.item()
-        c = cfg.n_embd
-        assert calls == ([(3 * c, c), (4 * c, c)] * cfg.n_layer if fp8 else [])
+    losses, seen = one_step_each(models, calls)
+    c = CFG.n_embd
+    assert seen == {False: [], True: [(3 * c, c), (4 * c, c)] * CFG.n_layer}
     assert abs(losses[True] - losses[False]) < 2e-2
     plain = dict(models[False].named_parameters())
     for name, param in models[True].named_parameters():
@@ -116,7 +98,7 @@ def test_the_norm_blocks_feed_every_input_projection_in_float8_and_train_the_sam
     with torch.no_grad():  # evaluation runs the model itself: no float8
         calls.clear()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            models[True](x, y)
+            models[True](torch.zeros(2, 16, dtype=torch.long))
         assert calls == []
 
 
