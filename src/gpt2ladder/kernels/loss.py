@@ -42,7 +42,7 @@ except ImportError:  # CPU-only installs: the fused loss uses its PyTorch expres
 
 # Tile shapes: statistics pass (rows per program, columns per step, warps, pipeline stages); gradient
 # pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks); the transpose
-# (rows, columns, warps). Chosen by benchmarks/micro/loss_kernel.py and loss_transpose.py on the H200
+# (rows, columns, warps). Chosen by benchmarks/micro/loss_kernel.py and benchmarks/micro/loss_transpose.py on the H200
 # (docs/experiments.md): GRAD for the float8 gradient's row-major pass before the transpose; GRAD_BOTH when the
 # kernel writes both layouts itself, and for a bf16 gradient (the tile it ran at before the split; the new one
 # was measured for float8 only).
