@@ -96,6 +96,7 @@ def main(out_path):
         "ddp": one_step(dist, "ddp"),
         "ddp_accum": one_step(dist, "ddp", accum=ACCUM),
         "ddp_compiled": one_step(dist, "ddp", setup=Setup(compile=True)),
+        "ddp_fused": one_step(dist, "ddp", setup=Setup(fused_adamw=True)),
         "fsdp": one_step(dist, "fsdp"),
         "fsdp_compiled": one_step(dist, "fsdp", setup=Setup(compile=True)),
         "fsdp_accum": one_step(dist, "fsdp", accum=ACCUM),

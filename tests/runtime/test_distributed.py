@@ -84,6 +84,12 @@ def test_ddp_with_compile_equals_single_process(ranks_result, single):
     assert_same_step(ranks_result["ddp_compiled"], single)
 
 
+def test_ddp_with_fused_adamw_clips_as_one_process_does(ranks_result):
+    """Fused AdamW takes the clipping factor as its grad_scale (runtime/engine.py); under DDP each rank computes it
+    from the all-reduced gradients, so the clipped step is the single process's."""
+    assert_same_step(ranks_result["ddp_fused"], single_process_step(setup=Setup(fused_adamw=True)))
+
+
 def test_fsdp2_step_equals_single_process(ranks_result, single):
     """fully_shard runs on CPU with gloo in torch >= 2.6: one clipped AdamW step matches exactly."""
     assert_same_step(ranks_result["fsdp"], single)
