@@ -30,6 +30,12 @@ def step_losses(names, batches, **kw):
     return [engine.step(x, y).item() for x, y in batches]
 
 
+def losses_without_and_with(names, rung, steps: int = 8):
+    """The losses of `steps` steps on the same random batches with the rungs `names`, then with `rung` added."""
+    batches = random_batches(steps)
+    return step_losses(names, batches), step_losses(names + [rung], batches)
+
+
 def in_fresh_process(path: str, name: str) -> None:
     """Run the function `name` of the test file `path` in a new Python process and fail with its output if
     it fails: memory readings and --gpu-memory caps there see no other test's live or cached allocations

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from gpu_support import GPU, needs_cuda, needs_triton, random_batches, step_losses
+from gpu_support import GPU, losses_without_and_with, needs_cuda, needs_triton, random_batches, step_losses
 
 pytestmark = pytest.mark.gpu
 
@@ -91,9 +91,7 @@ def test_fp32_wgrad_gradients_are_the_fp32_product_on_gpu():
 @pytest.mark.parametrize("rung", ["fp32_wgrad", pytest.param("gelu_kernel", marks=needs_triton)])
 def test_rung_trains_like_the_compiled_graphed_step_without_it(rung):
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph"]
-    batches = random_batches(8)
-    without = step_losses(names, batches)
-    with_rung = step_losses(names + [rung], batches)
+    without, with_rung = losses_without_and_with(names, rung)
     assert with_rung == pytest.approx(without, rel=5e-3)
     assert with_rung[-1] < with_rung[0]
 
@@ -104,9 +102,7 @@ def test_weight_cast_computes_the_same_compiled_graphed_steps():
     """The copies hold autocast's own rounding, so the graphed steps give the same losses as casting beside
     each matmul (to the last bits: only the kernels that round differ), and training moves."""
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "fp32_wgrad"]
-    batches = random_batches(8)
-    without = step_losses(names, batches)
-    with_rung = step_losses(names + ["weight_cast"], batches)
+    without, with_rung = losses_without_and_with(names, "weight_cast")
     assert with_rung == pytest.approx(without, rel=1e-5, abs=1e-6)
     assert with_rung[-1] < with_rung[0]
 
@@ -117,9 +113,7 @@ def test_weight_cast_computes_the_same_compiled_graphed_steps():
 def test_norm_kernel_trains_like_compiles_add_and_norm():
     """Compiled, graphed steps on the bf16 residual stream with the add + norm kernels and with compile's."""
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "bf16_residual"]
-    batches = random_batches(8)
-    without = step_losses(names, batches)
-    with_rung = step_losses(names + ["norm_kernel"], batches)
+    without, with_rung = losses_without_and_with(names, "norm_kernel")
     assert with_rung == pytest.approx(without, rel=5e-3)
     assert with_rung[-1] < with_rung[0]
 
@@ -132,9 +126,7 @@ def test_proj_bias_trains_like_the_norm_kernel_without_it():
     with them in the matmuls: the same losses up to bf16 rounding, and training moves."""
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "bf16_residual",
              "gelu_kernel", "fp32_wgrad", "norm_kernel"]
-    batches = random_batches(8)
-    without = step_losses(names, batches)
-    with_rung = step_losses(names + ["proj_bias"], batches)
+    without, with_rung = losses_without_and_with(names, "proj_bias")
     assert with_rung == pytest.approx(without, rel=5e-3)
     assert with_rung[-1] < with_rung[0]
 
@@ -148,9 +140,7 @@ def test_fp8_forward_trains_like_the_bf16_forward():
     norm kernels' float8 copies) and in bf16: the same losses within float8's precision, and training moves."""
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head",
              "loss_kernel", "cuda_graph", "bf16_residual", "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
-    batches = random_batches(8)
-    without = step_losses(names, batches)
-    with_rung = step_losses(names + ["fp8_forward"], batches)
+    without, with_rung = losses_without_and_with(names, "fp8_forward")
     assert with_rung[0] == pytest.approx(without[0], abs=2e-2)
     assert with_rung == pytest.approx(without, rel=2e-2)
     assert with_rung[-1] < with_rung[0]
