@@ -18,7 +18,29 @@ import torch.nn.functional as F
 from gpt2ladder.model.config import ModelConfig
 
 
-class CausalSelfAttention(nn.Module):
+class Branch(nn.Module):
+    """A Block's attention or MLP: an input projection, what follows it, then the output projection `c_proj`; the
+    seams the speed-ups cut at (speedups/norm_block.py, speedups/fp8_forward.py)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.pre_proj(x))
+
+    def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
+        """Everything before the output projection c_proj (a branch whose input bias is added elsewhere overrides
+        this)."""
+        linear, _ = self.in_proj()
+        return self.after_in_proj(linear(x))
+
+    def in_proj(self) -> tuple[nn.Linear, bool]:
+        """The input projection's Linear, and whether its bias is added in its matmul."""
+        raise NotImplementedError
+
+    def after_in_proj(self, h: torch.Tensor) -> torch.Tensor:
+        """From the input projection's output to c_proj's input."""
+        raise NotImplementedError
+
+
+class CausalSelfAttention(Branch):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head = cfg.n_head
@@ -31,15 +53,7 @@ class CausalSelfAttention(nn.Module):
             mask = torch.tril(torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool))
             self.register_buffer("bias", mask.view(1, 1, cfg.block_size, cfg.block_size), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.pre_proj(x))
-
-    def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
-        """Everything before the output projection c_proj: the heads' outputs side by side, (B, T, C)."""
-        return self.after_in_proj(self.c_attn(x))
-
     def in_proj(self) -> tuple[nn.Linear, bool]:
-        """The input projection's Linear, and whether its bias is added in its matmul."""
         return self.c_attn, True
 
     def after_in_proj(self, qkv: torch.Tensor) -> torch.Tensor:
@@ -64,7 +78,7 @@ def manual_attention(q, k, v, mask: torch.Tensor) -> torch.Tensor:
     return att @ v  # (B, nh, T, hs)
 
 
-class MLP(nn.Module):
+class MLP(Branch):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
@@ -72,18 +86,11 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
         self.c_proj.residual_scaled = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.pre_proj(x))
-
-    def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
-        """Everything before the output projection c_proj: the GELU's output, (B, T, 4C)."""
-        return self.after_in_proj(self.c_fc(x))
-
     def in_proj(self) -> tuple[nn.Linear, bool]:
-        """The input projection's Linear, and whether its bias is added in its matmul."""
         return self.c_fc, True
 
     def after_in_proj(self, h: torch.Tensor) -> torch.Tensor:
+        """The GELU's output, (B, T, 4C)."""
         return self.gelu(h)
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from gpt2ladder.kernels import gelu as gelu_kernels
-from gpt2ladder.model.gpt import MLP
+from gpt2ladder.model.gpt import MLP, Branch
 from gpt2ladder.speedups.common import matmul_without_bias, replace_modules
 
 
@@ -28,7 +28,7 @@ class BiasGelu(torch.autograd.Function):
         return gelu_kernels.gelu_grad(grad, h0, bias)
 
 
-class KernelMLP(nn.Module):
+class KernelMLP(Branch):
     """The same c_fc and c_proj (so the same state dict and function) as the `MLP` it replaces; c_fc's
     bias is added inside `BiasGelu`."""
 
@@ -36,16 +36,12 @@ class KernelMLP(nn.Module):
         super().__init__()
         self.c_fc, self.c_proj = mlp.c_fc, mlp.c_proj
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.pre_proj(x))
-
     def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
-        """Everything before c_proj: the GELU's output."""
+        """Everything before c_proj: the GELU's output, c_fc's matmul without its bias."""
         return self.after_in_proj(matmul_without_bias(self.c_fc, x))
 
     def in_proj(self) -> tuple[nn.Linear, bool]:
-        """The input projection's Linear, and whether its bias is added in its matmul (here: in the GELU kernel)."""
-        return self.c_fc, False
+        return self.c_fc, False  # its bias goes into the GELU kernel
 
     def after_in_proj(self, h0: torch.Tensor) -> torch.Tensor:
         return BiasGelu.apply(h0, self.c_fc.bias)
