@@ -105,6 +105,7 @@ class Engine:
         self.optimizer = make_optimizer(self.raw_model, optim, setup, device)
         self.scaler = torch.amp.GradScaler(device.type) if setup.autocast == "float16" else None
         self._graph = None
+        self._fused_clip = None  # whether the clipping factor goes to fused AdamW (`_clip`); known at the first step
         self.captures = 0  # CUDA graph captures so far: a step that raised it was no ordinary step
 
     def _compiled(self, module, backend: str):
@@ -227,7 +228,9 @@ class Engine:
         launches)."""
         params = [p for p in self.raw_model.parameters() if p.grad is not None]
         clip = self.optim_cfg.grad_clip
-        if not self._clips_in_optimizer(params):
+        if self._fused_clip is None:  # the parameters' kind does not change: decided at the first step
+            self._fused_clip = self._clips_in_optimizer(params)
+        if not self._fused_clip:
             torch.nn.utils.clip_grad_norm_(params, clip)
             return None
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
