@@ -189,6 +189,10 @@ LADDER: tuple[Rung, ...] = (
          _needs_norm_kernel, pays_with_graph=True, refused_under={
              "fsdp": "the MLP's output bias is read by the next Block's norm, after FSDP2 has freed the gathered "
                      "parameters of the Block it belongs to"}),
+    Rung("qkv_grad", "The attention's q, k and v gradients are written side by side into c_attn's output gradient "
+         "by one Triton kernel that also sums c_attn's bias gradient from the same values, where compile assembled "
+         "them in one pass and summed the bias in a second.",
+         "memory", {"qkv_grad": True}, _needs_triton_gpu("the qkv_grad rung"), opt_in=True, pays_with_graph=True),
     Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
          "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
          "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "

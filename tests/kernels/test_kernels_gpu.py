@@ -129,3 +129,29 @@ def test_norm_kernels_match_the_expressions_at_gpt2_size(with_pbias, fp8):
     assert ((dsum.float() - rdsum.float()).abs() <= 2**-7 * rdsum.float().abs() + 1e-9).all()
     torch.testing.assert_close(dw, rdw, rtol=1e-4, atol=1e-5)  # fp32 sums over 16384 rows, another order
     torch.testing.assert_close(db, rdb, rtol=1e-4, atol=1e-5)
+
+
+@needs_cuda
+@needs_triton
+def test_qkv_grad_kernel_assembles_what_sdpa_returns_at_gpt2_size():
+    """The q, k, v gradients of SDPA's own backward (whatever strides it returns them in), put side by side by the
+    kernel, against the autograd gradient of c_attn's output through the split; the bias gradient against their
+    column sums in fp32."""
+    import torch.nn.functional as F
+
+    from gpt2ladder.kernels.qkv import qkv_grad, qkv_grad_reference
+    from gpt2ladder.model.gpt import split_heads
+
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(16, 1024, 2304, generator=gen).to(GPU, torch.bfloat16).requires_grad_()
+    heads = split_heads(qkv, 12)
+    q, k, v = (h.detach().requires_grad_() for h in heads)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    gy = torch.randn(y.shape, generator=gen).to(GPU, torch.bfloat16)
+    y.backward(gy)
+    out, dbias = qkv_grad(q.grad, k.grad, v.grad, torch.float32)
+    torch.autograd.backward(heads, [q.grad, k.grad, v.grad])  # the split's own backward: the compiled step's copy
+    assert torch.equal(out, qkv.grad)
+    _, ref_db = qkv_grad_reference(q.grad, k.grad, v.grad, torch.float32)
+    torch.testing.assert_close(dbias, ref_db, rtol=1e-4, atol=1e-4)
+

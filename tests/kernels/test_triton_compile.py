@@ -1,6 +1,6 @@
 """Every Triton kernel of the package compiles for the GPUs it targets, here on a machine without one.
 
-The CPU interpreter (tests/kernels/test_loss_kernel.py, test_gelu_kernel.py) checks what the kernels
+The CPU interpreter (tests/kernels/test_loss_kernel.py, test_gelu_kernel.py, test_qkv_kernel.py) checks what the kernels
 compute, but it runs them as Python and accepts code the compiler rejects (a kernel reading a plain
 module global, for one). Compiling to a cubin for sm_80 and sm_90 needs only the triton package.
 """
@@ -47,6 +47,10 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
          "rstd_ptr": "*fp32", "dsum_ptr": "*bf16", "part_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
          "programs": "i32", "HAS_PB": C, "STEPS": C, "BLOCK_M": C, "BLOCK_C": C},
         {"HAS_PB": pb, "STEPS": 16, "BLOCK_M": 4, "BLOCK_C": 1024}) for pb in (False, True)},
+    "kernels.qkv._qkv_grad_kernel": (
+        {"dq_ptr": "*bf16", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "out_ptr": "*bf16", "dbias_ptr": "*fp32", "T": "i32",
+         "nh": "i32", **{f"s{g}_{d}": "i32" for g in "qkv" for d in "bht"}, "HS": C, "BLOCK_T": C, "ROW_TILES": C},
+        {"HS": 64, "BLOCK_T": 64, "ROW_TILES": 4}),
     "kernels.norm._colsum_kernel": (
         {"part_ptr": "*fp32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "dpb_ptr": "*fp32", "n_cols": "i32", "N_PARTS": C,
          "BLOCK_P": C, "BLOCK_N": C},

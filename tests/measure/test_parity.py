@@ -344,10 +344,25 @@ def test_shards_of_a_shorter_path_merge_into_a_longer_one():
         parity.merge_shards([first, _shard(["compile", "flash"], 1, 3, {"compile": 5.01})])
 
 
+def test_rungs_named_after_a_shards_own_runs_do_not_matter():
+    """A shard whose path goes on past its runs (to a rung another shard replaced) merges: its runs trained the same
+    setups either way."""
+    base = _shard(["compile", "flash"], 0, 4, {"baseline-seed0": 5.0, "baseline-seed1": 5.02, "compile": 5.01})
+    other_top = _shard(["compile", "flash", "vocab"], 2, 4, {"flash": 4.99})  # its vocab run is another shard's
+    new_top = _shard(["compile", "flash", "fused_adamw"], 3, 4, {"fused_adamw": 5.0})
+    merged = parity.merge_shards([base, other_top, new_top])
+    assert [r["name"] for r in merged["rungs"]] == ["compile", "flash", "fused_adamw"]
+    with pytest.raises(UsageError, match="different rung paths"):  # both tops cannot be one path
+        parity.merge_shards([base, _shard(["compile", "flash", "vocab"], 2, 4, {"flash": 4.99, "vocab": 4.98}),
+                             new_top])
+
+
 def test_shards_that_cannot_be_one_report_are_usage_errors():
     base = _shard(["compile"], 0, 2, {"baseline-seed0": 5.0, "baseline-seed1": 5.02})
     with pytest.raises(UsageError, match="different rung paths"):  # flash's run would not include compile
-        parity.merge_shards([base, _shard(["flash"], 1, 2, {"flash": 5.0})])
+        parity.merge_shards([_shard(["compile"], 0, 2, {"baseline-seed0": 5.0, "baseline-seed1": 5.02,
+                                                        "compile": 5.01}),
+                             _shard(["flash"], 1, 2, {"flash": 5.0})])
     with pytest.raises(UsageError, match="different settings"):
         parity.merge_shards([base, _shard(["compile"], 1, 2, {"compile": 5.0}, steps=7)])
     with pytest.raises(UsageError, match="more than one shard"):

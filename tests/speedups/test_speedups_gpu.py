@@ -133,6 +133,19 @@ def test_proj_bias_trains_like_the_norm_kernel_without_it():
 
 @needs_cuda
 @needs_triton
+@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
+def test_qkv_grad_trains_like_compiles_copy_and_sum():
+    """Compiled, graphed steps of the top of auto with the q, k, v gradients and c_attn's bias gradient from the
+    kernel, and from compile's copy and sum: the same losses up to summation order, and training moves."""
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "bf16_residual",
+             "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
+    without, with_rung = losses_without_and_with(names, "qkv_grad")
+    assert with_rung == pytest.approx(without, rel=5e-3)
+    assert with_rung[-1] < with_rung[0]
+
+
+@needs_cuda
+@needs_triton
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="float8 matmuls need compute capability 8.9+")
 def test_fp8_forward_trains_like_the_bf16_forward():

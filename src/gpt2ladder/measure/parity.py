@@ -310,9 +310,10 @@ def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
 def merge_shards(shards: list[dict]) -> dict:
     """One report from parity shard records (shards may come from several GPUs and commands).
 
-    The shards must share every setting but the rung path, and each path must be the start of the
-    longest one: a rung's run then trains the same setup whichever command ran it, so a later command
-    can add rungs to an earlier one's runs (its fp32 baselines, for one) instead of repeating them.
+    The shards must share every setting but the rung path, and each shard's path up to the last rung it ran must
+    be the start of the longest such path: a rung's run then trains the same setup whichever command ran it, so a
+    later command can add rungs to an earlier one's runs (its fp32 baselines, for one) instead of repeating them,
+    and the rungs a shard's path names after its own runs (which its runs never trained) do not matter.
     """
     def settings(s: dict) -> str:
         # The micro-batch only splits the same step over accumulation: shards of cards of any size merge.
@@ -320,10 +321,7 @@ def merge_shards(shards: list[dict]) -> dict:
 
     if len({settings(s) for s in shards}) != 1:
         raise UsageError("the parity shards were run with different settings; merge shards of one configuration")
-    paths = [list(s["config"]["rungs"]) for s in shards]
-    longest = max(paths, key=len)
-    if any(p != longest[:len(p)] for p in paths):
-        raise UsageError("the parity shards follow different rung paths; each must be the start of the longest")
+    longest = _merged_path(shards)
     results: dict[str, dict] = {}
     for s in shards:
         for uid, r in s["results"].items():
@@ -341,6 +339,23 @@ def merge_shards(shards: list[dict]) -> dict:
     header["shards"] = [{"shard": s["shard"], "git_sha": s.get("git_sha"), "rungs": list(s["config"]["rungs"]),
                          "runs": sorted(s["results"])} for s in shards]
     return {**header, **assemble(cfg, results, skipped)}
+
+
+def _merged_path(shards: list[dict]) -> list[str]:
+    """The rung path of the merged report: the longest of the shards' paths that starts with every shard's path up to
+    the last rung it ran (so a rung named but run by no shard is missing, not dropped); a UsageError where none does."""
+    def ran(shard: dict) -> list[str]:
+        rungs = list(shard["config"]["rungs"])
+        done = [i for i, name in enumerate(rungs) if name in shard["results"]]
+        return rungs[:max(done) + 1] if done else []
+
+    used = [ran(s) for s in shards]
+    fits = [list(s["config"]["rungs"]) for s in shards]
+    fits = [p for p in fits if all(p[:len(u)] == u for u in used)]
+    longest = max(fits, key=len, default=None)
+    if longest is None or any(p != longest[:len(p)] for p in fits):
+        raise UsageError("the parity shards follow different rung paths; each must be the start of the longest")
+    return longest
 
 
 def _schedule(cfg: ParityConfig) -> dict:

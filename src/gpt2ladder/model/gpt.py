@@ -22,6 +22,10 @@ class Branch(nn.Module):
     """A Block's attention or MLP: an input projection, what follows it, then the output projection `c_proj`; the
     seams the speed-ups cut at (speedups/norm_block.py, speedups/fp8_forward.py)."""
 
+    # Whether the input projection's bias, added in its matmul, takes its gradient from after_in_proj's backward
+    # instead of the matmul's (speedups/qkv_grad.py).
+    in_bias_grad_apart = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self.pre_proj(x))
 
@@ -59,15 +63,22 @@ class CausalSelfAttention(Branch):
     def after_in_proj(self, qkv: torch.Tensor) -> torch.Tensor:
         """From c_attn's output, q, k and v side by side (B, T, 3C), to the heads' outputs, (B, T, C)."""
         B, T, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-        q, k, v = qkv.split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q, k, v = self.split_heads(qkv)
         if self.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         else:
             y = manual_attention(q, k, v, self.bias[:, :, :T, :T])
         return y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+
+    def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as (B, nh, T, hs) views of c_attn's output (B, T, 3C)."""
+        return split_heads(qkv, self.n_head)
+
+
+def split_heads(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as (B, nh, T, hs) views of (B, T, 3C), q, k and v side by side."""
+    B, T, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    return tuple(t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in qkv.split(C, dim=2))
 
 
 def manual_attention(q, k, v, mask: torch.Tensor) -> torch.Tensor:

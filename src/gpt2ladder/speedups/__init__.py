@@ -54,6 +54,12 @@ def _weight_cast(model: nn.Module, setup: Setup) -> list[str]:
     return use_weight_casts(model, setup.autocast_dtype)
 
 
+def _qkv_grad(model: nn.Module, setup: Setup) -> list[str]:
+    from gpt2ladder.speedups.qkv_grad import use_qkv_kernel
+
+    return use_qkv_kernel(model)
+
+
 def _norm_kernel(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.norm_block import use_norm_kernel
 
@@ -79,7 +85,10 @@ REWRITES: tuple[Rewrite, ...] = (
                 "must first see its c_fc as a plain Linear to take it"),
     Rewrite("weight_cast", lambda s: s.weight_cast, _weight_cast, after=("fp32_wgrad",),
             why="it gives copies to the Linears that fp32_wgrad makes, which are the ones that read them"),
-    Rewrite("norm_kernel", lambda s: s.norm_kernel, _norm_kernel),
+    Rewrite("qkv_grad", lambda s: s.qkv_grad, _qkv_grad, after=("float8",),
+            why="an attention whose c_attn is float8 keeps its own backward, so the float8 Linears must be in place"),
+    Rewrite("norm_kernel", lambda s: s.norm_kernel, _norm_kernel, after=("qkv_grad",),
+            why="NormBlock keeps the attention it finds, so the attention must already be the one that runs"),
 )
 
 

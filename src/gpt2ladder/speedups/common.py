@@ -37,6 +37,13 @@ def matmul_without_bias(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear.matmul(x) if hasattr(linear, "matmul") else F.linear(x, linear.weight)
 
 
+def matmul_bias_without_grad(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x @ linear.weight.T + linear.bias, the bias taking no gradient here: whoever reads the output sums it."""
+    if hasattr(linear, "matmul"):
+        return linear.matmul(x, bias_without_grad=True)
+    return F.linear(x, linear.weight, linear.bias.detach())
+
+
 def in_blocks(name: str) -> bool:
     """Whether a module name lies inside the transformer's Blocks (transformer.h.N...)."""
     return ".h." in f".{name}"

@@ -70,7 +70,8 @@ class Fp32WgradMatmul(torch.autograd.Function):
                 bc = bias_c if bias_c is not None and bias_c.dtype == dtype else bias.to(dtype)
             y = F.linear(xc, wc, bc)
         ctx.save_for_backward(xc, wc)
-        ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None
+        # a bias that takes no gradient here (the qkv_grad rung sums it elsewhere) is not summed
+        ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None and ctx.needs_input_grad[2]
         return y
 
     @staticmethod
@@ -94,11 +95,14 @@ class Fp32WgradLinear(nn.Linear):
         weight_c, bias_c = self._fresh_casts()
         return Fp32WgradMatmul.apply(x, self.weight, self.bias, weight_c, bias_c)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ weight.T without the bias (the GELU kernel's MLP adds it in its own kernel)."""
+    def matmul(self, x: torch.Tensor, bias_without_grad: bool = False) -> torch.Tensor:
+        """x @ weight.T without the bias (the GELU kernel's MLP adds it in its own kernel); with `bias_without_grad`,
+        + bias, but the bias takes no gradient here (the qkv_grad rung's kernel sums it)."""
+        bias = self.bias.detach() if bias_without_grad else None
         if not torch.is_grad_enabled():
-            return F.linear(x, self.weight)
-        return Fp32WgradMatmul.apply(x, self.weight, None, self._fresh_casts()[0])
+            return F.linear(x, self.weight, bias)
+        weight_c, bias_c = self._fresh_casts()
+        return Fp32WgradMatmul.apply(x, self.weight, bias, weight_c, bias_c if bias_without_grad else None)
 
     def _fresh_casts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return (None, None) if self.casts is None else self.casts.fresh()

@@ -71,7 +71,7 @@ class Fp8InputMatmul(torch.autograd.Function):
                 bc = bias_c if bias_c is not None and bias_c.dtype == x.dtype else bias.to(x.dtype)
             y = scaled_matmul(x8.reshape(-1, x8.shape[-1]), sx.reshape(-1), w8, sw, bc, x.dtype)
         ctx.save_for_backward(x, wc)
-        ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None
+        ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None and ctx.needs_input_grad[4]
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -94,5 +94,7 @@ def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
     linear, with_bias = module.in_proj()
     weight_c, bias_c = linear._fresh_casts() if isinstance(linear, Fp32WgradLinear) else (None, None)
     bias = linear.bias if with_bias else None
+    if bias is not None and module.in_bias_grad_apart:  # added here, its gradient summed after (qkv_grad)
+        bias = bias.detach()
     return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, bias, weight_c,
                                 bias_c if with_bias else None)
