@@ -62,10 +62,12 @@ for tile in [(1, 4), (2, 4), (4, 4), (8, 4), (4, 8), (8, 8), (16, 8), (2, 2)]:
     best.append((ms, tile))
 print("fastest forward:", min(best))
 
-print("backward kernels (rows, warps, programs per SM): ms, GB/s, max rel. error of d(h+p), dw, db")
+print("backward kernels (rows, warps, programs per SM[, Triton's num_stages]): ms, GB/s, max rel. error of d(h+p), "
+      "dw, db")
 best = []
 for tile in [(4, 4, 2), (4, 4, 1), (4, 4, 4), (2, 4, 2), (8, 4, 2), (8, 8, 2), (1, 4, 4), (2, 2, 4), (4, 8, 1),
-             (16, 8, 1)]:
+             (16, 8, 1), (8, 4, 2, 1), (8, 4, 2, 2), (8, 4, 2, 4), (8, 4, 3), (8, 4, 4), (4, 4, 4, 2), (4, 2, 4),
+             (4, 2, 8), (2, 2, 8), (16, 8, 2), (16, 16, 1), (8, 8, 1), (4, 4, 3)]:
     dsum, dw, db = torch.empty_like(h), torch.empty_like(w), torch.empty_like(w)
 
     def run():
@@ -80,7 +82,7 @@ print("fastest backward:", min(best))
 
 # The column sums alone (the second kernel of the backward): their share, at the backward's best tile, over
 # several tiles of their own; then the whole backward with the fastest.
-bm, warps, per_sm = min(best)[1]
+bm, warps, per_sm, *stages = min(best)[1]
 programs = min(SMS * per_sm, triton.cdiv(N, bm))
 part = torch.randn(2, programs, C, device="cuda")
 dw, db = torch.empty_like(w), torch.empty_like(w)
@@ -92,7 +94,7 @@ for tile in [(32, 128, 4), (64, 64, 4), (32, 64, 4), (64, 32, 4), (32, 32, 2), (
     cp, cn, cw = tile
 
     def colsum():
-        nk._colsum_kernel[(triton.cdiv(C, cn), 2)](part, dw, db, C, N_PARTS=programs, BLOCK_P=cp, BLOCK_N=cn,
+        nk._colsum_kernel[(triton.cdiv(C, cn), 2)](part, dw, db, db, C, N_PARTS=programs, BLOCK_P=cp, BLOCK_N=cn,
                                                    num_warps=cw)
 
     colsum()
@@ -103,9 +105,9 @@ print("fastest column sums:", min(sums))
 dsum, dw, db = torch.empty_like(h), torch.empty_like(w), torch.empty_like(w)
 for colsum_tile in (nk.COLSUM_TILE, min(sums)[1]):
     def whole():
-        nk.launch_bwd(dy, ds, rs, w, rmean, rrstd, dsum, dw, db, SMS * per_sm, tile=(bm, warps, per_sm),
+        nk.launch_bwd(dy, ds, rs, w, rmean, rrstd, dsum, dw, db, SMS * per_sm, tile=min(best)[1],
                       colsum=colsum_tile)
 
     whole()
-    print(f"backward at {(bm, warps, per_sm)} with column sums at {colsum_tile}: {bench(whole):.4f} ms, errors "
+    print(f"backward at {min(best)[1]} with column sums at {colsum_tile}: {bench(whole):.4f} ms, errors "
           f"{rel(dsum, rdsum):.1e} {rel(dw, rdw):.1e} {rel(db, rdb):.1e}")

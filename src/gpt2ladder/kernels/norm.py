@@ -205,7 +205,7 @@ if triton is not None:
         (`colsum` = (parts per step, columns per program, warps) of the column sums); `dpb`, if given, gets the
         branch bias's gradient."""
         n, c = s.shape
-        bm, warps, _ = tile or BWD_TILE
+        bm, warps, _, *stages = tile or BWD_TILE  # stages: Triton's num_stages (its own default when not given)
         cp, cn, cw = colsum or COLSUM_TILE
         blocks = triton.cdiv(n, bm)
         programs = max(1, min(programs, blocks))
@@ -213,7 +213,8 @@ if triton is not None:
         part = torch.empty((sums, programs, c), device=s.device, dtype=torch.float32)
         _add_norm_bwd_kernel[(programs,)](dy, ds, s, weight, mean, rstd, dsum, part, n, c, programs,
                                           HAS_PB=dpb is not None, STEPS=triton.cdiv(blocks, programs), BLOCK_M=bm,
-                                          BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
+                                          BLOCK_C=triton.next_power_of_2(c), num_warps=warps,
+                                          **({"num_stages": stages[0]} if stages else {}))
         _colsum_kernel[(triton.cdiv(c, cn), sums)](part, dw, db, db if dpb is None else dpb, c, N_PARTS=programs,
                                                    BLOCK_P=cp, BLOCK_N=cn, num_warps=cw)
 
