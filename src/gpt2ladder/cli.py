@@ -322,8 +322,8 @@ def _add_parity(sub) -> None:
     _out(p, "parity", "output directory for parity.json, parity.md and parity.png")
     p.add_argument("--shard", metavar="K/N", help="run only every N-th training run from K (0-based), to spread "
                    "one parity over N GPUs; writes parity-shard-K-of-N.json (no default: every run)")
-    p.add_argument("--merge", nargs="+", metavar="DIR", help="make the report from the shard files in these "
-                   "directories, with no training (no default)")
+    p.add_argument("--merge", nargs="+", metavar="PATH", help="make the report from shard files, each PATH a "
+                   "directory of them or one file, with no training (no default)")
     _no_progress(p)
     p.set_defaults(handler=_parity)
 

@@ -191,13 +191,15 @@ LADDER: tuple[Rung, ...] = (
                      "parameters of the Block it belongs to"}),
     Rung("qkv_grad", "The attention's q, k and v gradients are written side by side into c_attn's output gradient "
          "by one Triton kernel that also sums c_attn's bias gradient from the same values, where compile assembled "
-         "them in one pass and summed the bias in a second.",
+         "them in one pass and summed the bias in a second. Opt-in: in the step on an H200 within noise of the "
+         "rung before, compile having fused both passes into their neighbours (docs/experiments.md).",
          "memory", {"qkv_grad": True}, _needs_triton_gpu("the qkv_grad rung"), opt_in=True, pays_with_graph=True),
     Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
          "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
          "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "
-         "matmuls. Opt-in: 0.55 ms faster a step on an H200 and within the parity rule at the end, but its training "
-         "loss ran above the fp32 baseline's all along where the other rungs' did not (docs/results.md).",
+         "matmuls. Opt-in: 0.55 ms faster a step on an H200 and within the parity rule, but its training loss runs "
+         "above the fp32 baseline's where the other rungs' do not, and to a given loss it took as many steps as "
+         "without it, so no less time (docs/results.md).",
          "precision", {"fp8_forward": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
          _needs_fp8_forward, opt_in=True, pays_with_graph=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "

@@ -294,6 +294,10 @@ def test_a_missing_shard_is_a_usage_error(shakespeare_cache, tmp_path, capsys):
     assert main(ARGS + ["--rungs", "baseline", "--shard", "0/2", "--out", str(tmp_path / "s0")]) == 0
     assert main(["parity", "--merge", str(tmp_path / "s0"), "--out", str(tmp_path / "m")]) == 2
     assert "parity runs missing from the shards: baseline-seed1" in capsys.readouterr().err
+    # a folder of shards and one shard file merge together
+    assert main(ARGS + ["--rungs", "baseline", "--shard", "1/2", "--out", str(tmp_path / "s1")]) == 0
+    one_file = tmp_path / "s1" / "parity-shard-1-of-2.json"
+    assert main(["parity", "--merge", str(tmp_path / "s0"), str(one_file), "--out", str(tmp_path / "m")]) == 0
 
 
 def test_a_shard_from_before_the_micro_batch_setting_still_merges(shakespeare_cache, tmp_path, capsys):

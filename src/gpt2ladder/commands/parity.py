@@ -125,8 +125,9 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def _merge_command(args) -> int:
-    files = [f for d in args.merge for f in sorted(Path(d).glob("parity-shard-*.json"))] if all(
-        Path(d).is_dir() for d in args.merge) else [Path(d) for d in args.merge]
+    # each argument a folder (its shard files) or one shard file
+    files = [f for d in args.merge for f in (sorted(Path(d).glob("parity-shard-*.json")) if Path(d).is_dir()
+                                             else [Path(d)])]
     if not files or not all(f.is_file() for f in files):
         raise UsageError(f"no parity shard files (parity-shard-K-of-N.json) in {', '.join(args.merge)}")
     try:

@@ -14,8 +14,9 @@ the weight in bf16: the gradients are bf16 matmuls, the weight's and bias's writ
 steps take this path (the norm kernels run only with grad enabled), so evaluation and generation run the model
 itself in bf16.
 
-The step got 0.55 ms faster on an H200, and a 300-step parity run ended within the rule, but its training loss ran
-above the fp32 baseline's all along where the other rungs' did not (docs/results.md): the rung is opt-in.
+The step got 0.55 ms faster on an H200, and two 300-step parity runs ended within the rule, but its training loss
+runs above the fp32 baseline's where the other rungs' do not, and to a validation loss of 5.25 it took as many steps
+as the top of `auto` (docs/results.md): the rung is opt-in.
 """
 
 from __future__ import annotations
