@@ -70,6 +70,7 @@ EXPECTED = {  # rung -> the observable properties it may change
     "norm_kernel": {"norm_kernel"},
     "proj_bias": {"proj_bias"},
     "qkv_grad": {"qkv_grad"},
+    "fp8_fc": {"fp8_forward"},  # the norm Blocks' float8 inputs, c_fc's only
     "fp8_forward": {"fp8_forward"},
     # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's (nor its copies), not the
     # q, k, v gradient kernel's, and their own float8 casts, not the norm kernel's
@@ -153,7 +154,7 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["weight_cast", "qkv_grad", "fp8_forward", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["weight_cast", "qkv_grad", "fp8_fc", "fp8_forward", "fp8_mlp", "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
     assert resolve_rungs("auto", H200_TRITON)[-3:] == ["fp32_wgrad", "norm_kernel", "proj_bias"]
     assert [n for n in resolve_rungs("best", H200_TRITON) if n in opt_in] == opt_in  # measured; kept if they pay
@@ -165,7 +166,7 @@ def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
     from gpt2ladder.ladder import left_out_of_auto
 
     graph_only = ["bf16_residual", "gelu_kernel", "fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
-                  "qkv_grad", "fp8_forward"]
+                  "qkv_grad", "fp8_fc", "fp8_forward"]
     assert left_out_of_auto(H200_TRITON) == {} and left_out_of_auto(H200_TRITON, "ddp") == {}
     left = left_out_of_auto(H200_TRITON, "fsdp")
     # weight_cast cannot run under FSDP2 at all (its copies would be of the shards), nor proj_bias (a Block's

@@ -194,6 +194,11 @@ LADDER: tuple[Rung, ...] = (
          "them in one pass and summed the bias in a second. Opt-in: in the step on an H200 within noise of the "
          "rung before, compile having fused both passes into their neighbours (docs/experiments.md).",
          "memory", {"qkv_grad": True}, _needs_triton_gpu("the qkv_grad rung"), opt_in=True, pays_with_graph=True),
+    Rung("fp8_fc", "The MLP's input projection (c_fc) alone multiplies in float8 in the forward pass, from the norm "
+         "kernel's float8 copy of its input (as fp8_forward, without c_attn, whose rounding reaches the attention "
+         "scores); the gradients stay bf16 matmuls. Opt-in until measured.",
+         "precision", {"fp8_fc": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
+         _needs_fp8_forward, opt_in=True, pays_with_graph=True),
     Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
          "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
          "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "

@@ -72,7 +72,7 @@ def test_only_plain_linears_of_sixteen_multiples_take_float8():
     assert not takes_float8(odd.transformer.h[0].attn)
 
 
-@pytest.mark.parametrize("before", [(), ("gelu_kernel", "fp32_wgrad")])
+@pytest.mark.parametrize("before", [(), ("gelu_kernel", "fp32_wgrad"), ("gelu_kernel", "fp32_wgrad", "qkv_grad")])
 def test_the_norm_blocks_feed_every_input_projection_in_float8_and_train_the_same(monkeypatch, before):
     """With `fp8_forward` every Block's c_attn and c_fc reads the norm's float8 copy (the first Block's ln_1, which
     compile runs, through the same expressions), also with the GELU kernel's MLP and fp32_wgrad's Linears, as in
@@ -100,6 +100,23 @@ def test_the_norm_blocks_feed_every_input_projection_in_float8_and_train_the_sam
         with torch.autocast("cpu", dtype=torch.bfloat16):
             models[True](torch.zeros(2, 16, dtype=torch.long))
         assert calls == []
+
+
+def test_fp8_fc_feeds_only_the_mlps_input_projection(monkeypatch):
+    """With `fp8_fc` each Block's c_fc reads the norm's float8 copy and c_attn its bf16 output: the same training
+    up to float8's rounding, every gradient there."""
+    import gpt2ladder.speedups.fp8_forward as f8
+    from norm_block_support import CFG, one_step_each, rewired_models
+
+    variants = {fp8: {"defer_bias": True, "fp8_fc": fp8} for fp8 in (False, True)}
+    models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"), variants)
+    calls = []
+    real_apply = f8.Fp8InputMatmul.apply
+    monkeypatch.setattr(f8.Fp8InputMatmul, "apply", lambda *a: calls.append(a[3].shape) or real_apply(*a))
+    losses, seen = one_step_each(models, calls)
+    assert seen == {False: [], True: [(4 * CFG.n_embd, CFG.n_embd)] * CFG.n_layer}
+    assert abs(losses[True] - losses[False]) < 2e-2
+    assert all(p.grad is not None for p in models[True].parameters())
 
 
 @pytest.mark.parametrize("float8_mlp", [False, True])

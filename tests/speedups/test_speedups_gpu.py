@@ -160,6 +160,21 @@ def test_fp8_forward_trains_like_the_bf16_forward():
 
 
 @needs_cuda
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="float8 matmuls need compute capability 8.9+")
+def test_fp8_fc_trains_like_the_bf16_forward():
+    """Compiled, graphed steps of the top of auto with c_fc's forward product in float8 and in bf16: the same losses
+    within float8's precision, and training moves."""
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head",
+             "loss_kernel", "cuda_graph", "bf16_residual", "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
+    without, with_rung = losses_without_and_with(names, "fp8_fc")
+    assert with_rung[0] == pytest.approx(without[0], abs=2e-2)
+    assert with_rung == pytest.approx(without, rel=2e-2)
+    assert with_rung[-1] < with_rung[0]
+
+
+@needs_cuda
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="float8 matmuls need compute capability 8.9+")
 def test_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():

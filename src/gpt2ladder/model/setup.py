@@ -36,6 +36,7 @@ class Setup:
     norm_kernel: bool = False  # each residual add and the layer norm after it as Triton kernels
     proj_bias: bool = False  # the Blocks' output-projection biases added, and their gradients summed, by those kernels
     qkv_grad: bool = False  # the q, k, v gradients assembled, with c_attn's bias gradient, by one Triton kernel
+    fp8_fc: bool = False  # c_fc's forward matmul alone in float8, from the norm kernel's float8 copy
     fp8_forward: bool = False  # c_attn's and c_fc's forward matmuls in float8, from the norm kernels' float8 copies
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8

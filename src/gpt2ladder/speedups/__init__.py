@@ -63,7 +63,7 @@ def _qkv_grad(model: nn.Module, setup: Setup) -> list[str]:
 def _norm_kernel(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.norm_block import use_norm_kernel
 
-    return use_norm_kernel(model, defer_bias=setup.proj_bias, fp8_forward=setup.fp8_forward)
+    return use_norm_kernel(model, defer_bias=setup.proj_bias, fp8_forward=setup.fp8_forward, fp8_fc=setup.fp8_fc)
 
 
 @dataclass(frozen=True)

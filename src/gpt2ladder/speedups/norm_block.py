@@ -20,7 +20,7 @@ h + p, where the matmul's epilogue rounded p with it first; the same function, r
 
 With `fp8_forward` (the `fp8_forward` rung) each norm that feeds an input projection (c_attn, c_fc) also writes
 its output in float8 with one scale per row, and the projection's forward product reads that
-(`speedups/fp8_forward.py`).
+(`speedups/fp8_forward.py`); with `fp8_fc` (the `fp8_fc` rung) only the MLP's norm does, for c_fc.
 """
 
 from __future__ import annotations
@@ -112,15 +112,16 @@ class NormBlock(nn.Module):
     """A Block whose input and output may be the pair (h, pending branch) with the add still to do.
 
     `defer_bias` (the `proj_bias` rung): the pending branch carries its output projection's bias apart.
-    `fp8_forward` (the `fp8_forward` rung): the attention's and MLP's input projections multiply in float8.
+    `fp8_forward` (the `fp8_forward` rung): the attention's and MLP's input projections multiply in float8; `fp8_fc`
+    (the `fp8_fc` rung): the MLP's alone.
     """
 
-    def __init__(self, block: Block, defer_bias: bool = False, fp8_forward: bool = False):
+    def __init__(self, block: Block, defer_bias: bool = False, fp8_forward: bool = False, fp8_fc: bool = False):
         super().__init__()
         self.ln_1, self.attn, self.ln_2, self.mlp = block.ln_1, block.attn, block.ln_2, block.mlp
         self.defer_bias = defer_bias
         self.fp8_attn_in = fp8_forward and takes_float8(self.attn)
-        self.fp8_mlp_in = fp8_forward and takes_float8(self.mlp)
+        self.fp8_mlp_in = (fp8_forward or fp8_fc) and takes_float8(self.mlp)
 
     def forward(self, x):
         h, pending = x if isinstance(x, tuple) else (x, None)
@@ -141,12 +142,14 @@ class FinalNorm(nn.LayerNorm):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-def use_norm_kernel(model: nn.Module, defer_bias: bool = False, fp8_forward: bool = False) -> list[str]:
+def use_norm_kernel(model: nn.Module, defer_bias: bool = False, fp8_forward: bool = False,
+                    fp8_fc: bool = False) -> list[str]:
     """Replace every Block by a `NormBlock` and the final norm by a `FinalNorm`; their names. `defer_bias`: the
     Blocks' output projections leave their biases to the norm kernels (the `proj_bias` rung); `fp8_forward`: their
-    input projections multiply in float8, from the norms' float8 copies (the `fp8_forward` rung)."""
+    input projections multiply in float8, from the norms' float8 copies (the `fp8_forward` rung); `fp8_fc`: the
+    MLP's alone (the `fp8_fc` rung)."""
     names = replace_modules(model, lambda name, m: type(m) is Block,
-                            lambda b: NormBlock(b, defer_bias, fp8_forward))
+                            lambda b: NormBlock(b, defer_bias, fp8_forward, fp8_fc))
     ln_f = model.transformer.ln_f
     if names and type(ln_f) is nn.LayerNorm:
         final = FinalNorm(ln_f.normalized_shape, eps=ln_f.eps, elementwise_affine=True, device="meta")
