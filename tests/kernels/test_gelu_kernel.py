@@ -12,6 +12,7 @@ from gpt2ladder.kernels.gelu import gelu_grad_reference
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.model.gpt import GPT, MLP, init_weights
 from gpt2ladder.speedups.gelu_mlp import KernelMLP, use_gelu_kernel
+from rewrite_support import assert_compiled_steps_match, assert_rewires_every_block
 
 SCRIPT = r"""
 import json, sys, torch
@@ -84,14 +85,7 @@ def test_kernel_mlp_is_the_same_function_with_the_same_gradients(same_function):
 
 
 def test_use_gelu_kernel_rewires_every_block_and_keeps_the_state_dict():
-    model = init_weights(GPT(PRESETS["tiny"]), seed=0)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    names = use_gelu_kernel(model)
-    assert names == [f"transformer.h.{i}.mlp" for i in range(PRESETS["tiny"].n_layer)]
-    assert all(type(b.mlp) is KernelMLP for b in model.transformer.h)
-    after = model.state_dict()
-    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
-    assert use_gelu_kernel(model) == []  # idempotent
+    assert_rewires_every_block(use_gelu_kernel, "mlp", KernelMLP)
 
 
 def test_float8_mlps_are_left_alone():
@@ -104,20 +98,5 @@ def test_float8_mlps_are_left_alone():
 
 def test_compiled_training_steps_match_the_plain_mlp():
     """Through AOT autograd (compile's tracing of forward and backward) the rewired MLP trains alike."""
-    import dataclasses
-
-    from gpt2ladder.ladder import setup_for
-    from gpt2ladder.runtime.engine import Engine
-
-    gen = torch.Generator().manual_seed(3)
-    batches = [(torch.randint(0, 50257, (2, 32), generator=gen), torch.randint(0, 50257, (2, 32), generator=gen))
-               for _ in range(3)]
-    setup = setup_for(["baseline", "compile", "flash", "vocab", "fused_adamw"])
-    losses = {}
-    for kernel in (False, True):
-        engine = Engine(PRESETS["tiny"], dataclasses.replace(setup, gelu_kernel=kernel), torch.device("cpu"),
-                        compile_backend="aot_eager")
-        assert (type(engine.raw_model.transformer.h[0].mlp) is KernelMLP) == kernel
-        losses[kernel] = [engine.step(x, y).item() for x, y in batches]
-    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
-    assert losses[True][-1] < losses[True][0]
+    assert_compiled_steps_match(["baseline", "compile", "flash", "vocab", "fused_adamw"], "gelu_kernel", "mlp",
+                                KernelMLP)

@@ -13,6 +13,7 @@ from gpt2ladder.kernels.qkv import qkv_grad_reference
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.model.gpt import GPT, CausalSelfAttention, init_weights
 from gpt2ladder.speedups.qkv_grad import KernelAttention, use_qkv_kernel
+from rewrite_support import assert_compiled_steps_match, assert_rewires_every_block
 
 SCRIPT = r"""
 import json, sys, torch
@@ -95,14 +96,7 @@ def test_the_matmul_leaves_the_bias_gradient_to_the_split():
 
 
 def test_use_qkv_kernel_rewires_every_block_and_keeps_the_state_dict():
-    model = init_weights(GPT(PRESETS["tiny"]), seed=0)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    names = use_qkv_kernel(model)
-    assert names == [f"transformer.h.{i}.attn" for i in range(PRESETS["tiny"].n_layer)]
-    assert all(type(b.attn) is KernelAttention for b in model.transformer.h)
-    after = model.state_dict()
-    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
-    assert use_qkv_kernel(model) == []  # idempotent
+    assert_rewires_every_block(use_qkv_kernel, "attn", KernelAttention)
 
 
 def test_float8_and_bias_free_projections_are_left_alone():
@@ -120,21 +114,8 @@ def test_float8_and_bias_free_projections_are_left_alone():
 def test_compiled_training_steps_match_the_plain_attention(rungs):
     """Through AOT autograd (compile's tracing of forward and backward) the rewired attention trains alike, with
     c_attn a plain Linear or fp32_wgrad's."""
-    from gpt2ladder.ladder import setup_for
-    from gpt2ladder.runtime.engine import Engine
-
-    gen = torch.Generator().manual_seed(3)
-    batches = [(torch.randint(0, 50257, (2, 32), generator=gen), torch.randint(0, 50257, (2, 32), generator=gen))
-               for _ in range(3)]
-    setup = setup_for(["baseline", "compile", "flash", "vocab", "fused_adamw", *rungs])
-    losses = {}
-    for kernel in (False, True):
-        engine = Engine(PRESETS["tiny"], dataclasses.replace(setup, qkv_grad=kernel), torch.device("cpu"),
-                        compile_backend="aot_eager")
-        assert (type(engine.raw_model.transformer.h[0].attn) is KernelAttention) == kernel
-        losses[kernel] = [engine.step(x, y).item() for x, y in batches]
-    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
-    assert losses[True][-1] < losses[True][0]
+    assert_compiled_steps_match(["baseline", "compile", "flash", "vocab", "fused_adamw", *rungs], "qkv_grad", "attn",
+                                KernelAttention)
 
 
 def test_generation_runs_without_the_split_function():

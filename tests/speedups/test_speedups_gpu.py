@@ -148,27 +148,14 @@ def test_qkv_grad_trains_like_compiles_copy_and_sum():
 @needs_triton
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="float8 matmuls need compute capability 8.9+")
-def test_fp8_forward_trains_like_the_bf16_forward():
-    """Compiled, graphed steps of the top of auto with c_attn's and c_fc's forward products in float8 (from the
-    norm kernels' float8 copies) and in bf16: the same losses within float8's precision, and training moves."""
+@pytest.mark.parametrize("rung", ["fp8_forward", "fp8_fc"])
+def test_float8_forward_products_train_like_the_bf16_forward(rung):
+    """Compiled, graphed steps of the top of auto with c_attn's and c_fc's forward products (fp8_forward) or c_fc's
+    alone (fp8_fc) in float8, from the norm kernels' float8 copies, and in bf16: the same losses within float8's
+    precision, and training moves."""
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head",
              "loss_kernel", "cuda_graph", "bf16_residual", "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
-    without, with_rung = losses_without_and_with(names, "fp8_forward")
-    assert with_rung[0] == pytest.approx(without[0], abs=2e-2)
-    assert with_rung == pytest.approx(without, rel=2e-2)
-    assert with_rung[-1] < with_rung[0]
-
-
-@needs_cuda
-@needs_triton
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
-                    reason="float8 matmuls need compute capability 8.9+")
-def test_fp8_fc_trains_like_the_bf16_forward():
-    """Compiled, graphed steps of the top of auto with c_fc's forward product in float8 and in bf16: the same losses
-    within float8's precision, and training moves."""
-    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head",
-             "loss_kernel", "cuda_graph", "bf16_residual", "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
-    without, with_rung = losses_without_and_with(names, "fp8_fc")
+    without, with_rung = losses_without_and_with(names, rung)
     assert with_rung[0] == pytest.approx(without[0], abs=2e-2)
     assert with_rung == pytest.approx(without, rel=2e-2)
     assert with_rung[-1] < with_rung[0]
