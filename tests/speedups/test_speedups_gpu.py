@@ -107,39 +107,24 @@ def test_weight_cast_computes_the_same_compiled_graphed_steps():
     assert with_rung[-1] < with_rung[0]
 
 
-@needs_cuda
-@needs_triton
-@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
-def test_norm_kernel_trains_like_compiles_add_and_norm():
-    """Compiled, graphed steps on the bf16 residual stream with the add + norm kernels and with compile's."""
-    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "bf16_residual"]
-    without, with_rung = losses_without_and_with(names, "norm_kernel")
-    assert with_rung == pytest.approx(without, rel=5e-3)
-    assert with_rung[-1] < with_rung[0]
+GRAPHED_BF16 = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "bf16_residual"]
 
 
 @needs_cuda
 @needs_triton
 @pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
-def test_proj_bias_trains_like_the_norm_kernel_without_it():
-    """Compiled, graphed steps with the output projections' biases added and summed by the norm kernels, and
-    with them in the matmuls: the same losses up to bf16 rounding, and training moves."""
-    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "bf16_residual",
-             "gelu_kernel", "fp32_wgrad", "norm_kernel"]
-    without, with_rung = losses_without_and_with(names, "proj_bias")
-    assert with_rung == pytest.approx(without, rel=5e-3)
-    assert with_rung[-1] < with_rung[0]
-
-
-@needs_cuda
-@needs_triton
-@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
-def test_qkv_grad_trains_like_compiles_copy_and_sum():
-    """Compiled, graphed steps of the top of auto with the q, k, v gradients and c_attn's bias gradient from the
-    kernel, and from compile's copy and sum: the same losses up to summation order, and training moves."""
-    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "bf16_residual",
-             "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
-    without, with_rung = losses_without_and_with(names, "qkv_grad")
+@pytest.mark.parametrize("rung, before", [
+    # the add + norm kernels against compile's add and norm
+    ("norm_kernel", GRAPHED_BF16),
+    # the output projections' biases added and summed by the norm kernels, against them in the matmuls
+    ("proj_bias", GRAPHED_BF16 + ["gelu_kernel", "fp32_wgrad", "norm_kernel"]),
+    # the q, k, v gradients and c_attn's bias gradient from the kernel, against compile's copy and sum
+    ("qkv_grad", GRAPHED_BF16 + ["gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]),
+])
+def test_kernel_rung_trains_like_the_graphed_bf16_step_without_it(rung, before):
+    """Compiled, graphed steps on the bf16 residual stream with the rung's Triton kernels and without them: the same
+    losses up to bf16 rounding and summation order, and training moves."""
+    without, with_rung = losses_without_and_with(before, rung)
     assert with_rung == pytest.approx(without, rel=5e-3)
     assert with_rung[-1] < with_rung[0]
 
