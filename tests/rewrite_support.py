@@ -1,5 +1,6 @@
-"""What the CPU tests of the module rewrites share (tests/kernels/test_gelu_kernel.py, tests/kernels/test_qkv_kernel.py): a rewrite
-replaces every Block's module and keeps the state dict, and a compiled training step trains alike with it."""
+"""What the CPU tests of the module rewrites share (tests/kernels/test_gelu_kernel.py,
+tests/kernels/test_qkv_kernel.py): a rewrite replaces every Block's module and keeps the state dict, and a compiled
+training step trains alike with it."""
 
 import dataclasses
 
