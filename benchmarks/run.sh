@@ -10,7 +10,8 @@
 # results folder and $G is `python3 -m gpt2ladder` from this checkout. Jobs run one after the other, so
 # figures of one run are comparable. RESULTS_DIR defaults to a fresh folder under /tmp.
 #
-# What the machine is gets written first (env.txt: nvidia-smi, Python, torch, CUDA, Triton, git SHA),
+# What the machine is gets written first (env.txt: nvidia-smi, Python, torch, CUDA, Triton, git SHA), its clocks
+# every 100 ms while the jobs run (clocks.csv),
 # a timeline of the jobs as they run (timeline.txt); at the end both are appended to the folder's
 # jobs.txt as comments, so that one file says what ran, where and when. Optional, for machines without
 # a network or a checkout: wheels in .whl/ are installed into /tmp/site first, .devdata/input.txt
@@ -40,8 +41,19 @@ export R G="python3 -m gpt2ladder"
   echo "git ${GPT2LADDER_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; echo "jobs $jobs_file"; } > "$R/env.txt"
 cp "$jobs_file" "$R/jobs.txt"
 
+# The GPU's clock, power and temperature every 100 ms while the jobs run (clocks.csv), to read a slow stretch
+# of steps against: this script never changes them.
+clock_fields=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu
+if command -v nvidia-smi > /dev/null; then
+  for reasons in clocks_event_reasons.active clocks_throttle_reasons.active ""; do
+    nvidia-smi --query-gpu=$clock_fields${reasons:+,$reasons} --format=csv > /dev/null 2>&1 && break
+  done
+  nvidia-smi --query-gpu=$clock_fields${reasons:+,$reasons} --format=csv,nounits -lms 100 > "$R/clocks.csv" 2>&1 &
+  clocks=$!
+fi
+
 T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$R/timeline.txt"; }
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $* at $(date -u +%H:%M:%S)" | tee -a "$R/timeline.txt"; }
 pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/.r.tgz" --exclude='*.pt' --exclude='*.tmp' --exclude=tb -C "$(dirname "$R")" "$(basename "$R")" 2>/dev/null \
          && mv "$OUT/.r.tgz" "$OUT/$(basename "$R").tgz"; return 0; }
 ( while true; do pack; sleep 10; done ) & packer=$!
@@ -57,5 +69,6 @@ done < "$jobs_file"
 stamp "all done"
 { echo "# ran on:"; sed 's/^/#   /' "$R/env.txt"; echo "# when:"; sed 's/^/#   /' "$R/timeline.txt"; } >> "$R/jobs.txt"
 du -ah "$R" | sort -h | tail -5 > "$R/largest-files.txt"
+[ -n "${clocks:-}" ] && kill $clocks 2>/dev/null
 kill $packer 2>/dev/null; pack
 echo "results in $R"
