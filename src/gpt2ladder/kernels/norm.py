@@ -52,6 +52,9 @@ FWD_TILE = (4, 4)
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
 BWD_TILE = (8, 4, 2)
+# The backward's two variants of its loop (the kernel's DEFER and PREFETCH), both off until measured in the step.
+BWD_DEFER = False
+BWD_PREFETCH = False
 COLSUM_TILE = (256, 16, 4)
 
 
@@ -127,43 +130,79 @@ if triton is not None:
         tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
     @triton.jit
+    def _load_bwd_block(dy_ptr, ds_ptr, s_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows, n_cols):
+        # one row block's operands as stored (bf16 stays bf16 until used)
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & (cols < n_cols)[None, :]
+        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        return (tl.load(dy_ptr + offs, mask=mask, other=0.0), tl.load(s_ptr + offs, mask=mask, other=0.0),
+                tl.load(ds_ptr + offs, mask=mask, other=0.0), tl.load(mean_ptr + rows, mask=row_ok, other=0.0),
+                tl.load(rstd_ptr + rows, mask=row_ok, other=0.0))
+
+    @triton.jit
     def _add_norm_bwd_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dsum_ptr, part_ptr, n_rows, n_cols,
                              programs, HAS_PB: tl.constexpr, STEPS: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_C: tl.constexpr):
+                             BLOCK_C: tl.constexpr, DEFER: tl.constexpr, PREFETCH: tl.constexpr):
         # `programs` programs; program pid takes row blocks pid, pid + programs, ... (STEPS of them at most;
-        # a constant, so that the loop has fixed bounds, which Triton's CPU interpreter needs too)
+        # a constant, so that the loop has fixed bounds, which Triton's CPU interpreter needs too). With DEFER the
+        # column sums accumulate per row of the block and are summed over those rows once, after the loop, where
+        # without it every row block sums them; with PREFETCH each step loads the next row block before it
+        # computes its own.
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_C)
         col_ok = cols < n_cols
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        dw = tl.zeros([BLOCK_C], tl.float32)
-        db = tl.zeros([BLOCK_C], tl.float32)
-        dpb = tl.zeros([BLOCK_C], tl.float32)
+        if DEFER:
+            dw = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+            db = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+            dpb = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+        else:
+            dw = tl.zeros([BLOCK_C], tl.float32)
+            db = tl.zeros([BLOCK_C], tl.float32)
+            dpb = tl.zeros([BLOCK_C], tl.float32)
+        if PREFETCH:
+            next_dy, next_x, next_ds, next_mean, next_rstd = _load_bwd_block(
+                dy_ptr, ds_ptr, s_ptr, mean_ptr, rstd_ptr, pid * BLOCK_M + tl.arange(0, BLOCK_M), cols, n_rows, n_cols)
         for i in tl.range(0, STEPS):
             rows = (pid + i * programs) * BLOCK_M + tl.arange(0, BLOCK_M)
+            if PREFETCH:
+                dy, x, ds, mean, rstd = next_dy, next_x, next_ds, next_mean, next_rstd
+                next_dy, next_x, next_ds, next_mean, next_rstd = _load_bwd_block(
+                    dy_ptr, ds_ptr, s_ptr, mean_ptr, rstd_ptr, rows + programs * BLOCK_M, cols, n_rows, n_cols)
+            else:
+                dy, x, ds, mean, rstd = _load_bwd_block(dy_ptr, ds_ptr, s_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows,
+                                                        n_cols)
             row_ok = rows < n_rows
             mask = row_ok[:, None] & col_ok[None, :]
             offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
-            dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            x = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
-            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
-            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+            dy = dy.to(tl.float32)
+            xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
             wdy = dy * w[None, :]
             c1 = tl.sum(xhat * wdy, 1) / n_cols
             c2 = tl.sum(wdy, 1) / n_cols
             dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-            ds = tl.load(ds_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            dsum = tl.where(mask, dx + ds, 0.0)
+            dsum = tl.where(mask, dx + ds.to(tl.float32), 0.0)
             tl.store(dsum_ptr + offs, dsum.to(dsum_ptr.dtype.element_ty), mask=mask)
-            dw += tl.sum(dy * xhat, 0)
-            db += tl.sum(dy, 0)
-            if HAS_PB:  # the branch bias's gradient: the column sums of what the branch receives
-                dpb += tl.sum(dsum, 0)
-        tl.store(part_ptr + pid * n_cols + cols, dw, mask=col_ok)
-        tl.store(part_ptr + (programs + pid) * n_cols + cols, db, mask=col_ok)
-        if HAS_PB:
-            tl.store(part_ptr + (2 * programs + pid) * n_cols + cols, dpb, mask=col_ok)
+            if DEFER:
+                dw += dy * xhat
+                db += dy
+                if HAS_PB:  # the branch bias's gradient: the column sums of what the branch receives
+                    dpb += dsum
+            else:
+                dw += tl.sum(dy * xhat, 0)
+                db += tl.sum(dy, 0)
+                if HAS_PB:
+                    dpb += tl.sum(dsum, 0)
+        if DEFER:
+            tl.store(part_ptr + pid * n_cols + cols, tl.sum(dw, 0), mask=col_ok)
+            tl.store(part_ptr + (programs + pid) * n_cols + cols, tl.sum(db, 0), mask=col_ok)
+            if HAS_PB:
+                tl.store(part_ptr + (2 * programs + pid) * n_cols + cols, tl.sum(dpb, 0), mask=col_ok)
+        else:
+            tl.store(part_ptr + pid * n_cols + cols, dw, mask=col_ok)
+            tl.store(part_ptr + (programs + pid) * n_cols + cols, db, mask=col_ok)
+            if HAS_PB:
+                tl.store(part_ptr + (2 * programs + pid) * n_cols + cols, dpb, mask=col_ok)
 
     @triton.jit
     def _colsum_kernel(part_ptr, dw_ptr, db_ptr, dpb_ptr, n_cols, N_PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -200,10 +239,10 @@ if triton is not None:
                                                    BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
 
     def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None, colsum=None,
-                   dpb=None) -> None:
+                   dpb=None, defer: bool = BWD_DEFER, prefetch: bool = BWD_PREFETCH) -> None:
         """The backward into preallocated outputs, with `programs` programs walking the row blocks
         (`colsum` = (parts per step, columns per program, warps) of the column sums); `dpb`, if given, gets the
-        branch bias's gradient."""
+        branch bias's gradient; `defer` and `prefetch` as the kernel's DEFER and PREFETCH."""
         n, c = s.shape
         bm, warps, _, *stages = tile or BWD_TILE  # stages: Triton's num_stages (its own default when not given)
         cp, cn, cw = colsum or COLSUM_TILE
@@ -213,7 +252,8 @@ if triton is not None:
         part = torch.empty((sums, programs, c), device=s.device, dtype=torch.float32)
         _add_norm_bwd_kernel[(programs,)](dy, ds, s, weight, mean, rstd, dsum, part, n, c, programs,
                                           HAS_PB=dpb is not None, STEPS=triton.cdiv(blocks, programs), BLOCK_M=bm,
-                                          BLOCK_C=triton.next_power_of_2(c), num_warps=warps,
+                                          BLOCK_C=triton.next_power_of_2(c), DEFER=defer, PREFETCH=prefetch,
+                                          num_warps=warps,
                                           **({"num_stages": stages[0]} if stages else {}))
         _colsum_kernel[(triton.cdiv(c, cn), sums)](part, dw, db, db if dpb is None else dpb, c, N_PARTS=programs,
                                                    BLOCK_P=cp, BLOCK_N=cn, num_warps=cw)
