@@ -165,22 +165,27 @@ if triton is not None:
                 dy_ptr, ds_ptr, s_ptr, mean_ptr, rstd_ptr, pid * BLOCK_M + tl.arange(0, BLOCK_M), cols, n_rows, n_cols)
         for i in tl.range(0, STEPS):
             rows = (pid + i * programs) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < n_rows
+            mask = row_ok[:, None] & col_ok[None, :]
+            offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
             if PREFETCH:
                 dy, x, ds, mean, rstd = next_dy, next_x, next_ds, next_mean, next_rstd
                 next_dy, next_x, next_ds, next_mean, next_rstd = _load_bwd_block(
                     dy_ptr, ds_ptr, s_ptr, mean_ptr, rstd_ptr, rows + programs * BLOCK_M, cols, n_rows, n_cols)
+                dy = dy.to(tl.float32)
+                x = x.to(tl.float32)
             else:
-                dy, x, ds, mean, rstd = _load_bwd_block(dy_ptr, ds_ptr, s_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows,
-                                                        n_cols)
-            row_ok = rows < n_rows
-            mask = row_ok[:, None] & col_ok[None, :]
-            offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
-            dy = dy.to(tl.float32)
-            xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+                dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+                rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
             wdy = dy * w[None, :]
             c1 = tl.sum(xhat * wdy, 1) / n_cols
             c2 = tl.sum(wdy, 1) / n_cols
             dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+            if not PREFETCH:
+                ds = tl.load(ds_ptr + offs, mask=mask, other=0.0)
             dsum = tl.where(mask, dx + ds.to(tl.float32), 0.0)
             tl.store(dsum_ptr + offs, dsum.to(dsum_ptr.dtype.element_ty), mask=mask)
             if DEFER:
