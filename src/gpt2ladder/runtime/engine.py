@@ -77,7 +77,10 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
         extra["capturable"] = True  # the step counter stays on the GPU, so the step can be replayed
     # A tensor learning rate can change between graph replays without a new capture.
     lr = torch.tensor(cfg.lr, device=device) if setup.cuda_graph else cfg.lr
-    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
+    optimizer = torch.optim.AdamW
+    if setup.adamw_kernel:  # the same AdamW, its CUDA step one Triton launch
+        from gpt2ladder.speedups.kernel_adamw import KernelAdamW as optimizer
+    return optimizer(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
 
 
 class Engine:
@@ -222,10 +225,10 @@ class Engine:
 
     def _clip(self) -> torch.Tensor | None:
         """Scale the gradients down to a total norm of at most grad_clip, as clip_grad_norm_ does; or, with fused
-        AdamW (and no GradScaler, whose place that is), return the factor to divide them by, which the optimizer
-        takes as its `grad_scale`: it divides each gradient as it reads it and stores the result, so the pass of
-        clip_grad_norm_'s own that read and rewrote every gradient first goes (one read of them all, and its
-        launches)."""
+        AdamW or the adamw_kernel rung's (and no GradScaler, whose place that is), return the factor to divide them
+        by, which the optimizer takes as its `grad_scale`: it divides each gradient as it reads it and stores the
+        result, so the pass of clip_grad_norm_'s own that read and rewrote every gradient first goes (one read of
+        them all, and its launches)."""
         params = [p for p in self.raw_model.parameters() if p.grad is not None]
         clip = self.optim_cfg.grad_clip
         if self._fused_clip is None:  # the parameters' kind does not change: decided at the first step
@@ -237,7 +240,8 @@ class Engine:
         return ((norm + 1e-6) / clip).clamp(min=1.0)  # 1 / clip_grad_norm_'s factor min(clip / (norm + 1e-6), 1)
 
     def _clips_in_optimizer(self, params) -> bool:
-        return (self.scaler is None and bool(self.optimizer.defaults.get("fused"))
+        takes_scale = bool(self.optimizer.defaults.get("fused")) or getattr(self.optimizer, "takes_grad_scale", False)
+        return (self.scaler is None and takes_scale
                 and hasattr(torch.nn.utils, "get_total_norm")  # PyTorch 2.6+
                 and not any(hasattr(p, "to_local") for p in params))  # FSDP2's sharded gradients: clip_grad_norm_
 
