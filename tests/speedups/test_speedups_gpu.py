@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from gpu_support import GPU, losses_without_and_with, needs_cuda, needs_triton, random_batches, step_losses
+from gpu_support import GPU, TINY, losses_without_and_with, needs_cuda, needs_triton, random_batches, step_losses
 
 pytestmark = pytest.mark.gpu
 
@@ -120,6 +120,8 @@ GRAPHED_BF16 = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_
     ("proj_bias", GRAPHED_BF16 + ["gelu_kernel", "fp32_wgrad", "norm_kernel"]),
     # the q, k, v gradients and c_attn's bias gradient from the kernel, against compile's copy and sum
     ("qkv_grad", GRAPHED_BF16 + ["gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]),
+    # AdamW's update as one Triton launch, against fused AdamW's
+    ("adamw_kernel", GRAPHED_BF16),
 ])
 def test_kernel_rung_trains_like_the_graphed_bf16_step_without_it(rung, before):
     """Compiled, graphed steps on the bf16 residual stream with the rung's Triton kernels and without them: the same
@@ -164,3 +166,27 @@ def test_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():
     got = scaled_matmul(x8.to(GPU), sx.to(GPU), w8.to(GPU), sw.to(GPU), b.to(GPU), torch.bfloat16).cpu()
     want = scaled_matmul(x8, sx, w8, sw, b, torch.float32)
     assert ((got.float() - want).abs() <= 2**-7 * want.abs() + 1e-3 * want.abs().amax(1, keepdim=True)).all()
+
+
+@needs_cuda
+@needs_triton
+def test_adamw_kernel_clips_through_its_grad_scale_in_the_graphed_step(monkeypatch):
+    """With clipping (the train command's), the factor goes to the kernel as its grad_scale at every launch, the
+    captured one too: the graphed steps' losses are fused AdamW's given the same factor."""
+    from gpt2ladder.kernels import adamw as ka
+    from gpt2ladder.ladder import setup_for
+    from gpt2ladder.runtime.engine import WARMUP_STEPS, Engine, OptimConfig
+
+    scaled = []
+    real_launch = ka.Tables.launch
+    monkeypatch.setattr(ka.Tables, "launch", lambda self, *a: scaled.append(a[0] is not None) or real_launch(self, *a))
+    batches = random_batches(6)
+    losses = {}
+    for rungs in (GRAPHED_BF16, GRAPHED_BF16 + ["adamw_kernel"]):
+        engine = Engine(TINY, setup_for(rungs), GPU, seed=0, optim=OptimConfig(lr=1e-3, grad_clip=0.5))
+        losses[len(rungs)] = [engine.step(x, y).item() for x, y in batches]
+    fused, kernel = losses.values()
+    assert type(engine.optimizer).__name__ == "KernelAdamW" and engine._fused_clip
+    # the optimizer state made by a step on zero gradients, unclipped; the eager warm-up steps; the captured step
+    assert engine.captures == 1 and scaled == [False] + [True] * (WARMUP_STEPS + 1)
+    assert kernel == pytest.approx(fused, rel=5e-3) and kernel[-1] < kernel[0]
