@@ -1,8 +1,9 @@
 """The AdamW kernel (src/gpt2ladder/kernels/adamw.py) computes torch.optim.AdamW's step: through Triton's CPU
 interpreter, KernelAdamW's kernel path against AdamW's single-tensor step, over several steps of two parameter
 groups of odd sizes, with and without a gradient scale, a tensor learning rate changed between steps, a skipped
-(found-inf) step and a state_dict handed between the two; on the host, the tables it reads and when they are
-rebuilt. tests/kernels/test_kernels_gpu.py runs it on a GPU, captured in a CUDA graph."""
+(found-inf) step, a state_dict handed between the two, and bfloat16 copies of some parameters written beside the
+update; on the host, the tables it reads and when they are rebuilt. tests/kernels/test_kernels_gpu.py runs it on a
+GPU, captured in a CUDA graph."""
 
 import importlib.util
 
@@ -16,7 +17,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 # Run with TRITON_INTERPRET=1: KernelAdamW takes its kernel path on CPU tensors, counted, against AdamW.
 SCRIPT = r"""
-import json, sys, torch
+import json, sys, torch, triton, triton.language as tl
 from gpt2ladder.kernels import adamw as ka
 from gpt2ladder.speedups.kernel_adamw import KernelAdamW
 
@@ -25,6 +26,29 @@ launches = []
 real_launch = ka.Tables.launch
 ka.Tables.launch = lambda self, *a: launches.append(self.tile) or real_launch(self, *a)
 RTOL, ATOL = 1e-6, 1e-7
+
+
+class Copies:  # bfloat16 copies of some parameters, as KernelAdamW reads the weight_cast rung's
+    def __init__(self, sources):
+        self.sources = sources
+        self.copies = [torch.full(s.shape, 7.0, dtype=torch.bfloat16) for s in sources]
+        self.said = []
+
+    def pairs(self):
+        return self.copies, self.sources
+
+    def written(self, sources):
+        self.said.append(len(sources))
+
+    def equal(self):  # every copy the bits of its parameter rounded to bfloat16 as PyTorch rounds it
+        return all(torch.equal(c.view(torch.int16), s.detach().to(torch.bfloat16).view(torch.int16))
+                   for c, s in zip(*self.pairs()))
+
+
+@triton.jit
+def bits_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, ka._bf16_bits(tl.load(x_ptr + offs, mask=offs < n)).to(tl.int32), mask=offs < n)
 
 
 def make(shapes, lr, cls, **kw):
@@ -60,7 +84,8 @@ def step_both(pairs, scale, found_inf, lrs, gen):
         return {"skipped_unchanged": all(torch.equal(p, b) and torch.equal(p.grad, g)
                                          for p, (b, g) in zip(ka_params, before))}
     ref_opt.step()
-    out = {"param": 0.0, "exp_avg": 0.0, "exp_avg_sq": 0.0, "steps_equal": True, "grads_equal": True}
+    out = {"param": 0.0, "exp_avg": 0.0, "exp_avg_sq": 0.0, "steps_equal": True, "grads_equal": True,
+           "copies_equal": ka_opt.casts is None or ka_opt.casts.equal()}
     for p, q in zip(ka_params, ref_params):
         out["param"] = max(out["param"], worst(p.detach(), q.detach()))
         out["grads_equal"] &= torch.equal(p.grad, q.grad)  # the kernel stores the divided gradient
@@ -78,6 +103,8 @@ for case in json.loads(sys.argv[1]):
     lrs = [torch.tensor(1e-2), torch.tensor(1e-2)]
     pairs = [make(shapes, lrs[0], KernelAdamW, tile=tuple(case["tile"])),
              make(shapes, lrs[1], torch.optim.AdamW, foreach=False)]
+    if case.get("casts"):
+        pairs[0][1].casts = Copies([pairs[0][0][i] for i in case["casts"]])
     gen = torch.Generator().manual_seed(2)
     launches.clear()
     steps = []
@@ -91,7 +118,19 @@ for case in json.loads(sys.argv[1]):
                           and [sorted(g) for g in saved_kernel["param_groups"]]
                           == [sorted(g) for g in saved_ref["param_groups"]]})
         steps.append(step_both(pairs, scale, found_inf, lrs, gen))
-    out.append({"steps": steps, "launches": len(launches)})
+    said = pairs[0][1].casts.said if case.get("casts") else []
+    out.append({"steps": steps, "launches": len(launches), "said_written": said})
+
+special = torch.tensor([1 + 2**-8, 1 + 2**-7 + 2**-8, -(1 + 2**-7 + 2**-8), 1 + 3 * 2**-9, 1 + 2**-8 + 2**-20,
+                        -(1 + 2**-8), 3.39e38, -3.4e38, float("inf"), float("-inf"), float("nan"), 1e-40, -1e-40, 0.0,
+                        -0.0, 1.5e-45])  # ties to the even below and above, overflow, subnormals
+values = torch.cat([special, torch.randn(1000) * torch.logspace(-38, 38, 1000)])
+bits = torch.zeros(len(values), dtype=torch.int32)
+bits_kernel[(1,)](values, bits, len(values), BLOCK=2048)
+expected = values.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+nan = values.isnan()  # any NaN will do (PyTorch's own payload depends on its code path)
+out.append({"bf16_bits_equal": torch.equal(bits[~nan], expected[~nan]) and nan.any().item()
+            and bool(((bits[nan] & 0x7F80) == 0x7F80).all() and ((bits[nan] & 0x7F) != 0).all())})
 print(json.dumps(out))
 """
 
@@ -105,21 +144,28 @@ CASES = [
     {"tile": [64, 2, 4], "shapes": ODD, "scales": [2.0, 2.0, 2.0, None], "found_inf": [0, 1, 0, None]},
     # the state handed between KernelAdamW and AdamW after two steps, both ways, and the steps after it
     {"tile": [16, 4, 2], "shapes": ODD, "scales": [None, 3.0, None, 2.0], "found_inf": [None] * 4, "swap_at": 2},
+    # bfloat16 copies of some parameters (the weight_cast rung's), a skipped step among the steps
+    {"tile": [64, 2, 4], "shapes": ODD, "scales": [None, 2.0, 2.0, None], "found_inf": [None, 0, 1, None],
+     "casts": [0, 2, 5, 6]},
+    {"tile": [32, 1, 1], "shapes": ALIGNED, "scales": [None, 3.0, None], "found_inf": [None] * 3, "casts": [0, 3]},
 ]
 
 
 @needs_triton
 def test_the_kernel_steps_as_adamw_does(triton_interpret):
-    results = triton_interpret(SCRIPT, CASES)
+    *results, bits = triton_interpret(SCRIPT, CASES)
+    assert bits["bf16_bits_equal"]  # rounded to nearest even, ties, infinities, NaN and subnormals as PyTorch does
     for case, result in zip(CASES, results):
         assert result["launches"] == len(case["scales"]), case  # every step one launch, a skipped one too
+        # the copies said to be written after every launch, all of them
+        assert result["said_written"] == [len(case["casts"])] * len(case["scales"]) if "casts" in case else True
         for i, step in enumerate(result["steps"]):
             if "skipped_unchanged" in step:
                 assert step["skipped_unchanged"], (case, i)
             elif "same_keys" in step:
                 assert step["same_keys"], (case, i)
             else:
-                assert step["steps_equal"] and step["grads_equal"], (case, i, step)
+                assert step["steps_equal"] and step["grads_equal"] and step["copies_equal"], (case, i, step)
                 # within 1e-6 relative (or 1e-7 absolute, where a value is near zero) of AdamW's float32 rounding
                 assert max(step["param"], step["exp_avg"], step["exp_avg_sq"]) <= 1, (case, i, step)
         assert sum("param" in s for s in result["steps"]) >= 3
@@ -131,8 +177,8 @@ def test_work_rows_cover_every_tensor_in_chunks():
     assert [tuple(r) for r in rows.tolist()] == expected  # an empty tensor still gets a program: its step count
 
 
-def _tensors(params, grads, state):
-    return [(p, g, *state[i], 0 if i < 2 else 1) for i, (p, g) in enumerate(zip(params, grads))]
+def _tensors(params, grads, state, casts=(None, None, None)):
+    return [(p, g, *state[i], 0 if i < 2 else 1, casts[i]) for i, (p, g) in enumerate(zip(params, grads))]
 
 
 def test_tables_are_rebuilt_only_when_an_address_or_a_hyperparameter_changes():
@@ -147,11 +193,12 @@ def test_tables_are_rebuilt_only_when_an_address_or_a_hyperparameter_changes():
     fields = dict(zip(ka.TENSOR_FIELDS, tensor_rows[1].tolist()))
     assert fields == {"param": params[1].data_ptr(), "grad": grads[1].data_ptr(),
                       "exp_avg": state[1][0].data_ptr(), "exp_avg_sq": state[1][1].data_ptr(),
-                      "step": state[1][2].data_ptr(), "lr": lr.data_ptr(), "numel": 5, "group": 0, "programs": 1}
-    assert tensor_rows[0, ka.TENSOR_FIELDS.index("programs")] == 3 and tensor_rows[2, -2] == 1  # 300 in 128s; group
+                      "step": state[1][2].data_ptr(), "lr": lr.data_ptr(), "numel": 5, "group": 0, "programs": 1,
+                      "cast": 0}
+    assert tensor_rows[0, ka.TENSOR_FIELDS.index("programs")] == 3 and tensor_rows[2, 7] == 1  # 300 in 128s; group
     assert group_rows.dtype == torch.float64
     assert group_rows.tolist() == [[0.0, 0.1, 0.9, 0.95, 1e-8], [2e-3, 0.0, 0.8, 0.99, 1e-6]]  # a tensor lr: read there
-    assert not tables.aligned  # sizes 5 and 1
+    assert not tables.aligned and not tables.casts  # sizes 5 and 1; no copies to write
 
     lr.fill_(5e-3)  # read in place by the kernel: nothing to rebuild
     tables.update(_tensors(params, grads, state), groups)
@@ -163,9 +210,12 @@ def test_tables_are_rebuilt_only_when_an_address_or_a_hyperparameter_changes():
     assert tables.work is work and tables.tensors is not tensor_rows and tables.groups is not group_rows
     assert tables.tensors[0, 1] == grads[0].data_ptr() and tables.groups[1, 0] == 3e-3
 
+    copy = torch.empty(300, dtype=torch.bfloat16)
+    tables.update(_tensors(params, grads, state, (copy, None, None)), groups)
+    assert tables.tensors[0, -1] == copy.data_ptr() and tables.tensors[1, -1] == 0 and tables.casts
 
 def test_a_tensor_learning_rate_must_be_one_float32_on_the_parameters_device():
     p = torch.zeros(4)
-    tensors = [(p, torch.ones(4), torch.zeros(4), torch.zeros(4), torch.zeros(()), 0)]
+    tensors = [(p, torch.ones(4), torch.zeros(4), torch.zeros(4), torch.zeros(()), 0, None)]
     with pytest.raises(ValueError, match="float32"):
         ka.Tables().update(tensors, [ka.Group(torch.tensor(1e-3, dtype=torch.float64), 0.0, 0.9, 0.95, 1e-8)])

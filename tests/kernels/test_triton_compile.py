@@ -54,10 +54,12 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
         {"HS": 64, "BLOCK_T": 64, "ROW_TILES": 4}),
     **{f"kernels.adamw._adamw_kernel#{variant}": (
         {"work_ptr": "*i64", "tensors_ptr": "*i64", "groups_ptr": "*fp64", "tickets_ptr": "*i32", "scale_ptr": "*fp32",
-         "inf_ptr": "*fp32", "HAS_SCALE": C, "HAS_INF": C, "ALIGNED": C, "BLOCK": C, "ITERS": C},
-        {"HAS_SCALE": scale, "HAS_INF": inf, "ALIGNED": aligned, "BLOCK": 1024, "ITERS": 4})
-        for variant, scale, inf, aligned in (("plain", False, False, True), ("scaled", True, False, True),
-                                             ("amp", True, True, False))},
+         "inf_ptr": "*fp32", "HAS_SCALE": C, "HAS_INF": C, "ALIGNED": C, "CASTS": C, "BLOCK": C, "ITERS": C},
+        {"HAS_SCALE": scale, "HAS_INF": inf, "ALIGNED": aligned, "CASTS": casts, "BLOCK": 1024, "ITERS": 4})
+        for variant, scale, inf, aligned, casts in (("plain", False, False, True, False),
+                                                    ("scaled", True, False, True, False),
+                                                    ("casts", True, False, True, True),
+                                                    ("amp", True, True, False, False))},
     "kernels.norm._colsum_kernel": (
         {"part_ptr": "*fp32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "dpb_ptr": "*fp32", "n_cols": "i32", "N_PARTS": C,
          "BLOCK_P": C, "BLOCK_N": C},

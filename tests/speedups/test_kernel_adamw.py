@@ -116,3 +116,55 @@ def test_the_engine_trains_with_the_kernel_as_with_fused_adamw(triton_interpret)
     # Within 1e-5 (relative, or absolute near zero): Adam's update, about lr = 3e-3 in size wherever a gradient
     # is not zero, turns the last-bit differences of near-zero gradients into differences of that order.
     assert result["worst"] <= 1
+
+
+# Run with TRITON_INTERPRET=1: the weight_cast rung's step with KernelAdamW writing the copies (WRITES_WEIGHT_CASTS) and
+# without (the step's own multi-tensor copy), on a bf16-autocast CPU step.
+CASTS_SCRIPT = r"""
+import dataclasses, json, sys, torch
+from gpt2ladder.kernels import adamw as ka
+ka.kernels_available = lambda device: True  # the interpreter runs the kernel on CPU tensors
+from gpt2ladder.ladder import setup_for
+from gpt2ladder.model.config import PRESETS
+from gpt2ladder.runtime.engine import Engine, OptimConfig
+from gpt2ladder.speedups import kernel_adamw
+from gpt2ladder.speedups.weight_cast import WeightCasts, weight_casts
+
+refreshes = []
+real_refresh = WeightCasts.refresh
+WeightCasts.refresh = lambda self: refreshes.append(1) or real_refresh(self)
+config = dataclasses.replace(PRESETS["tiny"], vocab_size=501)
+setup = dataclasses.replace(setup_for(["baseline", "bf16", "flash", "vocab", "fused_adamw", "adamw_kernel"]),
+                            fp32_wgrad=True, weight_cast=True)
+gen = torch.Generator().manual_seed(0)
+x, y = (torch.randint(0, 501, (2, 2, 32), generator=gen) for _ in range(2))
+out = {}
+for writes in (False, True):
+    kernel_adamw.WRITES_WEIGHT_CASTS = writes
+    refreshes.clear()
+    engine = Engine(config, setup, torch.device("cpu"), optim=OptimConfig(lr=3e-3, grad_clip=0.05))
+    losses = [engine.step(x, y).item() for _ in range(3)]
+    steps = len(refreshes)
+    copies, sources = weight_casts(engine.raw_model).pairs()
+    held = all(torch.equal(c, s.detach().to(torch.bfloat16)) for c, s in zip(copies, sources))
+    engine.load_state_dict(engine.state_dict())  # a load makes them again, as the graph would not
+    out[str(writes)] = {"losses": losses, "refreshes": steps, "after_load": len(refreshes) - steps, "held": held,
+                        "given": engine.optimizer.casts is not None,
+                        "weights": [v.sum().item() for v in engine.raw_model.state_dict().values()]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
+def test_copies_written_by_the_kernel_are_the_copies_the_step_would_make(triton_interpret):
+    """With WRITES_WEIGHT_CASTS the kernel writes the weight_cast rung's bfloat16 copies beside its update, so the
+    step makes them only at the first step, and the training is the same bit for bit."""
+    result = triton_interpret(CASTS_SCRIPT, [])
+    copying, writing = result["False"], result["True"]
+    assert not copying["given"] and writing["given"]
+    assert copying["refreshes"] == 3 and writing["refreshes"] == 1  # the first step's copies, from the initial weights
+    assert copying["after_load"] == writing["after_load"] == 1
+    # after the last step each written copy is its weight, updated, in bfloat16; the step's own still the weight before
+    assert writing["held"] and not copying["held"]
+    assert writing["losses"] == copying["losses"] and writing["weights"] == copying["weights"]
+    assert writing["losses"][-1] < writing["losses"][0]

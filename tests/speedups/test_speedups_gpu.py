@@ -190,3 +190,30 @@ def test_adamw_kernel_clips_through_its_grad_scale_in_the_graphed_step(monkeypat
     # the optimizer state made by a step on zero gradients, unclipped; the eager warm-up steps; the captured step
     assert engine.captures == 1 and scaled == [False] + [True] * (WARMUP_STEPS + 1)
     assert kernel == pytest.approx(fused, rel=5e-3) and kernel[-1] < kernel[0]
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
+def test_adamw_kernel_writing_the_weight_casts_computes_the_same_graphed_steps(monkeypatch):
+    """With WRITES_WEIGHT_CASTS the kernel writes weight_cast's bf16 copies beside its update, and the captured step
+    makes none of its own: the same losses as the step that copies them (the same rounding, to nearest even), each
+    copy its weight in bf16 after the last replay, and training moves."""
+    from gpt2ladder.ladder import setup_for
+    from gpt2ladder.runtime.engine import Engine
+    from gpt2ladder.speedups import kernel_adamw
+    from gpt2ladder.speedups.weight_cast import weight_casts
+
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "fp32_wgrad",
+             "weight_cast", "adamw_kernel"]
+    batches = random_batches(8)
+    losses = {}
+    for writes in (False, True):
+        monkeypatch.setattr(kernel_adamw, "WRITES_WEIGHT_CASTS", writes)
+        engine = Engine(TINY, setup_for(names), GPU, seed=0)
+        losses[writes] = [engine.step(x, y).item() for x, y in batches]
+    assert engine.optimizer.casts is weight_casts(engine.raw_model)
+    copies, sources = engine.optimizer.casts.pairs()
+    assert all(torch.equal(c, s.detach().to(torch.bfloat16)) for c, s in zip(copies, sources))
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5, abs=1e-6)
+    assert losses[True][-1] < losses[True][0]

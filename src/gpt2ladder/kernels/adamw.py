@@ -6,7 +6,8 @@ about 3.4 TB/s where the card copies at about 4.3. Here one launch covers them a
 arguments but rows of tables in device memory, built on the host and kept between steps:
   - the tensor table (int64, one row per tensor): the addresses of its parameter, gradient, exp_avg,
     exp_avg_sq and step count, of its group's learning rate where that is a tensor (0 where it is a float),
-    its number of elements, its group, and how many programs share it;
+    its number of elements, its group, how many programs share it, and the address of a bfloat16 copy of
+    the parameter to write beside the update (0 for none);
   - the group table (float64, one row per parameter group): learning rate (where a float), weight decay,
     beta1, beta2, eps, in double precision as AdamW keeps them on the host;
   - the work table (int64, one row per program): which tensor, and the first element of its chunk.
@@ -30,7 +31,9 @@ and square root,
     p = p * (1 - lr * weight_decay)
     m = m + (1 - beta1) * (g - m)
     v = v * beta2 + (1 - beta2) * g * g
-    p = p - lr / (1 - beta1^t) * (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)).
+    p = p - lr / (1 - beta1^t) * (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)),
+and, where the parameter has a copy, the copy = p in bfloat16 (the weight_cast rung's copies, which its own
+multi-tensor copy at the start of the next step then need not make: speedups/weight_cast.py).
 Off CUDA, or without Triton, the optimizer that launches it (speedups/kernel_adamw.py) runs
 torch.optim.AdamW instead: that is the reference the kernel must match (tests/kernels/test_adamw_kernel.py
 runs the kernel through Triton's CPU interpreter against it).
@@ -51,7 +54,7 @@ except ImportError:  # CPU-only installs: torch.optim.AdamW runs instead
 # (elements per block, blocks per program, warps): a program updates BLOCK x ITERS elements of one tensor.
 # Chosen by benchmarks/micro/adamw.py, which times the tiles at GPT-2 124M's parameter shapes (not yet measured).
 TILE = (1024, 4, 4)
-TENSOR_FIELDS = ("param", "grad", "exp_avg", "exp_avg_sq", "step", "lr", "numel", "group", "programs")
+TENSOR_FIELDS = ("param", "grad", "exp_avg", "exp_avg_sq", "step", "lr", "numel", "group", "programs", "cast")
 GROUP_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps")
 
 
@@ -94,16 +97,16 @@ def upload(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
 class Tables:
     """The tables one launch reads, for one list of tensors, rebuilt only when what they hold changes.
 
-    `tensors` gives, per tensor, (param, grad, exp_avg, exp_avg_sq, step, group index), all float32 and
-    contiguous on one device, the step a 0-dim tensor there. A table is never changed in place, only replaced;
-    those a launch read while a CUDA graph was being captured are kept for as long as this object lives, since
-    the graph reads them at every replay.
+    `tensors` gives, per tensor, (param, grad, exp_avg, exp_avg_sq, step, group index, bfloat16 copy or None),
+    all contiguous on one device, float32 but the copy, the step a 0-dim tensor there. A table is never changed in
+    place, only replaced; those a launch read while a CUDA graph was being captured are kept for as long as this
+    object lives, since the graph reads them at every replay.
     """
 
     def __init__(self, tile: tuple[int, int, int] | None = None):
         self.tile = tile or TILE
         self.work = self.tensors = self.groups = self.tickets = None
-        self.aligned = False
+        self.aligned = self.casts = False
         self._keys = (None, None, None)
         self.captured: list[torch.Tensor] = []
 
@@ -113,8 +116,8 @@ class Tables:
         device = tensors[0][0].device
         numels = [t[0].numel() for t in tensors]
         work_key = (tuple(numels), chunk, device)
-        rows = [(*(x.data_ptr() for x in t[:5]), _lr_address(groups[t[5]].lr, device), n, t[5], -(-n // chunk) or 1)
-                for t, n in zip(tensors, numels)]
+        rows = [(*(x.data_ptr() for x in t[:5]), _lr_address(groups[t[5]].lr, device), n, t[5], -(-n // chunk) or 1,
+                 0 if t[6] is None else t[6].data_ptr()) for t, n in zip(tensors, numels)]
         group_rows = [g.row() for g in groups]
         if work_key != self._keys[0]:
             self.work = upload(work_rows(numels, chunk), device)
@@ -126,7 +129,8 @@ class Tables:
         self._keys = (work_key, rows, group_rows)
         # Every address a multiple of 16 bytes and every size of 4 elements: the kernel may then load and store
         # four floats at a time.
-        self.aligned = all(a % 16 == 0 for row in rows for a in row[:4]) and all(n % 4 == 0 for n in numels)
+        self.aligned = all(a % 16 == 0 for row in rows for a in (*row[:4], row[9])) and all(n % 4 == 0 for n in numels)
+        self.casts = any(row[9] for row in rows)
 
     def launch(self, grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
         """One AdamW step of every tensor of the last `update`: `grad_scale` (float32, 0-dim, on the device)
@@ -138,7 +142,8 @@ class Tables:
                                              self.work if grad_scale is None else grad_scale,
                                              self.work if found_inf is None else found_inf,
                                              HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None,
-                                             ALIGNED=self.aligned, BLOCK=block, ITERS=iters, num_warps=warps)
+                                             ALIGNED=self.aligned, CASTS=self.casts, BLOCK=block, ITERS=iters,
+                                             num_warps=warps)
 
 
 def _lr_address(lr, device: torch.device) -> int:
@@ -153,31 +158,43 @@ def _lr_address(lr, device: torch.device) -> int:
 if triton is not None:
 
     @triton.jit
-    def _float_pointer(address, ALIGNED: tl.constexpr):
-        # an int64 address as a float32 pointer, said to be 16-byte aligned where the host checked it is
-        pointer = address.to(tl.pointer_type(tl.float32))
+    def _pointer(address, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+        # an int64 address as a pointer to DTYPE, said to be 16-byte aligned where the host checked it is
+        pointer = address.to(tl.pointer_type(DTYPE))
         if ALIGNED:  # said of the pointer, not of the integer: only then does Triton load four floats at a time
             pointer = tl.multiple_of(pointer, 16)
         return pointer
 
     @triton.jit
+    def _bf16_bits(x):
+        # x rounded to bfloat16, to nearest even, as its 16 bits: what x.to(tl.bfloat16) gives on a GPU, written
+        # out so that Triton's CPU interpreter, whose conversion truncates, computes the same bits
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return tl.where(x == x, rounded, 0x7FC0).to(tl.uint16)  # a NaN stays a (quiet) NaN
+
+    @triton.jit
     def _adamw_kernel(work_ptr, tensors_ptr, groups_ptr, tickets_ptr, scale_ptr, inf_ptr, HAS_SCALE: tl.constexpr,
-                      HAS_INF: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+                      HAS_INF: tl.constexpr, ALIGNED: tl.constexpr, CASTS: tl.constexpr, BLOCK: tl.constexpr,
+                      ITERS: tl.constexpr):
         # Program pid updates elements [start, start + BLOCK * ITERS) of tensor t, as the work table says; the
         # tensor table's row t is TENSOR_FIELDS, the group table's row GROUP_FIELDS.
         pid = tl.program_id(0)
         t = tl.load(work_ptr + 2 * pid)
         start = tl.load(work_ptr + 2 * pid + 1)
-        row = tensors_ptr + t * 9
-        param = _float_pointer(tl.load(row), ALIGNED)
-        grad = _float_pointer(tl.load(row + 1), ALIGNED)
-        exp_avg = _float_pointer(tl.load(row + 2), ALIGNED)
-        exp_avg_sq = _float_pointer(tl.load(row + 3), ALIGNED)
+        row = tensors_ptr + t * 10
+        param = _pointer(tl.load(row), tl.float32, ALIGNED)
+        grad = _pointer(tl.load(row + 1), tl.float32, ALIGNED)
+        exp_avg = _pointer(tl.load(row + 2), tl.float32, ALIGNED)
+        exp_avg_sq = _pointer(tl.load(row + 3), tl.float32, ALIGNED)
         step_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float32))
         lr_address = tl.load(row + 5)
         numel = tl.load(row + 6)
         hyper = groups_ptr + tl.load(row + 7) * 5
         programs = tl.load(row + 8)
+        if CASTS:
+            cast_address = tl.load(row + 9)
+            cast = _pointer(cast_address, tl.uint16, ALIGNED)
 
         count = tl.load(step_ptr)
         step = count + 1.0  # float32, as AdamW counts
@@ -226,6 +243,9 @@ if triton is not None:
             tl.store(param + offs, p, mask=mask)
             tl.store(exp_avg + offs, m, mask=mask)
             tl.store(exp_avg_sq + offs, v, mask=mask)
+            if CASTS:
+                if cast_address != 0:
+                    tl.store(cast + offs, _bf16_bits(p), mask=mask)
 
         # Every warp has read the step count before this program takes its ticket; the last of the tensor's
         # programs writes the new count and leaves the ticket at 0 for the next launch.

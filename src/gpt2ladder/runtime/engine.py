@@ -77,10 +77,12 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
         extra["capturable"] = True  # the step counter stays on the GPU, so the step can be replayed
     # A tensor learning rate can change between graph replays without a new capture.
     lr = torch.tensor(cfg.lr, device=device) if setup.cuda_graph else cfg.lr
-    optimizer = torch.optim.AdamW
     if setup.adamw_kernel:  # the same AdamW, its CUDA step one Triton launch
-        from gpt2ladder.speedups.kernel_adamw import KernelAdamW as optimizer
-    return optimizer(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
+        from gpt2ladder.speedups import kernel_adamw
+
+        extra["casts"] = weight_casts(model) if kernel_adamw.WRITES_WEIGHT_CASTS else None
+        return kernel_adamw.KernelAdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
+    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
 
 
 class Engine:
@@ -170,6 +172,14 @@ class Engine:
                 group["lr"] = value
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        self._refresh_casts()
+
+    def _refresh_casts(self) -> None:
+        """The weight_cast rung's copies made again from the weights now, for a captured step that may not make
+        them itself (speedups/weight_cast.py)."""
+        casts = weight_casts(self.raw_model)
+        if casts is not None:
+            casts.refresh()
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -313,6 +323,7 @@ class Engine:
             self.optimizer.zero_grad(set_to_none=True)
             self._static_loss = self._eager_step(self._static_x, self._static_y)
         _restore(self.raw_model, self.optimizer, snapshot)
+        self._refresh_casts()
 
 
 def compilations() -> int:

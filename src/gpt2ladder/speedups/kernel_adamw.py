@@ -12,6 +12,10 @@ On the kernel's path the step counts live on the parameters' device whatever `ca
 every gradient, as fused AdamW's does; so does AdamW's path, for an optimizer that is not fused, where
 AdamW itself would refuse it. Nothing on the kernel's path reads a device value back to the host, so the
 step can be captured in a CUDA graph and replayed.
+
+Given the weight_cast rung's copies (`casts`), the kernel also writes each Block weight's bfloat16 copy as it
+updates the weight, and tells the copies so: the next step's multi-tensor copy then goes (speedups/weight_cast.py
+says when it does not). The engine hands them over only where WRITES_WEIGHT_CASTS is on.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from __future__ import annotations
 import torch
 
 from gpt2ladder.kernels import adamw as kernel
+from gpt2ladder.speedups.weight_cast import WeightCasts
+
+# Whether the engine gives KernelAdamW the weight_cast rung's copies to write: off until measured in the step.
+WRITES_WEIGHT_CASTS = False
 
 
 class KernelAdamW(torch.optim.AdamW):
@@ -27,9 +35,11 @@ class KernelAdamW(torch.optim.AdamW):
 
     takes_grad_scale = True  # the engine may hand it clipping's factor as `grad_scale` (runtime/engine.py)
 
-    def __init__(self, params, *args, tile: tuple[int, int, int] | None = None, **kwargs):
+    def __init__(self, params, *args, tile: tuple[int, int, int] | None = None, casts: WeightCasts | None = None,
+                 **kwargs):
         super().__init__(params, *args, **kwargs)
         self.tables = kernel.Tables(tile) if kernel.triton is not None else None
+        self.casts = casts  # bfloat16 copies to write beside the update, or None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -39,8 +49,11 @@ class KernelAdamW(torch.optim.AdamW):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.tables.update(*self._tensors())
+        tensors, groups = self._tensors()
+        self.tables.update(tensors, groups)
         self.tables.launch(getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
+        if self.casts is not None:
+            self.casts.written([t[0] for t in tensors if t[6] is not None])
         return loss
 
     def _kernel_runs(self) -> bool:
@@ -55,8 +68,9 @@ class KernelAdamW(torch.optim.AdamW):
         return bool(params) and all(_plain(t, params[0].device) for ts in tensors for t in ts)
 
     def _tensors(self) -> tuple[list[tuple], list[kernel.Group]]:
-        """Per parameter with a gradient (param, grad, exp_avg, exp_avg_sq, step, group index), its state made
-        as AdamW makes it where it has none yet; and each group's hyperparameters."""
+        """Per parameter with a gradient (param, grad, exp_avg, exp_avg_sq, step, group index, its bfloat16 copy or
+        None), its state made as AdamW makes it where it has none yet; and each group's hyperparameters."""
+        copies = self._copies()
         tensors, groups = [], []
         for i, group in enumerate(self.param_groups):
             beta1, beta2 = group["betas"]
@@ -72,8 +86,16 @@ class KernelAdamW(torch.optim.AdamW):
                 elif state["step"].device != p.device or state["step"].dtype != torch.float32:
                     # loaded from an AdamW that kept its counts on the host (neither fused nor capturable)
                     state["step"] = state["step"].to(p.device, torch.float32)
-                tensors.append((p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], i))
+                tensors.append((p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], i, copies.get(p)))
         return tensors, groups
+
+    def _copies(self) -> dict[torch.Tensor, torch.Tensor]:
+        """{weight: its bfloat16 copy} of the weight_cast rung's copies, where the kernel can write them."""
+        if self.casts is None:
+            return {}
+        copies, sources = self.casts.pairs()
+        return {s: c for c, s in zip(copies, sources)
+                if c.dtype == torch.bfloat16 and c.is_contiguous() and c.device == s.device}
 
     def _adamw_step(self, closure):
         """AdamW's own step; an unfused one cannot take a `grad_scale`, so the gradients are divided first."""
