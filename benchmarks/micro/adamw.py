@@ -5,7 +5,9 @@ CUDA graph, without a gradient scale (28 bytes moved per parameter) and with one
 stored), as clipping runs it; then, from the same parameters and gradients, the largest difference of the parameters
 after one step of each against fused AdamW's, relative to the largest parameter. Ends with the fastest tile, the
 one kernels/adamw.py's TILE should be. A plain copy of one fp32 tensor of the same size gives the card's bandwidth.
-Run on a GPU: python benchmarks/micro/adamw.py
+Last, with the weight_cast rung's bf16 copies of the Blocks' Linears: fused AdamW followed by that rung's
+multi-tensor copy, against the kernel at the fastest tile writing the copies itself (WRITES_WEIGHT_CASTS in
+speedups/kernel_adamw.py). Run on a GPU: python benchmarks/micro/adamw.py
 """
 
 import dataclasses
@@ -22,6 +24,7 @@ TILES = [(1024, 1, 4), (1024, 4, 4), (1024, 8, 4), (512, 8, 4), (2048, 2, 8), (2
          (4096, 2, 8), (8192, 1, 16)]
 model = init_weights(GPT(dataclasses.replace(preset("gpt2"), vocab_multiple=128)), 0).cuda()
 SOURCE = [p.detach() for p in model.parameters()]
+BLOCK_LINEARS = [i for i, (name, _) in enumerate(model.named_parameters()) if ".attn." in name or ".mlp." in name]
 N = sum(p.numel() for p in SOURCE)
 gen = torch.Generator(device="cuda").manual_seed(0)
 GRADS = [torch.randn(p.shape, device="cuda", generator=gen) * 1e-3 for p in SOURCE]
@@ -87,3 +90,36 @@ for tile in TILES:
     found.append((scaled, plain, tile))
     torch.cuda.empty_cache()
 print("fastest (with grad_scale, without):", min(found))
+
+
+class Copies:
+    """bf16 copies of the Block Linears' weights and biases, as KernelAdamW reads the weight_cast rung's."""
+
+    def __init__(self, params):
+        self.sources = [params[i] for i in BLOCK_LINEARS]
+        self.copies = [torch.empty_like(s, dtype=torch.bfloat16) for s in self.sources]
+
+    def pairs(self):
+        return self.copies, self.sources
+
+    def written(self, sources):
+        pass
+
+
+tile = min(found)[2]
+params, opt = optimizer(torch.optim.AdamW)
+copies = Copies(params)
+
+
+def fused_then_copy():
+    step(opt, None)
+    torch._foreach_copy_(copies.copies, [s.detach() for s in copies.sources])
+
+
+moved = sum(s.numel() for s in copies.sources)
+ms = bench(fused_then_copy)
+print(f"with bf16 copies of {moved / 1e6:.1f}M Block parameters: fused AdamW and the multi-tensor copy {ms:.4f} ms")
+params, opt = optimizer(KernelAdamW, tile=tile)
+opt.casts = Copies(params)
+ms = bench(lambda: step(opt, None))
+print(f"the kernel at {tile} writing them: {ms:.4f} ms")
