@@ -1,4 +1,5 @@
-"""The Triton kernels on a GPU, at GPT-2's shapes, against their reference expressions; skipped without one."""
+"""The Triton kernels on a GPU, at GPT-2's shapes, against their reference expressions (the AdamW kernel against fused
+AdamW, captured in a CUDA graph); skipped without one."""
 
 import pytest
 import torch
@@ -155,3 +156,63 @@ def test_qkv_grad_kernel_assembles_what_sdpa_returns_at_gpt2_size():
     _, ref_db = qkv_grad_reference(q.grad, k.grad, v.grad, torch.float32)
     torch.testing.assert_close(dbias, ref_db, rtol=1e-4, atol=1e-4)
 
+
+
+def _same_adamw_state(ref, ref_opt, params, opt, steps):
+    """KernelAdamW's parameters, stored gradients, moments and step counts against fused AdamW's."""
+    for j, (p, q) in enumerate(zip(params, ref)):
+        assert torch.equal(p.grad, q.grad), j  # divided by the scale, stored
+        assert torch.equal(opt.state[p]["step"], ref_opt.state[q]["step"]) and opt.state[p]["step"].item() == steps
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"step {steps}, tensor {j}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opt.state[p][key], ref_opt.state[q][key], rtol=1e-5, atol=1e-6)
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.parametrize("tile", [None, (64, 2, 4)])  # the default; and small chunks, so odd tensors straddle several
+def test_adamw_kernel_captured_in_a_cuda_graph_steps_as_fused_adamw(tile):
+    """KernelAdamW and fused AdamW (capturable, a tensor learning rate, a gradient scale), one eager step each, then
+    the step captured in a CUDA graph with gradients at new addresses (the kernel's tables rebuilt and uploaded during
+    the capture, as the engine's capture makes them) and replayed with new gradients, learning rates and scales: the
+    same parameters, moments, stored gradients and step counts after every step, up to float32 rounding."""
+    from gpt2ladder.speedups.kernel_adamw import KernelAdamW
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(50304, 768), (768,), (3072, 768), (37, 5), (), (1,), (3,)]  # GPT-2's, odd ones, a 0-dim
+    start = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen).to(GPU) for s in shapes] for _ in range(6)]
+    lrs, scales = [1e-3, 2e-3, 5e-4, 1e-3, 3e-4, 1e-4], [1.0, 2.0, 4.0, 1.0, 8.0, 3.0]
+    runs = []
+    for cls in (torch.optim.AdamW, KernelAdamW):
+        params = [torch.nn.Parameter(t.to(GPU, copy=True)) for t in start]
+        lr, scale = torch.tensor(lrs[0], device=GPU), torch.tensor(scales[0], device=GPU)
+        extra = {"tile": tile} if cls is KernelAdamW else {}
+        opt = cls([{"params": params[::2], "weight_decay": 0.1}, {"params": params[1::2], "weight_decay": 0.0}],
+                  lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True, capturable=True, **extra)
+        for p, g in zip(params, grads[0]):
+            p.grad = g.clone()
+        opt.grad_scale = scale  # kept for every step, the captured one too
+        opt.step()  # eager: the state is made, the kernel's tables built
+        runs.append([params, opt, lr, scale])
+    torch.cuda.synchronize()
+    _same_adamw_state(*runs[0][:2], *runs[1][:2], steps=1)
+    for run in runs:
+        params, opt = run[:2]
+        for p in params:
+            p.grad = torch.empty_like(p)  # what the graph reads: new addresses
+        run.append(torch.cuda.CUDAGraph())
+        with torch.cuda.graph(run[-1]):
+            opt.step()
+    assert runs[1][1].tables.captured  # the tables the captured launch reads are kept for the graph
+    for i in range(1, 6):
+        for params, opt, lr, scale, graph in runs:
+            for p, g in zip(params, grads[i]):
+                p.grad.copy_(g)
+            lr.fill_(lrs[i])
+            scale.fill_(scales[i])
+            graph.replay()
+        torch.cuda.synchronize()
+        _same_adamw_state(*runs[0][:2], *runs[1][:2], steps=i + 1)
+    assert not runs[1][1].tables.tickets.any()  # every launch left its tickets at 0 for the next
+    assert max((p - t.to(GPU)).abs().max().item() for p, t in zip(runs[1][0], start)) > 1e-3  # they moved

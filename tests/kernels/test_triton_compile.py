@@ -1,8 +1,9 @@
 """Every Triton kernel of the package compiles for the GPUs it targets, here on a machine without one.
 
-The CPU interpreter (tests/kernels/test_loss_kernel.py, test_gelu_kernel.py, test_qkv_kernel.py) checks what the kernels
-compute, but it runs them as Python and accepts code the compiler rejects (a kernel reading a plain
-module global, for one). Compiling to a cubin for sm_80 and sm_90 needs only the triton package.
+The CPU interpreter (tests/kernels/test_loss_kernel.py, test_gelu_kernel.py, test_qkv_kernel.py,
+test_adamw_kernel.py) checks what the kernels compute, but it runs them as Python and accepts code the compiler
+rejects (a kernel reading a plain module global, for one). Compiling to a cubin for sm_80 and sm_90 needs only the
+triton package.
 """
 
 import importlib.util
@@ -51,6 +52,14 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
         {"dq_ptr": "*bf16", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "out_ptr": "*bf16", "dbias_ptr": "*fp32", "T": "i32",
          "nh": "i32", **{f"s{g}_{d}": "i32" for g in "qkv" for d in "bht"}, "HS": C, "BLOCK_T": C, "ROW_TILES": C},
         {"HS": 64, "BLOCK_T": 64, "ROW_TILES": 4}),
+    **{f"kernels.adamw._adamw_kernel#{variant}": (
+        {"work_ptr": "*i64", "tensors_ptr": "*i64", "groups_ptr": "*fp64", "tickets_ptr": "*i32", "scale_ptr": "*fp32",
+         "inf_ptr": "*fp32", "HAS_SCALE": C, "HAS_INF": C, "ALIGNED": C, "CASTS": C, "BLOCK": C, "ITERS": C},
+        {"HAS_SCALE": scale, "HAS_INF": inf, "ALIGNED": aligned, "CASTS": casts, "BLOCK": 1024, "ITERS": 4})
+        for variant, scale, inf, aligned, casts in (("plain", False, False, True, False),
+                                                    ("scaled", True, False, True, False),
+                                                    ("casts", True, False, True, True),
+                                                    ("amp", True, True, False, False))},
     "kernels.norm._colsum_kernel": (
         {"part_ptr": "*fp32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "dpb_ptr": "*fp32", "n_cols": "i32", "N_PARTS": C,
          "BLOCK_P": C, "BLOCK_N": C},

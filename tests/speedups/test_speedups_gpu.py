@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from gpu_support import GPU, losses_without_and_with, needs_cuda, needs_triton, random_batches, step_losses
+from gpu_support import GPU, TINY, losses_without_and_with, needs_cuda, needs_triton, random_batches, step_losses
 
 pytestmark = pytest.mark.gpu
 
@@ -120,6 +120,8 @@ GRAPHED_BF16 = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_
     ("proj_bias", GRAPHED_BF16 + ["gelu_kernel", "fp32_wgrad", "norm_kernel"]),
     # the q, k, v gradients and c_attn's bias gradient from the kernel, against compile's copy and sum
     ("qkv_grad", GRAPHED_BF16 + ["gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]),
+    # AdamW's update as one Triton launch, against fused AdamW's
+    ("adamw_kernel", GRAPHED_BF16),
 ])
 def test_kernel_rung_trains_like_the_graphed_bf16_step_without_it(rung, before):
     """Compiled, graphed steps on the bf16 residual stream with the rung's Triton kernels and without them: the same
@@ -164,3 +166,54 @@ def test_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():
     got = scaled_matmul(x8.to(GPU), sx.to(GPU), w8.to(GPU), sw.to(GPU), b.to(GPU), torch.bfloat16).cpu()
     want = scaled_matmul(x8, sx, w8, sw, b, torch.float32)
     assert ((got.float() - want).abs() <= 2**-7 * want.abs() + 1e-3 * want.abs().amax(1, keepdim=True)).all()
+
+
+@needs_cuda
+@needs_triton
+def test_adamw_kernel_clips_through_its_grad_scale_in_the_graphed_step(monkeypatch):
+    """With clipping (the train command's), the factor goes to the kernel as its grad_scale at every launch, the
+    captured one too: the graphed steps' losses are fused AdamW's given the same factor."""
+    from gpt2ladder.kernels import adamw as ka
+    from gpt2ladder.ladder import setup_for
+    from gpt2ladder.runtime.engine import WARMUP_STEPS, Engine, OptimConfig
+
+    scaled = []
+    real_launch = ka.Tables.launch
+    monkeypatch.setattr(ka.Tables, "launch", lambda self, *a: scaled.append(a[0] is not None) or real_launch(self, *a))
+    batches = random_batches(6)
+    losses = {}
+    for rungs in (GRAPHED_BF16, GRAPHED_BF16 + ["adamw_kernel"]):
+        engine = Engine(TINY, setup_for(rungs), GPU, seed=0, optim=OptimConfig(lr=1e-3, grad_clip=0.5))
+        losses[len(rungs)] = [engine.step(x, y).item() for x, y in batches]
+    fused, kernel = losses.values()
+    assert type(engine.optimizer).__name__ == "KernelAdamW" and engine._fused_clip
+    # the optimizer state made by a step on zero gradients, unclipped; the eager warm-up steps; the captured step
+    assert engine.captures == 1 and scaled == [False] + [True] * (WARMUP_STEPS + 1)
+    assert kernel == pytest.approx(fused, rel=5e-3) and kernel[-1] < kernel[0]
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
+def test_adamw_kernel_writing_the_weight_casts_computes_the_same_graphed_steps(monkeypatch):
+    """With WRITES_WEIGHT_CASTS the kernel writes weight_cast's bf16 copies beside its update, and the captured step
+    makes none of its own: the same losses as the step that copies them (the same rounding, to nearest even), each
+    copy its weight in bf16 after the last replay, and training moves."""
+    from gpt2ladder.ladder import setup_for
+    from gpt2ladder.runtime.engine import Engine
+    from gpt2ladder.speedups import kernel_adamw
+    from gpt2ladder.speedups.weight_cast import weight_casts
+
+    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "cuda_graph", "fp32_wgrad",
+             "weight_cast", "adamw_kernel"]
+    batches = random_batches(8)
+    losses = {}
+    for writes in (False, True):
+        monkeypatch.setattr(kernel_adamw, "WRITES_WEIGHT_CASTS", writes)
+        engine = Engine(TINY, setup_for(names), GPU, seed=0)
+        losses[writes] = [engine.step(x, y).item() for x, y in batches]
+    assert engine.optimizer.casts is weight_casts(engine.raw_model)
+    copies, sources = engine.optimizer.casts.pairs()
+    assert all(torch.equal(c, s.detach().to(torch.bfloat16)) for c, s in zip(copies, sources))
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5, abs=1e-6)
+    assert losses[True][-1] < losses[True][0]

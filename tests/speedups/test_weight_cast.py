@@ -97,3 +97,35 @@ def test_the_step_reads_the_copies(monkeypatch):
 
     monkeypatch.setattr(WeightCasts, "fresh", tripled)
     assert Engine(PRESETS["tiny"], setup, CPU).step(x, y).item() != plain
+
+
+def test_copies_said_written_are_not_made_again_until_a_weight_changes(monkeypatch):
+    """What the adamw_kernel rung's optimizer relies on when it writes the copies itself: `fresh()` skips its copy
+    while every weight is the one, at the version, said written, and makes them all again otherwise."""
+    engine = Engine(PRESETS["tiny"], dataclasses.replace(BASE, weight_cast=True), CPU)
+    casts = weight_casts(engine.raw_model)
+    made = []
+    real = WeightCasts.refresh
+    monkeypatch.setattr(WeightCasts, "refresh", lambda self: made.append(1) or real(self))
+    (x, y), = _batches(1)
+    engine.step(x, y)
+    assert len(made) == 1 and not casts.current()  # fused AdamW changed the weights after the copy
+    copies, sources = casts.pairs()
+    with torch.no_grad():  # as the kernel writes them: the copies change, the weights' versions do not
+        torch._foreach_copy_(copies, [s.detach() for s in sources])
+    casts.written(sources)
+    assert casts.current()
+    with casts.fresh():
+        pass
+    assert len(made) == 1
+    casts.written(sources[1:])  # one copy not written: all are made again
+    with casts.fresh():
+        pass
+    assert len(made) == 2 and not casts.current()
+    casts.written(sources)
+    with torch.no_grad():
+        sources[3].mul_(2.0)  # a weight changed in place, by anything but the kernel
+    assert not casts.current()
+    with casts.fresh():
+        assert torch.equal(copies[3], sources[3].detach().to(torch.bfloat16))
+    assert len(made) == 3

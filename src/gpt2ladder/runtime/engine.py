@@ -77,6 +77,11 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
         extra["capturable"] = True  # the step counter stays on the GPU, so the step can be replayed
     # A tensor learning rate can change between graph replays without a new capture.
     lr = torch.tensor(cfg.lr, device=device) if setup.cuda_graph else cfg.lr
+    if setup.adamw_kernel:  # the same AdamW, its CUDA step one Triton launch
+        from gpt2ladder.speedups import kernel_adamw
+
+        extra["casts"] = weight_casts(model) if kernel_adamw.WRITES_WEIGHT_CASTS else None
+        return kernel_adamw.KernelAdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
 
 
@@ -167,6 +172,14 @@ class Engine:
                 group["lr"] = value
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        self._refresh_casts()
+
+    def _refresh_casts(self) -> None:
+        """The weight_cast rung's copies made again from the weights now, for a captured step that may not make
+        them itself (speedups/weight_cast.py)."""
+        casts = weight_casts(self.raw_model)
+        if casts is not None:
+            casts.refresh()
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -222,10 +235,10 @@ class Engine:
 
     def _clip(self) -> torch.Tensor | None:
         """Scale the gradients down to a total norm of at most grad_clip, as clip_grad_norm_ does; or, with fused
-        AdamW (and no GradScaler, whose place that is), return the factor to divide them by, which the optimizer
-        takes as its `grad_scale`: it divides each gradient as it reads it and stores the result, so the pass of
-        clip_grad_norm_'s own that read and rewrote every gradient first goes (one read of them all, and its
-        launches)."""
+        AdamW or the adamw_kernel rung's (and no GradScaler, whose place that is), return the factor to divide them
+        by, which the optimizer takes as its `grad_scale`: it divides each gradient as it reads it and stores the
+        result, so the pass of clip_grad_norm_'s own that read and rewrote every gradient first goes (one read of
+        them all, and its launches)."""
         params = [p for p in self.raw_model.parameters() if p.grad is not None]
         clip = self.optim_cfg.grad_clip
         if self._fused_clip is None:  # the parameters' kind does not change: decided at the first step
@@ -237,7 +250,8 @@ class Engine:
         return ((norm + 1e-6) / clip).clamp(min=1.0)  # 1 / clip_grad_norm_'s factor min(clip / (norm + 1e-6), 1)
 
     def _clips_in_optimizer(self, params) -> bool:
-        return (self.scaler is None and bool(self.optimizer.defaults.get("fused"))
+        takes_scale = bool(self.optimizer.defaults.get("fused")) or getattr(self.optimizer, "takes_grad_scale", False)
+        return (self.scaler is None and takes_scale
                 and hasattr(torch.nn.utils, "get_total_norm")  # PyTorch 2.6+
                 and not any(hasattr(p, "to_local") for p in params))  # FSDP2's sharded gradients: clip_grad_norm_
 
@@ -309,6 +323,7 @@ class Engine:
             self.optimizer.zero_grad(set_to_none=True)
             self._static_loss = self._eager_step(self._static_x, self._static_y)
         _restore(self.raw_model, self.optimizer, snapshot)
+        self._refresh_casts()
 
 
 def compilations() -> int:

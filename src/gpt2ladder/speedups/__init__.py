@@ -7,7 +7,8 @@ the ones that must run before it and why. `check_order` asserts those constraint
 it, so a rewrite moved to the wrong place fails at once instead of silently leaving modules alone.
 
 Rewrites that change only how a step runs (precision, compile, CUDA graphs, the optimizer) are not
-here: the engine (`runtime/engine.py`) applies those around the model.
+here: the engine (`runtime/engine.py`) applies those around the model. (The adamw_kernel rung's optimizer,
+`kernel_adamw.py`, sits beside the rewrites as a rung's module, but the engine builds it.)
 """
 
 from __future__ import annotations

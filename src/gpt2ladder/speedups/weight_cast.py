@@ -13,6 +13,14 @@ The copies are read only inside `WeightCasts.fresh()`, the engine's step, which 
 them: any other forward (validation, sampling, HellaSwag) casts as before, so a stale copy is never
 read. The sources are looked up on the modules at each refresh, so a parameter replaced after the
 rewrite is still the one copied.
+
+The adamw_kernel rung's optimizer can write the copies itself as it updates the weights
+(speedups/kernel_adamw.py, WRITES_WEIGHT_CASTS); it then says so (`written`), with each weight's version
+counter, which every in-place change by PyTorch advances and the kernel's own writes do not. `fresh()` skips
+its copy only while every source is the same tensor at the same version: a weight loaded, restored or
+changed in any other way since is copied again. A captured CUDA graph keeps what `fresh()` decided at the
+capture, so the engine refreshes the copies itself where it changes the weights behind a graph's back
+(`refresh`: after the capture's warm-up is undone, and when a state is loaded).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ class WeightCasts:
     def __init__(self, linears: list[Fp32WgradLinear], dtype: torch.dtype):
         self.linears = linears
         self.active = False
+        self._written: dict[torch.Tensor, int] = {}  # {source: its version} as the optimizer last wrote its copy
         for m in linears:
             bias = None if m.bias is None else torch.empty_like(m.bias, dtype=dtype)
             m.casts = Slot(self, torch.empty_like(m.weight, dtype=dtype), bias)
@@ -55,12 +64,28 @@ class WeightCasts:
                     sources.append(source)
         return copies, sources
 
-    @contextlib.contextmanager
-    def fresh(self):
-        """Refresh every copy (one multi-tensor copy), and let the matmuls read them until the block ends."""
+    def refresh(self) -> None:
+        """Every copy made again from its source: one multi-tensor copy."""
         copies, sources = self.pairs()
         with torch.no_grad():
             torch._foreach_copy_(copies, [s.detach() for s in sources])
+        self._written = {}
+
+    def written(self, sources: list[torch.Tensor]) -> None:
+        """The optimizer has just written the copies of these sources from their new values."""
+        self._written = {s: s._version for s in sources}
+
+    def current(self) -> bool:
+        """Whether every copy holds its source as it is: each written by the optimizer, and unchanged since."""
+        _, sources = self.pairs()
+        return all(self._written.get(s) == s._version for s in sources)
+
+    @contextlib.contextmanager
+    def fresh(self):
+        """Refresh every copy (one multi-tensor copy) unless the optimizer's last step wrote them all, and let the
+        matmuls read them until the block ends."""
+        if not self.current():
+            self.refresh()
         self.active = True
         try:
             yield
