@@ -2,8 +2,8 @@
 bf16) on one GPU: the compiled PyTorch expressions they replace against the kernels at several tile shapes,
 forward (s = h + p, y = layer_norm(s)) and backward (d(h + p), weight and bias gradients), each timed as a
 CUDA graph of the call (so launch gaps count, as in the step), with its error against the reference; then the
-backward's loop variants (column sums deferred to the loop's end, the next row block loaded ahead) with the branch
-bias's gradient summed, as the step runs it. Run on a GPU: python benchmarks/micro/norm_kernel.py [--variants]
+backward without and with its loop loading the next row block ahead, the branch bias's gradient summed as the step
+runs it. Run on a GPU: python benchmarks/micro/norm_kernel.py [--variants]
 (--variants: only the last part).
 """
 
@@ -122,24 +122,24 @@ if not VARIANTS_ONLY:
               f"{rel(dsum, rdsum):.1e} {rel(dw, rdw):.1e} {rel(db, rdb):.1e}")
 
 
-# The backward's loop variants, each with the branch bias's gradient summed (the proj_bias rung's step), over tiles
-# near the fastest: (defer, prefetch) = (no, no) is the committed loop.
+# The backward's loop without and with loading its next row block ahead, each with the branch bias's gradient summed
+# (the proj_bias rung's step), over tiles near the fastest.
 rdsum, rdw, rdb, rdpb = nk.add_norm_grad_reference(dy, ds, rs, w, rmean, rrstd, with_pbias=True)
-print(f"backward with the branch bias's sum, committed tile {nk.BWD_TILE}; (defer, prefetch), (rows, warps, programs "
+print(f"backward with the branch bias's sum, committed tile {nk.BWD_TILE}; prefetch, (rows, warps, programs "
       "per SM): ms, GB/s, max rel. error of d(h+p), dw, db, dpb")
 found = []
-for variant in [(False, False), (True, False), (False, True), (True, True)]:
+for prefetch in (False, True):
     for tile in [(2, 4, 2), (2, 4, 4), (4, 4, 2), (4, 4, 3), (8, 4, 2), (4, 8, 2)]:
         dsum, dw, db, dpb = torch.empty_like(h), torch.empty_like(w), torch.empty_like(w), torch.empty_like(w)
 
         def run():
             nk.launch_bwd(dy, ds, rs, w, rmean, rrstd, dsum, dw, db, SMS * tile[2], tile=tile, dpb=dpb,
-                          defer=variant[0], prefetch=variant[1])
+                          prefetch=prefetch)
 
         run()
         ms = bench(run)
-        print(variant, tile, f"{ms:.4f} ms", f"{moved / ms / 1e6:.0f} GB/s",
+        print(prefetch, tile, f"{ms:.4f} ms", f"{moved / ms / 1e6:.0f} GB/s",
               f"{rel(dsum, rdsum):.1e} {rel(dw, rdw):.1e} {rel(db, rdb):.1e} {rel(dpb, rdpb):.1e}")
-        found.append((ms, variant, tile))
-    print(f"fastest at {variant}:", min(f for f in found if f[1] == variant))
+        found.append((ms, prefetch, tile))
+    print(f"fastest with prefetch {prefetch}:", min(f for f in found if f[1] == prefetch))
 print("fastest of all:", min(found))

@@ -52,8 +52,8 @@ FWD_TILE = (4, 4)
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
 BWD_TILE = (8, 4, 2)
-# The backward's two variants of its loop (the kernel's DEFER and PREFETCH), both off until measured in the step.
-BWD_DEFER = False
+# The backward's loop loading its next row block ahead (the kernel's PREFETCH): alone 0.0330 ms at (4, 4, 2) against
+# 0.0392 at the committed loop's best tile (benchmarks/micro/norm_kernel.py --variants); off until timed in the step.
 BWD_PREFETCH = False
 COLSUM_TILE = (256, 16, 4)
 
@@ -142,24 +142,17 @@ if triton is not None:
     @triton.jit
     def _add_norm_bwd_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dsum_ptr, part_ptr, n_rows, n_cols,
                              programs, HAS_PB: tl.constexpr, STEPS: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_C: tl.constexpr, DEFER: tl.constexpr, PREFETCH: tl.constexpr):
+                             BLOCK_C: tl.constexpr, PREFETCH: tl.constexpr):
         # `programs` programs; program pid takes row blocks pid, pid + programs, ... (STEPS of them at most;
-        # a constant, so that the loop has fixed bounds, which Triton's CPU interpreter needs too). With DEFER the
-        # column sums accumulate per row of the block and are summed over those rows once, after the loop, where
-        # without it every row block sums them; with PREFETCH each step loads the next row block before it
-        # computes its own.
+        # a constant, so that the loop has fixed bounds, which Triton's CPU interpreter needs too). With PREFETCH
+        # each step loads the next row block before it computes its own.
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_C)
         col_ok = cols < n_cols
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        if DEFER:
-            dw = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
-            db = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
-            dpb = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
-        else:
-            dw = tl.zeros([BLOCK_C], tl.float32)
-            db = tl.zeros([BLOCK_C], tl.float32)
-            dpb = tl.zeros([BLOCK_C], tl.float32)
+        dw = tl.zeros([BLOCK_C], tl.float32)
+        db = tl.zeros([BLOCK_C], tl.float32)
+        dpb = tl.zeros([BLOCK_C], tl.float32)
         if PREFETCH:
             next_dy, next_x, next_ds, next_mean, next_rstd = _load_bwd_block(
                 dy_ptr, ds_ptr, s_ptr, mean_ptr, rstd_ptr, pid * BLOCK_M + tl.arange(0, BLOCK_M), cols, n_rows, n_cols)
@@ -188,26 +181,14 @@ if triton is not None:
                 ds = tl.load(ds_ptr + offs, mask=mask, other=0.0)
             dsum = tl.where(mask, dx + ds.to(tl.float32), 0.0)
             tl.store(dsum_ptr + offs, dsum.to(dsum_ptr.dtype.element_ty), mask=mask)
-            if DEFER:
-                dw += dy * xhat
-                db += dy
-                if HAS_PB:  # the branch bias's gradient: the column sums of what the branch receives
-                    dpb += dsum
-            else:
-                dw += tl.sum(dy * xhat, 0)
-                db += tl.sum(dy, 0)
-                if HAS_PB:
-                    dpb += tl.sum(dsum, 0)
-        if DEFER:
-            tl.store(part_ptr + pid * n_cols + cols, tl.sum(dw, 0), mask=col_ok)
-            tl.store(part_ptr + (programs + pid) * n_cols + cols, tl.sum(db, 0), mask=col_ok)
-            if HAS_PB:
-                tl.store(part_ptr + (2 * programs + pid) * n_cols + cols, tl.sum(dpb, 0), mask=col_ok)
-        else:
-            tl.store(part_ptr + pid * n_cols + cols, dw, mask=col_ok)
-            tl.store(part_ptr + (programs + pid) * n_cols + cols, db, mask=col_ok)
-            if HAS_PB:
-                tl.store(part_ptr + (2 * programs + pid) * n_cols + cols, dpb, mask=col_ok)
+            dw += tl.sum(dy * xhat, 0)
+            db += tl.sum(dy, 0)
+            if HAS_PB:  # the branch bias's gradient: the column sums of what the branch receives
+                dpb += tl.sum(dsum, 0)
+        tl.store(part_ptr + pid * n_cols + cols, dw, mask=col_ok)
+        tl.store(part_ptr + (programs + pid) * n_cols + cols, db, mask=col_ok)
+        if HAS_PB:
+            tl.store(part_ptr + (2 * programs + pid) * n_cols + cols, dpb, mask=col_ok)
 
     @triton.jit
     def _colsum_kernel(part_ptr, dw_ptr, db_ptr, dpb_ptr, n_cols, N_PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -244,10 +225,10 @@ if triton is not None:
                                                    BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
 
     def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None, colsum=None,
-                   dpb=None, defer: bool = BWD_DEFER, prefetch: bool = BWD_PREFETCH) -> None:
+                   dpb=None, prefetch: bool = BWD_PREFETCH) -> None:
         """The backward into preallocated outputs, with `programs` programs walking the row blocks
         (`colsum` = (parts per step, columns per program, warps) of the column sums); `dpb`, if given, gets the
-        branch bias's gradient; `defer` and `prefetch` as the kernel's DEFER and PREFETCH."""
+        branch bias's gradient; `prefetch` as the kernel's PREFETCH."""
         n, c = s.shape
         bm, warps, _, *stages = tile or BWD_TILE  # stages: Triton's num_stages (its own default when not given)
         cp, cn, cw = colsum or COLSUM_TILE
@@ -257,7 +238,7 @@ if triton is not None:
         part = torch.empty((sums, programs, c), device=s.device, dtype=torch.float32)
         _add_norm_bwd_kernel[(programs,)](dy, ds, s, weight, mean, rstd, dsum, part, n, c, programs,
                                           HAS_PB=dpb is not None, STEPS=triton.cdiv(blocks, programs), BLOCK_M=bm,
-                                          BLOCK_C=triton.next_power_of_2(c), DEFER=defer, PREFETCH=prefetch,
+                                          BLOCK_C=triton.next_power_of_2(c), PREFETCH=prefetch,
                                           num_warps=warps,
                                           **({"num_stages": stages[0]} if stages else {}))
         _colsum_kernel[(triton.cdiv(c, cn), sums)](part, dw, db, db if dpb is None else dpb, c, N_PARTS=programs,
