@@ -197,10 +197,9 @@ LADDER: tuple[Rung, ...] = (
     Rung("fp8_fc", "The MLP's input projection (c_fc) alone multiplies in float8 in the forward pass, from the norm "
          "kernel's float8 copy of its input (as fp8_forward, without c_attn, whose rounding reaches the attention "
          "scores); the gradients stay bf16 matmuls. Its loss stays beside the fp32 baseline's, as the rungs' "
-         "before it do; opt-in until A B B A pairs on one machine settle its gain (two pairs on two H200s: 0.30 "
-         "and 0.17 ms a step; docs/results.md).",
+         "before it do.",
          "precision", {"fp8_fc": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_fp8_forward, opt_in=True, pays_with_graph=True),
+         _needs_fp8_forward, pays_with_graph=True),
     Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
          "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
          "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "

@@ -51,10 +51,11 @@ except ImportError:  # CPU-only installs: the reference expressions run instead
 FWD_TILE = (4, 4)
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
-BWD_TILE = (8, 4, 2)
-# The backward's loop loading its next row block ahead (the kernel's PREFETCH): alone 0.0330 ms at (4, 4, 2) against
-# 0.0392 at the committed loop's best tile (benchmarks/micro/norm_kernel.py --variants); off until timed in the step.
-BWD_PREFETCH = False
+# The backward's loop loads its next row block ahead (the kernel's PREFETCH): alone 0.0330 ms at (4, 4, 2) against
+# 0.0392 without it at its best tile, (8, 4, 2) (benchmarks/micro/norm_kernel.py --variants); in the whole step
+# 0.14 ms faster (A B B A on one H200, docs/results.md).
+BWD_TILE = (4, 4, 2)
+BWD_PREFETCH = True
 COLSUM_TILE = (256, 16, 4)
 
 
