@@ -1,7 +1,8 @@
 """The GELU kernels (src/gpt2ladder/kernels/gelu.py) at GPT-2 124M's MLP shape (16384 x 3072, bf16) on
 one GPU: the compiled PyTorch expressions they replace against the kernels at several tile shapes,
 forward (gelu(h0 + bias)) and backward (input gradient and the bias gradient), with each one's error
-and bandwidth. Run on a GPU: python benchmarks/micro/gelu_kernel.py"""
+and bandwidth; then the forward with its float8 copy (the fp8_proj rung) at several tiles. Run on a GPU:
+python benchmarks/micro/gelu_kernel.py"""
 
 import torch
 import triton
@@ -38,6 +39,7 @@ for tile in [(8, 256, 4), (4, 512, 4), (16, 256, 8), (8, 512, 8), (2, 1024, 4), 
     print(tile, f"{ms:.4f} ms", f"{moved / ms / 1e6:.0f} GB/s", f"{diff:.1e}")
     best.append((ms, tile))
 print("fastest forward:", min(best))
+best_fwd = best
 
 # Backward: read grad and h0, write dh (bf16); the bias gradient on top.
 moved = 3 * N * C * 2
@@ -64,3 +66,16 @@ for tile in [(64, 64, 4, 1), (32, 64, 4, 1), (64, 128, 4, 1), (32, 128, 4, 1), (
     print(tile, f"{ms:.4f} ms", f"{moved / ms / 1e6:.0f} GB/s", f"{rel:.1e}", f"{err:.1e}")
     best.append((ms, tile))
 print("fastest backward:", min(best))
+
+# Forward with its float8 copy (the fp8_proj rung): read h0, write a (bf16), its e4m3 copy and a scale per row.
+moved = N * C * (2 + 2 + 1)
+print("forward kernel with the float8 copy (rows, warps): ms, GB/s, extra ms over the fastest plain forward")
+plain = min(best_fwd)[0]
+best = []
+for tile in [(1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (4, 16), (8, 16)]:
+    a, q = torch.empty_like(h0), torch.empty(N, C, device="cuda", dtype=torch.float8_e4m3fn)
+    qs = torch.empty(N, device="cuda")
+    ms = bench(lambda: gk.launch_fwd_fp8(h0, bias, a, q, qs, tile=tile))
+    print(tile, f"{ms:.4f} ms", f"{moved / ms / 1e6:.0f} GB/s", f"{ms - plain:+.4f}")
+    best.append((ms, tile))
+print("fastest forward with the float8 copy:", min(best))

@@ -200,6 +200,12 @@ LADDER: tuple[Rung, ...] = (
          "before it do.",
          "precision", {"fp8_fc": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
          _needs_fp8_forward, pays_with_graph=True),
+    Rung("fp8_proj", "The MLP's output projection (c_proj) multiplies in float8 in the forward pass as well, from a "
+         "float8 copy of the GELU's output with one scale per row that the GELU kernel writes beside it; the "
+         "gradients stay bf16 matmuls. Opt-in until timed in the step and its parity run.",
+         "precision", {"fp8_proj": True, "gelu_kernel": True, "norm_kernel": True,
+                       "bf16_residual": True, "autocast": "bfloat16"},
+         _needs_fp8_forward, opt_in=True, pays_with_graph=True),
     Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
          "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
          "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "

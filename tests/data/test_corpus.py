@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from gpt2ladder.data import Batches, load_tokens
-from gpt2ladder.data import corpus
 from gpt2ladder.data import shards as fmt
 from gpt2ladder.data.corpus import ShardedTokens
 from gpt2ladder.errors import UsageError

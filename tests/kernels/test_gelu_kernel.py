@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gpt2ladder.kernels.gelu import gelu_grad_reference
+from gpt2ladder.kernels.gelu import gelu_fp8_reference, gelu_grad_reference, gelu_reference
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.model.gpt import GPT, MLP, init_weights
 from gpt2ladder.speedups.gelu_mlp import KernelMLP, use_gelu_kernel
@@ -50,6 +50,50 @@ def test_kernels_match_the_pytorch_expressions(triton_interpret):
         assert r["a"] < 1e-5, (case, r)  # the forward: sigmoid form against F.gelu's tanh, fp32
         assert r["dh"] < 1e-5, (case, r)  # fp32 in and out: equal up to tanh's rounding
         assert r["db"] < 1e-5 * max(1.0, r["db_scale"]), (case, r)  # every row block summed, none twice
+
+
+FP8_SCRIPT = r"""
+import json, sys, torch
+from gpt2ladder.kernels import gelu as gk
+out = []
+for n, c, rows in json.loads(sys.argv[1]):
+    gen = torch.Generator().manual_seed(n * 100 + c)
+    h0, bias = torch.randn(n, c, generator=gen) * 3, torch.randn(c, generator=gen)
+    h0[0, : min(c, 3)] = torch.tensor([-60.0, 60.0, -1e4])[: min(c, 3)]
+    h0[-1] = -bias - 40.0  # a row of (negative) zeros: its scale is the floor, not 0
+    a, q, qs = torch.full((n, c), 7.0), torch.full((n, c), 7.0), torch.full((n,), 7.0)
+    gk.launch_fwd_fp8(h0, bias, a, q, qs, tile=(rows, 4))
+    ref_a, _, ref_qs = gk.gelu_fp8_reference(h0, bias)
+    err = lambda x, y: (x - y).abs().max().item()
+    # q in fp32: the values the kernel rounds to float8 (the interpreter's float8 rounding is not the GPU's)
+    out.append({"a": err(a, ref_a), "qs": err(qs / ref_qs, torch.ones(n)), "q": err(q, ref_a / ref_qs[:, None]),
+                "q_max": (q.abs().amax(1)[:-1] - 448).abs().max().item(), "zero_row": q[-1].abs().max().item()})
+print(json.dumps(out))
+"""
+
+FP8_CASES = [(9, 300, 2), (4, 256, 4), (3, 40, 2)]  # rows, columns (a power of two or not), rows per program
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
+def test_forward_with_its_float8_copy_matches_the_expressions(triton_interpret):
+    """The forward kernel with `fp8`: the same output, one scale per row mapping its amax to e4m3's 448, and the
+    copy's values before their rounding those of the reference (`rows_to_fp8` of the fp32 GELU)."""
+    for case, r in zip(FP8_CASES, triton_interpret(FP8_SCRIPT, FP8_CASES)):
+        assert r["a"] < 1e-5 and r["qs"] < 1e-6, (case, r)
+        assert r["q"] < 1e-3 and r["q_max"] < 1e-3, (case, r)  # of values up to 448
+        assert r["zero_row"] == 0.0, (case, r)
+
+
+def test_float8_reference_is_the_gelu_and_its_row_scaled_copy():
+    gen = torch.Generator().manual_seed(1)
+    h0, bias = torch.randn(6, 64, generator=gen, dtype=torch.bfloat16) * 3, torch.randn(64, generator=gen)
+    a, q, qs = gelu_fp8_reference(h0, bias)
+    assert a.dtype == torch.bfloat16 and q.dtype == torch.float8_e4m3fn and qs.shape == (6,)
+    torch.testing.assert_close(a, gelu_reference(h0, bias))
+    exact = nn.functional.gelu(h0.float() + bias, approximate="tanh")
+    assert torch.equal(qs, exact.abs().amax(1) / 448)
+    # e4m3: 3 mantissa bits, and below 2^-6 of a scale its subnormals, 2^-9 apart
+    torch.testing.assert_close(q.float() * qs[:, None], exact, rtol=0.07, atol=float(qs.max()) * 2**-9)
 
 
 def test_reference_is_the_derivative_of_gpt2s_gelu():

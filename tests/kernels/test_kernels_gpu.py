@@ -94,6 +94,26 @@ def test_gelu_forward_kernel_matches_the_expressions_at_gpt2_size():
 
 @needs_cuda
 @needs_triton
+def test_gelu_forward_with_its_float8_copy_at_gpt2_size():
+    """The fp8_proj rung's forward: the same output as the plain forward kernel, and a float8 copy with the
+    reference's row scales and, but for rounding ties, its bytes."""
+    from gpt2ladder.kernels.gelu import gelu_fp8_reference
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 needs compute capability 8.9+")
+    gen = torch.Generator().manual_seed(2)
+    h0 = (torch.randn(16384, 3072, generator=gen) * 3).to(GPU, torch.bfloat16)
+    bias = (torch.randn(3072, generator=gen) * 0.1).to(GPU)
+    a, q, qs = torch.ops.gpt2ladder.gelu_fwd_fp8(h0, bias)
+    assert torch.equal(a, torch.ops.gpt2ladder.gelu_fwd(h0, bias))
+    ra, rq, rqs = gelu_fp8_reference(h0, bias)
+    torch.testing.assert_close(qs, rqs, rtol=1e-5, atol=0)
+    steps = (q.float() - rq.float()).abs() / (2**-3 * rq.float().abs() + 2**-9)
+    assert steps.max().item() <= 1.01 and (q.view(torch.uint8) == rq.view(torch.uint8)).float().mean() > 0.999
+
+
+@needs_cuda
+@needs_triton
 @pytest.mark.parametrize("with_pbias,fp8", [(False, False), (True, False), (True, True)])
 def test_norm_kernels_match_the_expressions_at_gpt2_size(with_pbias, fp8):
     """The add + layer norm kernels against their reference at GPT-2's residual shape, bf16 in and out (with the

@@ -384,7 +384,6 @@ def test_the_micro_batch_leaves_room_for_validation_beside_a_cuda_graph(gib, mon
     """Parity validates each run at its micro-batch; beside a CUDA graph's pool that needs room of its own,
     which the plan does not count. The plan still holds: at the micro-batch chosen for the fp32 baseline,
     every graphed run of the ladder fits with its validation."""
-    from gpt2ladder.ladder import setup_for
     from gpt2ladder.measure import batch as batch_mod
     from gpt2ladder.runtime.hardware import Capabilities
     from gpt2ladder.runtime.memory import HEADROOM, GiB, eval_bytes_per_sequence, step_memory

@@ -12,7 +12,7 @@ import torch
 
 from gpt2ladder.kernels.norm import E4M3_MAX, rows_to_fp8
 from gpt2ladder.model.config import PRESETS
-from gpt2ladder.model.gpt import GPT
+from gpt2ladder.model.gpt import GPT, init_weights
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradMatmul
 from gpt2ladder.speedups.fp8_forward import Fp8InputMatmul, takes_float8
 
@@ -117,6 +117,39 @@ def test_fp8_fc_feeds_only_the_mlps_input_projection(monkeypatch):
     assert seen == {False: [], True: [(4 * CFG.n_embd, CFG.n_embd)] * CFG.n_layer}
     assert abs(losses[True] - losses[False]) < 2e-2
     assert all(p.grad is not None for p in models[True].parameters())
+
+
+@pytest.mark.parametrize("defer_bias", [True, False], ids=["proj_bias", "bias_in_matmul"])
+@pytest.mark.parametrize("fp8_fc", [False, True], ids=["c_proj", "c_fc_and_c_proj"])
+def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_fc):
+    """With `fp8_proj` each Block's MLP c_proj reads the GELU kernel's float8 copy of its input (and c_fc the norm's
+    with `fp8_fc`): the same training up to float8's rounding, every gradient there; c_proj's bias added by the
+    norm kernel (proj_bias) or in the float8 matmul."""
+    import gpt2ladder.speedups.fp8_forward as f8
+    from norm_block_support import CFG, one_step_each, rewired_models
+
+    variants = {fp8: {"defer_bias": defer_bias, "fp8_fc": fp8_fc, "fp8_proj": fp8} for fp8 in (False, True)}
+    models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"), variants)
+    calls = []
+    real_apply = f8.Fp8InputMatmul.apply
+    monkeypatch.setattr(f8.Fp8InputMatmul, "apply", lambda *a: calls.append((a[3].shape, a[4] is not None))
+                        or real_apply(*a))
+    losses, seen = one_step_each(models, calls)
+    c, fc = CFG.n_embd, [((4 * CFG.n_embd, CFG.n_embd), False)] if fp8_fc else []
+    assert seen[True] == (fc + [((c, 4 * c), not defer_bias)]) * CFG.n_layer
+    assert seen[False] == fc * CFG.n_layer
+    assert abs(losses[True] - losses[False]) < 2e-2
+    assert all(p.grad is not None for p in models[True].parameters())
+    block = models[True].transformer.h[0]
+    assert block.fp8_mlp_out and not block.fp8_attn_in
+
+
+def test_fp8_proj_needs_the_gelu_kernel():
+    """Without the GELU kernel (compile's GELU) nothing writes c_proj's float8 copy: the MLP stays bf16."""
+    from gpt2ladder.speedups.norm_block import NormBlock
+
+    model = init_weights(GPT(dataclasses.replace(PRESETS["tiny"], attention="sdpa")), 0)
+    assert not NormBlock(model.transformer.h[0], fp8_proj=True).fp8_mlp_out
 
 
 @pytest.mark.parametrize("float8_mlp", [False, True])

@@ -2,7 +2,6 @@
 as its grad_scale, and keeps AdamW's state_dict, so checkpoints move between the two; through Triton's CPU
 interpreter the engine trains with the kernel itself as with fused AdamW."""
 
-import dataclasses
 import importlib.util
 
 import pytest

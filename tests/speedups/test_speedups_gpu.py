@@ -135,11 +135,11 @@ def test_kernel_rung_trains_like_the_graphed_bf16_step_without_it(rung, before):
 @needs_triton
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="float8 matmuls need compute capability 8.9+")
-@pytest.mark.parametrize("rung", ["fp8_forward", "fp8_fc"])
+@pytest.mark.parametrize("rung", ["fp8_forward", "fp8_fc", "fp8_proj"])
 def test_float8_forward_products_train_like_the_bf16_forward(rung):
-    """Compiled, graphed steps of the top of auto with c_attn's and c_fc's forward products (fp8_forward) or c_fc's
-    alone (fp8_fc) in float8, from the norm kernels' float8 copies, and in bf16: the same losses within float8's
-    precision, and training moves."""
+    """Compiled, graphed steps of the top of auto with c_attn's and c_fc's forward products (fp8_forward), c_fc's
+    alone (fp8_fc), or the MLP's c_proj's (fp8_proj, from the GELU kernel's copy) in float8, and in bf16: the same
+    losses within float8's precision, and training moves."""
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head",
              "loss_kernel", "cuda_graph", "bf16_residual", "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
     without, with_rung = losses_without_and_with(names, rung)

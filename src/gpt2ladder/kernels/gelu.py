@@ -16,6 +16,11 @@ Measured on the H200 (benchmarks/micro/gelu_kernel.py; docs/experiments.md): for
 0.053 ms (3.8 TB/s), backward with the bias gradient 0.089 ms (3.4 TB/s); in the step, 0.5-0.6 ms
 faster (27.9 -> 27.3 and 27.4 ms, same GPU, A/B/C order A B C C B A).
 
+With `fp8` (the `fp8_proj` rung) the forward also writes its output in float8 (e4m3) with one fp32 scale per row,
+each row's amax mapped to e4m3's largest value, for c_proj's forward product to read (`speedups/fp8_forward.py`):
+one program then holds whole rows (`FP8_FWD_TILE`), and the copy is made from the values before their rounding to
+the output dtype, as the norm kernel's is (`kernels/norm.py`, `rows_to_fp8`).
+
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
 `gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:
 tests/kernels/test_gelu_kernel.py runs the kernels through Triton's CPU interpreter,
@@ -27,6 +32,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from gpt2ladder.kernels.norm import E4M3, E4M3_MAX, rows_to_fp8
 
 try:
     import triton
@@ -43,11 +50,21 @@ LOG2_E = 1.4426950408889634
 # per program, to make fewer atomics, was slower at every setting tried).
 FWD_TILE = (8, 256, 4)
 BWD_TILE = (32, 64, 2, 1)
+# The forward with its float8 copy (rows per program, warps): whole rows, so each program knows its rows' amax.
+# Not yet tuned on a GPU.
+FP8_FWD_TILE = (2, 8)
 
 
 def gelu_reference(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """gelu(h0 + bias), tanh form, in fp32 inside and h0's dtype out: what the forward kernel computes."""
     return F.gelu(h0.float() + bias.float(), approximate="tanh").to(h0.dtype)
+
+
+def gelu_fp8_reference(h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gelu(h0 + bias) in h0's dtype, its float8 copy, the copy's row scales): the forward kernel with `fp8`, the
+    copy made from the fp32 values before their rounding."""
+    a = F.gelu(h0.float() + bias.float(), approximate="tanh")
+    return (a.to(h0.dtype), *rows_to_fp8(a))
 
 
 def gelu_grad_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,6 +103,25 @@ if triton is not None:
         tl.store(out_ptr + offs, (h / (1.0 + e)).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _gelu_fwd_fp8_kernel(h0_ptr, bias_ptr, out_ptr, q_ptr, qs_ptr, n_rows, n_cols, Q_MAX: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+        # BLOCK_M whole rows a program: the output, then its float8 copy with one scale per row (the row's amax
+        # mapped to the format's max), both from the fp32 values.
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_C)
+        row_ok, col_ok = rows < n_rows, cols < n_cols
+        mask = row_ok[:, None] & col_ok[None, :]
+        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
+        e = tl.exp2(_NEG_2Z * (h + _C1 * h * h * h))
+        a = h / (1.0 + e)
+        tl.store(out_ptr + offs, a.to(out_ptr.dtype.element_ty), mask=mask)
+        qscale = tl.maximum(tl.max(tl.where(mask, tl.abs(a), 0.0), 1), 1e-12) / Q_MAX
+        tl.store(q_ptr + offs, (a / qscale[:, None]).to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(qs_ptr + rows, qscale, mask=row_ok)
+
+    @triton.jit
     def _gelu_grad_kernel(grad_ptr, h0_ptr, bias_ptr, dh_ptr, dbias_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, ROW_BLOCKS: tl.constexpr, WIDE: tl.constexpr):
         # One program: BLOCK_N columns over ROW_BLOCKS x BLOCK_M rows, then its column sums added into
@@ -115,6 +151,13 @@ if triton is not None:
         _gelu_fwd_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm))](
             h0, bias, out, n, c, BLOCK_M=bm, BLOCK_N=bn, WIDE=_wide(h0), num_warps=warps)
 
+    def launch_fwd_fp8(h0, bias, out, q, qs, tile=None) -> None:
+        """gelu(h0 + bias) into `out`, its float8 copy into `q` and the row scales into `qs`; (N, C) tensors."""
+        n, c = h0.shape
+        bm, warps = tile or FP8_FWD_TILE
+        _gelu_fwd_fp8_kernel[(triton.cdiv(n, bm),)](h0, bias, out, q, qs, n, c, Q_MAX=E4M3_MAX, BLOCK_M=bm,
+                                                    BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
+
     def launch(grad, h0, bias, dh, dbias, tile=None) -> None:
         """dh and the bias gradient (added into `dbias`, fp32, zeroed by the caller); (N, C) tensors."""
         n, c = h0.shape
@@ -135,6 +178,21 @@ if triton is not None:
     def _(h0, bias):
         return torch.empty_like(h0)
 
+    @torch.library.custom_op("gpt2ladder::gelu_fwd_fp8", mutates_args=())
+    def gelu_fwd_fp8(h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = h0.shape[-1]
+        h02 = h0.reshape(-1, c).contiguous()
+        out = torch.empty_like(h02)
+        q = torch.empty(h02.shape, device=h0.device, dtype=E4M3)
+        qs = torch.empty(h02.shape[0], device=h0.device, dtype=torch.float32)
+        launch_fwd_fp8(h02, bias.contiguous(), out, q, qs)
+        return out.view(h0.shape), q.view(h0.shape), qs.view(h0.shape[:-1])
+
+    @gelu_fwd_fp8.register_fake
+    def _(h0, bias):
+        return (torch.empty_like(h0), h0.new_empty(h0.shape, dtype=E4M3),
+                h0.new_empty(h0.shape[:-1], dtype=torch.float32))
+
     @torch.library.custom_op("gpt2ladder::gelu_grad", mutates_args=())
     def gelu_grad(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = h0.shape[-1]
@@ -154,6 +212,14 @@ def gelu(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     if triton is not None and h0.is_cuda:
         return torch.ops.gpt2ladder.gelu_fwd(h0, bias)
     return gelu_reference(h0, bias)
+
+
+def gelu_fp8(h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gelu(h0 + bias), its float8 copy, the copy's row scales): the forward kernel on CUDA with Triton, else the
+    reference expressions."""
+    if triton is not None and h0.is_cuda:
+        return torch.ops.gpt2ladder.gelu_fwd_fp8(h0, bias)
+    return gelu_fp8_reference(h0, bias)
 
 
 def gelu_grad(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,6 +37,7 @@ class Setup:
     proj_bias: bool = False  # the Blocks' output-projection biases added, and their gradients summed, by those kernels
     qkv_grad: bool = False  # the q, k, v gradients assembled, with c_attn's bias gradient, by one Triton kernel
     fp8_fc: bool = False  # c_fc's forward matmul alone in float8, from the norm kernel's float8 copy
+    fp8_proj: bool = False  # the MLP's c_proj forward matmul in float8, from the GELU kernel's float8 copy
     fp8_forward: bool = False  # c_attn's and c_fc's forward matmuls in float8, from the norm kernels' float8 copies
     adamw_kernel: bool = False  # AdamW's update of every parameter as one Triton launch
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8

@@ -64,7 +64,8 @@ def _qkv_grad(model: nn.Module, setup: Setup) -> list[str]:
 def _norm_kernel(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.norm_block import use_norm_kernel
 
-    return use_norm_kernel(model, defer_bias=setup.proj_bias, fp8_forward=setup.fp8_forward, fp8_fc=setup.fp8_fc)
+    return use_norm_kernel(model, defer_bias=setup.proj_bias, fp8_forward=setup.fp8_forward, fp8_fc=setup.fp8_fc,
+                           fp8_proj=setup.fp8_proj)
 
 
 @dataclass(frozen=True)

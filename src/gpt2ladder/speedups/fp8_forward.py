@@ -14,6 +14,9 @@ the weight in bf16: the gradients are bf16 matmuls, the weight's and bias's writ
 steps take this path (the norm kernels run only with grad enabled), so evaluation and generation run the model
 itself in bf16.
 
+The MLP's output projection (c_proj) can read float8 the same way (the `fp8_proj` rung): its input is the GELU's
+output, and the GELU kernel holds whole rows too when asked for the copy (`kernels/gelu.py`, `gelu_fp8`).
+
 The step got 0.55 ms faster on an H200, and two 300-step parity runs ended within the rule, but its training loss
 runs above the fp32 baseline's where the other rungs' do not, and to a validation loss of 5.25 it took as many steps
 as the top of `auto` (docs/results.md): the rung is opt-in.
@@ -90,12 +93,27 @@ def takes_float8(module: nn.Module) -> bool:
     return plain and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
 
 
+def linear_float8(linear: nn.Module, rows: Float8Rows, bias: torch.Tensor | None) -> torch.Tensor:
+    """`linear` (a plain or fp32_wgrad Linear) of `rows`, its forward product in float8, with `bias` (its own, or
+    None where the bias is added elsewhere)."""
+    weight_c, bias_c = linear._fresh_casts() if isinstance(linear, Fp32WgradLinear) else (None, None)
+    return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, bias, weight_c,
+                                bias_c if bias is not None else None)
+
+
 def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
     """The module's input projection of `rows`, its forward product in float8."""
     linear, with_bias = module.in_proj()
-    weight_c, bias_c = linear._fresh_casts() if isinstance(linear, Fp32WgradLinear) else (None, None)
     bias = linear.bias if with_bias else None
     if bias is not None and module.in_bias_grad_apart:  # added here, its gradient summed after (qkv_grad)
         bias = bias.detach()
-    return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, bias, weight_c,
-                                bias_c if with_bias else None)
+    return linear_float8(linear, rows, bias)
+
+
+def takes_float8_out(mlp: nn.Module) -> bool:
+    """Whether an MLP can feed its output projection (c_proj) in float8: its GELU is the Triton kernel's
+    (`speedups/gelu_mlp.py`), which writes the float8 copy, and c_proj a Linear `_scaled_mm` takes."""
+    linear = getattr(mlp, "c_proj", None)
+    plain = type(linear) is nn.Linear or isinstance(linear, Fp32WgradLinear)
+    return (hasattr(mlp, "after_in_proj_float8") and plain and linear.in_features % 16 == 0
+            and linear.out_features % 16 == 0)

@@ -1,7 +1,8 @@
 """The MLP with the GELU kernels of `kernels/gelu.py`: the `gelu_kernel` rung.
 
 c_fc's bias moves out of the matmul into the forward kernel, so the backward kernel can return the
-bias gradient from the same pass that writes the GELU's input gradient.
+bias gradient from the same pass that writes the GELU's input gradient. With the `fp8_proj` rung the forward
+kernel also writes the GELU's output in float8 for c_proj (`after_in_proj_float8`; `speedups/norm_block.py`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch.nn as nn
 from gpt2ladder.kernels import gelu as gelu_kernels
 from gpt2ladder.model.gpt import MLP, Branch
 from gpt2ladder.speedups.common import matmul_without_bias, replace_modules
+from gpt2ladder.speedups.fp8_forward import Float8Rows
 
 
 class BiasGelu(torch.autograd.Function):
@@ -24,6 +26,23 @@ class BiasGelu(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        h0, bias = ctx.saved_tensors
+        return gelu_kernels.gelu_grad(grad, h0, bias)
+
+
+class BiasGeluFloat8(torch.autograd.Function):
+    """BiasGelu, and with its output the output's float8 copy and row scales (no gradient), for c_proj's forward
+    product in float8 (the `fp8_proj` rung)."""
+
+    @staticmethod
+    def forward(ctx, h0: torch.Tensor, bias: torch.Tensor):
+        ctx.save_for_backward(h0, bias)
+        a, q, qs = gelu_kernels.gelu_fp8(h0, bias)
+        ctx.mark_non_differentiable(q, qs)
+        return a, q, qs
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, *_float8):
         h0, bias = ctx.saved_tensors
         return gelu_kernels.gelu_grad(grad, h0, bias)
 
@@ -45,6 +64,10 @@ class KernelMLP(Branch):
 
     def after_in_proj(self, h0: torch.Tensor) -> torch.Tensor:
         return BiasGelu.apply(h0, self.c_fc.bias)
+
+    def after_in_proj_float8(self, h0: torch.Tensor) -> Float8Rows:
+        """after_in_proj's output with its float8 copy, for c_proj to read (the `fp8_proj` rung)."""
+        return Float8Rows(*BiasGeluFloat8.apply(h0, self.c_fc.bias))
 
 
 def use_gelu_kernel(model: nn.Module) -> list[str]:

@@ -20,7 +20,8 @@ h + p, where the matmul's epilogue rounded p with it first; the same function, r
 
 With `fp8_forward` (the `fp8_forward` rung) each norm that feeds an input projection (c_attn, c_fc) also writes
 its output in float8 with one scale per row, and the projection's forward product reads that
-(`speedups/fp8_forward.py`); with `fp8_fc` (the `fp8_fc` rung) only the MLP's norm does, for c_fc.
+(`speedups/fp8_forward.py`); with `fp8_fc` (the `fp8_fc` rung) only the MLP's norm does, for c_fc. With `fp8_proj`
+(the `fp8_proj` rung) the MLP's GELU kernel writes its output in float8 too, for c_proj's forward product.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from gpt2ladder.kernels import norm as norm_kernels
 from gpt2ladder.model.gpt import Block
 from gpt2ladder.speedups.common import compute_dtype, matmul_without_bias, replace_modules
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
-from gpt2ladder.speedups.fp8_forward import Float8Rows, float8_rows, in_proj_float8, takes_float8
+from gpt2ladder.speedups.fp8_forward import (Float8Rows, float8_rows, in_proj_float8, linear_float8, takes_float8,
+                                             takes_float8_out)
 
 
 class AddNorm(torch.autograd.Function):
@@ -96,14 +98,20 @@ def _deferrable(proj: nn.Module) -> bool:
     return proj.bias is not None and (type(proj) is nn.Linear or isinstance(proj, Fp32WgradLinear))
 
 
-def branch(module: nn.Module, y, defer_bias: bool):
+def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False):
     """The pending branch (p, bias or None) of an attention or MLP on y. With `defer_bias` (only where the norm
     kernels run) its output projection's bias is left out of the matmul and handed to the norm kernel, which
     adds it with the residual and sums its gradient with the norm's own. A `Float8Rows` y: the input
-    projection's forward product in float8."""
-    pre = module.after_in_proj(in_proj_float8(module, y)) if isinstance(y, Float8Rows) else module.pre_proj(y)
+    projection's forward product in float8. `fp8_out` (an MLP that `takes_float8_out`): the output projection's
+    forward product in float8 too, from the GELU kernel's float8 copy of its input."""
     proj = module.c_proj
-    if defer_bias and _deferrable(proj):
+    defer = defer_bias and _deferrable(proj)
+    if fp8_out:
+        h0 = in_proj_float8(module, y) if isinstance(y, Float8Rows) else matmul_without_bias(module.c_fc, y)
+        p = linear_float8(proj, module.after_in_proj_float8(h0), None if defer else proj.bias)
+        return p, proj.bias if defer else None
+    pre = module.after_in_proj(in_proj_float8(module, y)) if isinstance(y, Float8Rows) else module.pre_proj(y)
+    if defer:
         return matmul_without_bias(proj, pre), proj.bias
     return proj(pre), None
 
@@ -113,15 +121,17 @@ class NormBlock(nn.Module):
 
     `defer_bias` (the `proj_bias` rung): the pending branch carries its output projection's bias apart.
     `fp8_forward` (the `fp8_forward` rung): the attention's and MLP's input projections multiply in float8; `fp8_fc`
-    (the `fp8_fc` rung): the MLP's alone.
+    (the `fp8_fc` rung): the MLP's alone; `fp8_proj` (the `fp8_proj` rung): the MLP's output projection too.
     """
 
-    def __init__(self, block: Block, defer_bias: bool = False, fp8_forward: bool = False, fp8_fc: bool = False):
+    def __init__(self, block: Block, defer_bias: bool = False, fp8_forward: bool = False, fp8_fc: bool = False,
+                 fp8_proj: bool = False):
         super().__init__()
         self.ln_1, self.attn, self.ln_2, self.mlp = block.ln_1, block.attn, block.ln_2, block.mlp
         self.defer_bias = defer_bias
         self.fp8_attn_in = fp8_forward and takes_float8(self.attn)
         self.fp8_mlp_in = (fp8_forward or fp8_fc) and takes_float8(self.mlp)
+        self.fp8_mlp_out = fp8_proj and takes_float8_out(self.mlp)
 
     def forward(self, x):
         h, pending = x if isinstance(x, tuple) else (x, None)
@@ -129,7 +139,7 @@ class NormBlock(nn.Module):
         defer = self.defer_bias and kernels
         h, y = add_then_norm(h, pending, self.ln_1, self.fp8_attn_in and kernels)
         h, y = add_then_norm(h, branch(self.attn, y, defer), self.ln_2, self.fp8_mlp_in and kernels)
-        return h, branch(self.mlp, y, defer)
+        return h, branch(self.mlp, y, defer, self.fp8_mlp_out and kernels)
 
 
 class FinalNorm(nn.LayerNorm):
@@ -143,13 +153,13 @@ class FinalNorm(nn.LayerNorm):
 
 
 def use_norm_kernel(model: nn.Module, defer_bias: bool = False, fp8_forward: bool = False,
-                    fp8_fc: bool = False) -> list[str]:
+                    fp8_fc: bool = False, fp8_proj: bool = False) -> list[str]:
     """Replace every Block by a `NormBlock` and the final norm by a `FinalNorm`; their names. `defer_bias`: the
     Blocks' output projections leave their biases to the norm kernels (the `proj_bias` rung); `fp8_forward`: their
     input projections multiply in float8, from the norms' float8 copies (the `fp8_forward` rung); `fp8_fc`: the
-    MLP's alone (the `fp8_fc` rung)."""
+    MLP's alone (the `fp8_fc` rung); `fp8_proj`: the MLP's output projection too (the `fp8_proj` rung)."""
     names = replace_modules(model, lambda name, m: type(m) is Block,
-                            lambda b: NormBlock(b, defer_bias, fp8_forward, fp8_fc))
+                            lambda b: NormBlock(b, defer_bias, fp8_forward, fp8_fc, fp8_proj))
     ln_f = model.transformer.ln_f
     if names and type(ln_f) is nn.LayerNorm:
         final = FinalNorm(ln_f.normalized_shape, eps=ln_f.eps, elementwise_affine=True, device="meta")
