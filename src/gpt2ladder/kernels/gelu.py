@@ -40,6 +40,8 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only installs: the reference expressions run instead
     triton = None
+else:
+    from gpt2ladder.kernels.norm import store_float8_rows, whole_rows
 
 SQRT_2_OVER_PI = 0.7978845608028654
 GELU_CUBIC = 0.044715  # GPT-2's tanh approximation: 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))
@@ -107,19 +109,12 @@ if triton is not None:
                              BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
         # BLOCK_M whole rows a program: the output, then its float8 copy with one scale per row (the row's amax
         # mapped to the format's max), both from the fp32 values.
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.arange(0, BLOCK_C)
-        row_ok, col_ok = rows < n_rows, cols < n_cols
-        mask = row_ok[:, None] & col_ok[None, :]
-        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        rows, cols, row_ok, col_ok, mask, offs = whole_rows(BLOCK_M, BLOCK_C, n_rows, n_cols)
         bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
-        e = tl.exp2(_NEG_2Z * (h + _C1 * h * h * h))
-        a = h / (1.0 + e)
+        a = h / (1.0 + tl.exp2(_NEG_2Z * (h + _C1 * h * h * h)))
         tl.store(out_ptr + offs, a.to(out_ptr.dtype.element_ty), mask=mask)
-        qscale = tl.maximum(tl.max(tl.where(mask, tl.abs(a), 0.0), 1), 1e-12) / Q_MAX
-        tl.store(q_ptr + offs, (a / qscale[:, None]).to(q_ptr.dtype.element_ty), mask=mask)
-        tl.store(qs_ptr + rows, qscale, mask=row_ok)
+        store_float8_rows(q_ptr, qs_ptr, a, rows, offs, mask, row_ok, Q_MAX)
 
     @triton.jit
     def _gelu_grad_kernel(grad_ptr, h0_ptr, bias_ptr, dh_ptr, dbias_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr,

@@ -101,14 +101,27 @@ def add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias: bool = Fa
 if triton is not None:
 
     @triton.jit
-    def _add_norm_fwd_kernel(h_ptr, p_ptr, pb_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, q_ptr, qs_ptr,
-                             n_rows, n_cols, eps, HAS_PB: tl.constexpr, HAS_Q: tl.constexpr, Q_MAX: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    def whole_rows(BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, n_rows, n_cols):
+        # This program's BLOCK_M rows of an (n_rows, n_cols) tensor, whole (BLOCK_C >= n_cols): the row and column
+        # indices, which of them exist, the tile's mask and its element offsets (64-bit).
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_C)
         row_ok, col_ok = rows < n_rows, cols < n_cols
         mask = row_ok[:, None] & col_ok[None, :]
-        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        return rows, cols, row_ok, col_ok, mask, rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+
+    @triton.jit
+    def store_float8_rows(q_ptr, qs_ptr, x, rows, offs, mask, row_ok, Q_MAX: tl.constexpr):
+        # x (fp32, whole rows) in float8 with one scale per row, its amax mapped to the format's max
+        qscale = tl.maximum(tl.max(tl.where(mask, tl.abs(x), 0.0), 1), 1e-12) / Q_MAX
+        tl.store(q_ptr + offs, (x / qscale[:, None]).to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(qs_ptr + rows, qscale, mask=row_ok)
+
+    @triton.jit
+    def _add_norm_fwd_kernel(h_ptr, p_ptr, pb_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, q_ptr, qs_ptr,
+                             n_rows, n_cols, eps, HAS_PB: tl.constexpr, HAS_Q: tl.constexpr, Q_MAX: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+        rows, cols, row_ok, col_ok, mask, offs = whole_rows(BLOCK_M, BLOCK_C, n_rows, n_cols)
         h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_PB:  # the branch's bias, which its matmul left out
@@ -123,10 +136,8 @@ if triton is not None:
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = xc * rstd[:, None] * w[None, :] + b[None, :]
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-        if HAS_Q:  # y in float8 for the next matmul, one scale per row (its amax mapped to the format's max)
-            qscale = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), 1), 1e-12) / Q_MAX
-            tl.store(q_ptr + offs, (y / qscale[:, None]).to(q_ptr.dtype.element_ty), mask=mask)
-            tl.store(qs_ptr + rows, qscale, mask=row_ok)
+        if HAS_Q:  # y in float8 for the next matmul, one scale per row
+            store_float8_rows(q_ptr, qs_ptr, y, rows, offs, mask, row_ok, Q_MAX)
         tl.store(mean_ptr + rows, mean, mask=row_ok)
         tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
