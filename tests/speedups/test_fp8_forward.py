@@ -130,6 +130,14 @@ def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_
 
     variants = {fp8: {"defer_bias": defer_bias, "fp8_fc": fp8_fc, "fp8_proj": fp8} for fp8 in (False, True)}
     models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"), variants)
+    gen = torch.Generator().manual_seed(5)
+    biases = {n: torch.randn(p.shape, generator=gen) * 0.5 for n, p in models[False].named_parameters()
+              if n.endswith(".bias")}  # init_weights zeroes them: a lost or doubled bias would not show
+    with torch.no_grad():
+        for model in models.values():
+            for name, param in model.named_parameters():
+                if name in biases:
+                    param.copy_(biases[name])
     calls = []
     real_apply = f8.Fp8InputMatmul.apply
     monkeypatch.setattr(f8.Fp8InputMatmul, "apply", lambda *a: calls.append((a[3].shape, a[4] is not None))
@@ -138,10 +146,19 @@ def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_
     c, fc = CFG.n_embd, [((4 * CFG.n_embd, CFG.n_embd), False)] if fp8_fc else []
     assert seen[True] == (fc + [((c, 4 * c), not defer_bias)]) * CFG.n_layer
     assert seen[False] == fc * CFG.n_layer
-    assert abs(losses[True] - losses[False]) < 2e-2
-    assert all(p.grad is not None for p in models[True].parameters())
+    assert losses[True] != losses[False] and abs(losses[True] - losses[False]) < 2e-2
+    plain = dict(models[False].named_parameters())
+    for name, param in models[True].named_parameters():
+        assert param.grad is not None, name
+        rel = (param.grad - plain[name].grad).norm() / plain[name].grad.norm()
+        assert rel < 0.1, (name, rel.item())
     block = models[True].transformer.h[0]
     assert block.fp8_mlp_out and not block.fp8_attn_in
+    with torch.no_grad():  # evaluation runs the model itself: no float8
+        calls.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            models[True](torch.zeros(2, 16, dtype=torch.long))
+        assert calls == []
 
 
 def test_fp8_proj_needs_the_gelu_kernel():

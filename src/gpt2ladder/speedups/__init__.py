@@ -89,8 +89,9 @@ REWRITES: tuple[Rewrite, ...] = (
             why="it gives copies to the Linears that fp32_wgrad makes, which are the ones that read them"),
     Rewrite("qkv_grad", lambda s: s.qkv_grad, _qkv_grad, after=("float8",),
             why="an attention whose c_attn is float8 keeps its own backward, so the float8 Linears must be in place"),
-    Rewrite("norm_kernel", lambda s: s.norm_kernel, _norm_kernel, after=("qkv_grad",),
-            why="NormBlock keeps the attention it finds, so the attention must already be the one that runs"),
+    Rewrite("norm_kernel", lambda s: s.norm_kernel, _norm_kernel, after=("qkv_grad", "gelu_kernel"),
+            why="NormBlock keeps the attention and MLP it finds, so they must already be the ones that run (with "
+                "fp8_proj, only the GELU kernel's MLP writes c_proj's float8 operand)"),
 )
 
 
