@@ -30,10 +30,14 @@ class Branch(nn.Module):
         return self.c_proj(self.pre_proj(x))
 
     def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
-        """Everything before the output projection c_proj (a branch whose input bias is added elsewhere overrides
-        this)."""
+        """Everything before the output projection c_proj."""
+        return self.after_in_proj(self.in_product(x))
+
+    def in_product(self, x: torch.Tensor) -> torch.Tensor:
+        """The input projection of x, as after_in_proj takes it (a branch whose input bias is added elsewhere, or
+        takes its gradient elsewhere, overrides this)."""
         linear, _ = self.in_proj()
-        return self.after_in_proj(linear(x))
+        return linear(x)
 
     def in_proj(self) -> tuple[nn.Linear, bool]:
         """The input projection's Linear, and whether its bias is added in its matmul."""

@@ -85,12 +85,15 @@ class Fp8InputMatmul(torch.autograd.Function):
         return grad_x, None, None, grad_w, grad_b, None, None
 
 
-def takes_float8(module: nn.Module) -> bool:
-    """Whether an attention or MLP can run its input projection through `Fp8InputMatmul`: a plain or fp32_wgrad
-    Linear (not a float8 one), whose sizes `_scaled_mm` takes (multiples of 16)."""
-    linear, _ = module.in_proj()
+def _float8_ready(linear: nn.Module | None) -> bool:
+    """A plain or fp32_wgrad Linear (not a float8 one), whose sizes `_scaled_mm` takes (multiples of 16)."""
     plain = type(linear) is nn.Linear or isinstance(linear, Fp32WgradLinear)
     return plain and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
+
+
+def takes_float8(module: nn.Module) -> bool:
+    """Whether an attention or MLP can run its input projection through `Fp8InputMatmul`."""
+    return _float8_ready(module.in_proj()[0])
 
 
 def linear_float8(linear: nn.Module, rows: Float8Rows, bias: torch.Tensor | None) -> torch.Tensor:
@@ -113,7 +116,4 @@ def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
 def takes_float8_out(mlp: nn.Module) -> bool:
     """Whether an MLP can feed its output projection (c_proj) in float8: its GELU is the Triton kernel's
     (`speedups/gelu_mlp.py`), which writes the float8 copy, and c_proj a Linear `_scaled_mm` takes."""
-    linear = getattr(mlp, "c_proj", None)
-    plain = type(linear) is nn.Linear or isinstance(linear, Fp32WgradLinear)
-    return (hasattr(mlp, "after_in_proj_float8") and plain and linear.in_features % 16 == 0
-            and linear.out_features % 16 == 0)
+    return hasattr(mlp, "after_in_proj_float8") and _float8_ready(getattr(mlp, "c_proj", None))

@@ -56,9 +56,9 @@ class KernelMLP(Branch):
         super().__init__()
         self.c_fc, self.c_proj = mlp.c_fc, mlp.c_proj
 
-    def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
-        """Everything before c_proj: the GELU's output, c_fc's matmul without its bias."""
-        return self.after_in_proj(matmul_without_bias(self.c_fc, x))
+    def in_product(self, x: torch.Tensor) -> torch.Tensor:
+        """c_fc's matmul without its bias, which the GELU kernel adds."""
+        return matmul_without_bias(self.c_fc, x)
 
     def in_proj(self) -> tuple[nn.Linear, bool]:
         return self.c_fc, False  # its bias goes into the GELU kernel

@@ -13,7 +13,7 @@ The kernels run on CUDA with Triton for a stream in bf16 or fp16 (the `bf16_resi
 rung turns on); anywhere else `AddNorm` falls back to the PyTorch expressions, the same function.
 
 With `defer_bias` (the `proj_bias` rung) the pending branch is (p, bias): the attention's and the MLP's
-output projection run without their bias (`pre_proj`, then the matmul alone), and the norm kernel adds the
+output projection run without their bias (the branch up to it, then the matmul alone), and the norm kernel adds the
 bias with the residual and sums its gradient with the norm's own column sums. Compile summed each of those
 24 bias gradients a step in two reductions of its own. The bias is added in fp32 before the one rounding of
 h + p, where the matmul's epilogue rounded p with it first; the same function, rounded differently.
@@ -104,16 +104,15 @@ def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False):
     adds it with the residual and sums its gradient with the norm's own. A `Float8Rows` y: the input
     projection's forward product in float8. `fp8_out` (an MLP that `takes_float8_out`): the output projection's
     forward product in float8 too, from the GELU kernel's float8 copy of its input."""
+    h = in_proj_float8(module, y) if isinstance(y, Float8Rows) else module.in_product(y)
     proj = module.c_proj
     defer = defer_bias and _deferrable(proj)
     if fp8_out:
-        h0 = in_proj_float8(module, y) if isinstance(y, Float8Rows) else matmul_without_bias(module.c_fc, y)
-        p = linear_float8(proj, module.after_in_proj_float8(h0), None if defer else proj.bias)
-        return p, proj.bias if defer else None
-    pre = module.after_in_proj(in_proj_float8(module, y)) if isinstance(y, Float8Rows) else module.pre_proj(y)
-    if defer:
-        return matmul_without_bias(proj, pre), proj.bias
-    return proj(pre), None
+        p = linear_float8(proj, module.after_in_proj_float8(h), None if defer else proj.bias)
+    else:
+        pre = module.after_in_proj(h)
+        p = matmul_without_bias(proj, pre) if defer else proj(pre)
+    return p, proj.bias if defer else None
 
 
 class NormBlock(nn.Module):

@@ -48,8 +48,8 @@ class KernelAttention(CausalSelfAttention):
         if "bias" in attn._buffers:  # the manual attention's causal mask
             self.register_buffer("bias", attn.bias, persistent=False)
 
-    def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
-        return self.after_in_proj(matmul_bias_without_grad(self.c_attn, x))
+    def in_product(self, x: torch.Tensor) -> torch.Tensor:
+        return matmul_bias_without_grad(self.c_attn, x)
 
     def split_heads(self, qkv: torch.Tensor):
         if not torch.is_grad_enabled():
