@@ -22,6 +22,9 @@ The fixed part:
   backward makes new gradients that are added into the kept ones, and a compiled backward returns
   all of them at once, 4 bytes per parameter; an eager one returns them one by one, so only the
   largest, the tied embedding's, is held twice (derived);
+- the weight_cast rung, a bfloat16 copy of each Block linear's weight and bias kept between steps: 1 byte per
+  Block parameter (fitted: the top of auto peaked 0.060 GiB higher with it at B=16 on an H200, 0.76 byte per
+  Block parameter; the casts autocast makes without it are held for the backward too, so not all 2 bytes add);
 - a CUDA graph: 0.1 GiB (fitted: the graphed rung peaked 0.56 GiB above the rung before it at
   B=16, of which 0.46 GiB was a copy of the weights the capture kept on the GPU then and keeps in host
   memory now). Its memory pool holds the step's activations between steps and lends nothing to
@@ -43,15 +46,19 @@ from gpt2ladder.model.setup import Setup
 GiB = 2**30
 OPTIMIZER_BYTES_PER_PARAM = 16  # fp32 weight, gradient, AdamW's exp_avg and exp_avg_sq
 GRADIENT_BYTES_PER_PARAM = 4  # fp32
+CAST_BYTES_PER_PARAM = 1  # the weight_cast rung's bf16 copies, less the casts they replace (fitted)
 GRAPH_BYTES = GiB // 10
 HEADROOM = 0.92  # plan to use at most this share of the memory: the allocator fragments, cuBLAS needs workspace
 
 
 def parameters(cfg: ModelConfig, setup: Setup) -> int:
     """Parameters of the model this setup trains (the tied classifier counted once)."""
-    C, L = cfg.n_embd, cfg.n_layer
-    per_block = 12 * C * C + 13 * C  # attention (4 C^2 + 4 C), MLP (8 C^2 + 5 C), two layer norms (4 C)
-    return _vocab(cfg, setup) * C + cfg.block_size * C + L * per_block + 2 * C
+    return _vocab(cfg, setup) * cfg.n_embd + cfg.block_size * cfg.n_embd + block_parameters(cfg) + 2 * cfg.n_embd
+
+
+def block_parameters(cfg: ModelConfig) -> int:
+    """Parameters of the Blocks: per Block attention (4 C^2 + 4 C), MLP (8 C^2 + 5 C), two layer norms (4 C)."""
+    return cfg.n_layer * (12 * cfg.n_embd ** 2 + 13 * cfg.n_embd)
 
 
 def _vocab(cfg: ModelConfig, setup: Setup) -> int:
@@ -100,6 +107,8 @@ def step_memory(cfg: ModelConfig, setup: Setup, seq_len: int, accumulates: bool 
 def _fixed(cfg: ModelConfig, setup: Setup, seq_len: int, accumulates: bool, validates: bool) -> int:
     n = parameters(cfg, setup)
     fixed = OPTIMIZER_BYTES_PER_PARAM * n
+    if setup.weight_cast:
+        fixed += CAST_BYTES_PER_PARAM * block_parameters(cfg)
     if accumulates:
         held_twice = n if setup.compile else _vocab(cfg, setup) * cfg.n_embd
         fixed += GRADIENT_BYTES_PER_PARAM * held_twice
