@@ -203,7 +203,8 @@ LADDER: tuple[Rung, ...] = (
          _needs_fp8_forward, pays_with_graph=True),
     Rung("fp8_proj", "The MLP's output projection (c_proj) multiplies in float8 in the forward pass as well, from a "
          "float8 copy of the GELU's output with one scale per row that the GELU kernel writes beside it; the "
-         "gradients stay bf16 matmuls. Opt-in until timed in the step and its parity run.",
+         "gradients stay bf16 matmuls. Opt-in: within the parity rule, but slower a step on an H200, the GELU kernel "
+         "holding whole rows to scale them costing more than the float8 product saves (docs/results.md).",
          "precision", {"fp8_proj": True, "gelu_kernel": True, "norm_kernel": True,
                        "bf16_residual": True, "autocast": "bfloat16"},
          _needs_fp8_forward, opt_in=True, pays_with_graph=True),
