@@ -6,8 +6,8 @@ in the profile of 2026-12-02, docs/experiments.md). Here each of the Blocks' Lin
 rung's `Fp32WgradLinear`) gets a bf16 copy of its weight and bias, made once; at the start of every
 step the engine refreshes all of them with one `torch._foreach_copy_` (a handful of multi-tensor
 launches on CUDA), and the matmuls read the copies. The rounding is the same (fp32 to bf16, to
-nearest even), so the step computes the same numbers; the copies take 2 bytes per Block parameter
-between steps, which a step holds anyway as the casts its backward saves.
+nearest even), so the step computes the same numbers. The copies take 2 bytes per Block parameter
+between steps; a step's peak rises by less, its backward having saved casts of its own (runtime/memory.py).
 
 The copies are read only inside `WeightCasts.fresh()`, the engine's step, which first refreshes
 them: any other forward (validation, sampling, HellaSwag) casts as before, so a stale copy is never
