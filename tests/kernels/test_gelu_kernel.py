@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from gpt2ladder.kernels.gelu import gelu_fp8_reference, gelu_grad_reference, gelu_reference
+from gpt2ladder.kernels.gelu import gelu_fp8_blocks_reference as gk_blocks_reference
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.model.gpt import GPT, MLP, init_weights
 from gpt2ladder.speedups.gelu_mlp import KernelMLP, use_gelu_kernel
@@ -82,6 +83,54 @@ def test_forward_with_its_float8_copy_matches_the_expressions(triton_interpret):
         assert r["a"] < 1e-5 and r["qs"] < 1e-6, (case, r)
         assert r["q"] < 1e-3 and r["q_max"] < 1e-3, (case, r)  # of values up to 448
         assert r["zero_row"] == 0.0, (case, r)
+
+
+BLOCKS_SCRIPT = r"""
+import json, sys, torch
+from gpt2ladder.kernels import gelu as gk
+out = []
+for n, c, bm, bn in json.loads(sys.argv[1]):
+    gen = torch.Generator().manual_seed(n * 100 + c)
+    h0, bias = torch.randn(n, c, generator=gen) * 3, torch.randn(c, generator=gen)
+    h0[0, :3] = torch.tensor([-60.0, 60.0, -1e4])
+    h0[-1, 128:256] = -bias[128:256] - 40.0  # a block of (negative) zeros: its scale is the floor, not 0
+    h0[1, :128] *= 100  # one block far wider than its row's others
+    a, q, qs = torch.full((n, c), 7.0), torch.full((n, c), 7.0), torch.full((c // 128, n), 7.0)
+    gk.launch_fwd_fp8_blocks(h0, bias, a, q, qs, tile=(bm, bn, 4))
+    ref_a, _, ref_qs = gk.gelu_fp8_blocks_reference(h0, bias)
+    err = lambda x, y: (x - y).abs().max().item()
+    scales = ref_qs.repeat_interleave(128, 1)  # each value's block scale
+    # q in fp32: the values the kernel rounds to float8 (the interpreter's float8 rounding is not the GPU's)
+    out.append({"a": err(a, ref_a), "qs": err(qs.t() / ref_qs, torch.ones_like(ref_qs)),
+                "q": err(q, ref_a.float() / scales), "q_max": err(q.abs().reshape(n, -1, 128).amax(-1)[:-1], 448),
+                "zero_block": q[-1, 128:256].abs().max().item(), "wide_row_rest": q[1, 128:].abs().max().item()})
+print(json.dumps(out))
+"""
+
+BLOCKS_CASES = [(9, 384, 4, 256), (4, 256, 8, 128)]  # rows, columns, tile rows, tile columns: partial tiles, exact
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
+def test_forward_with_its_block_scaled_float8_copy_matches_the_expressions(triton_interpret):
+    """With one scale per 128 columns of a row, stored block-major: each block's amax maps to e4m3's 448, a block far
+    wider than its row's others leaves them their own range, and the copy's values before their rounding are the
+    reference's."""
+    for case, r in zip(BLOCKS_CASES, triton_interpret(BLOCKS_SCRIPT, BLOCKS_CASES)):
+        assert r["a"] < 1e-5 and r["qs"] < 1e-6, (case, r)
+        assert r["q"] < 1e-3 and r["q_max"] < 1e-3, (case, r)  # of values up to 448
+        assert r["zero_block"] == 0.0, (case, r)
+        assert r["wide_row_rest"] > 400, (case, r)  # row scales would have put these near 448 / 100
+
+
+def test_block_scaled_reference_scales_each_128_columns_of_a_row():
+    gen = torch.Generator().manual_seed(2)
+    h0, bias = torch.randn(3, 256, generator=gen, dtype=torch.bfloat16) * 3, torch.randn(256, generator=gen)
+    a, q, qs = gk_blocks_reference(h0, bias)
+    assert a.dtype == torch.bfloat16 and q.dtype == torch.float8_e4m3fn and qs.shape == (3, 2)
+    exact = nn.functional.gelu(h0.float() + bias, approximate="tanh")
+    assert torch.equal(qs, exact.reshape(3, 2, 128).abs().amax(-1) / 448)
+    torch.testing.assert_close(q.float() * qs.repeat_interleave(128, 1), exact, rtol=0.07,
+                               atol=float(qs.max()) * 2**-9)
 
 
 def test_float8_reference_is_the_gelu_and_its_row_scaled_copy():

@@ -19,7 +19,11 @@ faster (27.9 -> 27.3 and 27.4 ms, same GPU, A/B/C order A B C C B A).
 With `fp8` (the `fp8_proj` rung) the forward also writes its output in float8 (e4m3) with one fp32 scale per row,
 each row's amax mapped to e4m3's largest value, for c_proj's forward product to read (`speedups/fp8_forward.py`):
 one program then holds whole rows (`FP8_FWD_TILE`), and the copy is made from the values before their rounding to
-the output dtype, as the norm kernel's is (`kernels/norm.py`, `rows_to_fp8`).
+the output dtype, as the norm kernel's is (`kernels/norm.py`, `rows_to_fp8`). Holding whole rows costs: 0.059 ms
+more per Block than the plain forward on the H200. `launch_fwd_fp8_blocks` writes the copy with one scale per block
+of `FP8_BLOCK` columns of a row instead (the 1 x 128 blocks of `torch.nn.functional.scaled_mm`'s block-wise
+scaling), so each program keeps the plain forward's tile; no rung uses it yet (benchmarks/micro/fp8_blockwise.py
+times it and the block-scaled products).
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
 `gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:
@@ -56,6 +60,10 @@ BWD_TILE = (32, 64, 2, 1)
 # On the H200 0.111 ms at 4 rows, 8 warps (0.118-0.184 ms at the six others tried), 0.059 ms more than the
 # plain forward: 0.71 ms a step over 12 Blocks, more than c_proj's float8 product saved in the step (about 0.5).
 FP8_FWD_TILE = (4, 8)
+# The float8 copy with one scale per FP8_BLOCK columns of a row: (rows, columns, warps), columns a multiple of
+# FP8_BLOCK. Not yet tuned on a GPU.
+FP8_BLOCK = 128
+FP8_BLOCKS_TILE = (8, 256, 4)
 
 
 def gelu_reference(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -68,6 +76,17 @@ def gelu_fp8_reference(h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tens
     copy made from the fp32 values before their rounding."""
     a = F.gelu(h0.float() + bias.float(), approximate="tanh")
     return (a.to(h0.dtype), *rows_to_fp8(a))
+
+
+def gelu_fp8_blocks_reference(h0: torch.Tensor, bias: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gelu(h0 + bias) in h0's dtype, its float8 copy, the copy's scales (N, C / FP8_BLOCK)): one fp32 scale per
+    block of FP8_BLOCK columns of a row, the block's amax mapped to e4m3's largest value, from the fp32 values."""
+    a = F.gelu(h0.float() + bias.float(), approximate="tanh")
+    n, c = a.shape
+    blocks = a.reshape(n, c // FP8_BLOCK, FP8_BLOCK)
+    scale = blocks.abs().amax(-1).clamp(min=1e-12) / E4M3_MAX
+    return a.to(h0.dtype), (blocks / scale[..., None]).reshape(n, c).to(E4M3), scale
 
 
 def gelu_grad_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,6 +137,27 @@ if triton is not None:
         store_float8_rows(q_ptr, qs_ptr, a, rows, offs, mask, row_ok, Q_MAX)
 
     @triton.jit
+    def _gelu_fwd_fp8_blocks_kernel(h0_ptr, bias_ptr, out_ptr, q_ptr, qs_ptr, n_rows, n_cols, Q_MAX: tl.constexpr,
+                                    QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    WIDE: tl.constexpr):
+        # The plain forward's tile, plus its float8 copy with one scale per QB columns of a row (n_cols a multiple
+        # of QB, BLOCK_N too); the scales stored block-major, scale (row, block) at block * n_rows + row.
+        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs, mask = _tile(rows, cols, n_rows, n_cols, WIDE)
+        bias = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
+        a = h / (1.0 + tl.exp2(_NEG_2Z * (h + _C1 * h * h * h)))
+        tl.store(out_ptr + offs, a.to(out_ptr.dtype.element_ty), mask=mask)
+        a3 = tl.reshape(a, (BLOCK_M, BLOCK_N // QB, QB))
+        qscale = tl.maximum(tl.max(tl.abs(a3), 2), 1e-12) / Q_MAX  # (BLOCK_M, BLOCK_N // QB)
+        q = tl.reshape(a3 / qscale[:, :, None], (BLOCK_M, BLOCK_N))
+        tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+        blocks = tl.program_id(0) * (BLOCK_N // QB) + tl.arange(0, BLOCK_N // QB)
+        tl.store(qs_ptr + blocks[None, :] * n_rows + rows[:, None], qscale,
+                 mask=(rows < n_rows)[:, None] & (blocks < n_cols // QB)[None, :])
+
+    @triton.jit
     def _gelu_grad_kernel(grad_ptr, h0_ptr, bias_ptr, dh_ptr, dbias_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, ROW_BLOCKS: tl.constexpr, WIDE: tl.constexpr):
         # One program: BLOCK_N columns over ROW_BLOCKS x BLOCK_M rows, then its column sums added into
@@ -153,6 +193,17 @@ if triton is not None:
         bm, warps = tile or FP8_FWD_TILE
         _gelu_fwd_fp8_kernel[(triton.cdiv(n, bm),)](h0, bias, out, q, qs, n, c, Q_MAX=E4M3_MAX, BLOCK_M=bm,
                                                     BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
+
+    def launch_fwd_fp8_blocks(h0, bias, out, q, qs, tile=None) -> None:
+        """gelu(h0 + bias) into `out`, its float8 copy into `q` and its block scales into `qs`: (N, C) tensors but
+        `qs`, (C / FP8_BLOCK, N) contiguous (its transpose is the (N, C / FP8_BLOCK) scale tensor, rows adjacent)."""
+        n, c = h0.shape
+        bm, bn, warps = tile or FP8_BLOCKS_TILE
+        if c % FP8_BLOCK or bn % FP8_BLOCK:
+            raise ValueError(f"the columns ({c}) and the tile's ({bn}) must be multiples of {FP8_BLOCK}")
+        _gelu_fwd_fp8_blocks_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm))](
+            h0, bias, out, q, qs, n, c, Q_MAX=E4M3_MAX, QB=FP8_BLOCK, BLOCK_M=bm, BLOCK_N=bn, WIDE=_wide(h0),
+            num_warps=warps)
 
     def launch(grad, h0, bias, dh, dbias, tile=None) -> None:
         """dh and the bias gradient (added into `dbias`, fp32, zeroed by the caller); (N, C) tensors."""
