@@ -121,13 +121,16 @@ def test_fp8_fc_feeds_only_the_mlps_input_projection(monkeypatch):
 
 @pytest.mark.parametrize("defer_bias", [True, False], ids=["proj_bias", "bias_in_matmul"])
 @pytest.mark.parametrize("fp8_fc", [False, True], ids=["c_proj", "c_fc_and_c_proj"])
-def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_fc):
+@pytest.mark.parametrize("blocks", [False, True], ids=["row_scales", "block_scales"])
+def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_fc, blocks):
     """With `fp8_proj` each Block's MLP c_proj reads the GELU kernel's float8 copy of its input (and c_fc the norm's
-    with `fp8_fc`): the same training up to float8's rounding, every gradient there; c_proj's bias added by the
-    norm kernel (proj_bias) or in the float8 matmul."""
+    with `fp8_fc`), its scales per row or per 128 columns of a row (PROJ_BLOCKS): the same training up to float8's
+    rounding, every gradient there; c_proj's bias added by the norm kernel (proj_bias) or after the float8 matmul."""
     import gpt2ladder.speedups.fp8_forward as f8
+    import gpt2ladder.speedups.gelu_mlp as gm
     from norm_block_support import CFG, one_step_each, rewired_models
 
+    monkeypatch.setattr(gm, "PROJ_BLOCKS", blocks)
     variants = {fp8: {"defer_bias": defer_bias, "fp8_fc": fp8_fc, "fp8_proj": fp8} for fp8 in (False, True)}
     models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"), variants)
     gen = torch.Generator().manual_seed(5)
@@ -140,11 +143,11 @@ def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_
                     param.copy_(biases[name])
     calls = []
     real_apply = f8.Fp8InputMatmul.apply
-    monkeypatch.setattr(f8.Fp8InputMatmul, "apply", lambda *a: calls.append((a[3].shape, a[4] is not None))
+    monkeypatch.setattr(f8.Fp8InputMatmul, "apply", lambda *a: calls.append((a[3].shape, a[4] is not None, a[-1]))
                         or real_apply(*a))
     losses, seen = one_step_each(models, calls)
-    c, fc = CFG.n_embd, [((4 * CFG.n_embd, CFG.n_embd), False)] if fp8_fc else []
-    assert seen[True] == (fc + [((c, 4 * c), not defer_bias)]) * CFG.n_layer
+    c, fc = CFG.n_embd, [((4 * CFG.n_embd, CFG.n_embd), False, False)] if fp8_fc else []
+    assert seen[True] == (fc + [((c, 4 * c), not defer_bias, blocks)]) * CFG.n_layer
     assert seen[False] == fc * CFG.n_layer
     assert losses[True] != losses[False] and abs(losses[True] - losses[False]) < 2e-2
     plain = dict(models[False].named_parameters())
@@ -159,6 +162,32 @@ def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_
         with torch.autocast("cpu", dtype=torch.bfloat16):
             models[True](torch.zeros(2, 16, dtype=torch.long))
         assert calls == []
+
+
+def test_block_scales_give_each_128_columns_of_a_row_its_own_range():
+    """blocks_to_fp8: one scale per 128 columns of a row, a block's amax mapped to e4m3's 448, so a block 10^5 times
+    wider than its neighbour leaves the neighbour its own precision (row scales round it away); the CPU product of
+    scaled_matmul_blocks is that of the dequantized operands, the scales block-major as the GELU kernel writes them."""
+    from gpt2ladder.kernels.norm import blocks_to_fp8, rows_to_fp8
+    from gpt2ladder.speedups.fp8_forward import scaled_matmul_blocks
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 256, generator=gen)
+    x[:, :128] *= 1e5
+    q, s = blocks_to_fp8(x)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (6, 2)
+    assert torch.equal(s, x.reshape(6, 2, 128).abs().amax(-1) / 448)
+    back = q.float() * s.repeat_interleave(128, 1)
+    rows = rows_to_fp8(x)
+    row_back = rows[0].float() * rows[1][:, None]
+    quiet = slice(128, 256)
+    assert ((back - x)[:, quiet].norm() / x[:, quiet].norm()) < 0.05
+    assert ((row_back - x)[:, quiet].norm() / x[:, quiet].norm()) > 0.3
+    w = torch.randn(64, 256, generator=gen) * 0.02
+    w8, sw = blocks_to_fp8(w)
+    b = torch.randn(64, generator=gen)
+    got = scaled_matmul_blocks(q, s.t().contiguous(), w8, sw, b, torch.float32)
+    torch.testing.assert_close(got, back @ (w8.float() * sw.repeat_interleave(128, 1)).t() + b)
 
 
 def test_fp8_proj_needs_the_gelu_kernel():

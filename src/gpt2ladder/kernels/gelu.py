@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpt2ladder.kernels.norm import E4M3, E4M3_MAX, rows_to_fp8
+from gpt2ladder.kernels.norm import E4M3, E4M3_MAX, blocks_to_fp8, rows_to_fp8
 
 try:
     import triton
@@ -83,10 +83,7 @@ def gelu_fp8_blocks_reference(h0: torch.Tensor, bias: torch.Tensor
     """(gelu(h0 + bias) in h0's dtype, its float8 copy, the copy's scales (N, C / FP8_BLOCK)): one fp32 scale per
     block of FP8_BLOCK columns of a row, the block's amax mapped to e4m3's largest value, from the fp32 values."""
     a = F.gelu(h0.float() + bias.float(), approximate="tanh")
-    n, c = a.shape
-    blocks = a.reshape(n, c // FP8_BLOCK, FP8_BLOCK)
-    scale = blocks.abs().amax(-1).clamp(min=1e-12) / E4M3_MAX
-    return a.to(h0.dtype), (blocks / scale[..., None]).reshape(n, c).to(E4M3), scale
+    return (a.to(h0.dtype), *blocks_to_fp8(a, FP8_BLOCK))
 
 
 def gelu_grad_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,6 +237,22 @@ if triton is not None:
         return (torch.empty_like(h0), h0.new_empty(h0.shape, dtype=E4M3),
                 h0.new_empty(h0.shape[:-1], dtype=torch.float32))
 
+    @torch.library.custom_op("gpt2ladder::gelu_fwd_fp8_blocks", mutates_args=())
+    def gelu_fwd_fp8_blocks(h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = h0.shape[-1]
+        h02 = h0.reshape(-1, c).contiguous()
+        out = torch.empty_like(h02)
+        q = torch.empty(h02.shape, device=h0.device, dtype=E4M3)
+        qs = torch.empty((c // FP8_BLOCK, h02.shape[0]), device=h0.device, dtype=torch.float32)
+        launch_fwd_fp8_blocks(h02, bias.contiguous(), out, q, qs)
+        return out.view(h0.shape), q.view(h0.shape), qs
+
+    @gelu_fwd_fp8_blocks.register_fake
+    def _(h0, bias):
+        rows = h0.numel() // h0.shape[-1]
+        return (torch.empty_like(h0), h0.new_empty(h0.shape, dtype=E4M3),
+                h0.new_empty((h0.shape[-1] // FP8_BLOCK, rows), dtype=torch.float32))
+
     @torch.library.custom_op("gpt2ladder::gelu_grad", mutates_args=())
     def gelu_grad(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = h0.shape[-1]
@@ -267,6 +280,15 @@ def gelu_fp8(h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.
     if triton is not None and h0.is_cuda:
         return torch.ops.gpt2ladder.gelu_fwd_fp8(h0, bias)
     return gelu_fp8_reference(h0, bias)
+
+
+def gelu_fp8_blocks(h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gelu(h0 + bias), its float8 copy, the copy's scales block-major: (C / FP8_BLOCK, rows), rows adjacent): the
+    forward kernel on CUDA with Triton, else the reference expressions."""
+    if triton is not None and h0.is_cuda:
+        return torch.ops.gpt2ladder.gelu_fwd_fp8_blocks(h0, bias)
+    a, q, qs = gelu_fp8_blocks_reference(h0, bias)
+    return a, q, qs.reshape(-1, qs.shape[-1]).t().contiguous()
 
 
 def gelu_grad(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

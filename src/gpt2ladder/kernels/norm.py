@@ -81,6 +81,15 @@ def rows_to_fp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (yf / scale[..., None]).to(E4M3), scale
 
 
+def blocks_to_fp8(y: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y / scale in e4m3, scale (..., C / block)): one fp32 scale per `block` columns of a row, each block's amax
+    mapped to e4m3's largest value; the last dimension a multiple of `block`."""
+    yf = y.float()
+    blocks = yf.reshape(*yf.shape[:-1], yf.shape[-1] // block, block)
+    scale = blocks.abs().amax(-1).clamp(min=1e-12) / E4M3_MAX
+    return (blocks / scale[..., None]).reshape(yf.shape).to(E4M3), scale
+
+
 def add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias: bool = False):
     """(d(h + p) in s's dtype, weight gradient, bias gradient in the parameters' dtype), fp32 (or wider) inside;
     `with_pbias`: also the branch bias's gradient, the column sums of d(h + p) before its rounding."""

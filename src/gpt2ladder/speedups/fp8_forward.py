@@ -15,7 +15,10 @@ steps take this path (the norm kernels run only with grad enabled), so evaluatio
 itself in bf16.
 
 The MLP's output projection (c_proj) can read float8 the same way (the `fp8_proj` rung): its input is the GELU's
-output, and the GELU kernel holds whole rows too when asked for the copy (`kernels/gelu.py`, `gelu_fp8`).
+output, and the GELU kernel holds whole rows too when asked for the copy (`kernels/gelu.py`, `gelu_fp8`). Or, with
+`PROJ_BLOCKS` (speedups/gelu_mlp.py), the copy has one scale per 128 columns of a row, which the kernel finds at its
+plain tile, and the weight one per 128 input features of each output feature: block-wise scaling, which
+`torch.nn.functional.scaled_mm` multiplies on Hopper with cuBLAS 12.9 or newer.
 
 The step got 0.55 ms faster on an H200, and two 300-step parity runs ended within the rule, but its training loss
 runs above the fp32 baseline's where the other rungs' do not, and to a validation loss of 5.25 it took as many steps
@@ -28,17 +31,23 @@ from typing import NamedTuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from gpt2ladder.kernels.norm import rows_to_fp8
+from gpt2ladder.kernels.norm import blocks_to_fp8, rows_to_fp8
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads
 
 
 class Float8Rows(NamedTuple):
-    """An activation (..., C) in the compute dtype together with its float8 copy and one scale per row."""
+    """An activation (..., C) in the compute dtype together with its float8 copy and one scale per row, or with
+    `blocked` one per BLOCK columns of a row."""
 
     x: torch.Tensor
     x8: torch.Tensor
-    scale: torch.Tensor  # (...,) fp32: x ~ x8 * scale[..., None]
+    scale: torch.Tensor  # (...,) fp32: x ~ x8 * scale[..., None]; blocked: (C / BLOCK, rows), block-major
+    blocked: bool = False
+
+
+BLOCK = 128  # the columns of a row that share a scale, where scales are block-wise
 
 
 def float8_rows(y: torch.Tensor, dtype: torch.dtype) -> Float8Rows:
@@ -57,23 +66,44 @@ def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
     return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
+def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """The same product with block-wise scales: x8 (N, in) with sx (in / BLOCK, N), block-major; w8 (out, in) with
+    sw (out, in / BLOCK). `torch.nn.functional.scaled_mm` on CUDA (1 x BLOCK blocks on both operands), the same
+    product in fp32 elsewhere."""
+    if x8.is_cuda:
+        from torch.nn.functional import ScalingType, SwizzleType
+
+        y = F.scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_recipe_a=ScalingType.BlockWise1x128,
+                        scale_b=sw.t().contiguous().t(), scale_recipe_b=ScalingType.BlockWise1x128,
+                        swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=out_dtype)
+        return y if bias is None else y + bias
+    xf = x8.float() * sx.t().repeat_interleave(BLOCK, 1)
+    y = xf @ (w8.float() * sw.repeat_interleave(BLOCK, 1)).t()
+    return (y if bias is None else y + bias.float()).to(out_dtype)
+
+
 class Fp8InputMatmul(torch.autograd.Function):
     """y = x @ weight.T (+ bias), the forward product from x's float8 copy (x8, scales sx) and the weight cast per
-    output feature; the backward from x and the weight in x's dtype, the weight's and bias's gradients in fp32."""
+    output feature (`blocked`: block-wise, as sx is); the backward from x and the weight in x's dtype, the weight's
+    and bias's gradients in fp32."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, x8: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, weight_c: torch.Tensor | None = None,
-                bias_c: torch.Tensor | None = None) -> torch.Tensor:
+                bias_c: torch.Tensor | None = None, blocked: bool = False) -> torch.Tensor:
         """`weight_c`, `bias_c`: the `weight_cast` rung's copies in x's dtype, read instead of casting here."""
         with torch.autocast(x.device.type, enabled=False):
-            w8, sw = rows_to_fp8(weight)
             wc = weight_c if weight_c is not None and weight_c.dtype == x.dtype else weight.to(x.dtype)
             if bias is None:
                 bc = None
             else:
                 bc = bias_c if bias_c is not None and bias_c.dtype == x.dtype else bias.to(x.dtype)
-            y = scaled_matmul(x8.reshape(-1, x8.shape[-1]), sx.reshape(-1), w8, sw, bc, x.dtype)
+            if blocked:
+                w8, sw = blocks_to_fp8(weight, BLOCK)
+                y = scaled_matmul_blocks(x8.reshape(-1, x8.shape[-1]), sx, w8, sw, bc, x.dtype)
+            else:
+                w8, sw = rows_to_fp8(weight)
+                y = scaled_matmul(x8.reshape(-1, x8.shape[-1]), sx.reshape(-1), w8, sw, bc, x.dtype)
         ctx.save_for_backward(x, wc)
         ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None and ctx.needs_input_grad[4]
         return y.view(*x.shape[:-1], weight.shape[0])
@@ -82,13 +112,15 @@ class Fp8InputMatmul(torch.autograd.Function):
     def backward(ctx, grad_y: torch.Tensor):
         x, wc = ctx.saved_tensors
         grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias)
-        return grad_x, None, None, grad_w, grad_b, None, None
+        return grad_x, None, None, grad_w, grad_b, None, None, None
 
 
-def _float8_ready(linear: nn.Module | None) -> bool:
-    """A plain or fp32_wgrad Linear (not a float8 one), whose sizes `_scaled_mm` takes (multiples of 16)."""
+def _float8_ready(linear: nn.Module | None, multiple: int = 16) -> bool:
+    """A plain or fp32_wgrad Linear (not a float8 one), whose sizes `_scaled_mm` takes (multiples of 16; of
+    `multiple` input features for block-wise scales)."""
     plain = type(linear) is nn.Linear or isinstance(linear, Fp32WgradLinear)
-    return plain and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
+    return (plain and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
+            and linear.in_features % multiple == 0)
 
 
 def takes_float8(module: nn.Module) -> bool:
@@ -101,7 +133,7 @@ def linear_float8(linear: nn.Module, rows: Float8Rows, bias: torch.Tensor | None
     None where the bias is added elsewhere)."""
     weight_c, bias_c = linear._fresh_casts() if isinstance(linear, Fp32WgradLinear) else (None, None)
     return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, bias, weight_c,
-                                bias_c if bias is not None else None)
+                                bias_c if bias is not None else None, rows.blocked)
 
 
 def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
@@ -113,7 +145,9 @@ def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
     return linear_float8(linear, rows, bias)
 
 
-def takes_float8_out(mlp: nn.Module) -> bool:
+def takes_float8_out(mlp: nn.Module, blocked: bool = False) -> bool:
     """Whether an MLP can feed its output projection (c_proj) in float8: its GELU is the Triton kernel's
-    (`speedups/gelu_mlp.py`), which writes the float8 copy, and c_proj a Linear `_scaled_mm` takes."""
-    return hasattr(mlp, "after_in_proj_float8") and _float8_ready(getattr(mlp, "c_proj", None))
+    (`speedups/gelu_mlp.py`), which writes the float8 copy, and c_proj a Linear `_scaled_mm` takes (`blocked`:
+    with block-wise scales, its input features a multiple of BLOCK)."""
+    return hasattr(mlp, "after_in_proj_float8") and _float8_ready(getattr(mlp, "c_proj", None),
+                                                                  BLOCK if blocked else 16)

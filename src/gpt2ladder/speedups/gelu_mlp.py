@@ -2,7 +2,8 @@
 
 c_fc's bias moves out of the matmul into the forward kernel, so the backward kernel can return the
 bias gradient from the same pass that writes the GELU's input gradient. With the `fp8_proj` rung the forward
-kernel also writes the GELU's output in float8 for c_proj (`after_in_proj_float8`; `speedups/norm_block.py`).
+kernel also writes the GELU's output in float8 for c_proj (`after_in_proj_float8`; `speedups/norm_block.py`),
+with one scale per row, or with PROJ_BLOCKS one per 128 columns of a row (`speedups/fp8_forward.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from gpt2ladder.kernels import gelu as gelu_kernels
 from gpt2ladder.model.gpt import MLP, Branch
 from gpt2ladder.speedups.common import matmul_without_bias, replace_modules
 from gpt2ladder.speedups.fp8_forward import Float8Rows
+
+# fp8_proj's float8 copy: one scale per row (off), or one per 128 columns of a row (on). Off until timed on a GPU.
+PROJ_BLOCKS = False
 
 
 class BiasGelu(torch.autograd.Function):
@@ -31,13 +35,13 @@ class BiasGelu(torch.autograd.Function):
 
 
 class BiasGeluFloat8(torch.autograd.Function):
-    """BiasGelu, and with its output the output's float8 copy and row scales (no gradient), for c_proj's forward
-    product in float8 (the `fp8_proj` rung)."""
+    """BiasGelu, and with its output the output's float8 copy and its scales (no gradient; `blocked`: one per 128
+    columns of a row, block-major, else one per row), for c_proj's forward product in float8 (the `fp8_proj` rung)."""
 
     @staticmethod
-    def forward(ctx, h0: torch.Tensor, bias: torch.Tensor):
+    def forward(ctx, h0: torch.Tensor, bias: torch.Tensor, blocked: bool = False):
         ctx.save_for_backward(h0, bias)
-        a, q, qs = gelu_kernels.gelu_fp8(h0, bias)
+        a, q, qs = (gelu_kernels.gelu_fp8_blocks if blocked else gelu_kernels.gelu_fp8)(h0, bias)
         ctx.mark_non_differentiable(q, qs)
         ctx.set_materialize_grads(False)  # no zero tensors for the float8 outputs, which take no gradient
         return a, q, qs
@@ -45,7 +49,7 @@ class BiasGeluFloat8(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor, *_float8):
         h0, bias = ctx.saved_tensors
-        return gelu_kernels.gelu_grad(grad, h0, bias)
+        return (*gelu_kernels.gelu_grad(grad, h0, bias), None)
 
 
 class KernelMLP(Branch):
@@ -68,7 +72,7 @@ class KernelMLP(Branch):
 
     def after_in_proj_float8(self, h0: torch.Tensor) -> Float8Rows:
         """after_in_proj's output with its float8 copy, for c_proj to read (the `fp8_proj` rung)."""
-        return Float8Rows(*BiasGeluFloat8.apply(h0, self.c_fc.bias))
+        return Float8Rows(*BiasGeluFloat8.apply(h0, self.c_fc.bias, PROJ_BLOCKS), blocked=PROJ_BLOCKS)
 
 
 def use_gelu_kernel(model: nn.Module) -> list[str]:
