@@ -68,14 +68,19 @@ def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
 
 def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
     """The same product with block-wise scales: x8 (N, in) with sx (in / BLOCK, N), block-major; w8 (out, in) with
-    sw (out, in / BLOCK). `torch.nn.functional.scaled_mm` on CUDA (1 x BLOCK blocks on both operands), the same
+    sw (out, in / BLOCK). On CUDA `torch.nn.functional.scaled_mm` with 1 x BLOCK blocks on both operands (where
+    this PyTorch has no such function, `torch._scaled_mm`, which reads the recipe from the scales' shapes); the same
     product in fp32 elsewhere."""
     if x8.is_cuda:
-        from torch.nn.functional import ScalingType, SwizzleType
+        if hasattr(F, "scaled_mm"):
+            from torch.nn.functional import ScalingType, SwizzleType
 
-        y = F.scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_recipe_a=ScalingType.BlockWise1x128,
-                        scale_b=sw.t().contiguous().t(), scale_recipe_b=ScalingType.BlockWise1x128,
-                        swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=out_dtype)
+            y = F.scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_recipe_a=ScalingType.BlockWise1x128,
+                            scale_b=sw.t().contiguous().t(), scale_recipe_b=ScalingType.BlockWise1x128,
+                            swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE,
+                            output_dtype=out_dtype)
+        else:
+            y = torch._scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_b=sw.t().contiguous(), out_dtype=out_dtype)
         return y if bias is None else y + bias
     xf = x8.float() * sx.t().repeat_interleave(BLOCK, 1)
     y = xf @ (w8.float() * sw.repeat_interleave(BLOCK, 1)).t()
