@@ -143,9 +143,18 @@ def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_
                     param.copy_(biases[name])
     calls = []
     real_apply = f8.Fp8InputMatmul.apply
-    monkeypatch.setattr(f8.Fp8InputMatmul, "apply", lambda *a: calls.append((a[3].shape, a[4] is not None, a[-1]))
-                        or real_apply(*a))
+    errors = []
+
+    def checked_apply(*a):  # each float8 product against the same Linear in fp32: within float8's rounding
+        calls.append((a[3].shape, a[4] is not None, a[-1]))
+        y = real_apply(*a)
+        exact = torch.nn.functional.linear(a[0].float(), a[3].float(), None if a[4] is None else a[4].float())
+        errors.append(((y.float() - exact).norm() / exact.norm()).item())
+        return y
+
+    monkeypatch.setattr(f8.Fp8InputMatmul, "apply", checked_apply)
     losses, seen = one_step_each(models, calls)
+    assert errors and max(errors) < 0.05, errors
     c, fc = CFG.n_embd, [((4 * CFG.n_embd, CFG.n_embd), False, False)] if fp8_fc else []
     assert seen[True] == (fc + [((c, 4 * c), not defer_bias, blocks)]) * CFG.n_layer
     assert seen[False] == fc * CFG.n_layer
@@ -188,6 +197,19 @@ def test_block_scales_give_each_128_columns_of_a_row_its_own_range():
     b = torch.randn(64, generator=gen)
     got = scaled_matmul_blocks(q, s.t().contiguous(), w8, sw, b, torch.float32)
     torch.testing.assert_close(got, back @ (w8.float() * sw.repeat_interleave(128, 1)).t() + b)
+
+
+def test_the_gelu_kernels_block_scales_off_cuda_are_the_references_block_major():
+    """gelu_fp8_blocks off CUDA: the reference's output and copy, its scales stored block-major as the kernel stores
+    them, (C / 128, rows) with the rows of every leading dimension flattened."""
+    from gpt2ladder.kernels import gelu as gk
+
+    gen = torch.Generator().manual_seed(6)
+    h0, bias = torch.randn(2, 3, 256, generator=gen) * 3, torch.randn(256, generator=gen)
+    a, q, qs = gk.gelu_fp8_blocks(h0, bias)
+    ra, rq, rqs = gk.gelu_fp8_blocks_reference(h0, bias)
+    assert torch.equal(a, ra) and torch.equal(q.float(), rq.float()) and rqs.shape == (2, 3, 2)
+    assert qs.shape == (2, 6) and qs.is_contiguous() and torch.equal(qs, rqs.reshape(6, 2).t())
 
 
 def test_fp8_proj_needs_the_gelu_kernel():

@@ -60,8 +60,8 @@ BWD_TILE = (32, 64, 2, 1)
 # On the H200 0.111 ms at 4 rows, 8 warps (0.118-0.184 ms at the six others tried), 0.059 ms more than the
 # plain forward: 0.71 ms a step over 12 Blocks, more than c_proj's float8 product saved in the step (about 0.5).
 FP8_FWD_TILE = (4, 8)
-# The float8 copy with one scale per FP8_BLOCK columns of a row: (rows, columns, warps), columns a multiple of
-# FP8_BLOCK. Not yet tuned on a GPU.
+# The float8 copy with one scale per FP8_BLOCK columns of a row: (rows, columns, warps), columns a power of two and
+# a multiple of FP8_BLOCK. Not yet tuned on a GPU.
 FP8_BLOCK = 128
 FP8_BLOCKS_TILE = (8, 256, 4)
 
@@ -196,8 +196,9 @@ if triton is not None:
         `qs`, (C / FP8_BLOCK, N) contiguous (its transpose is the (N, C / FP8_BLOCK) scale tensor, rows adjacent)."""
         n, c = h0.shape
         bm, bn, warps = tile or FP8_BLOCKS_TILE
-        if c % FP8_BLOCK or bn % FP8_BLOCK:
-            raise ValueError(f"the columns ({c}) and the tile's ({bn}) must be multiples of {FP8_BLOCK}")
+        if c % FP8_BLOCK or bn % FP8_BLOCK or bn & (bn - 1):
+            raise ValueError(f"the columns ({c}) must be a multiple of {FP8_BLOCK}, the tile's ({bn}) a power of two "
+                             f"and a multiple of it")
         _gelu_fwd_fp8_blocks_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm))](
             h0, bias, out, q, qs, n, c, Q_MAX=E4M3_MAX, QB=FP8_BLOCK, BLOCK_M=bm, BLOCK_N=bn, WIDE=_wide(h0),
             num_warps=warps)
@@ -234,7 +235,7 @@ if triton is not None:
 
     @gelu_fwd_fp8.register_fake
     def _(h0, bias):
-        return (torch.empty_like(h0), h0.new_empty(h0.shape, dtype=E4M3),
+        return (h0.new_empty(h0.shape), h0.new_empty(h0.shape, dtype=E4M3),
                 h0.new_empty(h0.shape[:-1], dtype=torch.float32))
 
     @torch.library.custom_op("gpt2ladder::gelu_fwd_fp8_blocks", mutates_args=())
@@ -250,7 +251,7 @@ if triton is not None:
     @gelu_fwd_fp8_blocks.register_fake
     def _(h0, bias):
         rows = h0.numel() // h0.shape[-1]
-        return (torch.empty_like(h0), h0.new_empty(h0.shape, dtype=E4M3),
+        return (h0.new_empty(h0.shape), h0.new_empty(h0.shape, dtype=E4M3),
                 h0.new_empty((h0.shape[-1] // FP8_BLOCK, rows), dtype=torch.float32))
 
     @torch.library.custom_op("gpt2ladder::gelu_grad", mutates_args=())

@@ -36,6 +36,11 @@ import torch.nn.functional as F
 from gpt2ladder.kernels.norm import blocks_to_fp8, rows_to_fp8
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads
 
+try:  # block-wise scaled products; where this PyTorch lacks them, torch._scaled_mm reads them from the scales' shapes
+    from torch.nn.functional import ScalingType, SwizzleType
+except ImportError:
+    ScalingType = SwizzleType = None
+
 
 class Float8Rows(NamedTuple):
     """An activation (..., C) in the compute dtype together with its float8 copy and one scale per row, or with
@@ -72,9 +77,7 @@ def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.
     this PyTorch has no such function, `torch._scaled_mm`, which reads the recipe from the scales' shapes); the same
     product in fp32 elsewhere."""
     if x8.is_cuda:
-        if hasattr(F, "scaled_mm"):
-            from torch.nn.functional import ScalingType, SwizzleType
-
+        if ScalingType is not None:
             y = F.scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_recipe_a=ScalingType.BlockWise1x128,
                             scale_b=sw.t().contiguous().t(), scale_recipe_b=ScalingType.BlockWise1x128,
                             swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE,

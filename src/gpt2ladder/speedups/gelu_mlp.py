@@ -16,7 +16,8 @@ from gpt2ladder.model.gpt import MLP, Branch
 from gpt2ladder.speedups.common import matmul_without_bias, replace_modules
 from gpt2ladder.speedups.fp8_forward import Float8Rows
 
-# fp8_proj's float8 copy: one scale per row (off), or one per 128 columns of a row (on). Off until timed on a GPU.
+# fp8_proj's float8 copy: one scale per row (off), or one per 128 columns of a row (on), read by the norm Blocks
+# when they are built (speedups/norm_block.py). Off until timed on a GPU.
 PROJ_BLOCKS = False
 
 
@@ -70,9 +71,10 @@ class KernelMLP(Branch):
     def after_in_proj(self, h0: torch.Tensor) -> torch.Tensor:
         return BiasGelu.apply(h0, self.c_fc.bias)
 
-    def after_in_proj_float8(self, h0: torch.Tensor) -> Float8Rows:
-        """after_in_proj's output with its float8 copy, for c_proj to read (the `fp8_proj` rung)."""
-        return Float8Rows(*BiasGeluFloat8.apply(h0, self.c_fc.bias, PROJ_BLOCKS), blocked=PROJ_BLOCKS)
+    def after_in_proj_float8(self, h0: torch.Tensor, blocked: bool = False) -> Float8Rows:
+        """after_in_proj's output with its float8 copy, for c_proj to read (the `fp8_proj` rung; `blocked`: one
+        scale per 128 columns of a row, else one per row)."""
+        return Float8Rows(*BiasGeluFloat8.apply(h0, self.c_fc.bias, blocked), blocked=blocked)
 
 
 def use_gelu_kernel(model: nn.Module) -> list[str]:

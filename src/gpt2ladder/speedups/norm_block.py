@@ -99,17 +99,17 @@ def _deferrable(proj: nn.Module) -> bool:
     return proj.bias is not None and (type(proj) is nn.Linear or isinstance(proj, Fp32WgradLinear))
 
 
-def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False):
+def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False, blocked: bool = False):
     """The pending branch (p, bias or None) of an attention or MLP on y. With `defer_bias` (only where the norm
     kernels run) its output projection's bias is left out of the matmul and handed to the norm kernel, which
     adds it with the residual and sums its gradient with the norm's own. A `Float8Rows` y: the input
     projection's forward product in float8. `fp8_out` (an MLP that `takes_float8_out`): the output projection's
-    forward product in float8 too, from the GELU kernel's float8 copy of its input."""
+    forward product in float8 too, from the GELU kernel's float8 copy of its input (`blocked`: with block scales)."""
     h = in_proj_float8(module, y) if isinstance(y, Float8Rows) else module.in_product(y)
     proj = module.c_proj
     defer = defer_bias and _deferrable(proj)
     if fp8_out:
-        p = linear_float8(proj, module.after_in_proj_float8(h), None if defer else proj.bias)
+        p = linear_float8(proj, module.after_in_proj_float8(h, blocked), None if defer else proj.bias)
     else:
         pre = module.after_in_proj(h)
         p = matmul_without_bias(proj, pre) if defer else proj(pre)
@@ -131,7 +131,8 @@ class NormBlock(nn.Module):
         self.defer_bias = defer_bias
         self.fp8_attn_in = fp8_forward and takes_float8(self.attn)
         self.fp8_mlp_in = (fp8_forward or fp8_fc) and takes_float8(self.mlp)
-        self.fp8_mlp_out = fp8_proj and takes_float8_out(self.mlp, gelu_mlp.PROJ_BLOCKS)
+        self.fp8_mlp_blocks = gelu_mlp.PROJ_BLOCKS  # read once, here: the check and every forward agree
+        self.fp8_mlp_out = fp8_proj and takes_float8_out(self.mlp, self.fp8_mlp_blocks)
 
     def forward(self, x):
         h, pending = x if isinstance(x, tuple) else (x, None)
@@ -139,7 +140,7 @@ class NormBlock(nn.Module):
         defer = self.defer_bias and kernels
         h, y = add_then_norm(h, pending, self.ln_1, self.fp8_attn_in and kernels)
         h, y = add_then_norm(h, branch(self.attn, y, defer), self.ln_2, self.fp8_mlp_in and kernels)
-        return h, branch(self.mlp, y, defer, self.fp8_mlp_out and kernels)
+        return h, branch(self.mlp, y, defer, self.fp8_mlp_out and kernels, self.fp8_mlp_blocks)
 
 
 class FinalNorm(nn.LayerNorm):
