@@ -111,15 +111,26 @@ if triton is not None:
         return rows[:, None] * n_cols + cols[None, :], mask
 
     @triton.jit
-    def _gelu_fwd_kernel(h0_ptr, bias_ptr, out_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         WIDE: tl.constexpr):
+    def _gelu_of(h):
+        # h sigmoid(2z) = h / (1 + exp(-2z)); exp2 is +inf far left: h / inf = -0, gelu's limit
+        return h / (1.0 + tl.exp2(_NEG_2Z * (h + _C1 * h * h * h)))
+
+    @triton.jit
+    def _gelu_tile(h0_ptr, bias_ptr, out_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   WIDE: tl.constexpr):
+        # This program's (BLOCK_M x BLOCK_N) tile of a = gelu(h0 + bias), stored; a in fp32, its rows and offsets
         rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs, mask = _tile(rows, cols, n_rows, n_cols, WIDE)
         bias = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-        h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
-        e = tl.exp2(_NEG_2Z * (h + _C1 * h * h * h))  # +inf far left: h / inf = -0, gelu's limit
-        tl.store(out_ptr + offs, (h / (1.0 + e)).to(out_ptr.dtype.element_ty), mask=mask)
+        a = _gelu_of(tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :])
+        tl.store(out_ptr + offs, a.to(out_ptr.dtype.element_ty), mask=mask)
+        return a, rows, offs, mask
+
+    @triton.jit
+    def _gelu_fwd_kernel(h0_ptr, bias_ptr, out_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         WIDE: tl.constexpr):
+        _gelu_tile(h0_ptr, bias_ptr, out_ptr, n_rows, n_cols, BLOCK_M, BLOCK_N, WIDE)
 
     @triton.jit
     def _gelu_fwd_fp8_kernel(h0_ptr, bias_ptr, out_ptr, q_ptr, qs_ptr, n_rows, n_cols, Q_MAX: tl.constexpr,
@@ -128,8 +139,7 @@ if triton is not None:
         # mapped to the format's max), both from the fp32 values.
         rows, cols, row_ok, col_ok, mask, offs = whole_rows(BLOCK_M, BLOCK_C, n_rows, n_cols)
         bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
-        a = h / (1.0 + tl.exp2(_NEG_2Z * (h + _C1 * h * h * h)))
+        a = _gelu_of(tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :])
         tl.store(out_ptr + offs, a.to(out_ptr.dtype.element_ty), mask=mask)
         store_float8_rows(q_ptr, qs_ptr, a, rows, offs, mask, row_ok, Q_MAX)
 
@@ -139,13 +149,7 @@ if triton is not None:
                                     WIDE: tl.constexpr):
         # The plain forward's tile, plus its float8 copy with one scale per QB columns of a row (n_cols a multiple
         # of QB, BLOCK_N too); the scales stored block-major, scale (row, block) at block * n_rows + row.
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs, mask = _tile(rows, cols, n_rows, n_cols, WIDE)
-        bias = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-        h = tl.load(h0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
-        a = h / (1.0 + tl.exp2(_NEG_2Z * (h + _C1 * h * h * h)))
-        tl.store(out_ptr + offs, a.to(out_ptr.dtype.element_ty), mask=mask)
+        a, rows, offs, mask = _gelu_tile(h0_ptr, bias_ptr, out_ptr, n_rows, n_cols, BLOCK_M, BLOCK_N, WIDE)
         a3 = tl.reshape(a, (BLOCK_M, BLOCK_N // QB, QB))
         qscale = tl.maximum(tl.max(tl.abs(a3), 2), 1e-12) / Q_MAX  # (BLOCK_M, BLOCK_N // QB)
         q = tl.reshape(a3 / qscale[:, :, None], (BLOCK_M, BLOCK_N))
@@ -223,15 +227,18 @@ if triton is not None:
     def _(h0, bias):
         return torch.empty_like(h0)
 
+    def _with_copy(h0, bias, launcher, scales_shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(output, float8 copy) shaped as h0 and the scales (fp32, `scales_shape`), written by `launcher`."""
+        h02 = h0.reshape(-1, h0.shape[-1]).contiguous()
+        out, q = torch.empty_like(h02), torch.empty(h02.shape, device=h0.device, dtype=E4M3)
+        qs = torch.empty(scales_shape, device=h0.device, dtype=torch.float32)
+        launcher(h02, bias.contiguous(), out, q, qs)
+        return out.view(h0.shape), q.view(h0.shape), qs
+
     @torch.library.custom_op("gpt2ladder::gelu_fwd_fp8", mutates_args=())
     def gelu_fwd_fp8(h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        c = h0.shape[-1]
-        h02 = h0.reshape(-1, c).contiguous()
-        out = torch.empty_like(h02)
-        q = torch.empty(h02.shape, device=h0.device, dtype=E4M3)
-        qs = torch.empty(h02.shape[0], device=h0.device, dtype=torch.float32)
-        launch_fwd_fp8(h02, bias.contiguous(), out, q, qs)
-        return out.view(h0.shape), q.view(h0.shape), qs.view(h0.shape[:-1])
+        a, q, qs = _with_copy(h0, bias, launch_fwd_fp8, (h0.numel() // h0.shape[-1],))
+        return a, q, qs.view(h0.shape[:-1])
 
     @gelu_fwd_fp8.register_fake
     def _(h0, bias):
@@ -240,13 +247,7 @@ if triton is not None:
 
     @torch.library.custom_op("gpt2ladder::gelu_fwd_fp8_blocks", mutates_args=())
     def gelu_fwd_fp8_blocks(h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        c = h0.shape[-1]
-        h02 = h0.reshape(-1, c).contiguous()
-        out = torch.empty_like(h02)
-        q = torch.empty(h02.shape, device=h0.device, dtype=E4M3)
-        qs = torch.empty((c // FP8_BLOCK, h02.shape[0]), device=h0.device, dtype=torch.float32)
-        launch_fwd_fp8_blocks(h02, bias.contiguous(), out, q, qs)
-        return out.view(h0.shape), q.view(h0.shape), qs
+        return _with_copy(h0, bias, launch_fwd_fp8_blocks, (h0.shape[-1] // FP8_BLOCK, h0.numel() // h0.shape[-1]))
 
     @gelu_fwd_fp8_blocks.register_fake
     def _(h0, bias):
