@@ -119,9 +119,11 @@ def test_fp8_fc_feeds_only_the_mlps_input_projection(monkeypatch):
     assert all(p.grad is not None for p in models[True].parameters())
 
 
-@pytest.mark.parametrize("defer_bias", [True, False], ids=["proj_bias", "bias_in_matmul"])
-@pytest.mark.parametrize("fp8_fc", [False, True], ids=["c_proj", "c_fc_and_c_proj"])
-@pytest.mark.parametrize("blocks", [False, True], ids=["row_scales", "block_scales"])
+@pytest.mark.parametrize("defer_bias,fp8_fc,blocks", [
+    (True, False, False), (False, False, False), (True, True, False), (False, True, False),
+    (True, True, True), (False, False, True),  # block scales: with proj_bias and fp8_fc as auto would, and without
+], ids=["proj_bias", "bias_in_matmul", "proj_bias-fp8_fc", "bias_in_matmul-fp8_fc", "blocks-proj_bias-fp8_fc",
+        "blocks-bias_in_matmul"])
 def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_fc, blocks):
     """With `fp8_proj` each Block's MLP c_proj reads the GELU kernel's float8 copy of its input (and c_fc the norm's
     with `fp8_fc`), its scales per row or per 128 columns of a row (PROJ_BLOCKS): the same training up to float8's
