@@ -129,10 +129,9 @@ def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_
     with `fp8_fc`), its scales per row or per 128 columns of a row (PROJ_BLOCKS): the same training up to float8's
     rounding, every gradient there; c_proj's bias added by the norm kernel (proj_bias) or after the float8 matmul."""
     import gpt2ladder.speedups.fp8_forward as f8
-    import gpt2ladder.speedups.gelu_mlp as gm
     from norm_block_support import CFG, one_step_each, rewired_models
 
-    monkeypatch.setattr(gm, "PROJ_BLOCKS", blocks)
+    monkeypatch.setattr(f8, "PROJ_BLOCKS", blocks)
     variants = {fp8: {"defer_bias": defer_bias, "fp8_fc": fp8_fc, "fp8_proj": fp8} for fp8 in (False, True)}
     models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"), variants)
     gen = torch.Generator().manual_seed(5)

@@ -197,13 +197,13 @@ def test_block_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operan
 def test_fp8_proj_with_block_scales_trains_like_the_bf16_forward(monkeypatch):
     """fp8_proj with PROJ_BLOCKS, compiled and graphed on the top of auto: the same losses as bf16's within float8's
     precision, not those of its row scales (so the block-scaled product ran), and training moves."""
-    from gpt2ladder.speedups import gelu_mlp
+    from gpt2ladder.speedups import fp8_forward
 
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head",
              "loss_kernel", "cuda_graph", "bf16_residual", "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
     batches = random_batches(8)
     rows = step_losses(names + ["fp8_proj"], batches)
-    monkeypatch.setattr(gelu_mlp, "PROJ_BLOCKS", True)
+    monkeypatch.setattr(fp8_forward, "PROJ_BLOCKS", True)
     without, blocks = step_losses(names, batches), step_losses(names + ["fp8_proj"], batches)
     assert blocks != without and blocks != rows
     assert blocks[0] == pytest.approx(without[0], abs=2e-2)

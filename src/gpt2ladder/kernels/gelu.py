@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpt2ladder.kernels.norm import E4M3, E4M3_MAX, blocks_to_fp8, rows_to_fp8
+from gpt2ladder.kernels.norm import E4M3, E4M3_MAX, FP8_BLOCK, blocks_to_fp8, rows_to_fp8
 
 try:
     import triton
@@ -60,9 +60,8 @@ BWD_TILE = (32, 64, 2, 1)
 # On the H200 0.111 ms at 4 rows, 8 warps (0.118-0.184 ms at the six others tried), 0.059 ms more than the
 # plain forward: 0.71 ms a step over 12 Blocks, more than c_proj's float8 product saved in the step (about 0.5).
 FP8_FWD_TILE = (4, 8)
-# The float8 copy with one scale per FP8_BLOCK columns of a row: (rows, columns, warps), columns a power of two and
-# a multiple of FP8_BLOCK. Not yet tuned on a GPU.
-FP8_BLOCK = 128
+# The float8 copy with one scale per FP8_BLOCK columns of a row (kernels/norm.py): (rows, columns, warps), columns a
+# power of two and a multiple of FP8_BLOCK. Not yet tuned on a GPU.
 FP8_BLOCKS_TILE = (8, 256, 4)
 
 

@@ -81,7 +81,11 @@ def rows_to_fp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (yf / scale[..., None]).to(E4M3), scale
 
 
-def blocks_to_fp8(y: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+# The columns of a row that share one float8 scale where scales are block-wise (scaled_mm's 1 x 128 recipe).
+FP8_BLOCK = 128
+
+
+def blocks_to_fp8(y: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """(y / scale in e4m3, scale (..., C / block)): one fp32 scale per `block` columns of a row, each block's amax
     mapped to e4m3's largest value; the last dimension a multiple of `block`."""
     yf = y.float()

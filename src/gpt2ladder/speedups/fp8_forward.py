@@ -16,7 +16,7 @@ itself in bf16.
 
 The MLP's output projection (c_proj) can read float8 the same way (the `fp8_proj` rung): its input is the GELU's
 output, and the GELU kernel holds whole rows too when asked for the copy (`kernels/gelu.py`, `gelu_fp8`). Or, with
-`PROJ_BLOCKS` (speedups/gelu_mlp.py), the copy has one scale per 128 columns of a row, which the kernel finds at its
+`PROJ_BLOCKS`, the copy has one scale per 128 columns of a row, which the kernel finds at its
 plain tile, and the weight one per 128 input features of each output feature: block-wise scaling, which
 `torch.nn.functional.scaled_mm` multiplies on Hopper with cuBLAS 12.9 or newer.
 
@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2ladder.kernels.norm import blocks_to_fp8, rows_to_fp8
+from gpt2ladder.kernels.norm import FP8_BLOCK, blocks_to_fp8, rows_to_fp8
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads
 
 try:  # block-wise scaled products; where this PyTorch lacks them, torch._scaled_mm reads them from the scales' shapes
@@ -44,15 +44,17 @@ except ImportError:
 
 class Float8Rows(NamedTuple):
     """An activation (..., C) in the compute dtype together with its float8 copy and one scale per row, or with
-    `blocked` one per BLOCK columns of a row."""
+    `blocked` one per FP8_BLOCK columns of a row."""
 
     x: torch.Tensor
     x8: torch.Tensor
-    scale: torch.Tensor  # (...,) fp32: x ~ x8 * scale[..., None]; blocked: (C / BLOCK, rows), block-major
+    scale: torch.Tensor  # (...,) fp32: x ~ x8 * scale[..., None]; blocked: (C / FP8_BLOCK, rows), block-major
     blocked: bool = False
 
 
-BLOCK = 128  # the columns of a row that share a scale, where scales are block-wise
+# fp8_proj's float8 copy: one scale per row (off), or one per FP8_BLOCK columns of a row (on), read by the norm
+# Blocks when they are built (speedups/norm_block.py). Off until timed on a GPU.
+PROJ_BLOCKS = False
 
 
 def float8_rows(y: torch.Tensor, dtype: torch.dtype) -> Float8Rows:
@@ -72,8 +74,8 @@ def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
 
 
 def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    """The same product with block-wise scales: x8 (N, in) with sx (in / BLOCK, N), block-major; w8 (out, in) with
-    sw (out, in / BLOCK). On CUDA `torch.nn.functional.scaled_mm` with 1 x BLOCK blocks on both operands (where
+    """The same product with block-wise scales: x8 (N, in) with sx (in / FP8_BLOCK, N), block-major; w8 (out, in) with
+    sw (out, in / FP8_BLOCK). On CUDA `torch.nn.functional.scaled_mm` with 1 x FP8_BLOCK blocks on both operands (where
     this PyTorch has no such function, `torch._scaled_mm`, which reads the recipe from the scales' shapes); the same
     product in fp32 elsewhere."""
     if x8.is_cuda:
@@ -85,8 +87,8 @@ def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.
         else:
             y = torch._scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_b=sw.t().contiguous(), out_dtype=out_dtype)
         return y if bias is None else y + bias
-    xf = x8.float() * sx.t().repeat_interleave(BLOCK, 1)
-    y = xf @ (w8.float() * sw.repeat_interleave(BLOCK, 1)).t()
+    xf = x8.float() * sx.t().repeat_interleave(FP8_BLOCK, 1)
+    y = xf @ (w8.float() * sw.repeat_interleave(FP8_BLOCK, 1)).t()
     return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
@@ -107,7 +109,7 @@ class Fp8InputMatmul(torch.autograd.Function):
             else:
                 bc = bias_c if bias_c is not None and bias_c.dtype == x.dtype else bias.to(x.dtype)
             if blocked:
-                w8, sw = blocks_to_fp8(weight, BLOCK)
+                w8, sw = blocks_to_fp8(weight, FP8_BLOCK)
                 y = scaled_matmul_blocks(x8.reshape(-1, x8.shape[-1]), sx, w8, sw, bc, x.dtype)
             else:
                 w8, sw = rows_to_fp8(weight)
@@ -156,6 +158,6 @@ def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
 def takes_float8_out(mlp: nn.Module, blocked: bool = False) -> bool:
     """Whether an MLP can feed its output projection (c_proj) in float8: its GELU is the Triton kernel's
     (`speedups/gelu_mlp.py`), which writes the float8 copy, and c_proj a Linear `_scaled_mm` takes (`blocked`:
-    with block-wise scales, its input features a multiple of BLOCK)."""
+    with block-wise scales, its input features a multiple of FP8_BLOCK)."""
     return hasattr(mlp, "after_in_proj_float8") and _float8_ready(getattr(mlp, "c_proj", None),
-                                                                  BLOCK if blocked else 16)
+                                                                  FP8_BLOCK if blocked else 16)

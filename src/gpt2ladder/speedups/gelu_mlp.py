@@ -3,7 +3,7 @@
 c_fc's bias moves out of the matmul into the forward kernel, so the backward kernel can return the
 bias gradient from the same pass that writes the GELU's input gradient. With the `fp8_proj` rung the forward
 kernel also writes the GELU's output in float8 for c_proj (`after_in_proj_float8`; `speedups/norm_block.py`),
-with one scale per row, or with PROJ_BLOCKS one per 128 columns of a row (`speedups/fp8_forward.py`).
+with one scale per row, or with `PROJ_BLOCKS` one per 128 columns of a row (`speedups/fp8_forward.py`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,6 @@ from gpt2ladder.kernels import gelu as gelu_kernels
 from gpt2ladder.model.gpt import MLP, Branch
 from gpt2ladder.speedups.common import matmul_without_bias, replace_modules
 from gpt2ladder.speedups.fp8_forward import Float8Rows
-
-# fp8_proj's float8 copy: one scale per row (off), or one per 128 columns of a row (on), read by the norm Blocks
-# when they are built (speedups/norm_block.py). Off until timed on a GPU.
-PROJ_BLOCKS = False
 
 
 class BiasGelu(torch.autograd.Function):

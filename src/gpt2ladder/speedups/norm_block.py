@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from gpt2ladder.kernels import norm as norm_kernels
 from gpt2ladder.model.gpt import Block
-from gpt2ladder.speedups import gelu_mlp
+from gpt2ladder.speedups import fp8_forward as fp8_module
 from gpt2ladder.speedups.common import compute_dtype, matmul_without_bias, replace_modules
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
 from gpt2ladder.speedups.fp8_forward import (Float8Rows, float8_rows, in_proj_float8, linear_float8, takes_float8,
@@ -131,7 +131,7 @@ class NormBlock(nn.Module):
         self.defer_bias = defer_bias
         self.fp8_attn_in = fp8_forward and takes_float8(self.attn)
         self.fp8_mlp_in = (fp8_forward or fp8_fc) and takes_float8(self.mlp)
-        self.fp8_mlp_blocks = gelu_mlp.PROJ_BLOCKS  # read once, here: the check and every forward agree
+        self.fp8_mlp_blocks = fp8_module.PROJ_BLOCKS  # read once, here: the check and every forward agree
         self.fp8_mlp_out = fp8_proj and takes_float8_out(self.mlp, self.fp8_mlp_blocks)
 
     def forward(self, x):
