@@ -46,6 +46,7 @@ def observe(engine: Engine) -> dict:
         "qkv_grad": sum(type(m).__name__ == "KernelAttention" for m in model.modules()),
         "fp8_forward": sum(getattr(m, "fp8_attn_in", False) + getattr(m, "fp8_mlp_in", False) for m in model.modules()),
         "fp8_proj": sum(getattr(m, "fp8_mlp_out", False) for m in model.modules()),
+        "fp8_dgrad": sorted(n.split(".", 3)[3] for n, m in model.named_modules() if getattr(m, "dgrad8", False)),
         "adamw_kernel": type(engine.optimizer).__name__,
         "fp8_linears": sorted({n.split(".", 3)[3] for n, m in model.named_modules()
                                if type(m).__name__ == "Float8Linear"}),
@@ -74,12 +75,13 @@ EXPECTED = {  # rung -> the observable properties it may change
     "qkv_grad": {"qkv_grad"},
     "fp8_fc": {"fp8_forward"},  # the norm Blocks' float8 inputs, c_fc's only
     "fp8_proj": {"fp8_proj"},  # the MLPs' c_proj fed in float8 by the GELU kernel
+    "fp8_dgrad": {"fp8_dgrad"},  # c_attn's and the MLP's c_proj's input gradients in float8
     "fp8_forward": {"fp8_forward"},
     "adamw_kernel": {"adamw_kernel"},  # the fused_adamw it sets is on below it already
     # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's (nor its copies), not the
     # q, k, v gradient kernel's, and their own float8 casts, not the norm kernel's
-    "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad", "weight_cast", "fp8_forward", "fp8_proj"},
-    "fp8_attn": {"fp8_linears", "fp32_wgrad", "weight_cast", "qkv_grad", "fp8_forward"},
+    "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad", "weight_cast", "fp8_forward", "fp8_proj", "fp8_dgrad"},
+    "fp8_attn": {"fp8_linears", "fp32_wgrad", "weight_cast", "qkv_grad", "fp8_forward", "fp8_dgrad"},
 }
 
 
@@ -159,7 +161,7 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_dgrad", "fp8_forward", "fp8_mlp", "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
     assert resolve_rungs("auto", H200_TRITON)[-6:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias", "fp8_fc",
                                                        "adamw_kernel"]
@@ -172,7 +174,7 @@ def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
     from gpt2ladder.ladder import left_out_of_auto
 
     graph_only = ["bf16_residual", "gelu_kernel", "fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
-                  "qkv_grad", "fp8_fc", "fp8_proj", "fp8_forward", "adamw_kernel"]
+                  "qkv_grad", "fp8_fc", "fp8_proj", "fp8_dgrad", "fp8_forward", "adamw_kernel"]
     assert left_out_of_auto(H200_TRITON) == {} and left_out_of_auto(H200_TRITON, "ddp") == {}
     left = left_out_of_auto(H200_TRITON, "fsdp")
     # weight_cast cannot run under FSDP2 at all (its copies would be of the shards), nor proj_bias (a Block's

@@ -128,3 +128,57 @@ def test_compiled_training_steps_match_without_the_rung():
         moved = (params[False][name] - start[name]).abs().max().item()
         assert moved > 1e-4, name
         assert (after - params[False][name]).abs().max().item() < 1e-3 * moved, name
+
+
+def test_fp8_dgrad_forms_the_input_gradient_in_float8_and_leaves_the_rest():
+    """With `dgrad8` the input gradient is float8's product (row scales on the output gradient, one per input feature
+    on the weight): off the bf16 product by e4m3's rounding, not more, and not equal to it (the float8 path ran); the
+    output and the weight's and bias's gradients stay bit for bit those of the Linear without it."""
+    plain, swapped, x, g = _pair()
+    marked = linear_like(Fp32WgradLinear, plain)
+    marked.dgrad8 = True
+    xs, xm = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ys, ym = swapped(xs), marked(xm)
+    assert torch.equal(ym, ys)
+    gb = g.to(torch.bfloat16)
+    ys.backward(gb), ym.backward(gb)
+    assert torch.equal(marked.weight.grad, swapped.weight.grad) and torch.equal(marked.bias.grad, swapped.bias.grad)
+    exact = (gb.double() @ plain.weight.to(torch.bfloat16).double()).float()
+    err = (xm.grad.float() - exact).norm() / exact.norm()
+    assert xm.grad.dtype == xs.grad.dtype == torch.float32
+    assert 0.003 < err < 0.05  # e4m3 keeps 3 mantissa bits: about 2% per element, less over the sum
+    assert (xs.grad.float() - exact).norm() / exact.norm() < 0.006  # bf16's product, for scale
+
+
+def test_input_grad_float8_scales_per_token_and_per_input_feature():
+    """One token's gradient 1e5 times larger than the others', one input feature's weights 1e5 times smaller: past
+    e4m3's range (2^17 from its largest value to its smallest step), so one scale for the whole tensor would flush the
+    rest to zero, while one per row and per input feature keeps every element's error within e4m3's rounding of its
+    terms (each operand off by at most 2^-4 of itself)."""
+    from gpt2ladder.speedups.fp32_wgrad import input_grad
+
+    gen = torch.Generator().manual_seed(1)
+    g2 = torch.randn(64, 96, generator=gen)
+    g2[5] *= 1e5
+    w = torch.randn(96, 32, generator=gen) * 0.02  # (out, in)
+    w[:, 7] /= 1e5
+    got, exact = input_grad(g2, w, float8=True), g2 @ w
+    terms = g2.abs() @ w.abs()  # what the rounding of each term can move an element by, summed
+    err = (got - exact).abs() / terms
+    assert err.max() < 2 * 2**-4 + 2**-8
+    assert err[5].max() < 0.13 and err[:, 7].max() < 0.13 and err.mean() < 0.03
+    assert torch.equal(input_grad(g2, w), g2 @ w)
+
+
+def test_use_fp8_dgrad_marks_c_attn_and_the_mlps_c_proj_in_the_blocks():
+    from gpt2ladder.speedups.fp32_wgrad import use_fp8_dgrad
+
+    model = GPT(PRESETS["tiny"])
+    use_fp32_wgrad(model)
+    marked = use_fp8_dgrad(model)
+    n_layer = PRESETS["tiny"].n_layer
+    assert sorted(marked) == sorted([f"transformer.h.{i}.attn.c_attn" for i in range(n_layer)]
+                                    + [f"transformer.h.{i}.mlp.c_proj" for i in range(n_layer)])
+    flags = {name: m.dgrad8 for name, m in model.named_modules() if isinstance(m, Fp32WgradLinear)}
+    assert sum(flags.values()) == 2 * n_layer and not flags["transformer.h.0.attn.c_proj"]

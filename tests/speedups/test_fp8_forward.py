@@ -147,7 +147,7 @@ def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_
     errors = []
 
     def checked_apply(*a):  # each float8 product against the same Linear in fp32: within float8's rounding
-        calls.append((a[3].shape, a[4] is not None, a[-1]))
+        calls.append((a[3].shape, a[4] is not None, a[7]))  # weight, bias, blocked
         y = real_apply(*a)
         exact = torch.nn.functional.linear(a[0].float(), a[3].float(), None if a[4] is None else a[4].float())
         errors.append(((y.float() - exact).norm() / exact.norm()).item())
@@ -232,3 +232,35 @@ def test_the_rung_reaches_the_norm_blocks(float8_mlp):
     engine = Engine(PRESETS["tiny"], setup_for(names), torch.device("cpu"), compile_backend="eager")
     blocks = [m for m in engine.raw_model.modules() if type(m).__name__ == "NormBlock"]
     assert blocks and all(b.fp8_attn_in and b.fp8_mlp_in != float8_mlp for b in blocks)
+
+
+@pytest.mark.parametrize("fp8_fc", [False, True], ids=["bf16_forward", "fp8_fc"])
+def test_fp8_dgrad_reaches_the_marked_linears_in_the_norm_blocks(monkeypatch, fp8_fc):
+    """fp8_dgrad on the top of auto's Blocks (GELU kernel's MLP, norm kernels, proj_bias, with or without fp8_fc):
+    the input gradients of c_attn and the MLP's c_proj, and only those, are float8 products, through whichever
+    autograd Function runs the Linear; the loss is the same (the forward did not change) and every gradient stays
+    within float8's rounding of the model's without it."""
+    import gpt2ladder.speedups.fp32_wgrad as fw
+    from norm_block_support import CFG, one_step_each, rewired_models
+
+    variants = {dgrad: {"defer_bias": True, "fp8_fc": fp8_fc} for dgrad in (False, True)}
+    models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"), variants)
+    fw.use_fp8_dgrad(models[True])
+    calls = []
+    real = fw.input_grad
+    monkeypatch.setattr(fw, "input_grad", lambda g2, wc, float8=False: calls.append((tuple(wc.shape), float8))
+                        or real(g2, wc, float8))
+    losses, seen = one_step_each(models, calls)
+    c = CFG.n_embd
+    per_block = {False: [((c, c), False), ((4 * c, c), False), ((3 * c, c), False)],  # attn c_proj, c_fc, c_attn
+                 True: [((c, 4 * c), True), ((3 * c, c), True)]}  # the MLP's c_proj, c_attn
+    assert sorted(set(seen[True])) == sorted(set(per_block[False][:2] + per_block[True]))
+    assert [f for _, f in seen[True]].count(True) == 2 * CFG.n_layer
+    assert not any(f for _, f in seen[False]) and len(seen[False]) == len(seen[True])
+    assert losses[True] == losses[False]
+    plain = dict(models[False].named_parameters())
+    for name, param in models[True].named_parameters():
+        ref = plain[name].grad
+        assert param.grad is not None and (param.grad - ref).norm() <= 0.08 * ref.norm() + 1e-6, name  # max 0.051
+    moved = [n for n, p in models[True].named_parameters() if not torch.equal(p.grad, plain[n].grad)]
+    assert "transformer.wte.weight" in moved  # the float8 input gradients reached the embedding

@@ -135,11 +135,12 @@ def test_kernel_rung_trains_like_the_graphed_bf16_step_without_it(rung, before):
 @needs_triton
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="float8 matmuls need compute capability 8.9+")
-@pytest.mark.parametrize("rung", ["fp8_forward", "fp8_fc", "fp8_proj"])
+@pytest.mark.parametrize("rung", ["fp8_forward", "fp8_fc", "fp8_proj", "fp8_dgrad"])
 def test_float8_forward_products_train_like_the_bf16_forward(rung):
     """Compiled, graphed steps of the top of auto with c_attn's and c_fc's forward products (fp8_forward), c_fc's
-    alone (fp8_fc), or the MLP's c_proj's (fp8_proj, from the GELU kernel's copy) in float8, and in bf16: the same
-    losses within float8's precision, and training moves."""
+    alone (fp8_fc), or the MLP's c_proj's (fp8_proj, from the GELU kernel's copy) in float8, or the input gradients
+    of c_attn and the MLP's c_proj (fp8_dgrad), and in bf16: the same losses within float8's precision, and training
+    moves."""
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head",
              "loss_kernel", "cuda_graph", "bf16_residual", "gelu_kernel", "fp32_wgrad", "norm_kernel", "proj_bias"]
     without, with_rung = losses_without_and_with(names, rung)
@@ -167,6 +168,26 @@ def test_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():
     got = scaled_matmul(x8.to(GPU), sx.to(GPU), w8.to(GPU), sw.to(GPU), b.to(GPU), torch.bfloat16).cpu()
     want = scaled_matmul(x8, sx, w8, sw, b, torch.float32)
     assert ((got.float() - want).abs() <= 2**-7 * want.abs() + 1e-3 * want.abs().amax(1, keepdim=True)).all()
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="float8 matmuls need compute capability 8.9+")
+def test_float8_input_gradient_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():
+    """fp8_dgrad's product, the output gradient scaled per row and the weight per input feature (its transposed
+    float8 copy made contiguous for `torch._scaled_mm`), computes on the GPU what its CPU path computes in fp32,
+    within bf16's rounding and fast accumulation's."""
+    from gpt2ladder.speedups.fp32_wgrad import input_grad
+
+    gen = torch.Generator().manual_seed(2)
+    g = (torch.randn(512, 768, generator=gen) * torch.linspace(0.01, 10, 512)[:, None]).bfloat16()
+    w = (torch.randn(768, 3072, generator=gen) * torch.linspace(0.001, 0.1, 3072)).bfloat16()  # (out, in)
+    got = input_grad(g.to(GPU), w.to(GPU), float8=True).cpu()
+    want = input_grad(g.float(), w.float(), float8=True)
+    assert got.dtype == torch.bfloat16
+    assert ((got.float() - want).abs() <= 2**-7 * want.abs() + 1e-3 * want.abs().amax(1, keepdim=True)).all()
+    exact = g.float() @ w.float()
+    assert (got.float() - exact).norm() / exact.norm() < 0.05
 
 
 @needs_cuda

@@ -38,6 +38,7 @@ class Setup:
     qkv_grad: bool = False  # the q, k, v gradients assembled, with c_attn's bias gradient, by one Triton kernel
     fp8_fc: bool = False  # c_fc's forward matmul alone in float8, from the norm kernel's float8 copy
     fp8_proj: bool = False  # the MLP's c_proj forward matmul in float8, from the GELU kernel's float8 copy
+    fp8_dgrad: bool = False  # the input gradients of c_attn and the MLP's c_proj multiplied in float8
     fp8_forward: bool = False  # c_attn's and c_fc's forward matmuls in float8, from the norm kernels' float8 copies
     adamw_kernel: bool = False  # AdamW's update of every parameter as one Triton launch
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8

@@ -47,6 +47,12 @@ def _fp32_wgrad(model: nn.Module, setup: Setup) -> list[str]:
     return use_fp32_wgrad(model)
 
 
+def _fp8_dgrad(model: nn.Module, setup: Setup) -> list[str]:
+    from gpt2ladder.speedups.fp32_wgrad import use_fp8_dgrad
+
+    return use_fp8_dgrad(model)
+
+
 def _weight_cast(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.weight_cast import use_weight_casts
 
@@ -85,6 +91,8 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite("fp32_wgrad", lambda s: s.fp32_wgrad, _fp32_wgrad, after=("float8", "gelu_kernel"),
             why="it replaces plain Linears only, so float8 ones stay float8, and the GELU kernel's MLP "
                 "must first see its c_fc as a plain Linear to take it"),
+    Rewrite("fp8_dgrad", lambda s: s.fp8_dgrad, _fp8_dgrad, after=("fp32_wgrad",),
+            why="it marks the Linears fp32_wgrad makes, whose backward forms the input gradient in float8"),
     Rewrite("weight_cast", lambda s: s.weight_cast, _weight_cast, after=("fp32_wgrad",),
             why="it gives copies to the Linears that fp32_wgrad makes, which are the ones that read them"),
     Rewrite("qkv_grad", lambda s: s.qkv_grad, _qkv_grad, after=("float8",),

@@ -1,5 +1,6 @@
-"""What the rewrites share: the dtype autocast would compute in, and building a module of another class
-around the parameters of an existing one (so the state dict, the weight tying and the function stay)."""
+"""What the rewrites share: the dtype autocast would compute in, building a module of another class around the
+parameters of an existing one (so the state dict, the weight tying and the function stay), and the float8 product
+with one scale per row of each operand."""
 
 from __future__ import annotations
 
@@ -12,6 +13,17 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The matmul dtype autocast would pick here; the rewritten ops run with autocast off and cast themselves."""
     dev = x.device.type
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """(x8 * sx[:, None]) @ (w8 * sw[:, None]).T + bias in `out_dtype`, for 2-D float8 x8 (N, in), w8 (out, in) and
+    fp32 row scales: `torch._scaled_mm` on CUDA (w8 contiguous, so that w8.T is the column-major operand it takes),
+    the same product in fp32 elsewhere."""
+    if x8.is_cuda:
+        return torch._scaled_mm(x8, w8.t(), scale_a=sx[:, None], scale_b=sw[None, :], bias=bias,
+                                out_dtype=out_dtype, use_fast_accum=True)
+    y = (x8.float() * sx[:, None]) @ (w8.float() * sw[:, None]).t()
+    return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
 def linear_like(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:

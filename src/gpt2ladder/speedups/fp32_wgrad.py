@@ -13,6 +13,11 @@ and input gradient are the ordinary autocast matmuls.
 
 `torch.mm(..., out_dtype=)` exists for CUDA only; elsewhere the fp32 product of the (exactly
 representable) upcast inputs stands in, which is the same number up to summation order.
+
+The `fp8_dgrad` rung (`use_fp8_dgrad`) marks some of these Linears to form their input gradient in float8: the
+output gradient cast to e4m3 with one scale per row (a token's gradient), the weight with one per input feature,
+multiplied by `torch._scaled_mm` with fast accumulation, as the float8 forward products are
+(`speedups/fp8_forward.py`). Its weight and bias gradients stay as above.
 """
 
 from __future__ import annotations
@@ -21,12 +26,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt2ladder.kernels.norm import rows_to_fp8
 from gpt2ladder.speedups.common import (
     compute_dtype,
     in_blocks,
     linear_like,
     replace_modules,
+    scaled_matmul,
 )
+
+# The Linears (by name within a Block) whose input gradient `fp8_dgrad` forms in float8.
+DGRAD_LINEARS = ("attn.c_attn", "mlp.c_proj")
 
 
 def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -38,13 +48,25 @@ def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return grad.t().float() @ x.float()
 
 
+def input_grad(g2: torch.Tensor, wc: torch.Tensor, float8: bool = False) -> torch.Tensor:
+    """g2 @ wc for the (N, out) output gradient and the (out, in) weight, in their dtype. With `float8` the product
+    is float8's: g2 with one scale per row and the weight with one per input feature (a column of wc), each cast to
+    e4m3 from its largest magnitude."""
+    if not float8:
+        return g2 @ wc
+    g8, gs = rows_to_fp8(g2)
+    wt8, ws = rows_to_fp8(wc.t())
+    return scaled_matmul(g8, gs, wt8.contiguous(), ws, None, g2.dtype)
+
+
 def linear_grads(grad_y: torch.Tensor, xc: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype, w_dtype: torch.dtype,
-                 has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                 has_bias: bool, dgrad8: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(input, weight, bias or None) gradients of y = x @ w.T (+ b) from the input and weight as the matmul read
-    them (`xc`, `wc`, in the compute dtype): the input gradient in that dtype, the weight's and bias's in fp32."""
+    them (`xc`, `wc`, in the compute dtype): the input gradient in that dtype (`dgrad8`: its product in float8), the
+    weight's and bias's in fp32."""
     g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(wc.dtype)
     with torch.autocast(grad_y.device.type, enabled=False):
-        grad_x = (g2 @ wc).view(*grad_y.shape[:-1], wc.shape[1]).to(x_dtype)
+        grad_x = input_grad(g2, wc, dgrad8).view(*grad_y.shape[:-1], wc.shape[1]).to(x_dtype)
         grad_w = weight_grad(g2, xc.reshape(-1, xc.shape[-1])).to(w_dtype)
         grad_b = g2.sum(0, dtype=torch.float32).to(w_dtype) if has_bias else None
     return grad_x, grad_w, grad_b
@@ -55,11 +77,13 @@ class Fp32WgradMatmul(torch.autograd.Function):
 
     `weight_c`, `bias_c`: the weight and bias already in that dtype (the `weight_cast` rung's copies, made
     at the start of the step), used instead of casting here; the gradients still go to `weight` and `bias`.
+    `dgrad8`: the input gradient's product in float8 (`input_grad`).
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                weight_c: torch.Tensor | None = None, bias_c: torch.Tensor | None = None) -> torch.Tensor:
+                weight_c: torch.Tensor | None = None, bias_c: torch.Tensor | None = None,
+                dgrad8: bool = False) -> torch.Tensor:
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             xc = x.to(dtype)
@@ -72,28 +96,31 @@ class Fp32WgradMatmul(torch.autograd.Function):
         ctx.save_for_backward(xc, wc)
         # a bias that takes no gradient here (the qkv_grad rung sums it elsewhere) is not summed
         ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None and ctx.needs_input_grad[2]
+        ctx.dgrad8 = dgrad8
         return y
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         xc, wc = ctx.saved_tensors
-        return (*linear_grads(grad_y, xc, wc, ctx.x_dtype, ctx.w_dtype, ctx.has_bias), None, None)
+        return (*linear_grads(grad_y, xc, wc, ctx.x_dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8), None, None, None)
 
 
 class Fp32WgradLinear(nn.Linear):
     """An `nn.Linear` (same parameters, same state dict) whose gradients come from `Fp32WgradMatmul`.
 
     `casts` is set by the `weight_cast` rung (`speedups/weight_cast.py`): where it holds fresh copies of
-    the weight and bias in the compute dtype, the matmul reads those instead of casting.
+    the weight and bias in the compute dtype, the matmul reads those instead of casting. `dgrad8` is set by the
+    `fp8_dgrad` rung: the input gradient's product in float8.
     """
 
     casts = None  # a weight_cast.Slot, or None
+    dgrad8 = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         weight_c, bias_c = self._fresh_casts()
-        return Fp32WgradMatmul.apply(x, self.weight, self.bias, weight_c, bias_c)
+        return Fp32WgradMatmul.apply(x, self.weight, self.bias, weight_c, bias_c, self.dgrad8)
 
     def matmul(self, x: torch.Tensor, bias_without_grad: bool = False) -> torch.Tensor:
         """x @ weight.T without the bias (the GELU kernel's MLP adds it in its own kernel); with `bias_without_grad`,
@@ -102,7 +129,8 @@ class Fp32WgradLinear(nn.Linear):
         if not torch.is_grad_enabled():
             return F.linear(x, self.weight, bias)
         weight_c, bias_c = self._fresh_casts()
-        return Fp32WgradMatmul.apply(x, self.weight, bias, weight_c, bias_c if bias_without_grad else None)
+        return Fp32WgradMatmul.apply(x, self.weight, bias, weight_c, bias_c if bias_without_grad else None,
+                                     self.dgrad8)
 
     def _fresh_casts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return (None, None) if self.casts is None else self.casts.fresh()
@@ -115,3 +143,13 @@ def use_fp32_wgrad(model: nn.Module) -> list[str]:
     """
     return replace_modules(model, lambda name, m: type(m) is nn.Linear and in_blocks(name),
                            lambda m: linear_like(Fp32WgradLinear, m))
+
+
+def use_fp8_dgrad(model: nn.Module, names: tuple[str, ...] = DGRAD_LINEARS) -> list[str]:
+    """Have the fp32_wgrad Linears named `names` within each Block form their input gradient in float8; their
+    names. Float8 Linears (`fp8_mlp`, `fp8_attn`) keep their own backward."""
+    marked = [name for name, m in model.named_modules()
+              if isinstance(m, Fp32WgradLinear) and in_blocks(name) and name.endswith(names)]
+    for name in marked:
+        model.get_submodule(name).dgrad8 = True
+    return marked

@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2ladder.kernels.norm import FP8_BLOCK, blocks_to_fp8, rows_to_fp8
+from gpt2ladder.speedups.common import scaled_matmul
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads
 
 try:  # block-wise scaled products; where this PyTorch lacks them, torch._scaled_mm reads them from the scales' shapes
@@ -63,16 +64,6 @@ def float8_rows(y: torch.Tensor, dtype: torch.dtype) -> Float8Rows:
     return Float8Rows(y.to(dtype), *rows_to_fp8(y.detach()))
 
 
-def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    """(x8 * sx[:, None]) @ (w8 * sw[:, None]).T + bias in `out_dtype`, for 2-D float8 x8 (N, in), w8 (out, in) and
-    fp32 row scales: `torch._scaled_mm` on CUDA, the same product in fp32 elsewhere."""
-    if x8.is_cuda:
-        return torch._scaled_mm(x8, w8.t(), scale_a=sx[:, None], scale_b=sw[None, :], bias=bias,
-                                out_dtype=out_dtype, use_fast_accum=True)
-    y = (x8.float() * sx[:, None]) @ (w8.float() * sw[:, None]).t()
-    return (y if bias is None else y + bias.float()).to(out_dtype)
-
-
 def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
     """The same product with block-wise scales: x8 (N, in) with sx (in / FP8_BLOCK, N), block-major; w8 (out, in) with
     sw (out, in / FP8_BLOCK). On CUDA `torch.nn.functional.scaled_mm` with 1 x FP8_BLOCK blocks on both operands (where
@@ -100,8 +91,9 @@ class Fp8InputMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, x8: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, weight_c: torch.Tensor | None = None,
-                bias_c: torch.Tensor | None = None, blocked: bool = False) -> torch.Tensor:
-        """`weight_c`, `bias_c`: the `weight_cast` rung's copies in x's dtype, read instead of casting here."""
+                bias_c: torch.Tensor | None = None, blocked: bool = False, dgrad8: bool = False) -> torch.Tensor:
+        """`weight_c`, `bias_c`: the `weight_cast` rung's copies in x's dtype, read instead of casting here;
+        `dgrad8`: the input gradient's product in float8 too (the `fp8_dgrad` rung)."""
         with torch.autocast(x.device.type, enabled=False):
             wc = weight_c if weight_c is not None and weight_c.dtype == x.dtype else weight.to(x.dtype)
             if bias is None:
@@ -116,13 +108,14 @@ class Fp8InputMatmul(torch.autograd.Function):
                 y = scaled_matmul(x8.reshape(-1, x8.shape[-1]), sx.reshape(-1), w8, sw, bc, x.dtype)
         ctx.save_for_backward(x, wc)
         ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None and ctx.needs_input_grad[4]
+        ctx.dgrad8 = dgrad8
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         x, wc = ctx.saved_tensors
-        grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias)
-        return grad_x, None, None, grad_w, grad_b, None, None, None
+        grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8)
+        return grad_x, None, None, grad_w, grad_b, None, None, None, None
 
 
 def _float8_ready(linear: nn.Module | None, multiple: int = 16) -> bool:
@@ -143,7 +136,7 @@ def linear_float8(linear: nn.Module, rows: Float8Rows, bias: torch.Tensor | None
     None where the bias is added elsewhere)."""
     weight_c, bias_c = linear._fresh_casts() if isinstance(linear, Fp32WgradLinear) else (None, None)
     return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, bias, weight_c,
-                                bias_c if bias is not None else None, rows.blocked)
+                                bias_c if bias is not None else None, rows.blocked, getattr(linear, "dgrad8", False))
 
 
 def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
