@@ -161,10 +161,10 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_dgrad", "fp8_forward", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "fp8_mlp", "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
-    assert resolve_rungs("auto", H200_TRITON)[-6:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias", "fp8_fc",
-                                                       "adamw_kernel"]
+    assert resolve_rungs("auto", H200_TRITON)[-7:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias", "fp8_fc",
+                                                       "fp8_dgrad", "adamw_kernel"]
     assert [n for n in resolve_rungs("best", H200_TRITON) if n in opt_in] == opt_in  # measured; kept if they pay
     assert [n for n in resolve_rungs("all", H200_TRITON) if n in opt_in] == opt_in
     assert "fp8_mlp" not in resolve_rungs("best", A100)  # and only where float8 exists

@@ -211,9 +211,9 @@ LADDER: tuple[Rung, ...] = (
     Rung("fp8_dgrad", "The input gradients of the attention's input projection (c_attn) and the MLP's output "
          "projection (c_proj) multiply in float8, at twice the bf16 tensor-core rate: the output gradient cast with "
          "one scale per token, the weight with one per input feature; the weight gradients stay bf16 matmuls "
-         "written in fp32. Opt-in until measured on a GPU.",
+         "written in fp32. 0.33 ms faster a step on an H200, its loss beside the fp32 baseline's (docs/results.md).",
          "precision", {"fp8_dgrad": True, "fp32_wgrad": True, "autocast": "bfloat16"},
-         lambda caps: _needs_fp8(caps) or _needs_mm_out_dtype(caps), opt_in=True, pays_with_graph=True),
+         lambda caps: _needs_fp8(caps) or _needs_mm_out_dtype(caps), pays_with_graph=True),
     Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
          "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
          "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "

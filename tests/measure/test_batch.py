@@ -96,9 +96,10 @@ def test_train_on_small_cards_at_gpt2_1024(gib, micro, graph, capped):
     else:
         assert kept == tuple(n for n in rungs if n not in ("cuda_graph", "bf16_residual", "gelu_kernel",
                                                            "fp32_wgrad", "weight_cast", "norm_kernel",
-                                                           "proj_bias", "fp8_fc", "adamw_kernel"))
+                                                           "proj_bias", "fp8_fc", "fp8_dgrad", "adamw_kernel"))
         assert notice.startswith("notice: training without a CUDA graph (nor bf16_residual, gelu_kernel, "
-                                 "fp32_wgrad, weight_cast, norm_kernel, proj_bias, fp8_fc, adamw_kernel, which pay "
+                                 "fp32_wgrad, weight_cast, norm_kernel, proj_bias, fp8_fc, fp8_dgrad, adamw_kernel, "
+                                 "which pay "
                                  "only inside one)")
         assert "3.53 GiB with it and needs 2.83 GiB without, of 3.22 GiB planned for on this 4 GiB" in notice
         named = plan_training(preset("gpt2"), rungs, 1024, caps, CUDA, 16, validates=True, probe=False)[0]

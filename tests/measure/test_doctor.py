@@ -91,7 +91,7 @@ def test_pre_ampere_bench_reports_bf16_skipped_with_the_reason():
 
 def test_ampere_and_hopper():
     assert recommended_rungs(A100) == [r.name for r in LADDER
-                                 if r.name not in ("fp16", "fp8_head", "fp8_fc") and not r.opt_in]
+                                 if r.name not in ("fp16", "fp8_head", "fp8_fc", "fp8_dgrad") and not r.opt_in]
     assert "8.9" in {c.key: c.reason for c in feature_checks(A100)}["fp8"]
     assert recommended_rungs(H100) == recommended_rungs(H200) == [r.name for r in LADDER
                                                                   if r.name != "fp16" and not r.opt_in]

@@ -234,16 +234,18 @@ def test_the_rung_reaches_the_norm_blocks(float8_mlp):
     assert blocks and all(b.fp8_attn_in and b.fp8_mlp_in != float8_mlp for b in blocks)
 
 
-@pytest.mark.parametrize("fp8_fc", [False, True], ids=["bf16_forward", "fp8_fc"])
-def test_fp8_dgrad_reaches_the_marked_linears_in_the_norm_blocks(monkeypatch, fp8_fc):
-    """fp8_dgrad on the top of auto's Blocks (GELU kernel's MLP, norm kernels, proj_bias, with or without fp8_fc):
+@pytest.mark.parametrize("forward", [{}, {"fp8_fc": True}, {"fp8_forward": True}],
+                         ids=["bf16_forward", "fp8_fc", "fp8_forward"])
+def test_fp8_dgrad_reaches_the_marked_linears_in_the_norm_blocks(monkeypatch, forward):
+    """fp8_dgrad on the top of auto's Blocks (GELU kernel's MLP, norm kernels, proj_bias; the forward products in bf16,
+    c_fc's in float8, or c_attn's too, so that c_attn runs through Fp8InputMatmul):
     the input gradients of c_attn and the MLP's c_proj, and only those, are float8 products, through whichever
     autograd Function runs the Linear; the loss is the same (the forward did not change) and every gradient stays
     within float8's rounding of the model's without it."""
     import gpt2ladder.speedups.fp32_wgrad as fw
     from norm_block_support import CFG, one_step_each, rewired_models
 
-    variants = {dgrad: {"defer_bias": True, "fp8_fc": fp8_fc} for dgrad in (False, True)}
+    variants = {dgrad: {"defer_bias": True, **forward} for dgrad in (False, True)}
     models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"), variants)
     fw.use_fp8_dgrad(models[True])
     calls = []

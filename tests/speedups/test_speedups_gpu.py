@@ -185,7 +185,9 @@ def test_float8_input_gradient_on_the_gpu_is_the_fp32_product_of_its_scaled_oper
     got = input_grad(g.to(GPU), w.to(GPU), float8=True).cpu()
     want = input_grad(g.float(), w.float(), float8=True)
     assert got.dtype == torch.bfloat16
-    assert ((got.float() - want).abs() <= 2**-7 * want.abs() + 1e-3 * want.abs().amax(1, keepdim=True)).all()
+    # bf16's rounding of each element, and fast accumulation's of the sum, which is relative to its terms' sizes
+    terms = input_grad(g.float().abs(), w.float().abs())
+    assert ((got.float() - want).abs() <= 2**-7 * want.abs() + 2**-9 * terms).all()
     exact = g.float() @ w.float()
     assert (got.float() - exact).norm() / exact.norm() < 0.05
 
@@ -194,7 +196,7 @@ def test_float8_input_gradient_on_the_gpu_is_the_fp32_product_of_its_scaled_oper
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="float8 matmuls need compute capability 8.9+")
 def test_block_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():
-    """`torch.nn.functional.scaled_mm` with one scale per 128 columns of each row of both operands (the scales of x
+    """`torch._scaled_mm` with one scale per 128 columns of each row of both operands (the scales of x
     block-major) computes what the CPU path computes in fp32, within bf16's rounding."""
     from gpt2ladder.kernels.norm import blocks_to_fp8
     from gpt2ladder.speedups.fp8_forward import scaled_matmul_blocks

@@ -21,9 +21,9 @@ each row's amax mapped to e4m3's largest value, for c_proj's forward product to 
 one program then holds whole rows (`FP8_FWD_TILE`), and the copy is made from the values before their rounding to
 the output dtype, as the norm kernel's is (`kernels/norm.py`, `rows_to_fp8`). Holding whole rows costs: 0.059 ms
 more per Block than the plain forward on the H200. `launch_fwd_fp8_blocks` writes the copy with one scale per block
-of `FP8_BLOCK` columns of a row instead (the 1 x 128 blocks of `torch.nn.functional.scaled_mm`'s block-wise
-scaling), so each program keeps the plain forward's tile; no rung uses it yet (benchmarks/micro/fp8_blockwise.py
-times it and the block-scaled products).
+of `FP8_BLOCK` columns of a row instead (the 1 x 128 blocks of cuBLAS's block-wise scaling), so each program keeps
+the plain forward's tile: 0.022 ms more per Block than the plain forward on the H200. fp8_proj reads it with
+`PROJ_BLOCKS` on (benchmarks/micro/fp8_blockwise.py times it and the block-scaled products).
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
 `gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:

@@ -54,7 +54,7 @@ def input_grad(g2: torch.Tensor, wc: torch.Tensor, float8: bool = False) -> torc
     e4m3 from its largest magnitude."""
     if not float8:
         return g2 @ wc
-    g8, gs = rows_to_fp8(g2)
+    g8, gs = rows_to_fp8(g2.contiguous())  # _scaled_mm's first operand row-major
     wt8, ws = rows_to_fp8(wc.t())
     return scaled_matmul(g8, gs, wt8.contiguous(), ws, None, g2.dtype)
 

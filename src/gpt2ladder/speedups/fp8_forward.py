@@ -18,7 +18,7 @@ The MLP's output projection (c_proj) can read float8 the same way (the `fp8_proj
 output, and the GELU kernel holds whole rows too when asked for the copy (`kernels/gelu.py`, `gelu_fp8`). Or, with
 `PROJ_BLOCKS`, the copy has one scale per 128 columns of a row, which the kernel finds at its
 plain tile, and the weight one per 128 input features of each output feature: block-wise scaling, which
-`torch.nn.functional.scaled_mm` multiplies on Hopper with cuBLAS 12.9 or newer.
+`torch._scaled_mm` multiplies on Hopper with cuBLAS 12.9 or newer.
 
 The step got 0.55 ms faster on an H200, and two 300-step parity runs ended within the rule, but its training loss
 runs above the fp32 baseline's where the other rungs' do not, and to a validation loss of 5.25 it took as many steps
@@ -31,16 +31,10 @@ from typing import NamedTuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gpt2ladder.kernels.norm import FP8_BLOCK, blocks_to_fp8, rows_to_fp8
 from gpt2ladder.speedups.common import scaled_matmul
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads
-
-try:  # block-wise scaled products; where this PyTorch lacks them, torch._scaled_mm reads them from the scales' shapes
-    from torch.nn.functional import ScalingType, SwizzleType
-except ImportError:
-    ScalingType = SwizzleType = None
 
 
 class Float8Rows(NamedTuple):
@@ -66,17 +60,11 @@ def float8_rows(y: torch.Tensor, dtype: torch.dtype) -> Float8Rows:
 
 def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
     """The same product with block-wise scales: x8 (N, in) with sx (in / FP8_BLOCK, N), block-major; w8 (out, in) with
-    sw (out, in / FP8_BLOCK). On CUDA `torch.nn.functional.scaled_mm` with 1 x FP8_BLOCK blocks on both operands (where
-    this PyTorch has no such function, `torch._scaled_mm`, which reads the recipe from the scales' shapes); the same
-    product in fp32 elsewhere."""
+    sw (out, in / FP8_BLOCK). On CUDA `torch._scaled_mm`, which reads the 1 x FP8_BLOCK recipe of both operands from
+    the scales' shapes and which, unlike `torch.nn.functional.scaled_mm` in PyTorch 2.11, torch.compile traces
+    without a graph break; the same product in fp32 elsewhere."""
     if x8.is_cuda:
-        if ScalingType is not None:
-            y = F.scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_recipe_a=ScalingType.BlockWise1x128,
-                            scale_b=sw.t().contiguous().t(), scale_recipe_b=ScalingType.BlockWise1x128,
-                            swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE,
-                            output_dtype=out_dtype)
-        else:
-            y = torch._scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_b=sw.t().contiguous(), out_dtype=out_dtype)
+        y = torch._scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_b=sw.t().contiguous(), out_dtype=out_dtype)
         return y if bias is None else y + bias
     xf = x8.float() * sx.t().repeat_interleave(FP8_BLOCK, 1)
     y = xf @ (w8.float() * sw.repeat_interleave(FP8_BLOCK, 1)).t()
