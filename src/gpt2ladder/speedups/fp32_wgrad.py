@@ -148,8 +148,9 @@ def use_fp32_wgrad(model: nn.Module) -> list[str]:
 def use_fp8_dgrad(model: nn.Module, names: tuple[str, ...] = DGRAD_LINEARS) -> list[str]:
     """Have the fp32_wgrad Linears named `names` within each Block form their input gradient in float8; their
     names. Float8 Linears (`fp8_mlp`, `fp8_attn`) keep their own backward."""
-    marked = [name for name, m in model.named_modules()
-              if isinstance(m, Fp32WgradLinear) and in_blocks(name) and name.endswith(names)]
-    for name in marked:
-        model.get_submodule(name).dgrad8 = True
+    marked = []
+    for name, m in model.named_modules():
+        if isinstance(m, Fp32WgradLinear) and in_blocks(name) and name.endswith(names):
+            m.dgrad8 = True
+            marked.append(name)
     return marked
