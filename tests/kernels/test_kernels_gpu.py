@@ -199,6 +199,33 @@ def test_qkv_grad_kernel_assembles_what_sdpa_returns_at_gpt2_size():
     torch.testing.assert_close(dbias, ref_db, rtol=1e-4, atol=1e-4)
 
 
+@needs_cuda
+@needs_triton
+def test_qkv_grad_float8_kernel_writes_rows_to_fp8s_bytes_at_gpt2_size():
+    """The float8 kernel on SDPA's own q, k, v gradients: the assembled gradient as the plain kernel's, its float8
+    copy and row scales byte for byte those of `rows_to_fp8` (PyTorch's IEEE division and rounding), the bias
+    gradient from the partial sums as the fp32 column sums."""
+    import torch.nn.functional as F
+
+    from gpt2ladder.kernels.norm import rows_to_fp8
+    from gpt2ladder.kernels.qkv import qkv_grad8, qkv_grad_reference
+    from gpt2ladder.model.gpt import split_heads
+
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(16, 1024, 2304, generator=gen).to(GPU, torch.bfloat16)
+    q, k, v = (h.detach().requires_grad_() for h in split_heads(qkv, 12))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    gy = torch.randn(y.shape, generator=gen) * torch.logspace(-3, 3, 1024)[:, None]  # tokens' gradients of unlike size
+    y.backward(gy.to(GPU, torch.bfloat16))
+    out, g8, scale, dbias = qkv_grad8(q.grad, k.grad, v.grad, torch.float32)
+    ref, ref_db = qkv_grad_reference(q.grad, k.grad, v.grad, torch.float32)
+    ref8, ref_scale = rows_to_fp8(ref.view(-1, 2304))
+    assert torch.equal(out, ref)
+    assert torch.equal(scale, ref_scale)
+    assert torch.equal(g8.view(torch.uint8), ref8.view(torch.uint8))
+    torch.testing.assert_close(dbias, ref_db, rtol=1e-4, atol=1e-4)
+
+
 
 def _same_adamw_state(ref, ref_opt, params, opt, steps):
     """KernelAdamW's parameters, stored gradients, moments and step counts against fused AdamW's."""

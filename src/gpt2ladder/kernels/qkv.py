@@ -15,11 +15,21 @@ The op is a custom op (opaque to torch.compile and CUDA graphs). Off CUDA or wit
 runs, the PyTorch expressions the kernel must match (tests/kernels/test_qkv_kernel.py runs the kernel through
 Triton's CPU interpreter, tests/kernels/test_kernels_gpu.py on a GPU). The bias gradient's atomics add in no fixed
 order, so it is not bit-reproducible from run to run.
+
+Where c_attn's input gradient is a float8 product (the `fp8_dgrad` rung), `_qkv_grad8_kernel` also writes that
+gradient's float8 copy, one scale per row (a token's 3C values, their largest magnitude mapped to e4m3's largest
+value, as `kernels.norm.rows_to_fp8` does, with IEEE division so the bytes are the same), which compile made in a
+second pass that read the assembled gradient again. A program takes whole rows: BLOCK_T tokens at a time, all
+three gradients' heads at once (the heads padded to a power of two), so a row's scale is known before its float8
+values are written. Its column sums go to one row of partial sums per program, summed after in a fixed order
+(no atomics: this bias gradient is reproducible).
 """
 
 from __future__ import annotations
 
 import torch
+
+from gpt2ladder.kernels.norm import E4M3, E4M3_MAX, rows_to_fp8
 
 try:
     import triton
@@ -32,6 +42,9 @@ except ImportError:  # CPU-only installs: the reference expressions run instead
 # the others tried; compile's copy and sum of the same values, alone, 0.195 ms (in the step, where they fuse with
 # their neighbours, about 0.054 ms a layer).
 TILE = (128, 2, 4)
+# (tokens per step, steps per program, warps) of the kernel with the float8 copy; benchmarks/micro/qkv_grad.py
+# --fp8 compares others.
+TILE8 = (4, 8, 8)
 
 
 def qkv_grad_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
@@ -43,6 +56,14 @@ def qkv_grad_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
     dqkv = torch.cat(parts, dim=2)
     wide = torch.promote_types(dq.dtype, torch.float32)
     return dqkv, dqkv.reshape(B * T, -1).sum(0, dtype=wide).to(bias_dtype)
+
+
+def qkv_grad8_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, bias_dtype: torch.dtype):
+    """qkv_grad_reference's two outputs, and between them the (B*T, 3C) gradient's float8 copy and its row scales
+    (`rows_to_fp8`, from the gradient in its own dtype)."""
+    dqkv, dbias = qkv_grad_reference(dq, dk, dv, bias_dtype)
+    g8, scale = rows_to_fp8(dqkv.reshape(-1, dqkv.shape[-1]))
+    return dqkv, g8, scale, dbias
 
 
 if triton is not None:
@@ -103,6 +124,91 @@ if triton is not None:
         B, nh, T, hs = dq.shape
         return dq.new_empty((B, T, 3 * nh * hs)), dq.new_empty((3 * nh * hs,), dtype=bias_dtype)
 
+    @triton.jit
+    def _qkv_grad8_kernel(dq_ptr, dk_ptr, dv_ptr, out_ptr, out8_ptr, scale_ptr, part_ptr, T, nh,
+                          sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, Q_MAX: tl.constexpr,
+                          HS: tl.constexpr, NH: tl.constexpr, BLOCK_T: tl.constexpr, STEPS: tl.constexpr):
+        # Grid: (token blocks of T, B). Program (i, b) takes tokens [i * STEPS * BLOCK_T, ...) of batch b, BLOCK_T
+        # at a time: each gradient's (BLOCK_T, NH, HS) tile (heads past nh masked), the tokens' rows of the output,
+        # their float8 copy and scales; at the end its column sums, row b * programs + i of the partial sums.
+        i = tl.program_id(0)
+        b = tl.program_id(1)
+        h = tl.arange(0, NH)
+        d = tl.arange(0, HS)
+        C = nh * HS
+        width = 3 * C
+        head_ok = (h < nh)[None, :, None] & (d < HS)[None, None, :]
+        col = h[None, :, None] * HS + d[None, None, :]  # within one of q, k, v
+        q_at = dq_ptr + b.to(tl.int64) * sq_b + h[None, :, None] * sq_h + d[None, None, :]
+        k_at = dk_ptr + b.to(tl.int64) * sk_b + h[None, :, None] * sk_h + d[None, None, :]
+        v_at = dv_ptr + b.to(tl.int64) * sv_b + h[None, :, None] * sv_h + d[None, None, :]
+        sum_q = tl.zeros([NH, HS], tl.float32)
+        sum_k = tl.zeros([NH, HS], tl.float32)
+        sum_v = tl.zeros([NH, HS], tl.float32)
+        for step in tl.range(0, STEPS):
+            t = (i * STEPS + step) * BLOCK_T + tl.arange(0, BLOCK_T)
+            t_ok = t < T
+            mask = t_ok[:, None, None] & head_ok
+            t3 = t.to(tl.int64)[:, None, None]
+            q = tl.load(q_at + t3 * sq_t, mask=mask, other=0.0)
+            k = tl.load(k_at + t3 * sk_t, mask=mask, other=0.0)
+            v = tl.load(v_at + t3 * sv_t, mask=mask, other=0.0)
+            rows = b.to(tl.int64) * T + t.to(tl.int64)
+            at = rows[:, None, None] * width + col
+            tl.store(out_ptr + at, q, mask=mask)
+            tl.store(out_ptr + at + C, k, mask=mask)
+            tl.store(out_ptr + at + 2 * C, v, mask=mask)
+            qf, kf, vf = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
+            amax = tl.maximum(tl.maximum(tl.max(tl.max(tl.abs(qf), 2), 1), tl.max(tl.max(tl.abs(kf), 2), 1)),
+                              tl.max(tl.max(tl.abs(vf), 2), 1))
+            scale = tl.div_rn(tl.maximum(amax, 1e-12), Q_MAX)
+            s3 = scale[:, None, None]
+            tl.store(out8_ptr + at, tl.div_rn(qf, s3).to(out8_ptr.dtype.element_ty), mask=mask)
+            tl.store(out8_ptr + at + C, tl.div_rn(kf, s3).to(out8_ptr.dtype.element_ty), mask=mask)
+            tl.store(out8_ptr + at + 2 * C, tl.div_rn(vf, s3).to(out8_ptr.dtype.element_ty), mask=mask)
+            tl.store(scale_ptr + rows, scale, mask=t_ok)
+            sum_q += tl.sum(qf, 0)
+            sum_k += tl.sum(kf, 0)
+            sum_v += tl.sum(vf, 0)
+        part = part_ptr + (b * tl.num_programs(0) + i).to(tl.int64) * width + col
+        tl.store(part, sum_q[None, :, :], mask=head_ok)
+        tl.store(part + C, sum_k[None, :, :], mask=head_ok)
+        tl.store(part + 2 * C, sum_v[None, :, :], mask=head_ok)
+
+    def programs8(T: int, tile=None) -> int:
+        """How many programs the float8 kernel runs per sequence (rows of partial sums per batch element)."""
+        bt, steps, _ = tile or TILE8
+        return triton.cdiv(T, bt * steps)
+
+    def launch8(dq, dk, dv, out, out8, scale, part, tile=None) -> None:
+        """c_attn's output gradient into `out` (B*T, 3C), its float8 copy into `out8` (the same shape; an fp32 one
+        takes the values before their rounding) and its row scales into `scale` (B*T,), and each program's column
+        sums into `part` (B * programs8(T), 3C) fp32; from (B, nh, T, hs) gradients with a unit last stride."""
+        B, nh, T, hs = dq.shape
+        bt, steps, warps = tile or TILE8
+        strides = [s for g in (dq, dk, dv) for s in g.stride()[:3]]
+        _qkv_grad8_kernel[(programs8(T, tile), B)](
+            dq, dk, dv, out, out8, scale, part, T, nh, *strides, Q_MAX=E4M3_MAX, HS=hs,
+            NH=triton.next_power_of_2(nh), BLOCK_T=bt, STEPS=steps, num_warps=warps)
+
+    @torch.library.custom_op("gpt2ladder::qkv_grad8", mutates_args=())
+    def qkv_grad8_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                     bias_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, nh, T, hs = dq.shape
+        dq, dk, dv = (g if g.stride(-1) == 1 else g.contiguous() for g in (dq, dk, dv))
+        out = torch.empty((B, T, 3 * nh * hs), device=dq.device, dtype=dq.dtype)
+        out8 = torch.empty((B * T, 3 * nh * hs), device=dq.device, dtype=E4M3)
+        scale = torch.empty((B * T,), device=dq.device, dtype=torch.float32)
+        part = torch.empty((B * programs8(T), 3 * nh * hs), device=dq.device, dtype=torch.float32)
+        launch8(dq, dk, dv, out.view(B * T, -1), out8, scale, part)
+        return out, out8, scale, part.sum(0).to(bias_dtype)
+
+    @qkv_grad8_op.register_fake
+    def _(dq, dk, dv, bias_dtype):
+        B, nh, T, hs = dq.shape
+        return (dq.new_empty((B, T, 3 * nh * hs)), dq.new_empty((B * T, 3 * nh * hs), dtype=E4M3),
+                dq.new_empty((B * T,), dtype=torch.float32), dq.new_empty((3 * nh * hs,), dtype=bias_dtype))
+
 
 def usable(hs: int) -> bool:
     """Whether the kernel takes this head size (a power of two, as a Triton block must be)."""
@@ -115,3 +221,11 @@ def qkv_grad(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
     if triton is not None and dq.is_cuda and usable(dq.shape[-1]):
         return torch.ops.gpt2ladder.qkv_grad(dq, dk, dv, bias_dtype)
     return qkv_grad_reference(dq, dk, dv, bias_dtype)
+
+
+def qkv_grad8(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, bias_dtype: torch.dtype):
+    """(c_attn's output gradient (B, T, 3C), its float8 copy (B*T, 3C) and row scales (B*T,), its bias gradient):
+    the kernel on CUDA with Triton, else the reference."""
+    if triton is not None and dq.is_cuda and usable(dq.shape[-1]):
+        return torch.ops.gpt2ladder.qkv_grad8(dq, dk, dv, bias_dtype)
+    return qkv_grad8_reference(dq, dk, dv, bias_dtype)

@@ -66,13 +66,16 @@ class CausalSelfAttention(Branch):
 
     def after_in_proj(self, qkv: torch.Tensor) -> torch.Tensor:
         """From c_attn's output, q, k and v side by side (B, T, 3C), to the heads' outputs, (B, T, C)."""
-        B, T, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-        q, k, v = self.split_heads(qkv)
+        return self.attend(*self.split_heads(qkv))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs, (B, T, C), from q, k, v (B, nh, T, hs)."""
+        B, nh, T, hs = q.shape
         if self.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         else:
             y = manual_attention(q, k, v, self.bias[:, :, :T, :T])
-        return y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return y.transpose(1, 2).contiguous().view(B, T, nh * hs)  # (B, T, C)
 
     def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as (B, nh, T, hs) views of c_attn's output (B, T, 3C)."""

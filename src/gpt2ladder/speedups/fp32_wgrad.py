@@ -54,9 +54,14 @@ def input_grad(g2: torch.Tensor, wc: torch.Tensor, float8: bool = False) -> torc
     e4m3 from its largest magnitude."""
     if not float8:
         return g2 @ wc
-    g8, gs = rows_to_fp8(g2.contiguous())  # _scaled_mm's first operand row-major
+    return fp8_input_grad(*rows_to_fp8(g2.contiguous()), wc, g2.dtype)  # _scaled_mm's first operand row-major
+
+
+def fp8_input_grad(g8: torch.Tensor, gs: torch.Tensor, wc: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """input_grad's float8 product from the output gradient's float8 copy g8 (N, out), row-major, and its row scales
+    gs: the weight cast with one scale per input feature; (N, in) in `out_dtype`."""
     wt8, ws = rows_to_fp8(wc.t())
-    return scaled_matmul(g8, gs, wt8.contiguous(), ws, None, g2.dtype)
+    return scaled_matmul(g8, gs, wt8.contiguous(), ws, None, out_dtype)
 
 
 def linear_grads(grad_y: torch.Tensor, xc: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype, w_dtype: torch.dtype,

@@ -105,13 +105,16 @@ def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False, blocke
     adds it with the residual and sums its gradient with the norm's own. A `Float8Rows` y: the input
     projection's forward product in float8. `fp8_out` (an MLP that `takes_float8_out`): the output projection's
     forward product in float8 too, from the GELU kernel's float8 copy of its input (`blocked`: with block scales)."""
-    h = in_proj_float8(module, y) if isinstance(y, Float8Rows) else module.in_product(y)
     proj = module.c_proj
     defer = defer_bias and _deferrable(proj)
+    if isinstance(y, Float8Rows):
+        h = in_proj_float8(module, y)
+    elif fp8_out:
+        h = module.in_product(y)
     if fp8_out:
         p = linear_float8(proj, module.after_in_proj_float8(h, blocked), None if defer else proj.bias)
     else:
-        pre = module.after_in_proj(h)
+        pre = module.after_in_proj(h) if isinstance(y, Float8Rows) else module.pre_proj(y)
         p = matmul_without_bias(proj, pre) if defer else proj(pre)
     return p, proj.bias if defer else None
 
