@@ -30,8 +30,8 @@ i, j = divmod(rel.argmax().item(), rel.shape[1])
 print(f"largest at row {i}, column {j}: got {got[i, j].item():.6e}, want {want[i, j].item():.6e}, "
       f"terms {terms[i, j].item():.6e}")
 by_col = rel.amax(0)
-print("largest error / terms by column decile (columns scaled 0.001 .. 0.1):",
-      " ".join(f"{v:.1e}" for v in by_col.view(10, -1).amax(1).tolist()))
+print("largest error / terms by eighth of the columns (scaled 0.001 .. 0.1):",
+      " ".join(f"{v:.1e}" for v in by_col.view(8, -1).amax(1).tolist()))
 by_row = rel.amax(1)
-print("largest error / terms by row decile (rows scaled 0.01 .. 10):",
+print("largest error / terms by eighth of the rows (scaled 0.01 .. 10):",
       " ".join(f"{v:.1e}" for v in by_row.view(8, -1).amax(1).tolist()))

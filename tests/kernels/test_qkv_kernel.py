@@ -81,6 +81,7 @@ CASES8 = [  # B, heads, T, head size, layout, tokens per step, steps per program
     (2, 3, 70, 16, "heads", 4, 4),  # 3 heads padded to 4; T not a multiple of a program's 16 tokens
     (2, 2, 64, 32, "tokens", 8, 2),  # the other stride order
     (1, 4, 5, 16, "heads", 4, 8),  # fewer tokens than one program takes
+    (2, 3, 7, 16, "heads", 1, 4),  # one token a step (the committed tile's shape); the last program part empty
 ]
 
 
@@ -208,11 +209,14 @@ def _dgrad8_pair(cfg):
 
 
 def test_float8_path_is_fp8_dgrads_backward_from_the_one_pass(monkeypatch):
-    """With c_attn marked by fp8_dgrad, the attention's backward goes through the kernel that writes the float8 copy
-    (once per backward), and gives what fp8_dgrad's own backward gives: the output, the input gradient (the same
-    float8 bytes multiplied) and the weight gradient bit for bit, the bias gradient up to its summation order."""
+    """With FLOAT8_COPY and c_attn marked by fp8_dgrad, the attention's backward goes through the kernel that writes
+    the float8 copy (once per backward), and gives what fp8_dgrad's own backward gives: the output, the input gradient
+    (the same float8 bytes multiplied) and the weight gradient bit for bit, the bias gradient up to its summation
+    order."""
     import gpt2ladder.kernels.qkv as qk
+    import gpt2ladder.speedups.qkv_grad as qg
 
+    monkeypatch.setattr(qg, "FLOAT8_COPY", True)
     calls = []
     real = qk.qkv_grad8
     monkeypatch.setattr(qk, "qkv_grad8", lambda *a: calls.append(1) or real(*a))
@@ -238,14 +242,18 @@ def test_float8_path_is_fp8_dgrads_backward_from_the_one_pass(monkeypatch):
     assert not torch.equal(xb.grad, xk.grad)
 
 
-def test_float8_path_without_gradients_or_the_mark_is_the_plain_path():
-    """Sampling (no gradients) and an unmarked c_attn take the SplitHeads path: no float8."""
+@pytest.mark.parametrize("copy_on", [True, False])
+def test_float8_path_without_gradients_the_mark_or_the_switch_is_the_plain_path(monkeypatch, copy_on):
+    """Sampling (no gradients), an unmarked c_attn, and FLOAT8_COPY off take the SplitHeads path: no float8 copy."""
+    import gpt2ladder.speedups.qkv_grad as qg
+
+    monkeypatch.setattr(qg, "FLOAT8_COPY", copy_on)
     cfg = PRESETS["tiny"]
     plain, kernel = _dgrad8_pair(cfg)
     x = torch.randn(1, 4, cfg.n_embd)
     with torch.no_grad():
         assert torch.equal(plain(x), kernel(x))
-    kernel.c_attn.dgrad8 = False
+    kernel.c_attn.dgrad8 = not copy_on  # marked but switched off, or switched on but unmarked
     y = kernel(x.clone().requires_grad_())
     seen, stack = {}, [y.grad_fn]
     while stack:  # every node of the backward graph
@@ -257,7 +265,12 @@ def test_float8_path_without_gradients_or_the_mark_is_the_plain_path():
     assert "SplitHeadsBackward" in names and "QkvProduct8Backward" not in names
 
 
-def test_compiled_training_steps_match_with_fp8_dgrad():
-    """Through AOT autograd, with fp8_dgrad's float8 input gradients, the rewired attention trains alike."""
+@pytest.mark.parametrize("copy_on", [True, False])
+def test_compiled_training_steps_match_with_fp8_dgrad(monkeypatch, copy_on):
+    """Through AOT autograd, with fp8_dgrad's float8 input gradients, the rewired attention trains alike, through
+    QkvProduct8 (FLOAT8_COPY) or SplitHeads."""
+    import gpt2ladder.speedups.qkv_grad as qg
+
+    monkeypatch.setattr(qg, "FLOAT8_COPY", copy_on)
     assert_compiled_steps_match(["baseline", "compile", "flash", "vocab", "fused_adamw", "fp32_wgrad", "fp8_dgrad"],
                                 "qkv_grad", "attn", KernelAttention)

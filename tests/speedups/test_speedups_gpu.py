@@ -173,23 +173,26 @@ def test_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():
 @needs_cuda
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="float8 matmuls need compute capability 8.9+")
-def test_float8_input_gradient_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():
-    """fp8_dgrad's product, the output gradient scaled per row and the weight per input feature (its transposed
-    float8 copy made contiguous for `torch._scaled_mm`), computes on the GPU what its CPU path computes in fp32,
-    within bf16's rounding and fast accumulation's."""
+def test_float8_input_gradient_on_the_gpu_is_within_float8s_rounding_of_the_product():
+    """fp8_dgrad's product on the GPU (the output gradient scaled per row, the weight per input feature, fast
+    accumulation) against the exact product of its bf16 operands: every element within e4m3's rounding of each
+    operand (2^-4 of each term), and bf16's of the output and fast accumulation's (2^-7 of the terms together), as the
+    CPU path is bounded in tests/speedups/test_fp32_wgrad.py. Not against the CPU path's own float8 bytes: CUDA
+    divides by a scalar as a multiplication by its reciprocal, so a row's scale may differ in its last bit and an
+    element then round to the neighbouring float8 value (benchmarks/micro/fp8_dgrad_error.py)."""
     from gpt2ladder.speedups.fp32_wgrad import input_grad
 
     gen = torch.Generator().manual_seed(2)
     g = (torch.randn(512, 768, generator=gen) * torch.linspace(0.01, 10, 512)[:, None]).bfloat16()
     w = (torch.randn(768, 3072, generator=gen) * torch.linspace(0.001, 0.1, 3072)).bfloat16()  # (out, in)
     got = input_grad(g.to(GPU), w.to(GPU), float8=True).cpu()
-    want = input_grad(g.float(), w.float(), float8=True)
     assert got.dtype == torch.bfloat16
-    # bf16's rounding of each element, and fast accumulation's of the sum, which is relative to its terms' sizes
-    terms = input_grad(g.float().abs(), w.float().abs())
-    assert ((got.float() - want).abs() <= 2**-7 * want.abs() + 2**-9 * terms).all()
-    exact = g.float() @ w.float()
-    assert (got.float() - exact).norm() / exact.norm() < 0.05
+    exact = g.double() @ w.double()
+    terms = g.double().abs() @ w.double().abs()
+    err = (got.double() - exact).abs() / terms
+    assert err.max() < 2 * 2**-4 + 2**-7
+    assert (got.double() - exact).norm() / exact.norm() < 0.05
+    assert err.mean() < 0.01  # rounding errors that mostly cancel over 768 terms, not a systematic offset
 
 
 @needs_cuda

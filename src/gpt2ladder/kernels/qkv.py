@@ -22,7 +22,8 @@ value, as `kernels.norm.rows_to_fp8` does, with IEEE division so the bytes are t
 second pass that read the assembled gradient again. A program takes whole rows: BLOCK_T tokens at a time, all
 three gradients' heads at once (the heads padded to a power of two), so a row's scale is known before its float8
 values are written. Its column sums go to one row of partial sums per program, summed after in a fixed order
-(no atomics: this bias gradient is reproducible).
+(no atomics: this bias gradient is reproducible). Measured, it is slower than the compiled passes it would replace,
+and the step does not call it (speedups/qkv_grad.py, `FLOAT8_COPY`).
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ except ImportError:  # CPU-only installs: the reference expressions run instead
 # the others tried; compile's copy and sum of the same values, alone, 0.195 ms (in the step, where they fuse with
 # their neighbours, about 0.054 ms a layer).
 TILE = (128, 2, 4)
-# (tokens per step, steps per program, warps) of the kernel with the float8 copy; benchmarks/micro/qkv_grad.py
-# --fp8 compares others.
-TILE8 = (4, 8, 8)
+# (tokens per step, steps per program, warps) of the kernel with the float8 copy. On the H200 at GPT-2's shape
+# (benchmarks/micro/qkv_grad.py --fp8): 0.140 ms at 1 x 32, 4 warps, 0.197-0.331 ms at the nine others tried, where
+# the step's compiled passes take about 0.084 ms a layer; too slow to use (speedups/qkv_grad.py, FLOAT8_COPY).
+TILE8 = (1, 32, 4)
 
 
 def qkv_grad_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,

@@ -10,7 +10,8 @@ Where c_attn forms its input gradient in float8 (the `fp8_dgrad` rung marks it),
 one function, `QkvProduct8`, whose backward takes the three gradients to the kernel that also writes the float8
 copy of c_attn's output gradient and its row scales (`kernels/qkv.py`), then forms c_attn's input gradient from
 that copy and its weight gradient from the bf16 one: the bytes fp8_dgrad's own backward multiplies, made in the
-pass that assembles them instead of a second pass over the assembled gradient.
+pass that assembles them instead of a second pass over the assembled gradient. That path is off (`FLOAT8_COPY`):
+its kernel ran at 0.7-1.3 TB/s alone, and the step was 1.9 ms slower with it on an H200 (docs/experiments.md).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class SplitHeads(torch.autograd.Function):
     def backward(ctx, dq, dk, dv):
         dqkv, dbias = qkv_kernels.qkv_grad(*_present(dq, dk, dv), ctx.bias_dtype)
         return dqkv, dbias, None
+
+# Whether an attention whose c_attn fp8_dgrad marks takes `QkvProduct8` (measured slower: off).
+FLOAT8_COPY = False
 
 
 def _present(dq, dk, dv):
@@ -89,7 +93,7 @@ class KernelAttention(CausalSelfAttention):
 
     def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
         linear = self.c_attn
-        if torch.is_grad_enabled() and getattr(linear, "dgrad8", False):  # fp8_dgrad: c_attn's whole backward here
+        if FLOAT8_COPY and torch.is_grad_enabled() and getattr(linear, "dgrad8", False):  # c_attn's backward here
             return self.attend(*QkvProduct8.apply(x, linear.weight, linear.bias, *linear._fresh_casts(), self.n_head))
         return super().pre_proj(x)
 
