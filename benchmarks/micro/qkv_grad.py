@@ -31,18 +31,21 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200)
 
 
+def against_compile(reference, op, moved: int, what: str, op_note: str) -> None:
+    """Time the reference expressions compiled, and the op as the step calls it, on the gradients above."""
+    compiled = torch.compile(reference)
+    compiled(dq, dk, dv, torch.float32)
+    ms = bench(lambda: compiled(dq, dk, dv, torch.float32))
+    print(f"compiled expressions ({what}): {ms:.4f} ms ({moved / ms / 1e6:.0f} GB/s for the one pass the kernel makes)")
+    ms = bench(lambda: op(dq, dk, dv, torch.float32))
+    print(f"the op as the step calls it ({op_note}): {ms:.4f} ms")
 
 
 def fp8_sweep():
     moved = B * T * 3 * C * (2 + 2 + 1)  # read the three gradients, write the bf16 gradient and its float8 copy
     ref, ref8, ref_s, ref_db = qk.qkv_grad8_reference(dq, dk, dv, torch.float32)
-    compiled = torch.compile(qk.qkv_grad8_reference)
-    compiled(dq, dk, dv, torch.float32)
-    ms = bench(lambda: compiled(dq, dk, dv, torch.float32))
-    print(f"compiled expressions (copy, float8 cast, column sums): {ms:.4f} ms ({moved / ms / 1e6:.0f} GB/s for the "
-          "one pass the kernel makes)")
-    ms = bench(lambda: qk.qkv_grad8(dq, dk, dv, torch.float32))
-    print(f"the op as the step calls it (its partial sums' sum included): {ms:.4f} ms")
+    against_compile(qk.qkv_grad8_reference, qk.qkv_grad8, moved, "copy, float8 cast, column sums",
+                    "its partial sums' sum included")
     print("kernel (tokens per step, steps per program, warps): ms, GB/s, output / float8 / scales equal, "
           "max abs error of the bias gradient")
     best = []
@@ -68,13 +71,7 @@ if "--fp8" in sys.argv:
     sys.exit()
 moved = 2 * B * T * 3 * C * 2  # read the three gradients, write c_attn's output gradient (bf16)
 ref, ref_db = qk.qkv_grad_reference(dq, dk, dv, torch.float32)
-compiled = torch.compile(qk.qkv_grad_reference)
-compiled(dq, dk, dv, torch.float32)
-ms = bench(lambda: compiled(dq, dk, dv, torch.float32))
-print(f"compiled expressions (copy and column sums): {ms:.4f} ms ({moved / ms / 1e6:.0f} GB/s for the one pass the "
-      "kernel makes)")
-ms = bench(lambda: qk.qkv_grad(dq, dk, dv, torch.float32))
-print(f"the op as the step calls it (its zeroed bias buffer included): {ms:.4f} ms")
+against_compile(qk.qkv_grad_reference, qk.qkv_grad, moved, "copy and column sums", "its zeroed bias buffer included")
 print("kernel (rows per tile, tiles per program, warps): ms, GB/s, output equal, max abs error of the bias gradient")
 best = []
 for tile in [(64, 4, 4), (64, 1, 4), (32, 4, 4), (128, 2, 4), (128, 4, 8), (64, 8, 4), (64, 16, 4), (32, 8, 2),

@@ -70,8 +70,10 @@ for B, nh, T, hs, layout, bt, steps in json.loads(sys.argv[1]):
     qk.launch8(*grads, out_t, out8, scale, part, tile=tile)
     ref, ref_db = qk.qkv_grad_reference(*grads, torch.float32)
     ref = ref.reshape(B * T, -1)
-    _, ref_scale = rows_to_fp8(ref)
+    _, cpu_scale = rows_to_fp8(ref)  # the CPU divides by 448; CUDA, and the kernel, multiply by float32(1 / 448)
+    ref_scale = ref.abs().amax(1).clamp(min=1e-12) * torch.tensor(1 / 448, dtype=torch.float32)
     out.append({"out": (out_t - ref).abs().max().item(), "scale": (scale - ref_scale).abs().max().item(),
+                "scale_vs_cpu": ((scale - cpu_scale).abs() / cpu_scale).max().item(),
                 "out8": (out8 - ref / ref_scale[:, None]).abs().max().item(), "out8_max": out8.abs().amax(1).tolist(),
                 "db": (part.sum(0) - ref_db).abs().max().item(), "db_scale": ref_db.abs().max().item()})
 print(json.dumps(out))
@@ -88,11 +90,13 @@ CASES8 = [  # B, heads, T, head size, layout, tokens per step, steps per program
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
 def test_float8_kernel_matches_the_pytorch_expressions(triton_interpret):
     """The kernel with c_attn's float8 copy: the same assembled gradient, its rows scaled as rows_to_fp8 scales
-    them (each row's largest magnitude, over q, k and v, onto 448), and the bias gradient from the partial sums."""
+    them on a GPU (each row's largest magnitude, over q, k and v, times float32(1 / 448)), each value divided by its
+    row's scale, and the bias gradient from the partial sums."""
     results = triton_interpret(SCRIPT8, CASES8)
     for case, r in zip(CASES8, results):
         assert r["out"] == 0, (case, r)
-        assert r["scale"] == 0, (case, r)  # IEEE division, as PyTorch's
+        assert r["scale"] == 0, (case, r)
+        assert r["scale_vs_cpu"] <= 2**-23, (case, r)  # the CPU's division: the same scale, or one bit off
         assert r["out8"] == 0, (case, r)
         # every row reaches the format's largest value (up to the division's last bit, before float8's rounding)
         assert all(abs(m - 448.0) < 1e-4 for m in r["out8_max"]), (case, r)
@@ -269,8 +273,13 @@ def test_float8_path_without_gradients_the_mark_or_the_switch_is_the_plain_path(
 def test_compiled_training_steps_match_with_fp8_dgrad(monkeypatch, copy_on):
     """Through AOT autograd, with fp8_dgrad's float8 input gradients, the rewired attention trains alike, through
     QkvProduct8 (FLOAT8_COPY) or SplitHeads."""
+    import gpt2ladder.kernels.qkv as qk
     import gpt2ladder.speedups.qkv_grad as qg
 
     monkeypatch.setattr(qg, "FLOAT8_COPY", copy_on)
+    calls = []
+    real = qk.qkv_grad8
+    monkeypatch.setattr(qk, "qkv_grad8", lambda *a: calls.append(1) or real(*a))
     assert_compiled_steps_match(["baseline", "compile", "flash", "vocab", "fused_adamw", "fp32_wgrad", "fp8_dgrad"],
                                 "qkv_grad", "attn", KernelAttention)
+    assert bool(calls) == copy_on  # the backward (traced once per layer) took the float8 kernel's path, or did not

@@ -18,8 +18,9 @@ order, so it is not bit-reproducible from run to run.
 
 Where c_attn's input gradient is a float8 product (the `fp8_dgrad` rung), `_qkv_grad8_kernel` also writes that
 gradient's float8 copy, one scale per row (a token's 3C values, their largest magnitude mapped to e4m3's largest
-value, as `kernels.norm.rows_to_fp8` does, with IEEE division so the bytes are the same), which compile made in a
-second pass that read the assembled gradient again. A program takes whole rows: BLOCK_T tokens at a time, all
+value, as `kernels.norm.rows_to_fp8` does on a GPU: the amax times float32(1 / 448), as CUDA divides a tensor by a
+scalar, then an IEEE division of each value by its row's scale), which compile made in a second pass that read the
+assembled gradient again. A program takes whole rows: BLOCK_T tokens at a time, all
 three gradients' heads at once (the heads padded to a power of two), so a row's scale is known before its float8
 values are written. Its column sums go to one row of partial sums per program, summed after in a fixed order
 (no atomics: this bias gradient is reproducible). Measured, it is slower than the compiled passes it would replace,
@@ -44,8 +45,9 @@ except ImportError:  # CPU-only installs: the reference expressions run instead
 # their neighbours, about 0.054 ms a layer).
 TILE = (128, 2, 4)
 # (tokens per step, steps per program, warps) of the kernel with the float8 copy. On the H200 at GPT-2's shape
-# (benchmarks/micro/qkv_grad.py --fp8): 0.140 ms at 1 x 32, 4 warps, 0.197-0.331 ms at the nine others tried, where
-# the step's compiled passes take about 0.084 ms a layer; too slow to use (speedups/qkv_grad.py, FLOAT8_COPY).
+# (benchmarks/micro/qkv_grad.py --fp8): 0.140 ms at 1 x 32, 4 warps, 0.197-0.331 ms at the nine others tried (4 x 8,
+# 8 warps, the tile the step was timed with: 0.267), where the step's compiled passes take about 0.084 ms a layer;
+# too slow to use (speedups/qkv_grad.py, FLOAT8_COPY).
 TILE8 = (1, 32, 4)
 
 
@@ -128,7 +130,7 @@ if triton is not None:
 
     @triton.jit
     def _qkv_grad8_kernel(dq_ptr, dk_ptr, dv_ptr, out_ptr, out8_ptr, scale_ptr, part_ptr, T, nh,
-                          sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, Q_MAX: tl.constexpr,
+                          sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, INV_Q_MAX: tl.constexpr,
                           HS: tl.constexpr, NH: tl.constexpr, BLOCK_T: tl.constexpr, STEPS: tl.constexpr):
         # Grid: (token blocks of T, B). Program (i, b) takes tokens [i * STEPS * BLOCK_T, ...) of batch b, BLOCK_T
         # at a time: each gradient's (BLOCK_T, NH, HS) tile (heads past nh masked), the tokens' rows of the output,
@@ -163,7 +165,7 @@ if triton is not None:
             qf, kf, vf = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
             amax = tl.maximum(tl.maximum(tl.max(tl.max(tl.abs(qf), 2), 1), tl.max(tl.max(tl.abs(kf), 2), 1)),
                               tl.max(tl.max(tl.abs(vf), 2), 1))
-            scale = tl.div_rn(tl.maximum(amax, 1e-12), Q_MAX)
+            scale = tl.maximum(amax, 1e-12) * INV_Q_MAX  # CUDA's tensor / scalar: times the reciprocal
             s3 = scale[:, None, None]
             tl.store(out8_ptr + at, tl.div_rn(qf, s3).to(out8_ptr.dtype.element_ty), mask=mask)
             tl.store(out8_ptr + at + C, tl.div_rn(kf, s3).to(out8_ptr.dtype.element_ty), mask=mask)
@@ -190,7 +192,7 @@ if triton is not None:
         bt, steps, warps = tile or TILE8
         strides = [s for g in (dq, dk, dv) for s in g.stride()[:3]]
         _qkv_grad8_kernel[(programs8(T, tile), B)](
-            dq, dk, dv, out, out8, scale, part, T, nh, *strides, Q_MAX=E4M3_MAX, HS=hs,
+            dq, dk, dv, out, out8, scale, part, T, nh, *strides, INV_Q_MAX=1.0 / E4M3_MAX, HS=hs,
             NH=triton.next_power_of_2(nh), BLOCK_T=bt, STEPS=steps, num_warps=warps)
 
     @torch.library.custom_op("gpt2ladder::qkv_grad8", mutates_args=())

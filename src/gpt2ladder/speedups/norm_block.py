@@ -104,7 +104,9 @@ def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False, blocke
     kernels run) its output projection's bias is left out of the matmul and handed to the norm kernel, which
     adds it with the residual and sums its gradient with the norm's own. A `Float8Rows` y: the input
     projection's forward product in float8. `fp8_out` (an MLP that `takes_float8_out`): the output projection's
-    forward product in float8 too, from the GELU kernel's float8 copy of its input (`blocked`: with block scales)."""
+    forward product in float8 too, from the GELU kernel's float8 copy of its input (`blocked`: with block scales).
+    Otherwise everything before the output projection is the module's `pre_proj` (a module may run it as one
+    function, as `speedups/qkv_grad.py`'s attention does)."""
     proj = module.c_proj
     defer = defer_bias and _deferrable(proj)
     if isinstance(y, Float8Rows):

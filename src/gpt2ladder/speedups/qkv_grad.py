@@ -11,7 +11,7 @@ one function, `QkvProduct8`, whose backward takes the three gradients to the ker
 copy of c_attn's output gradient and its row scales (`kernels/qkv.py`), then forms c_attn's input gradient from
 that copy and its weight gradient from the bf16 one: the bytes fp8_dgrad's own backward multiplies, made in the
 pass that assembles them instead of a second pass over the assembled gradient. That path is off (`FLOAT8_COPY`):
-its kernel ran at 0.7-1.3 TB/s alone, and the step was 1.9 ms slower with it on an H200 (docs/experiments.md).
+its kernel ran at 0.57-1.35 TB/s alone, and the step was 1.9 ms slower with it on an H200 (docs/experiments.md).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class SplitHeads(torch.autograd.Function):
         dqkv, dbias = qkv_kernels.qkv_grad(*_present(dq, dk, dv), ctx.bias_dtype)
         return dqkv, dbias, None
 
-# Whether an attention whose c_attn fp8_dgrad marks takes `QkvProduct8` (measured slower: off).
+# Whether an attention whose c_attn fp8_dgrad marks takes `QkvProduct8` (measured slower: off). A float8 input from
+# the norm kernel (fp8_forward) takes c_attn's float8 forward product and SplitHeads either way.
 FLOAT8_COPY = False
 
 
