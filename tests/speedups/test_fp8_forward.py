@@ -250,8 +250,8 @@ def test_fp8_dgrad_reaches_the_marked_linears_in_the_norm_blocks(monkeypatch, fo
     fw.use_fp8_dgrad(models[True])
     calls = []
     real = fw.input_grad
-    monkeypatch.setattr(fw, "input_grad", lambda g2, wc, float8=False: calls.append((tuple(wc.shape), float8))
-                        or real(g2, wc, float8))
+    monkeypatch.setattr(fw, "input_grad", lambda g2, wc, float8=False, *casts: calls.append((tuple(wc.shape), float8))
+                        or real(g2, wc, float8, *casts))
     losses, seen = one_step_each(models, calls)
     c = CFG.n_embd
     per_block = {False: [((c, c), False), ((4 * c, c), False), ((3 * c, c), False)],  # attn c_proj, c_fc, c_attn

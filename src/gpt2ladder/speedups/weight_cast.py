@@ -21,6 +21,12 @@ its copy only while every source is the same tensor at the same version: a weigh
 changed in any other way since is copied again. A captured CUDA graph keeps what `fresh()` decided at the
 capture, so the engine refreshes the copies itself where it changes the weights behind a graph's back
 (`refresh`: after the capture's warm-up is undone, and when a state is loaded).
+
+The copies of Linears of one shape lie side by side in one tensor (a Block's c_attn weights, say), each Linear's
+copy a contiguous view of it. Where the fp8_dgrad rung forms those Linears' input gradients in float8, each
+backward casts its weight to float8 transposed, one scale per input feature (two small kernels a Linear);
+with `FLOAT8_AT_START` the step instead casts every such weight of one shape at once, at its start, and the
+backwards read those casts (`Slot.float8`). The same expressions on the same copies: the same bytes.
 """
 
 from __future__ import annotations
@@ -30,17 +36,48 @@ import contextlib
 import torch
 import torch.nn as nn
 
+from gpt2ladder.kernels.norm import rows_to_fp8
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
+
+# Whether the step casts the weights of fp8_dgrad's Linears to float8 at its start, all of one shape at once, instead
+# of in each backward. Not yet timed on a GPU: off.
+FLOAT8_AT_START = False
 
 
 class Slot:
-    """One Linear's copies; `fresh()` gives them while the owner's step runs, else (None, None)."""
+    """One Linear's copies; `fresh()` gives them while the owner's step runs, else (None, None); `float8()` the
+    weight's float8 transposed copy and its scales, where the step made them (FLOAT8_AT_START)."""
 
     def __init__(self, owner: "WeightCasts", weight: torch.Tensor, bias: torch.Tensor | None):
         self.owner, self.weight, self.bias = owner, weight, bias
+        self.t8: torch.Tensor | None = None  # (in, out) e4m3, contiguous
+        self.t8_scale: torch.Tensor | None = None  # (in,) fp32
 
     def fresh(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return (self.weight, self.bias) if self.owner.active else (None, None)
+
+    def float8(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return (self.t8, self.t8_scale) if self.owner.active else (None, None)
+
+
+def transposed_fp8(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L, out, in) weights -> their transposes in e4m3, (L, in, out) contiguous, and (L, in) scales: what each
+    Linear's float8 input gradient casts its weight to (`fp32_wgrad.fp8_input_grad`), for all L at once."""
+    t8, scale = rows_to_fp8(stack.transpose(1, 2))
+    return t8.contiguous(), scale
+
+
+_compiled_transposed_fp8 = None
+
+
+def _transposed_fp8(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`transposed_fp8`, compiled on CUDA (a reduction and one pass that writes the transposes), eager elsewhere."""
+    global _compiled_transposed_fp8
+    if not stack.is_cuda:
+        return transposed_fp8(stack)
+    if _compiled_transposed_fp8 is None:
+        _compiled_transposed_fp8 = torch.compile(transposed_fp8, dynamic=False)
+    return _compiled_transposed_fp8(stack)
 
 
 class WeightCasts:
@@ -50,9 +87,16 @@ class WeightCasts:
         self.linears = linears
         self.active = False
         self._written: dict[torch.Tensor, int] = {}  # {source: its version} as the optimizer last wrote its copy
+        groups: dict[tuple, list[Fp32WgradLinear]] = {}
         for m in linears:
-            bias = None if m.bias is None else torch.empty_like(m.bias, dtype=dtype)
-            m.casts = Slot(self, torch.empty_like(m.weight, dtype=dtype), bias)
+            groups.setdefault((tuple(m.weight.shape), m.weight.device), []).append(m)
+        self.stacks: list[tuple[torch.Tensor, list[Fp32WgradLinear]]] = []  # (L, out, in) copies, their Linears
+        for (shape, device), members in groups.items():
+            stack = torch.empty((len(members), *shape), dtype=dtype, device=device)
+            self.stacks.append((stack, members))
+            for i, m in enumerate(members):
+                bias = None if m.bias is None else torch.empty_like(m.bias, dtype=dtype)
+                m.casts = Slot(self, stack[i], bias)
 
     def pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(copies, their sources), read off the modules now."""
@@ -86,11 +130,23 @@ class WeightCasts:
         matmuls read them until the block ends."""
         if not self.current():
             self.refresh()
+        if FLOAT8_AT_START:
+            self.cast_float8()
         self.active = True
         try:
             yield
         finally:
             self.active = False
+            for m in self.linears:  # the casts are this step's: none is kept between steps
+                m.casts.t8 = m.casts.t8_scale = None
+
+    def cast_float8(self) -> None:
+        """Each shape's weights whose Linears all form their input gradient in float8 (fp8_dgrad), cast at once."""
+        for stack, members in self.stacks:
+            if all(m.dgrad8 for m in members):
+                t8, scale = _transposed_fp8(stack)
+                for i, m in enumerate(members):
+                    m.casts.t8, m.casts.t8_scale = t8[i], scale[i]
 
 
 def use_weight_casts(model: nn.Module, dtype: torch.dtype) -> list[str]:
