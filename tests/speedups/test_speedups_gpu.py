@@ -298,8 +298,6 @@ def test_adamw_kernel_writing_the_weight_casts_computes_the_same_graphed_steps(m
 def test_float8_weight_casts_at_the_start_compute_the_same_graphed_steps(monkeypatch):
     """FLOAT8_AT_START in the compiled, graphed step of auto's rungs: fp8_dgrad's weight casts made once at the step's
     start (compiled on their own) give the losses the casts in each backward give, and training moves."""
-    from gpt2ladder.ladder import setup_for
-    from gpt2ladder.runtime.engine import Engine
     from gpt2ladder.speedups import weight_cast
 
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "cuda_graph",
@@ -309,7 +307,6 @@ def test_float8_weight_casts_at_the_start_compute_the_same_graphed_steps(monkeyp
     losses = {}
     for on in (False, True):
         monkeypatch.setattr(weight_cast, "FLOAT8_AT_START", on)
-        engine = Engine(TINY, setup_for(names), GPU, seed=0)
-        losses[on] = [engine.step(x, y).item() for x, y in batches]
+        losses[on] = step_losses(names, batches)
     assert losses[True] == pytest.approx(losses[False], rel=1e-5, abs=1e-6)
     assert losses[True][-1] < losses[True][0]
