@@ -186,6 +186,7 @@ def test_float8_casts_at_the_start_compute_the_same_numbers(monkeypatch, backend
         weights[on] = engine.raw_model.state_dict()
         casts = weight_casts(engine.raw_model)
         assert all(m.casts.t8 is None for m in casts.linears)  # none kept between steps
+        assert casts.compile_backend == backend  # the casts compiled as the step is, or eager
     assert losses[True] == losses[False]
     assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])
     n_layer = PRESETS["tiny"].n_layer

@@ -67,17 +67,17 @@ def transposed_fp8(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return t8.contiguous(), scale
 
 
-_compiled_transposed_fp8 = None
+_compiled_transposed_fp8: dict[str, object] = {}  # {compile backend: transposed_fp8 compiled with it}
 
 
-def _transposed_fp8(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`transposed_fp8`, compiled on CUDA (a reduction and one pass that writes the transposes), eager elsewhere."""
-    global _compiled_transposed_fp8
-    if not stack.is_cuda:
+def _transposed_fp8(stack: torch.Tensor, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`transposed_fp8`, compiled with `backend` where the step is compiled (Inductor: a reduction and one pass that
+    writes the transposes), else eager."""
+    if backend is None:
         return transposed_fp8(stack)
-    if _compiled_transposed_fp8 is None:
-        _compiled_transposed_fp8 = torch.compile(transposed_fp8, dynamic=False)
-    return _compiled_transposed_fp8(stack)
+    if backend not in _compiled_transposed_fp8:
+        _compiled_transposed_fp8[backend] = torch.compile(transposed_fp8, backend=backend, dynamic=False)
+    return _compiled_transposed_fp8[backend](stack)
 
 
 class WeightCasts:
@@ -86,6 +86,7 @@ class WeightCasts:
     def __init__(self, linears: list[Fp32WgradLinear], dtype: torch.dtype):
         self.linears = linears
         self.active = False
+        self.compile_backend: str | None = None  # the step's, where it is compiled (the engine sets it)
         self._written: dict[torch.Tensor, int] = {}  # {source: its version} as the optimizer last wrote its copy
         groups: dict[tuple, list[Fp32WgradLinear]] = {}
         for m in linears:
@@ -144,7 +145,7 @@ class WeightCasts:
         """Each shape's weights whose Linears all form their input gradient in float8 (fp8_dgrad), cast at once."""
         for stack, members in self.stacks:
             if all(m.dgrad8 for m in members):
-                t8, scale = _transposed_fp8(stack)
+                t8, scale = _transposed_fp8(stack, self.compile_backend)
                 for i, m in enumerate(members):
                     m.casts.t8, m.casts.t8_scale = t8[i], scale[i]
 
