@@ -10,7 +10,7 @@ import torch
 from gpt2ladder import speedups
 from gpt2ladder.ladder import setup_for, strategy_problem
 from gpt2ladder.model.config import PRESETS
-from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.engine import Engine, compilations
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
 from gpt2ladder.speedups.weight_cast import WeightCasts, weight_casts
 
@@ -173,7 +173,9 @@ def test_float8_casts_at_the_start_compute_the_same_numbers(monkeypatch, backend
 
     def spy(self):
         real(self)
-        seen.append({id(m) for m in self.linears if m.casts.t8 is not None})
+        made = [m for m in self.linears if m.casts.t8 is not None]
+        assert all(m.casts.t8.is_contiguous() and m.casts.t8.shape == m.weight.t().shape for m in made)
+        seen.append({id(m) for m in made})
 
     monkeypatch.setattr(wc.WeightCasts, "cast_float8", spy)
     losses, weights = {}, {}
@@ -182,7 +184,11 @@ def test_float8_casts_at_the_start_compute_the_same_numbers(monkeypatch, backend
         setup = dataclasses.replace(DGRAD, compile=backend is not None)
         engine = Engine(PRESETS["tiny"], setup, CPU, compile_backend=backend or "inductor")
         names = {id(m): name for name, m in engine.raw_model.named_modules()}
-        losses[on] = [engine.step(x, y).item() for x, y in _batches()]
+        losses[on], compiled = [], []
+        for x, y in _batches():
+            losses[on].append(engine.step(x, y).item())
+            compiled.append(compilations())
+        assert compiled[0] == compiled[-1]  # each step's new casts are inputs like any other: nothing recompiles
         weights[on] = engine.raw_model.state_dict()
         casts = weight_casts(engine.raw_model)
         assert all(m.casts.t8 is None for m in casts.linears)  # none kept between steps

@@ -52,7 +52,8 @@ def input_grad(g2: torch.Tensor, wc: torch.Tensor, float8: bool = False, wt8: to
                ws: torch.Tensor | None = None) -> torch.Tensor:
     """g2 @ wc for the (N, out) output gradient and the (out, in) weight, in their dtype. With `float8` the product
     is float8's: g2 with one scale per row and the weight with one per input feature (a column of wc), each cast to
-    e4m3 from its largest magnitude (`wt8`, `ws`: the weight's cast, made already)."""
+    e4m3 from its largest magnitude. `wt8`, `ws`: the weight's cast made already, its transpose (in, out) in e4m3,
+    contiguous, and one fp32 scale per input feature; read only with `float8`."""
     if not float8:
         return g2 @ wc
     # _scaled_mm's first operand row-major
@@ -106,6 +107,8 @@ class Fp32WgradMatmul(torch.autograd.Function):
             else:
                 bc = bias_c if bias_c is not None and bias_c.dtype == dtype else bias.to(dtype)
             y = F.linear(xc, wc, bc)
+        if wc is not weight_c:  # the matmul read a cast of its own: so must the input gradient
+            wt8 = ws = None
         ctx.save_for_backward(xc, wc, wt8, ws)
         # a bias that takes no gradient here (the qkv_grad rung sums it elsewhere) is not summed
         ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None and ctx.needs_input_grad[2]

@@ -79,9 +79,11 @@ class Fp8InputMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, x8: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, weight_c: torch.Tensor | None = None,
-                bias_c: torch.Tensor | None = None, blocked: bool = False, dgrad8: bool = False) -> torch.Tensor:
+                bias_c: torch.Tensor | None = None, blocked: bool = False, dgrad8: bool = False,
+                wt8: torch.Tensor | None = None, ws: torch.Tensor | None = None) -> torch.Tensor:
         """`weight_c`, `bias_c`: the `weight_cast` rung's copies in x's dtype, read instead of casting here;
-        `dgrad8`: the input gradient's product in float8 too (the `fp8_dgrad` rung)."""
+        `dgrad8`: the input gradient's product in float8 too (the `fp8_dgrad` rung), from the weight's float8 cast
+        `wt8`, `ws` where the step made it (`Fp32WgradMatmul`'s)."""
         with torch.autocast(x.device.type, enabled=False):
             wc = weight_c if weight_c is not None and weight_c.dtype == x.dtype else weight.to(x.dtype)
             if bias is None:
@@ -94,16 +96,18 @@ class Fp8InputMatmul(torch.autograd.Function):
             else:
                 w8, sw = rows_to_fp8(weight)
                 y = scaled_matmul(x8.reshape(-1, x8.shape[-1]), sx.reshape(-1), w8, sw, bc, x.dtype)
-        ctx.save_for_backward(x, wc)
+        if wc is not weight_c:  # the matmul read a cast of its own: so must the input gradient
+            wt8 = ws = None
+        ctx.save_for_backward(x, wc, wt8, ws)
         ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None and ctx.needs_input_grad[4]
         ctx.dgrad8 = dgrad8
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        x, wc = ctx.saved_tensors
-        grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8)
-        return grad_x, None, None, grad_w, grad_b, None, None, None, None
+        x, wc, wt8, ws = ctx.saved_tensors
+        grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8, wt8, ws)
+        return grad_x, None, None, grad_w, grad_b, None, None, None, None, None, None
 
 
 def _float8_ready(linear: nn.Module | None, multiple: int = 16) -> bool:
@@ -122,9 +126,11 @@ def takes_float8(module: nn.Module) -> bool:
 def linear_float8(linear: nn.Module, rows: Float8Rows, bias: torch.Tensor | None) -> torch.Tensor:
     """`linear` (a plain or fp32_wgrad Linear) of `rows`, its forward product in float8, with `bias` (its own, or
     None where the bias is added elsewhere)."""
-    weight_c, bias_c = linear._fresh_casts() if isinstance(linear, Fp32WgradLinear) else (None, None)
+    casts = isinstance(linear, Fp32WgradLinear)
+    weight_c, bias_c = linear._fresh_casts() if casts else (None, None)
     return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, bias, weight_c,
-                                bias_c if bias is not None else None, rows.blocked, getattr(linear, "dgrad8", False))
+                                bias_c if bias is not None else None, rows.blocked, getattr(linear, "dgrad8", False),
+                                *(linear._fresh_float8() if casts else (None, None)))
 
 
 def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:

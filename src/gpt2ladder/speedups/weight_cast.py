@@ -20,7 +20,8 @@ counter, which every in-place change by PyTorch advances and the kernel's own wr
 its copy only while every source is the same tensor at the same version: a weight loaded, restored or
 changed in any other way since is copied again. A captured CUDA graph keeps what `fresh()` decided at the
 capture, so the engine refreshes the copies itself where it changes the weights behind a graph's back
-(`refresh`: after the capture's warm-up is undone, and when a state is loaded).
+(`refresh`: after the capture's warm-up is undone, and when a state is loaded). (A parameter replaced by one of
+another shape or device would need the rewrite run again: the copies are made for the shapes it found.)
 
 The copies of Linears of one shape lie side by side in one tensor (a Block's c_attn weights, say), each Linear's
 copy a contiguous view of it. Where the fp8_dgrad rung forms those Linears' input gradients in float8, each
@@ -36,11 +37,12 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from gpt2ladder.kernels.norm import rows_to_fp8
+from gpt2ladder.kernels.norm import E4M3, rows_to_fp8
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
 
 # Whether the step casts the weights of fp8_dgrad's Linears to float8 at its start, all of one shape at once, instead
-# of in each backward. Not yet timed on a GPU: off.
+# of in each backward. Not yet timed on a GPU: off. (The casts, a byte per element of those weights, live through
+# the step; runtime/memory.py's estimate does not count them yet.)
 FLOAT8_AT_START = False
 
 
@@ -72,9 +74,17 @@ _compiled_transposed_fp8: dict[str, object] = {}  # {compile backend: transposed
 
 def _transposed_fp8(stack: torch.Tensor, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """`transposed_fp8`, compiled with `backend` where the step is compiled (Inductor: a reduction and one pass that
-    writes the transposes), else eager."""
+    writes the transposes), else eagerly one weight at a time (its fp32 temporaries one weight's size, not the
+    stack's)."""
     if backend is None:
-        return transposed_fp8(stack)
+        L, out, inp = stack.shape
+        t8 = torch.empty((L, inp, out), dtype=E4M3, device=stack.device)
+        scale = torch.empty((L, inp), dtype=torch.float32, device=stack.device)
+        for i in range(L):
+            w8, s = rows_to_fp8(stack[i].t())
+            t8[i].copy_(w8)
+            scale[i].copy_(s)
+        return t8, scale
     if backend not in _compiled_transposed_fp8:
         _compiled_transposed_fp8[backend] = torch.compile(transposed_fp8, backend=backend, dynamic=False)
     return _compiled_transposed_fp8[backend](stack)
@@ -93,7 +103,11 @@ class WeightCasts:
             groups.setdefault((tuple(m.weight.shape), m.weight.device), []).append(m)
         self.stacks: list[tuple[torch.Tensor, list[Fp32WgradLinear]]] = []  # (L, out, in) copies, their Linears
         for (shape, device), members in groups.items():
-            stack = torch.empty((len(members), *shape), dtype=dtype, device=device)
+            # each copy 16-byte aligned (the AdamW kernel's vector loads), its weight's elements rounded up to 8
+            n = shape[0] * shape[1]
+            step = -(-n // 8) * 8
+            flat = torch.empty(len(members) * step, dtype=dtype, device=device)
+            stack = flat.as_strided((len(members), *shape), (step, shape[1], 1))
             self.stacks.append((stack, members))
             for i, m in enumerate(members):
                 bias = None if m.bias is None else torch.empty_like(m.bias, dtype=dtype)
@@ -131,10 +145,10 @@ class WeightCasts:
         matmuls read them until the block ends."""
         if not self.current():
             self.refresh()
-        if FLOAT8_AT_START:
-            self.cast_float8()
-        self.active = True
         try:
+            if FLOAT8_AT_START:
+                self.cast_float8()
+            self.active = True
             yield
         finally:
             self.active = False
