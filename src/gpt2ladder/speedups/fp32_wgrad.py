@@ -48,6 +48,15 @@ def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return grad.t().float() @ x.float()
 
 
+def weight_read(weight: torch.Tensor, weight_c: torch.Tensor | None, dtype: torch.dtype, wt8=None, ws=None):
+    """(the weight as a matmul reads it in `dtype`, its float8 cast for the input gradient, its scales): the
+    weight_cast rung's copy `weight_c` where it is in `dtype`, with the float8 cast the step made of that copy
+    (`wt8`, `ws`, or None); else a cast of its own, and no float8 cast (the backward then makes one of that)."""
+    if weight_c is not None and weight_c.dtype == dtype:
+        return weight_c, wt8, ws
+    return weight.to(dtype), None, None
+
+
 def input_grad(g2: torch.Tensor, wc: torch.Tensor, float8: bool = False, wt8: torch.Tensor | None = None,
                ws: torch.Tensor | None = None) -> torch.Tensor:
     """g2 @ wc for the (N, out) output gradient and the (out, in) weight, in their dtype. With `float8` the product
@@ -101,14 +110,12 @@ class Fp32WgradMatmul(torch.autograd.Function):
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             xc = x.to(dtype)
-            wc = weight_c if weight_c is not None and weight_c.dtype == dtype else weight.to(dtype)
+            wc, wt8, ws = weight_read(weight, weight_c, dtype, wt8, ws)
             if bias is None:
                 bc = None
             else:
                 bc = bias_c if bias_c is not None and bias_c.dtype == dtype else bias.to(dtype)
             y = F.linear(xc, wc, bc)
-        if wc is not weight_c:  # the matmul read a cast of its own: so must the input gradient
-            wt8 = ws = None
         ctx.save_for_backward(xc, wc, wt8, ws)
         # a bias that takes no gradient here (the qkv_grad rung sums it elsewhere) is not summed
         ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None and ctx.needs_input_grad[2]

@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from gpt2ladder.kernels.norm import FP8_BLOCK, blocks_to_fp8, rows_to_fp8
 from gpt2ladder.speedups.common import scaled_matmul
-from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads
+from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads, weight_read
 
 
 class Float8Rows(NamedTuple):
@@ -85,7 +85,7 @@ class Fp8InputMatmul(torch.autograd.Function):
         `dgrad8`: the input gradient's product in float8 too (the `fp8_dgrad` rung), from the weight's float8 cast
         `wt8`, `ws` where the step made it (`Fp32WgradMatmul`'s)."""
         with torch.autocast(x.device.type, enabled=False):
-            wc = weight_c if weight_c is not None and weight_c.dtype == x.dtype else weight.to(x.dtype)
+            wc, wt8, ws = weight_read(weight, weight_c, x.dtype, wt8, ws)
             if bias is None:
                 bc = None
             else:
@@ -96,8 +96,6 @@ class Fp8InputMatmul(torch.autograd.Function):
             else:
                 w8, sw = rows_to_fp8(weight)
                 y = scaled_matmul(x8.reshape(-1, x8.shape[-1]), sx.reshape(-1), w8, sw, bc, x.dtype)
-        if wc is not weight_c:  # the matmul read a cast of its own: so must the input gradient
-            wt8 = ws = None
         ctx.save_for_backward(x, wc, wt8, ws)
         ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None and ctx.needs_input_grad[4]
         ctx.dgrad8 = dgrad8

@@ -152,8 +152,9 @@ class WeightCasts:
             yield
         finally:
             self.active = False
-            for m in self.linears:  # the casts are this step's: none is kept between steps
-                m.casts.t8 = m.casts.t8_scale = None
+            if FLOAT8_AT_START:  # the casts are this step's: none is kept between steps
+                for m in self.linears:
+                    m.casts.t8 = m.casts.t8_scale = None
 
     def cast_float8(self) -> None:
         """Each shape's weights whose Linears all form their input gradient in float8 (fp8_dgrad), cast at once."""
