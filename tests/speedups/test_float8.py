@@ -8,7 +8,7 @@ from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.model.gpt import Classifier
 from gpt2ladder.runtime.engine import build_model
-from gpt2ladder.speedups.common import linear_like
+from gpt2ladder.speedups.common import linear_like, scaled_mm
 from gpt2ladder.speedups.float8 import (
     E4M3,
     GRAD_DTYPE,
@@ -24,6 +24,23 @@ TINY = PRESETS["tiny"]
 
 def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("rows", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_float8_product_is_pytorchs(rows, out_dtype):
+    """Off CUDA `scaled_mm` multiplies in fp32 instead of PyTorch's slow reference kernel: the same numbers, per-tensor
+    and per-row scales, with and without a bias (to fp32's rounding of the sums)."""
+    gen = torch.Generator().manual_seed(1)
+    a8 = (torch.randn(32, 48, generator=gen) * 3).to(E4M3)
+    b8 = torch.randn(64, 48, generator=gen).to(E4M3).t()
+    sa, sb = (torch.rand(32, 1, generator=gen), torch.rand(1, 64, generator=gen)) if rows else \
+        (torch.tensor(0.5), torch.tensor(2.0))
+    bias = torch.randn(64, generator=gen).to(out_dtype) if out_dtype == torch.bfloat16 else None
+    ref = torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
+    got = scaled_mm(a8, b8, sa, sb, out_dtype, bias)
+    assert got.dtype == out_dtype
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-5)
 
 
 def _operands(seed=0, n=64, d_in=32, d_out=48):

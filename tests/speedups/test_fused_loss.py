@@ -48,16 +48,12 @@ def test_fused_loss_without_padding():
 
 
 def test_fp8_head_is_close_to_fp32():
-    """float8 (e4m3 forward, e5m2 gradient) costs a few percent of gradient precision, no more.
-
-    32 tokens: on a CPU `_scaled_mm` runs a slow reference kernel whose time grows with the rows. The
-    loss is a mean over the tokens, so its float8 error shrinks as 1/sqrt(tokens): 6e-4 over 128 tokens,
-    8.6e-4 over these 32, hence 2e-3 here where 128 tokens had 1e-3.
-    """
-    x, y = _batch(2, b=2, t=16)
+    """float8 (e4m3 forward, e5m2 gradient) costs a few percent of gradient precision, no more. On a CPU the float8
+    products run in fp32 from the float8 operands (`speedups.common.scaled_mm`), so this is float8's rounding alone."""
+    x, y = _batch(2, b=2, t=64)
     ref_loss, ref = _loss_and_grads(["baseline", "vocab"], x, y)
     loss, grads = _loss_and_grads(["baseline", "vocab", "fused_loss", "fp8_head"], x, y)
-    assert abs(loss.item() - ref_loss.item()) < 2e-3
+    assert abs(loss.item() - ref_loss.item()) < 1e-3
     for name in ("transformer.wte.weight", "transformer.h.0.mlp.c_fc.weight", "transformer.wpe.weight"):
         assert _rel(grads[name], ref[name]) < 0.06, name
     assert grads["transformer.wte.weight"][50257:].abs().max() == 0

@@ -26,6 +26,17 @@ def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
     return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
+def scaled_mm(a8, b8, scale_a, scale_b, out_dtype: torch.dtype, bias=None, fast_accum: bool = False) -> torch.Tensor:
+    """`torch._scaled_mm(a8, b8, ...)` for float8 a8 (M, K), b8 (K, N) with per-tensor scales (0-d) or row scales of
+    a8 (M, 1) and column scales of b8 (1, N): on CUDA that call; elsewhere the same product in fp32, which holds
+    every product of two float8 values exactly (PyTorch's own CPU kernel for it is a slow reference one)."""
+    if a8.is_cuda:
+        return torch._scaled_mm(a8, b8, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype,
+                                use_fast_accum=fast_accum)
+    y = (a8.float() @ b8.float()) * scale_a * scale_b
+    return (y if bias is None else y + bias.float()).to(out_dtype)
+
+
 def linear_like(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
     """A `cls` (an nn.Linear subclass) holding the very parameters of `linear`: nothing is copied."""
     new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")

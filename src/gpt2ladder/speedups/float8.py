@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2ladder.speedups.common import in_blocks, linear_like, replace_modules
+from gpt2ladder.speedups.common import in_blocks, linear_like, replace_modules, scaled_mm
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -52,8 +52,8 @@ class Float8Matmul(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             x8, sx = to_fp8(x, E4M3)
             w8, sw = to_fp8(weight, E4M3)
-            y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
-                                 bias=None if bias is None else bias.to(torch.bfloat16), use_fast_accum=True)
+            y = scaled_mm(x8, w8.t(), sx, sw, torch.bfloat16, None if bias is None else bias.to(torch.bfloat16),
+                          fast_accum=True)
         # Saved transposed, (in, N): the weight gradient contracts over N, and `_scaled_mm` takes
         # both operands contracted along their contiguous dimension.
         ctx.save_for_backward(x8.t().contiguous(), sx, w8, sw)
@@ -65,10 +65,8 @@ class Float8Matmul(torch.autograd.Function):
         x8_t, sx, w8, sw = ctx.saved_tensors
         with torch.autocast(grad_y.device.type, enabled=False):
             g8, sg = to_fp8(grad_y, GRAD_DTYPE)  # (N, out)
-            grad_x = torch._scaled_mm(g8, col_major(w8), scale_a=sg, scale_b=sw,
-                                      out_dtype=torch.bfloat16)  # (N, in)
-            grad_w = torch._scaled_mm(g8.t().contiguous(), x8_t.t(), scale_a=sg, scale_b=sx,
-                                      out_dtype=torch.float32)  # (out, in)
+            grad_x = scaled_mm(g8, col_major(w8), sg, sw, torch.bfloat16)  # (N, in)
+            grad_w = scaled_mm(g8.t().contiguous(), x8_t.t(), sg, sx, torch.float32)  # (out, in)
             grad_b = grad_y.float().sum(0) if ctx.has_bias else None
         return grad_x.to(ctx.x_dtype), grad_w, grad_b
 
