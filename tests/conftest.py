@@ -14,6 +14,14 @@ import torch
 TEXT_ENV = "GPT2LADDER_TEST_TEXT"  # an explicit path to Tiny Shakespeare's input.txt
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, each worker's PyTorch takes its share of the cores, not all of them: two workers of
+    two intra-op threads each on CI's two cores wait on each other's threads (OpenMP spins while it waits)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 def _real_text() -> Path | None:
     """Tiny Shakespeare from $GPT2LADDER_TEST_TEXT, else from the cache $GPT2LADDER_CACHE names."""
     if os.environ.get(TEXT_ENV):
