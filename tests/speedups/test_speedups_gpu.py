@@ -297,8 +297,10 @@ def test_adamw_kernel_writing_the_weight_casts_computes_the_same_graphed_steps(m
                     reason="float8 matmuls need compute capability 8.9+")
 def test_float8_weight_casts_at_the_start_compute_the_same_graphed_steps(monkeypatch):
     """FLOAT8_AT_START in the compiled, graphed step of auto's rungs: fp8_dgrad's weight casts made once at the step's
-    start (compiled on their own) give the losses the casts in each backward give, bit for bit (the same expressions,
-    compiled by Inductor both ways), and training moves; the casts were made at the start of each step captured."""
+    start (compiled on their own) give the losses the casts in each backward give, and training moves; the casts were
+    made at the start of each step captured. Not bit for bit: the GELU kernel adds its bias gradient with atomics in
+    no fixed order, so compiled steps are not bit-reproducible from run to run (kernels/gelu.py); on an H200 the
+    losses with and without differed first at the sixth step, by 1e-6 relative."""
     from gpt2ladder.speedups import weight_cast
 
     names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "cuda_graph",
@@ -313,5 +315,6 @@ def test_float8_weight_casts_at_the_start_compute_the_same_graphed_steps(monkeyp
         monkeypatch.setattr(weight_cast, "FLOAT8_AT_START", on)
         losses[on] = step_losses(names, batches)
     assert made  # the eager warm-up steps and the capture (replays run what was captured)
-    assert losses[True] == losses[False]
+    assert losses[True][0] == losses[False][0]  # one forward of the same weights: nothing in it adds atomically
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5, abs=1e-6)
     assert losses[True][-1] < losses[True][0]
