@@ -41,8 +41,9 @@ from gpt2ladder.kernels.norm import E4M3, rows_to_fp8
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
 
 # Whether the step casts the weights of fp8_dgrad's Linears to float8 at its start, all of one shape at once, instead
-# of in each backward. Not yet timed on a GPU: off. (The casts, a byte per element of those weights, live through
-# the step; runtime/memory.py's estimate does not count them yet.)
+# of in each backward. Timed in the top rung's step on an H200: within noise, if anything slower (docs/experiments.md):
+# off. (The casts, a byte per element of those weights, live through the step; runtime/memory.py's estimate does not
+# count them.)
 FLOAT8_AT_START = False
 
 
