@@ -266,3 +266,42 @@ def test_fp8_dgrad_reaches_the_marked_linears_in_the_norm_blocks(monkeypatch, fo
         assert param.grad is not None and (param.grad - ref).norm() <= 0.08 * ref.norm() + 1e-6, name  # max 0.051
     moved = [n for n, p in models[True].named_parameters() if not torch.equal(p.grad, plain[n].grad)]
     assert "transformer.wte.weight" in moved  # the float8 input gradients reached the embedding
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_the_norm_backward_hands_the_mlp_projection_its_float8_gradient(monkeypatch, backend):
+    """With NORM_CASTS_DGRAD8 every MLP c_proj's float8 input gradient multiplies a cast handed to it: by the next
+    Block's norm backward, or for the last Block, whose output the final norm reads, by `CastForCarriers`. The bytes
+    the projection's own cast makes, so every gradient is the same bit for bit, eager and through dynamo and AOT
+    autograd (where a cast not handed over would arrive as zeros)."""
+    import gpt2ladder.speedups.fp32_wgrad as fw
+    import gpt2ladder.speedups.norm_block as nb
+    from norm_block_support import CFG, rewired_models
+
+    models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"),
+                            {on: {"defer_bias": True, "fp8_fc": True} for on in (False, True)})
+    carried, real, norm_casts, real_grad = [], fw.carried_float8, [], nb.norm_kernels.add_norm_grad
+    if backend is None:  # which casts the projections were handed (dynamo would trace the spies once, not per call)
+        monkeypatch.setattr(fw, "carried_float8", lambda g8f, gs, shape: carried.append(g8f is not None)
+                            or real(g8f, gs, shape))
+        monkeypatch.setattr(nb.norm_kernels, "add_norm_grad", lambda *a: norm_casts.append(a[-1]) or real_grad(*a))
+    gen = torch.Generator().manual_seed(3)
+    x, y = (torch.randint(0, CFG.vocab_size, (2, 16), generator=gen) for _ in range(2))
+    grads, seen = {}, {}
+    for on, model in models.items():
+        assert fw.use_fp8_dgrad(model)
+        monkeypatch.setattr(nb, "NORM_CASTS_DGRAD8", on)
+        carried.clear(), norm_casts.clear()
+        run = model if backend is None else torch.compile(model, backend=backend)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = run(x, y)
+        loss.backward()
+        grads[on] = {n: p.grad for n, p in model.named_parameters()}
+        seen[on] = list(carried), list(norm_casts)
+    if backend is None:
+        # the norms' backwards from the last Block's: its ln_2, its ln_1 (which reads the Block before's MLP), ...
+        assert seen[True] == ([True] * CFG.n_layer, [False, True] * (CFG.n_layer - 1) + [False])
+        assert seen[False] == ([], [False] * (2 * CFG.n_layer - 1))
+    assert grads[True].keys() == grads[False].keys()
+    for name, grad in grads[False].items():
+        assert torch.equal(grads[True][name], grad), name
