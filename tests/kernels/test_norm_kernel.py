@@ -77,7 +77,7 @@ def test_kernels_match_the_pytorch_expressions(triton_interpret):
     for case, r in zip(CASES, results):
         q_max, bq_max = r.pop("q_max", 0.0), r.pop("bq_max", 0.0)
         assert all(v < 1e-5 for v in r.values()), (case, r)  # every row and column written, none twice
-        assert q_max < 1e-3 and bq_max < 1e-3, (case, q_max)  # each row's largest value lands on e4m3's largest, 448
+        assert q_max < 1e-3 and bq_max < 1e-3, (case, q_max, bq_max)  # each row's largest value lands on e4m3's largest, 448
 
 
 def test_reference_gradients_are_autograds():

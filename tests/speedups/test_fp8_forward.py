@@ -281,27 +281,46 @@ def test_the_norm_backward_hands_the_mlp_projection_its_float8_gradient(monkeypa
     models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"),
                             {on: {"defer_bias": True, "fp8_fc": True} for on in (False, True)})
     carried, real, norm_casts, real_grad = [], fw.carried_float8, [], nb.norm_kernels.add_norm_grad
-    if backend is None:  # which casts the projections were handed (dynamo would trace the spies once, not per call)
+    own_casts, real_cast = [], fw.rows_to_fp8
+    if backend is None:  # which casts the projections were handed and made (dynamo would break its graph at a spy)
         monkeypatch.setattr(fw, "carried_float8", lambda g8f, gs, shape: carried.append(g8f is not None)
                             or real(g8f, gs, shape))
         monkeypatch.setattr(nb.norm_kernels, "add_norm_grad", lambda *a: norm_casts.append(a[-1]) or real_grad(*a))
+        monkeypatch.setattr(fw, "rows_to_fp8", lambda t: own_casts.append(tuple(t.shape)) or real_cast(t))
     gen = torch.Generator().manual_seed(3)
     x, y = (torch.randint(0, CFG.vocab_size, (2, 16), generator=gen) for _ in range(2))
     grads, seen = {}, {}
     for on, model in models.items():
         assert fw.use_fp8_dgrad(model)
         monkeypatch.setattr(nb, "NORM_CASTS_DGRAD8", on)
-        carried.clear(), norm_casts.clear()
+        carried.clear(), norm_casts.clear(), own_casts.clear()
         run = model if backend is None else torch.compile(model, backend=backend)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _, loss = run(x, y)
         loss.backward()
         grads[on] = {n: p.grad for n, p in model.named_parameters()}
-        seen[on] = list(carried), list(norm_casts)
+        seen[on] = list(carried), list(norm_casts), list(own_casts)
     if backend is None:
         # the norms' backwards from the last Block's: its ln_2, its ln_1 (which reads the Block before's MLP), ...
-        assert seen[True] == ([True] * CFG.n_layer, [False, True] * (CFG.n_layer - 1) + [False])
-        assert seen[False] == ([], [False] * (2 * CFG.n_layer - 1))
+        assert seen[True][:2] == ([True] * CFG.n_layer, [False, True] * (CFG.n_layer - 1) + [False])
+        assert seen[False][:2] == ([], [False] * (2 * CFG.n_layer - 1))
+        # the projections' own casts of their output gradients, (tokens, C) for the MLP's c_proj: none with the flag
+        gradient_casts = {on: seen[on][2].count((32, CFG.n_embd)) for on in (False, True)}
+        assert gradient_casts == {False: CFG.n_layer, True: 0}
     assert grads[True].keys() == grads[False].keys()
     for name, grad in grads[False].items():
         assert torch.equal(grads[True][name], grad), name
+
+
+def test_a_projection_whose_width_is_not_a_multiple_of_4_carries_no_cast():
+    """The carriers hold the float8 bytes viewed as fp32, 4 to a value: a narrower remainder would not fit, so such a
+    projection returns none and casts its gradient itself."""
+    from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
+
+    for width, carries in ((42, False), (48, True)):
+        linear = Fp32WgradLinear(16, width)
+        linear.dgrad8 = True
+        y, carriers = linear.matmul_carrying_float8(torch.randn(3, 16))
+        assert y.shape == (3, width) and (carriers is not None) == carries
+        if carries:
+            assert [c.shape for c in carriers] == [(3, width // 4), (3,)]

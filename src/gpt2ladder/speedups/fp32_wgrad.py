@@ -193,8 +193,8 @@ class Fp32WgradLinear(nn.Linear):
     def matmul_carrying_float8(self, x: torch.Tensor):
         """(x @ weight.T without the bias, the float8 carriers of its gradient or None): with `dgrad8`, while
         training, the carriers (`float8_carriers`) that let the output's consumer hand its gradient's float8 cast
-        back; otherwise `matmul` alone."""
-        if not (self.dgrad8 and torch.is_grad_enabled()):
+        back (its width a multiple of 4, for the fp32 view of its bytes); otherwise `matmul` alone."""
+        if not (self.dgrad8 and torch.is_grad_enabled() and self.out_features % 4 == 0):
             return self.matmul(x), None
         weight_c, _ = self._fresh_casts()
         y, c8, cs = Fp32WgradMatmul.apply(x, self.weight, None, weight_c, None, True, *self._fresh_float8(), True)

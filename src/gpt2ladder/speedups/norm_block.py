@@ -24,7 +24,7 @@ its output in float8 with one scale per row, and the projection's forward produc
 (the `fp8_proj` rung) the MLP's GELU kernel writes its output in float8 too, for c_proj's forward product.
 
 With `NORM_CASTS_DGRAD8`, where the `fp8_dgrad` rung forms an output projection's input gradient in float8 (the
-MLP's c_proj), the norm kernel's backward writes the float8 cast of that projection's output gradient, which is its
+MLP's c_proj) and that projection leaves its bias to the norm (`defer_bias`), the norm kernel's backward writes the float8 cast of that projection's output gradient, which is its
 own d(h + p), and hands it back through the gradients of two placeholder outputs of the projection's matmul (its
 "carriers"), so that compile needs no pass of its own to cast it.
 """
@@ -55,7 +55,7 @@ class AddNorm(torch.autograd.Function):
     the rows) optional. The backward adds the stream's own gradient of s to the norm's, returns that sum for
     both h and p, and its column sums for pbias. With `fp8`, (s, y, y in float8, its row scales): the last two
     take no gradient. `c8`, `cs`: p's float8 carriers (`fp32_wgrad.float8_carriers`), whose gradients the backward
-    fills with that sum's float8 cast and row scales, made in the same kernel."""
+    fills with that sum's float8 cast and row scales (made in the backward kernel; off CUDA, by `rows_to_fp8`)."""
 
     @staticmethod
     def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype, fp8: bool = False, c8=None,
@@ -89,7 +89,8 @@ def kernels_run(h: torch.Tensor) -> bool:
 def add_then_norm(h: torch.Tensor, pending, norm: nn.LayerNorm, fp8: bool = False):
     """(s, norm(s)) for s = h + the pending branch, (p, its bias or None, p's float8 carriers or None); with no
     branch, (h, norm(h)) by the norm itself. `fp8` (only where the kernels run): norm(s) as `Float8Rows`, with its
-    float8 copy. Where the kernels run, the carriers' gradients get the float8 cast of p's gradient."""
+    float8 copy. The carriers' gradients get the float8 cast of p's gradient: from the norm's backward where the
+    kernels run, else from `CastForCarriers`."""
     dtype = compute_dtype(h) if torch.is_autocast_enabled(h.device.type) else h.dtype
     if pending is None:
         y = norm(h)
