@@ -140,7 +140,7 @@ def test_gelu_forward_with_its_block_scaled_float8_copy_at_gpt2_size():
 def test_norm_kernels_match_the_expressions_at_gpt2_size(with_pbias, fp8):
     """The add + layer norm kernels against their reference at GPT-2's residual shape, bf16 in and out (with the
     branch's bias added in the kernel, and its gradient summed, for the proj_bias rung; with the output's float8
-    copy and row scales for the fp8_forward rung, and the backward's of d(h + p) for fp8_dgrad)."""
+    copy and row scales for the fp8_forward rung)."""
     from gpt2ladder.kernels import norm as nk
 
     gen = torch.Generator().manual_seed(0)
@@ -163,15 +163,8 @@ def test_norm_kernels_match_the_expressions_at_gpt2_size(with_pbias, fp8):
     torch.testing.assert_close(mean, rmean, rtol=0, atol=1e-5)
     torch.testing.assert_close(rstd, rrstd, rtol=1e-5, atol=0)
     assert ((y.float() - ry.float()).abs() <= 2**-7 * ry.float().abs() + 1e-6).all()  # within a bf16 step
-    dsum, dw, db, dpb, dq, dqs = torch.ops.gpt2ladder.add_norm_bwd(dy, ds, s, w, mean, rstd, with_pbias, fp8)
+    dsum, dw, db, dpb = torch.ops.gpt2ladder.add_norm_bwd(dy, ds, s, w, mean, rstd, with_pbias)
     rdsum, rdw, rdb, *rdpb = nk.add_norm_grad_reference(dy, ds, rs, w, rmean, rrstd, with_pbias=with_pbias)
-    if fp8:  # d(h + p)'s float8 copy, for fp8_dgrad (NORM_CASTS_DGRAD8): the cast of the kernel's own dsum
-        rdq, rdqs = nk.rows_to_fp8(dsum)
-        torch.testing.assert_close(dqs, rdqs, rtol=1e-6, atol=0)
-        steps = (dq.float() - rdq.float()).abs() / (2**-3 * rdq.float().abs() + 2**-9)
-        assert steps.max().item() <= 1.01 and (dq.view(torch.uint8) == rdq.view(torch.uint8)).float().mean() > 0.999
-    else:
-        assert dq.numel() == 0 and dqs.numel() == 0
     if with_pbias:
         torch.testing.assert_close(dpb, rdpb[0], rtol=1e-4, atol=1e-5)
     else:

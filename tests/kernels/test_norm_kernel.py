@@ -34,10 +34,7 @@ for n, c, fwd_rows, bwd_rows, programs, with_pbias, fp8, prefetch in json.loads(
     nk.launch_fwd(h, p, w, b, 1e-5, s, y, mean, rstd, tile=(fwd_rows, 4), pbias=pb, q=q, qs=qs)
     dsum, dw, db = torch.full((n, c), 7.0), torch.full((c,), 7.0), torch.full((c,), 7.0)
     dpb = torch.full((c,), 7.0) if with_pbias else None
-    bq = torch.full((n, c), 7.0) if fp8 else None  # and d(h + p)'s, from the backward
-    bqs = torch.full((n,), 7.0) if fp8 else None
-    nk.launch_bwd(dy, ds, s, w, mean, rstd, dsum, dw, db, programs, tile=(bwd_rows, 4, 1), dpb=dpb, prefetch=prefetch,
-                  q=bq, qs=bqs)
+    nk.launch_bwd(dy, ds, s, w, mean, rstd, dsum, dw, db, programs, tile=(bwd_rows, 4, 1), dpb=dpb, prefetch=prefetch)
     rs, ry, rmean, rrstd = nk.add_norm_reference(h, p, w, b, 1e-5, torch.float32, pb)
     if fp8:  # the float8 copy's scales, and the values it rounds (y / scale)
         rq, rqs = nk.rows_to_fp8(ry)
@@ -45,10 +42,6 @@ for n, c, fwd_rows, bwd_rows, programs, with_pbias, fp8, prefetch in json.loads(
     else:
         fp8_err = {}
     ref = nk.add_norm_grad_reference(dy, ds, rs, w, rmean, rrstd, with_pbias=with_pbias)
-    if fp8:
-        _, rbqs = nk.rows_to_fp8(ref[0])
-        fp8_err.update({"bqs": err(bqs, rbqs), "bq": err(bq, ref[0] / rbqs[:, None]),
-                        "bq_max": abs(bq.abs().amax(1) - 448).max().item()})
     out.append({"s": err(s, rs), "y": err(y, ry), "mean": err(mean, rmean), "rstd": err(rstd, rrstd),
                 "dsum": err(dsum, ref[0]), "dw": err(dw, ref[1]), "db": err(db, ref[2]),
                 "dpb": err(dpb, ref[3]) if with_pbias else 0.0, **fp8_err})
@@ -57,14 +50,13 @@ print(json.dumps(out))
 
 CASES = [  # rows, columns, forward rows per program, backward rows per step, backward programs, branch bias, float8,
     # and the backward's loop loading its next row block ahead
-    (64, 256, 8, 2, 5, False, True, False),  # with the float8 copies and row scales of y and of d(h + p)
+    (64, 256, 8, 2, 5, False, True, False),  # with the output's float8 copy and its row scales
     (70, 300, 4, 4, 3, False, False, False),  # columns not a power of two; the last row block half empty; 6 blocks each
     (64, 256, 8, 2, 5, False, False, False),  # exact tiles; programs get unequal numbers of row blocks
     (3, 40, 4, 4, 8, False, False, False),  # fewer rows than one block; more programs asked for than there are blocks
     (70, 300, 4, 4, 3, True, False, False),  # the branch's bias added in the kernel and its gradient summed
     (3, 40, 4, 4, 8, True, False, False),
     (70, 300, 4, 4, 3, True, True, False),  # both
-    (70, 300, 4, 4, 3, True, True, True),  # the backward's copy while loading ahead
     (70, 300, 4, 4, 3, True, False, True),  # loading ahead, where the blocks run out unevenly
     (64, 256, 8, 2, 5, False, False, True),
     (3, 40, 4, 4, 8, True, False, True),
@@ -75,9 +67,9 @@ CASES = [  # rows, columns, forward rows per program, backward rows per step, ba
 def test_kernels_match_the_pytorch_expressions(triton_interpret):
     results = triton_interpret(SCRIPT, CASES)
     for case, r in zip(CASES, results):
-        q_max, bq_max = r.pop("q_max", 0.0), r.pop("bq_max", 0.0)
+        q_max = r.pop("q_max", 0.0)
         assert all(v < 1e-5 for v in r.values()), (case, r)  # every row and column written, none twice
-        assert q_max < 1e-3 and bq_max < 1e-3, (case, q_max, bq_max)  # each row's largest value lands on e4m3's largest, 448
+        assert q_max < 1e-3, (case, q_max)  # each row's largest value lands on e4m3's largest, 448
 
 
 def test_reference_gradients_are_autograds():

@@ -43,13 +43,11 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
          "BLOCK_M": C, "BLOCK_C": C},
         {"HAS_PB": pb, "HAS_Q": q, "Q_MAX": 448.0, "BLOCK_M": 4, "BLOCK_C": 1024})
         for variant, pb, q in (("plain", False, False), ("pbias", True, False), ("fp8", True, True))},
-    **{f"kernels.norm._add_norm_bwd_kernel#{variant}": (
+    **{f"kernels.norm._add_norm_bwd_kernel#{'pbias' if pb else 'plain'}": (
         {"dy_ptr": "*bf16", "ds_ptr": "*bf16", "s_ptr": "*bf16", "w_ptr": "*fp32", "mean_ptr": "*fp32",
-         "rstd_ptr": "*fp32", "dsum_ptr": "*bf16", "part_ptr": "*fp32", "q_ptr": "*fp8e4nv" if q else "*bf16",
-         "qs_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32", "programs": "i32", "HAS_PB": C, "HAS_Q": C, "Q_MAX": C,
-         "STEPS": C, "BLOCK_M": C, "BLOCK_C": C, "PREFETCH": C},
-        {"HAS_PB": pb, "HAS_Q": q, "Q_MAX": 448.0, "STEPS": 16, "BLOCK_M": 4, "BLOCK_C": 1024, "PREFETCH": True})
-        for variant, pb, q in (("plain", False, False), ("pbias", True, False), ("fp8", True, True))},
+         "rstd_ptr": "*fp32", "dsum_ptr": "*bf16", "part_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
+         "programs": "i32", "HAS_PB": C, "STEPS": C, "BLOCK_M": C, "BLOCK_C": C, "PREFETCH": C},
+        {"HAS_PB": pb, "STEPS": 16, "BLOCK_M": 4, "BLOCK_C": 1024, "PREFETCH": True}) for pb in (False, True)},
     "kernels.qkv._qkv_grad_kernel": (
         {"dq_ptr": "*bf16", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "out_ptr": "*bf16", "dbias_ptr": "*fp32", "T": "i32",
          "nh": "i32", **{f"s{g}_{d}": "i32" for g in "qkv" for d in "bht"}, "HS": C, "BLOCK_T": C, "ROW_TILES": C},

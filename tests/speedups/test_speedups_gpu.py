@@ -318,34 +318,3 @@ def test_float8_weight_casts_at_the_start_compute_the_same_graphed_steps(monkeyp
     assert losses[True][0] == losses[False][0]  # one forward of the same weights: nothing in it adds atomically
     assert losses[True] == pytest.approx(losses[False], rel=1e-5, abs=1e-6)
     assert losses[True][-1] < losses[True][0]
-
-
-@needs_cuda
-@needs_triton
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
-                    reason="float8 matmuls need compute capability 8.9+")
-def test_norm_backward_float8_casts_compute_the_same_graphed_steps(monkeypatch):
-    """NORM_CASTS_DGRAD8 in the compiled, graphed step of auto's rungs: the MLP c_proj's float8 input gradient from the
-    cast the norm kernel's backward made gives the losses of the cast compile makes (the first exactly, the rest
-    within the GELU kernel's run-to-run rounding, as FLOAT8_AT_START's test), and training moves; the norm backward
-    kernel was launched with its cast (spied on inside the custom op, where dynamo does not trace, so the step compiles
-    as it does in use)."""
-    from gpt2ladder.kernels import norm as norm_kernels
-    from gpt2ladder.speedups import norm_block
-
-    names = ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw", "fused_loss", "cuda_graph",
-             "bf16_residual", "gelu_kernel", "fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias", "fp8_fc",
-             "fp8_dgrad", "adamw_kernel"]
-    batches = random_batches(8)
-    asked, real = [], norm_kernels.launch_bwd
-    monkeypatch.setattr(norm_kernels, "launch_bwd", lambda *a, **kw: asked.append(kw.get("q") is not None)
-                        or real(*a, **kw))
-    losses = {}
-    for on in (False, True):
-        monkeypatch.setattr(norm_block, "NORM_CASTS_DGRAD8", on)
-        asked.clear()
-        losses[on] = step_losses(names, batches)
-        assert any(asked) == on
-    assert losses[True][0] == losses[False][0]
-    assert losses[True] == pytest.approx(losses[False], rel=1e-5, abs=1e-6)
-    assert losses[True][-1] < losses[True][0]

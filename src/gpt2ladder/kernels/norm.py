@@ -25,10 +25,6 @@ row's amax mapped to e4m3's largest value, for the next matmul to read instead o
 row in registers, so the scale costs no pass of its own.
 In the step of GPT-2 124M at B=16 x 1024 on an H200 that made the top rung 0.25 ms faster (two A/B pairs;
 docs/experiments.md).
-The backward can do the same for d(h + p), which is also the gradient of the branch's output p: with `fp8` it
-writes it in float8 with one scale per row, from its values as stored, for the branch's output projection to form
-its input gradient from (the `fp8_dgrad` rung, `speedups/norm_block.py`), where compile would cast it in a pass of
-its own.
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA, or without Triton,
 `add_norm_reference` / `add_norm_grad_reference` run instead: the PyTorch expressions the kernels
@@ -169,10 +165,9 @@ if triton is not None:
                 tl.load(rstd_ptr + rows, mask=row_ok, other=0.0))
 
     @triton.jit
-    def _add_norm_bwd_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dsum_ptr, part_ptr, q_ptr, qs_ptr,
-                             n_rows, n_cols, programs, HAS_PB: tl.constexpr, HAS_Q: tl.constexpr, Q_MAX: tl.constexpr,
-                             STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
-                             PREFETCH: tl.constexpr):
+    def _add_norm_bwd_kernel(dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dsum_ptr, part_ptr, n_rows, n_cols,
+                             programs, HAS_PB: tl.constexpr, STEPS: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_C: tl.constexpr, PREFETCH: tl.constexpr):
         # `programs` programs; program pid takes row blocks pid, pid + programs, ... (STEPS of them at most;
         # a constant, so that the loop has fixed bounds, which Triton's CPU interpreter needs too). With PREFETCH
         # each step loads the next row block before it computes its own.
@@ -210,10 +205,7 @@ if triton is not None:
             if not PREFETCH:
                 ds = tl.load(ds_ptr + offs, mask=mask, other=0.0)
             dsum = tl.where(mask, dx + ds.to(tl.float32), 0.0)
-            stored = dsum.to(dsum_ptr.dtype.element_ty)
-            tl.store(dsum_ptr + offs, stored, mask=mask)
-            if HAS_Q:  # d(h + p) as stored, in float8 with one scale per row, for the branch's float8 input gradient
-                store_float8_rows(q_ptr, qs_ptr, stored.to(tl.float32), rows, offs, mask, row_ok, Q_MAX)
+            tl.store(dsum_ptr + offs, dsum.to(dsum_ptr.dtype.element_ty), mask=mask)
             dw += tl.sum(dy * xhat, 0)
             db += tl.sum(dy, 0)
             if HAS_PB:  # the branch bias's gradient: the column sums of what the branch receives
@@ -258,11 +250,10 @@ if triton is not None:
                                                    BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
 
     def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None, colsum=None,
-                   dpb=None, prefetch: bool = BWD_PREFETCH, q=None, qs=None) -> None:
+                   dpb=None, prefetch: bool = BWD_PREFETCH) -> None:
         """The backward into preallocated outputs, with `programs` programs walking the row blocks
         (`colsum` = (parts per step, columns per program, warps) of the column sums); `dpb`, if given, gets the
-        branch bias's gradient; `prefetch` as the kernel's PREFETCH; `q` (N, C) float8 e4m3 and `qs` (N,) fp32, if
-        given, get dsum's float8 copy and its row scales (a q of another dtype gets dsum / scale unrounded)."""
+        branch bias's gradient; `prefetch` as the kernel's PREFETCH."""
         n, c = s.shape
         bm, warps, _, *stages = tile or BWD_TILE  # stages: Triton's num_stages (its own default when not given)
         cp, cn, cw = colsum or COLSUM_TILE
@@ -270,10 +261,8 @@ if triton is not None:
         programs = max(1, min(programs, blocks))
         sums = 2 if dpb is None else 3
         part = torch.empty((sums, programs, c), device=s.device, dtype=torch.float32)
-        with_q = q is not None
-        _add_norm_bwd_kernel[(programs,)](dy, ds, s, weight, mean, rstd, dsum, part, q if with_q else dsum,
-                                          qs if with_q else mean, n, c, programs, HAS_PB=dpb is not None,
-                                          HAS_Q=with_q, Q_MAX=E4M3_MAX, STEPS=triton.cdiv(blocks, programs), BLOCK_M=bm,
+        _add_norm_bwd_kernel[(programs,)](dy, ds, s, weight, mean, rstd, dsum, part, n, c, programs,
+                                          HAS_PB=dpb is not None, STEPS=triton.cdiv(blocks, programs), BLOCK_M=bm,
                                           BLOCK_C=triton.next_power_of_2(c), PREFETCH=prefetch,
                                           num_warps=warps,
                                           **({"num_stages": stages[0]} if stages else {}))
@@ -313,30 +302,22 @@ if triton is not None:
 
     @torch.library.custom_op("gpt2ladder::add_norm_bwd", mutates_args=())
     def add_norm_bwd(dy: torch.Tensor, ds: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                     rstd: torch.Tensor, with_pbias: bool,
-                     fp8: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                         torch.Tensor]:
-        """(dsum, dw, db, dpb, dsum in float8, its row scales); dpb empty without `with_pbias`, the last two without
-        `fp8`."""
+                     rstd: torch.Tensor, with_pbias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor]:
         c = s.shape[-1]
         s2 = s.reshape(-1, c).contiguous()
         dsum = torch.empty_like(s2)
         dw, db = torch.empty_like(weight), torch.empty_like(weight)
         dpb = torch.empty_like(weight) if with_pbias else weight.new_empty((0,))
-        q = torch.empty(s2.shape if fp8 else (0,), device=s.device, dtype=E4M3)
-        qs = mean.new_empty((s2.shape[0],) if fp8 else (0,), dtype=torch.float32)
         launch_bwd(dy.reshape(-1, c).contiguous(), ds.reshape(-1, c).contiguous(), s2, weight.contiguous(),
                    mean.reshape(-1).contiguous(), rstd.reshape(-1).contiguous(), dsum, dw, db, _programs(s.device),
-                   dpb=dpb if with_pbias else None, q=q if fp8 else None, qs=qs if fp8 else None)
-        return (dsum.view(s.shape), dw, db, dpb, q.view(s.shape) if fp8 else q,
-                qs.view(s.shape[:-1]) if fp8 else qs)
+                   dpb=dpb if with_pbias else None)
+        return dsum.view(s.shape), dw, db, dpb
 
     @add_norm_bwd.register_fake
-    def _(dy, ds, s, weight, mean, rstd, with_pbias, fp8):
+    def _(dy, ds, s, weight, mean, rstd, with_pbias):
         dpb = weight.new_empty(weight.shape if with_pbias else (0,))
-        q = s.new_empty(s.shape if fp8 else (0,), dtype=E4M3)
-        qs = s.new_empty(s.shape[:-1] if fp8 else (0,), dtype=torch.float32)
-        return s.new_empty(s.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape), dpb, q, qs
+        return s.new_empty(s.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape), dpb
 
 
 def kernels_available(t: torch.Tensor) -> bool:
@@ -355,12 +336,12 @@ def add_norm(h, p, weight, bias, eps: float, out_dtype: torch.dtype, pbias=None,
     return s, y.to(out_dtype), mean, rstd, q, qs
 
 
-def add_norm_grad(dy, ds, s, weight, mean, rstd, with_pbias: bool = False, fp8: bool = False):
-    """(d(h + p), weight gradient, bias gradient, branch bias gradient or None, and with `fp8` d(h + p) in float8
-    with its row scales, else None for both): the kernels on CUDA with Triton, else the reference."""
+def add_norm_grad(dy, ds, s, weight, mean, rstd, with_pbias: bool = False):
+    """(d(h + p), weight gradient, bias gradient, branch bias gradient or None): the kernels on CUDA with Triton,
+    else the reference."""
     if kernels_available(s):
-        dsum, dw, db, dpb, q, qs = torch.ops.gpt2ladder.add_norm_bwd(dy, ds, s, weight, mean, rstd, with_pbias, fp8)
-        return dsum, dw, db, dpb if with_pbias else None, *((q, qs) if fp8 else (None, None))
-    grads = add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias=with_pbias)
-    dsum, dw, db, dpb = grads if with_pbias else (*grads, None)
-    return dsum, dw, db, dpb, *(rows_to_fp8(dsum) if fp8 else (None, None))
+        dsum, dw, db, dpb = torch.ops.gpt2ladder.add_norm_bwd(dy, ds, s, weight, mean, rstd, with_pbias)
+        return dsum, dw, db, dpb if with_pbias else None
+    if with_pbias:
+        return add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias=True)
+    return (*add_norm_grad_reference(dy, ds, s, weight, mean, rstd), None)

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2ladder.kernels.norm import E4M3, rows_to_fp8
+from gpt2ladder.kernels.norm import rows_to_fp8
 from gpt2ladder.speedups.common import (
     compute_dtype,
     in_blocks,
@@ -58,18 +58,15 @@ def weight_read(weight: torch.Tensor, weight_c: torch.Tensor | None, dtype: torc
 
 
 def input_grad(g2: torch.Tensor, wc: torch.Tensor, float8: bool = False, wt8: torch.Tensor | None = None,
-               ws: torch.Tensor | None = None, g8: torch.Tensor | None = None,
-               gs: torch.Tensor | None = None) -> torch.Tensor:
+               ws: torch.Tensor | None = None) -> torch.Tensor:
     """g2 @ wc for the (N, out) output gradient and the (out, in) weight, in their dtype. With `float8` the product
     is float8's: g2 with one scale per row and the weight with one per input feature (a column of wc), each cast to
     e4m3 from its largest magnitude. `wt8`, `ws`: the weight's cast made already, its transpose (in, out) in e4m3,
-    contiguous, and one fp32 scale per input feature; `g8`, `gs`: g2's cast made already (by whoever made g2), (N,
-    out) row-major and (N,); read only with `float8`."""
+    contiguous, and one fp32 scale per input feature; read only with `float8`."""
     if not float8:
         return g2 @ wc
-    if g8 is None:  # _scaled_mm's first operand row-major
-        g8, gs = rows_to_fp8(g2.contiguous())
-    return fp8_input_grad(g8, gs, wc, g2.dtype, wt8, ws)
+    # _scaled_mm's first operand row-major
+    return fp8_input_grad(*rows_to_fp8(g2.contiguous()), wc, g2.dtype, wt8, ws)
 
 
 def fp8_input_grad(g8: torch.Tensor, gs: torch.Tensor, wc: torch.Tensor, out_dtype: torch.dtype,
@@ -85,40 +82,16 @@ def fp8_input_grad(g8: torch.Tensor, gs: torch.Tensor, wc: torch.Tensor, out_dty
 
 def linear_grads(grad_y: torch.Tensor, xc: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype, w_dtype: torch.dtype,
                  has_bias: bool, dgrad8: bool = False, wt8: torch.Tensor | None = None,
-                 ws: torch.Tensor | None = None, carried=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                 ws: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(input, weight, bias or None) gradients of y = x @ w.T (+ b) from the input and weight as the matmul read
     them (`xc`, `wc`, in the compute dtype): the input gradient in that dtype (`dgrad8`: its product in float8, from
-    the weight's float8 cast `wt8`, `ws` where given, and from grad_y's float8 cast `carried` where given: the
-    gradients of `float8_carriers`), the weight's and bias's in fp32."""
+    the weight's float8 cast `wt8`, `ws` where given), the weight's and bias's in fp32."""
     g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(wc.dtype)
-    g8, gs = (None, None) if carried is None else carried_float8(*carried, g2.shape)
     with torch.autocast(grad_y.device.type, enabled=False):
-        grad_x = input_grad(g2, wc, dgrad8, wt8, ws, g8, gs).view(*grad_y.shape[:-1], wc.shape[1]).to(x_dtype)
+        grad_x = input_grad(g2, wc, dgrad8, wt8, ws).view(*grad_y.shape[:-1], wc.shape[1]).to(x_dtype)
         grad_w = weight_grad(g2, xc.reshape(-1, xc.shape[-1])).to(w_dtype)
         grad_b = g2.sum(0, dtype=torch.float32).to(w_dtype) if has_bias else None
     return grad_x, grad_w, grad_b
-
-
-def float8_carriers(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two tensors for an autograd function to return beside y, whose gradients carry y's gradient cast to float8 by
-    whoever computes that gradient (the norm kernel's backward, `speedups/norm_block.py`): the float8 bytes viewed
-    as fp32, (..., C / 4), and one fp32 scale per row, (...). Never read: only their gradients are. Whoever reads y
-    must fill them: eagerly an unfilled carrier's gradient is None and the backward casts for itself, but under
-    torch.compile (dynamo's autograd.Function) it arrives as zeros. C a multiple of 4."""
-    return y.new_empty((*y.shape[:-1], y.shape[-1] // 4), dtype=torch.float32), y.new_empty(y.shape[:-1],
-                                                                                              dtype=torch.float32)
-
-
-def carriers_gradients(q: torch.Tensor, qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A float8 copy (..., C) and its row scales (...) as the gradients of `float8_carriers`."""
-    return q.view(torch.float32), qs
-
-
-def carried_float8(g8f: torch.Tensor | None, gs: torch.Tensor | None, shape) -> tuple:
-    """The carriers' gradients back as (float8 (N, C), scales (N,)) for an (N, C) gradient, or (None, None)."""
-    if g8f is None or gs is None:
-        return None, None
-    return g8f.view(E4M3).reshape(shape), gs.reshape(shape[0])
 
 
 class Fp32WgradMatmul(torch.autograd.Function):
@@ -128,15 +101,12 @@ class Fp32WgradMatmul(torch.autograd.Function):
     at the start of the step), used instead of casting here; the gradients still go to `weight` and `bias`.
     `dgrad8`: the input gradient's product in float8 (`input_grad`); `wt8`, `ws`: the weight's float8 cast for it,
     made at the start of the step (the weight_cast rung's `FLOAT8_AT_START`), or None to cast it in the backward.
-    `carry8` (with `dgrad8`): (y, *float8_carriers(y)), so that whoever computes y's gradient can hand its float8
-    cast back with it.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 weight_c: torch.Tensor | None = None, bias_c: torch.Tensor | None = None,
-                dgrad8: bool = False, wt8: torch.Tensor | None = None, ws: torch.Tensor | None = None,
-                carry8: bool = False):
+                dgrad8: bool = False, wt8: torch.Tensor | None = None, ws: torch.Tensor | None = None) -> torch.Tensor:
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             xc = x.to(dtype)
@@ -150,17 +120,13 @@ class Fp32WgradMatmul(torch.autograd.Function):
         # a bias that takes no gradient here (the qkv_grad rung sums it elsewhere) is not summed
         ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None and ctx.needs_input_grad[2]
         ctx.dgrad8 = dgrad8
-        if not (carry8 and dgrad8):
-            return y
-        ctx.set_materialize_grads(False)  # eagerly, carriers nobody filled: None, not zeros
-        return (y, *float8_carriers(y))
+        return y
 
     @staticmethod
-    def backward(ctx, grad_y: torch.Tensor, *carried):
+    def backward(ctx, grad_y: torch.Tensor):
         xc, wc, wt8, ws = ctx.saved_tensors
-        grads = linear_grads(grad_y, xc, wc, ctx.x_dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8, wt8, ws,
-                             carried or None)
-        return (*grads, None, None, None, None, None, None)
+        grads = linear_grads(grad_y, xc, wc, ctx.x_dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8, wt8, ws)
+        return (*grads, None, None, None, None, None)
 
 
 class Fp32WgradLinear(nn.Linear):
@@ -189,16 +155,6 @@ class Fp32WgradLinear(nn.Linear):
         weight_c, bias_c = self._fresh_casts()
         return Fp32WgradMatmul.apply(x, self.weight, bias, weight_c, bias_c if bias_without_grad else None,
                                      self.dgrad8, *self._fresh_float8())
-
-    def matmul_carrying_float8(self, x: torch.Tensor):
-        """(x @ weight.T without the bias, the float8 carriers of its gradient or None): with `dgrad8`, while
-        training, the carriers (`float8_carriers`) that let the output's consumer hand its gradient's float8 cast
-        back (its width a multiple of 4, for the fp32 view of its bytes); otherwise `matmul` alone."""
-        if not (self.dgrad8 and torch.is_grad_enabled() and self.out_features % 4 == 0):
-            return self.matmul(x), None
-        weight_c, _ = self._fresh_casts()
-        y, c8, cs = Fp32WgradMatmul.apply(x, self.weight, None, weight_c, None, True, *self._fresh_float8(), True)
-        return y, (c8, cs)
 
     def _fresh_casts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return (None, None) if self.casts is None else self.casts.fresh()

@@ -12,7 +12,7 @@ makes the last add there).
 The kernels run on CUDA with Triton for a stream in bf16 or fp16 (the `bf16_residual` rung, which this
 rung turns on); anywhere else `AddNorm` falls back to the PyTorch expressions, the same function.
 
-With `defer_bias` (the `proj_bias` rung) the pending branch carries (p, bias): the attention's and the MLP's
+With `defer_bias` (the `proj_bias` rung) the pending branch is (p, bias): the attention's and the MLP's
 output projection run without their bias (the branch up to it, then the matmul alone), and the norm kernel adds the
 bias with the residual and sums its gradient with the norm's own column sums. Compile summed each of those
 24 bias gradients a step in two reductions of its own. The bias is added in fp32 before the one rounding of
@@ -22,11 +22,6 @@ With `fp8_forward` (the `fp8_forward` rung) each norm that feeds an input projec
 its output in float8 with one scale per row, and the projection's forward product reads that
 (`speedups/fp8_forward.py`); with `fp8_fc` (the `fp8_fc` rung) only the MLP's norm does, for c_fc. With `fp8_proj`
 (the `fp8_proj` rung) the MLP's GELU kernel writes its output in float8 too, for c_proj's forward product.
-
-With `NORM_CASTS_DGRAD8`, where the `fp8_dgrad` rung forms an output projection's input gradient in float8 (the
-MLP's c_proj) and that projection leaves its bias to the norm (`defer_bias`), the norm kernel's backward writes the float8 cast of that projection's output gradient, which is its
-own d(h + p), and hands it back through the gradients of two placeholder outputs of the projection's matmul (its
-"carriers"), so that compile needs no pass of its own to cast it.
 """
 
 from __future__ import annotations
@@ -39,31 +34,22 @@ from gpt2ladder.kernels import norm as norm_kernels
 from gpt2ladder.model.gpt import Block
 from gpt2ladder.speedups import fp8_forward as fp8_module
 from gpt2ladder.speedups.common import compute_dtype, matmul_without_bias, replace_modules
-from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, carriers_gradients
+from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
 from gpt2ladder.speedups.fp8_forward import (Float8Rows, float8_rows, in_proj_float8, linear_float8, takes_float8,
                                              takes_float8_out)
-
-
-# Whether the norm kernel's backward casts a branch's output gradient to float8 for fp8_dgrad's input gradient of that
-# branch's output projection, instead of compile in a pass of its own. Not yet timed on a GPU: off. Every reader of a
-# pending branch with carriers must fill their gradients (AddNorm, CastForCarriers): see fp32_wgrad.float8_carriers.
-NORM_CASTS_DGRAD8 = False
 
 
 class AddNorm(torch.autograd.Function):
     """(s, y) = (h + p + pbias, layer_norm(s)); y in `out_dtype`, pbias (the branch's own bias, broadcast over
     the rows) optional. The backward adds the stream's own gradient of s to the norm's, returns that sum for
     both h and p, and its column sums for pbias. With `fp8`, (s, y, y in float8, its row scales): the last two
-    take no gradient. `c8`, `cs`: p's float8 carriers (`fp32_wgrad.float8_carriers`), whose gradients the backward
-    fills with that sum's float8 cast and row scales (made in the backward kernel; off CUDA, by `rows_to_fp8`)."""
+    take no gradient."""
 
     @staticmethod
-    def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype, fp8: bool = False, c8=None,
-                cs=None):
+    def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype, fp8: bool = False):
         s, y, mean, rstd, q, qs = norm_kernels.add_norm(h, p, weight, bias, eps, out_dtype, pbias, fp8)
         ctx.save_for_backward(s, weight, mean, rstd)
         ctx.has_pbias = pbias is not None and ctx.needs_input_grad[2]
-        ctx.carry8 = c8 is not None and ctx.needs_input_grad[8]
         if not fp8:
             return s, y
         ctx.mark_non_differentiable(q, qs)
@@ -74,10 +60,8 @@ class AddNorm(torch.autograd.Function):
         s, weight, mean, rstd = ctx.saved_tensors
         ds = torch.zeros_like(s) if ds is None else ds
         dy = torch.zeros_like(s) if dy is None else dy
-        dsum, dw, db, dpbias, q, qs = norm_kernels.add_norm_grad(dy, ds, s, weight, mean, rstd, ctx.has_pbias,
-                                                                 ctx.carry8)
-        carried = carriers_gradients(q, qs) if ctx.carry8 else (None, None)
-        return dsum, dsum, dpbias, dw, db, None, None, None, *carried
+        dsum, dw, db, dpbias = norm_kernels.add_norm_grad(dy, ds, s, weight, mean, rstd, ctx.has_pbias)
+        return dsum, dsum, dpbias, dw, db, None, None, None
 
 
 def kernels_run(h: torch.Tensor) -> bool:
@@ -87,54 +71,27 @@ def kernels_run(h: torch.Tensor) -> bool:
 
 
 def add_then_norm(h: torch.Tensor, pending, norm: nn.LayerNorm, fp8: bool = False):
-    """(s, norm(s)) for s = h + the pending branch, (p, its bias or None, p's float8 carriers or None); with no
-    branch, (h, norm(h)) by the norm itself. `fp8` (only where the kernels run): norm(s) as `Float8Rows`, with its
-    float8 copy. The carriers' gradients get the float8 cast of p's gradient: from the norm's backward where the
-    kernels run, else from `CastForCarriers`."""
+    """(s, norm(s)) for s = h + the pending branch, a pair (p, its bias or None); with no branch, (h, norm(h))
+    by the norm itself. `fp8` (only where the kernels run): norm(s) as `Float8Rows`, with its float8 copy."""
     dtype = compute_dtype(h) if torch.is_autocast_enabled(h.device.type) else h.dtype
     if pending is None:
         y = norm(h)
         return h, float8_rows(y, dtype) if fp8 else y
-    p, pbias, carriers = pending
+    p, pbias = pending
     if not (kernels_run(h) and p.dtype == h.dtype):
         s = h + with_bias(pending)
         return s, norm(s)
-    c8, cs = carriers or (None, None)
     with torch.autocast(h.device.type, enabled=False):
         if not fp8:
-            return AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype, False, c8, cs)
-        s, y, q, qs = AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype, True, c8, cs)
+            return AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype)
+        s, y, q, qs = AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype, True)
         return s, Float8Rows(y, q, qs)
 
 
 def with_bias(pending) -> torch.Tensor:
-    """A pending branch (p, bias or None, carriers) as one tensor in p's dtype, for the PyTorch expressions; the
-    carriers' gradients filled with the float8 cast of p's gradient (`CastForCarriers`)."""
-    p, pbias, carriers = pending
-    if carriers is not None:
-        return CastForCarriers.apply(p, pbias, *carriers)
+    """A pending branch (p, bias or None) as one tensor in p's dtype, for the PyTorch expressions."""
+    p, pbias = pending
     return p if pbias is None else (p + pbias).to(p.dtype)
-
-
-class CastForCarriers(torch.autograd.Function):
-    """p (+ pbias) in p's dtype, whose backward casts p's gradient to float8 itself for p's carriers: where the norm
-    kernel does not read p, its carriers still get their gradients (under torch.compile an unfilled one would arrive
-    as zeros, not None)."""
-
-    @staticmethod
-    def forward(ctx, p, pbias, c8, cs):
-        ctx.has_pbias = pbias is not None and ctx.needs_input_grad[1]
-        if pbias is None:
-            return p.view_as(p)
-        ctx.pbias_shape, ctx.pbias_dtype, ctx.sum_dtype = pbias.shape, pbias.dtype, torch.promote_types(p.dtype,
-                                                                                                          pbias.dtype)
-        return (p + pbias).to(p.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        # the bias's gradient as autograd gives it for (p + pbias).to(p.dtype)
-        dpbias = grad.to(ctx.sum_dtype).sum_to_size(ctx.pbias_shape).to(ctx.pbias_dtype) if ctx.has_pbias else None
-        return grad, dpbias, *carriers_gradients(*norm_kernels.rows_to_fp8(grad.contiguous()))
 
 
 def _deferrable(proj: nn.Module) -> bool:
@@ -143,28 +100,22 @@ def _deferrable(proj: nn.Module) -> bool:
 
 
 def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False, blocked: bool = False):
-    """The pending branch (p, bias or None, float8 carriers or None) of an attention or MLP on y. With `defer_bias`
-    (only where the norm kernels run) its output projection's bias is left out of the matmul and handed to the norm
-    kernel, which adds it with the residual and sums its gradient with the norm's own; and where `fp8_dgrad` marks the
-    projection (and `NORM_CASTS_DGRAD8`), the norm kernel's backward casts p's gradient to float8 for it (the
-    carriers, `fp32_wgrad.float8_carriers`). A `Float8Rows` y: the input
+    """The pending branch (p, bias or None) of an attention or MLP on y. With `defer_bias` (only where the norm
+    kernels run) its output projection's bias is left out of the matmul and handed to the norm kernel, which
+    adds it with the residual and sums its gradient with the norm's own. A `Float8Rows` y: the input
     projection's forward product in float8. `fp8_out` (an MLP that `takes_float8_out`): the output projection's
     forward product in float8 too, from the GELU kernel's float8 copy of its input (`blocked`: with block scales).
     Otherwise everything before the output projection is the module's `pre_proj` (a module may run it as one
     function, as `speedups/qkv_grad.py`'s attention does)."""
     proj = module.c_proj
     defer = defer_bias and _deferrable(proj)
-    carriers = None
     if fp8_out:
         h = in_proj_float8(module, y) if isinstance(y, Float8Rows) else module.in_product(y)
         p = linear_float8(proj, module.after_in_proj_float8(h, blocked), None if defer else proj.bias)
     else:
         pre = module.after_in_proj(in_proj_float8(module, y)) if isinstance(y, Float8Rows) else module.pre_proj(y)
-        if defer and NORM_CASTS_DGRAD8 and isinstance(proj, Fp32WgradLinear):
-            p, carriers = proj.matmul_carrying_float8(pre)
-        else:
-            p = matmul_without_bias(proj, pre) if defer else proj(pre)
-    return p, proj.bias if defer else None, carriers
+        p = matmul_without_bias(proj, pre) if defer else proj(pre)
+    return p, proj.bias if defer else None
 
 
 class NormBlock(nn.Module):
