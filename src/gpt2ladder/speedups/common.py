@@ -15,17 +15,6 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
-def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    """(x8 * sx[:, None]) @ (w8 * sw[:, None]).T + bias in `out_dtype`, for 2-D float8 x8 (N, in), w8 (out, in) and
-    fp32 row scales: `torch._scaled_mm` on CUDA (w8 contiguous, so that w8.T is the column-major operand it takes),
-    the same product in fp32 elsewhere."""
-    if x8.is_cuda:
-        return torch._scaled_mm(x8, w8.t(), scale_a=sx[:, None], scale_b=sw[None, :], bias=bias,
-                                out_dtype=out_dtype, use_fast_accum=True)
-    y = (x8.float() * sx[:, None]) @ (w8.float() * sw[:, None]).t()
-    return (y if bias is None else y + bias.float()).to(out_dtype)
-
-
 def scaled_mm(a8, b8, scale_a, scale_b, out_dtype: torch.dtype, bias=None, fast_accum: bool = False) -> torch.Tensor:
     """`torch._scaled_mm(a8, b8, ...)` for float8 a8 (M, K), b8 (K, N) with per-tensor scales (0-d) or row scales of
     a8 (M, 1) and column scales of b8 (1, N): on CUDA that call; elsewhere the same product in fp32, which holds
@@ -35,6 +24,13 @@ def scaled_mm(a8, b8, scale_a, scale_b, out_dtype: torch.dtype, bias=None, fast_
                                 use_fast_accum=fast_accum)
     y = (a8.float() @ b8.float()) * scale_a * scale_b
     return (y if bias is None else y + bias.float()).to(out_dtype)
+
+
+def scaled_matmul(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """(x8 * sx[:, None]) @ (w8 * sw[:, None]).T + bias in `out_dtype`, for 2-D float8 x8 (N, in), w8 (out, in) and
+    fp32 row scales, with fast accumulation: `scaled_mm` (w8 contiguous, so that w8.T is the column-major operand
+    `torch._scaled_mm` takes)."""
+    return scaled_mm(x8, w8.t(), sx[:, None], sw[None, :], out_dtype, bias, fast_accum=True)
 
 
 def linear_like(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
