@@ -176,9 +176,10 @@ def test_fp8_proj_feeds_the_mlps_output_projection(monkeypatch, defer_bias, fp8_
 
 def test_block_scales_give_each_128_columns_of_a_row_its_own_range():
     """blocks_to_fp8: one scale per 128 columns of a row, a block's amax mapped to e4m3's 448, so a block 10^5 times
-    wider than its neighbour leaves the neighbour its own precision (row scales round it away); the CPU product of
-    scaled_matmul_blocks is that of the dequantized operands, the scales block-major as the GELU kernel writes them."""
-    from gpt2ladder.kernels.norm import blocks_to_fp8, rows_to_fp8
+    wider than its neighbour leaves the neighbour its own precision (row scales round it away); tiles_to_fp8 the same
+    for each 128 x 128 tile of a weight; the CPU product of scaled_matmul_blocks is that of the dequantized operands,
+    the activation's scales block-major as the GELU kernel writes them."""
+    from gpt2ladder.kernels.norm import blocks_to_fp8, rows_to_fp8, tiles_to_fp8
     from gpt2ladder.speedups.fp8_forward import scaled_matmul_blocks
 
     gen = torch.Generator().manual_seed(4)
@@ -193,11 +194,15 @@ def test_block_scales_give_each_128_columns_of_a_row_its_own_range():
     quiet = slice(128, 256)
     assert ((back - x)[:, quiet].norm() / x[:, quiet].norm()) < 0.05
     assert ((row_back - x)[:, quiet].norm() / x[:, quiet].norm()) > 0.3
-    w = torch.randn(64, 256, generator=gen) * 0.02
-    w8, sw = blocks_to_fp8(w)
-    b = torch.randn(64, generator=gen)
+    w = torch.randn(256, 256, generator=gen) * 0.02
+    w[128:, 128:] *= 1e-4  # one quiet tile, which its own scale keeps from rounding to zero
+    w8, sw = tiles_to_fp8(w)
+    assert sw.shape == (2, 2) and torch.equal(sw, w.reshape(2, 128, 2, 128).abs().amax((1, 3)) / 448)
+    w_back = w8.float() * sw.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    assert (w_back - w)[128:, 128:].norm() / w[128:, 128:].norm() < 0.05
+    b = torch.randn(256, generator=gen)
     got = scaled_matmul_blocks(q, s.t().contiguous(), w8, sw, b, torch.float32)
-    torch.testing.assert_close(got, back @ (w8.float() * sw.repeat_interleave(128, 1)).t() + b)
+    torch.testing.assert_close(got, back @ w_back.t() + b)
 
 
 def test_the_gelu_kernels_block_scales_off_cuda_are_the_references_block_major():
@@ -234,17 +239,19 @@ def test_the_rung_reaches_the_norm_blocks(float8_mlp):
     assert blocks and all(b.fp8_attn_in and b.fp8_mlp_in != float8_mlp for b in blocks)
 
 
-@pytest.mark.parametrize("forward", [{}, {"fp8_fc": True}, {"fp8_forward": True}],
-                         ids=["bf16_forward", "fp8_fc", "fp8_forward"])
+@pytest.mark.parametrize("forward", [{}, {"fp8_fc": True}, {"fp8_forward": True}, {"fp8_fc": True, "fp8_proj": True}],
+                         ids=["bf16_forward", "fp8_fc", "fp8_forward", "fp8_fc-fp8_proj_blocks"])
 def test_fp8_dgrad_reaches_the_marked_linears_in_the_norm_blocks(monkeypatch, forward):
     """fp8_dgrad on the top of auto's Blocks (GELU kernel's MLP, norm kernels, proj_bias; the forward products in bf16,
-    c_fc's in float8, or c_attn's too, so that c_attn runs through Fp8InputMatmul):
-    the input gradients of c_attn and the MLP's c_proj, and only those, are float8 products, through whichever
-    autograd Function runs the Linear; the loss is the same (the forward did not change) and every gradient stays
-    within float8's rounding of the model's without it."""
+    c_fc's in float8, or c_attn's too, so that c_attn runs through Fp8InputMatmul, or c_fc's and, block-scaled, the
+    MLP c_proj's, so that it does): the input gradients of c_attn and the MLP's c_proj, and only those, are float8
+    products, through whichever autograd Function runs the Linear; the loss is the same (the forward did not change)
+    and every gradient stays within float8's rounding of the model's without it."""
+    import gpt2ladder.speedups.fp8_forward as f8
     import gpt2ladder.speedups.fp32_wgrad as fw
     from norm_block_support import CFG, one_step_each, rewired_models
 
+    monkeypatch.setattr(f8, "PROJ_BLOCKS", "fp8_proj" in forward)
     variants = {dgrad: {"defer_bias": True, **forward} for dgrad in (False, True)}
     models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"), variants)
     fw.use_fp8_dgrad(models[True])

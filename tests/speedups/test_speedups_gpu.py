@@ -202,9 +202,9 @@ def test_float8_input_gradient_on_the_gpu_is_the_product_of_its_float8_operands(
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="float8 matmuls need compute capability 8.9+")
 def test_block_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operands():
-    """`torch._scaled_mm` with one scale per 128 columns of each row of both operands (the scales of x
-    block-major) computes what the CPU path computes in fp32, within bf16's rounding."""
-    from gpt2ladder.kernels.norm import blocks_to_fp8
+    """`torch._scaled_mm` with one scale per 128 columns of each row of x (block-major) and one per 128 x 128 tile of
+    the weight computes what the CPU path computes in fp32, within bf16's rounding."""
+    from gpt2ladder.kernels.norm import blocks_to_fp8, tiles_to_fp8
     from gpt2ladder.speedups.fp8_forward import scaled_matmul_blocks
 
     gen = torch.Generator().manual_seed(1)
@@ -212,7 +212,7 @@ def test_block_scaled_matmul_on_the_gpu_is_the_fp32_product_of_its_scaled_operan
     w = torch.randn(768, 3072, generator=gen) * torch.linspace(0.001, 0.1, 768)[:, None]
     b = torch.randn(768, generator=gen).bfloat16()
     x8, sx = blocks_to_fp8(x)
-    w8, sw = blocks_to_fp8(w)
+    w8, sw = tiles_to_fp8(w)
     sx = sx.t().contiguous()
     got = scaled_matmul_blocks(x8.to(GPU), sx.to(GPU), w8.to(GPU), sw.to(GPU), b.to(GPU), torch.bfloat16).cpu()
     want = scaled_matmul_blocks(x8, sx, w8, sw, b, torch.float32)

@@ -17,8 +17,9 @@ itself in bf16.
 The MLP's output projection (c_proj) can read float8 the same way (the `fp8_proj` rung): its input is the GELU's
 output, and the GELU kernel holds whole rows too when asked for the copy (`kernels/gelu.py`, `gelu_fp8`). Or, with
 `PROJ_BLOCKS`, the copy has one scale per 128 columns of a row, which the kernel finds at its
-plain tile, and the weight one per 128 input features of each output feature: block-wise scaling, which
-`torch._scaled_mm` multiplies on Hopper with cuBLAS 12.9 or newer.
+plain tile, and the weight one per 128 x 128 tile: block-wise scaling, which `torch._scaled_mm` multiplies on
+Hopper with cuBLAS 12.9 or newer. At c_proj's shape on an H200 that product took 0.070 ms, against 0.090 with
+1 x 128 scales on the weight as well and bf16's 0.114 (benchmarks/micro/fp8_blockwise.py).
 
 The step got 0.55 ms faster on an H200, and two 300-step parity runs ended within the rule, but its training loss
 runs above the fp32 baseline's where the other rungs' do not, and to a validation loss of 5.25 it took as many steps
@@ -32,7 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from gpt2ladder.kernels.norm import FP8_BLOCK, blocks_to_fp8, rows_to_fp8
+from gpt2ladder.kernels.norm import FP8_BLOCK, rows_to_fp8, tiles_to_fp8
 from gpt2ladder.speedups.common import scaled_matmul
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads, weight_read
 
@@ -60,14 +61,15 @@ def float8_rows(y: torch.Tensor, dtype: torch.dtype) -> Float8Rows:
 
 def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
     """The same product with block-wise scales: x8 (N, in) with sx (in / FP8_BLOCK, N), block-major; w8 (out, in) with
-    sw (out, in / FP8_BLOCK). On CUDA `torch._scaled_mm`, which reads the 1 x FP8_BLOCK recipe of both operands from
-    the scales' shapes and which, unlike `torch.nn.functional.scaled_mm` in PyTorch 2.11, torch.compile traces
-    without a graph break; the same product in fp32 elsewhere."""
+    sw (out / FP8_BLOCK, in / FP8_BLOCK), one per tile (`tiles_to_fp8`). On CUDA `torch._scaled_mm`, which reads the
+    recipes from the scales' shapes (1 x FP8_BLOCK for x, FP8_BLOCK x FP8_BLOCK for the weight) and which, unlike
+    `torch.nn.functional.scaled_mm` in PyTorch 2.11, torch.compile traces without a graph break; the same product in
+    fp32 elsewhere."""
     if x8.is_cuda:
-        y = torch._scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_b=sw.t().contiguous(), out_dtype=out_dtype)
+        y = torch._scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_b=sw.t(), out_dtype=out_dtype)
         return y if bias is None else y + bias
     xf = x8.float() * sx.t().repeat_interleave(FP8_BLOCK, 1)
-    y = xf @ (w8.float() * sw.repeat_interleave(FP8_BLOCK, 1)).t()
+    y = xf @ (w8.float() * sw.repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)).t()
     return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
@@ -91,7 +93,7 @@ class Fp8InputMatmul(torch.autograd.Function):
             else:
                 bc = bias_c if bias_c is not None and bias_c.dtype == x.dtype else bias.to(x.dtype)
             if blocked:
-                w8, sw = blocks_to_fp8(weight, FP8_BLOCK)
+                w8, sw = tiles_to_fp8(weight, FP8_BLOCK)
                 y = scaled_matmul_blocks(x8.reshape(-1, x8.shape[-1]), sx, w8, sw, bc, x.dtype)
             else:
                 w8, sw = rows_to_fp8(weight)
@@ -110,10 +112,9 @@ class Fp8InputMatmul(torch.autograd.Function):
 
 def _float8_ready(linear: nn.Module | None, multiple: int = 16) -> bool:
     """A plain or fp32_wgrad Linear (not a float8 one), whose sizes `_scaled_mm` takes (multiples of 16; of
-    `multiple` input features for block-wise scales)."""
+    `multiple` for block-wise scales, whose weight tiles are multiple x multiple)."""
     plain = type(linear) is nn.Linear or isinstance(linear, Fp32WgradLinear)
-    return (plain and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
-            and linear.in_features % multiple == 0)
+    return plain and linear.in_features % multiple == 0 and linear.out_features % multiple == 0
 
 
 def takes_float8(module: nn.Module) -> bool:
@@ -143,6 +144,6 @@ def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
 def takes_float8_out(mlp: nn.Module, blocked: bool = False) -> bool:
     """Whether an MLP can feed its output projection (c_proj) in float8: its GELU is the Triton kernel's
     (`speedups/gelu_mlp.py`), which writes the float8 copy, and c_proj a Linear `_scaled_mm` takes (`blocked`:
-    with block-wise scales, its input features a multiple of FP8_BLOCK)."""
+    with block-wise scales, its sizes multiples of FP8_BLOCK)."""
     return hasattr(mlp, "after_in_proj_float8") and _float8_ready(getattr(mlp, "c_proj", None),
                                                                   FP8_BLOCK if blocked else 16)
