@@ -273,3 +273,96 @@ def test_fp8_dgrad_reaches_the_marked_linears_in_the_norm_blocks(monkeypatch, fo
         assert param.grad is not None and (param.grad - ref).norm() <= 0.08 * ref.norm() + 1e-6, name  # max 0.051
     moved = [n for n, p in models[True].named_parameters() if not torch.equal(p.grad, plain[n].grad)]
     assert "transformer.wte.weight" in moved  # the float8 input gradients reached the embedding
+
+
+def _kernel_mlp_pair():
+    """Two GELU-kernel MLPs of the tiny GPT-2 with fp32_wgrad Linears and the same weights (non-zero biases), the
+    second's c_fc marked by fp8_dgrad."""
+    from gpt2ladder.model.gpt import MLP
+    from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
+    from gpt2ladder.speedups.gelu_mlp import KernelMLP
+    from gpt2ladder.speedups.common import linear_like
+
+    cfg = PRESETS["tiny"]
+    torch.manual_seed(0)
+    plain = MLP(cfg)
+    with torch.no_grad():
+        plain.c_fc.bias.normal_()
+    pair = []
+    for marked in (False, True):
+        mlp = MLP(cfg)
+        mlp.load_state_dict(plain.state_dict())
+        mlp.c_fc, mlp.c_proj = linear_like(Fp32WgradLinear, mlp.c_fc), linear_like(Fp32WgradLinear, mlp.c_proj)
+        mlp.c_fc.dgrad8 = marked
+        pair.append(KernelMLP(mlp))
+    return pair
+
+
+@pytest.mark.parametrize("float8_in,copy,blocked", [(False, False, False), (True, False, False), (True, True, True),
+                                                    (False, True, False)],
+                         ids=["bf16", "fp8_fc", "fp8_fc-fp8_proj_blocks", "fp8_proj_rows"])
+def test_fp8_dgrad_on_c_fc_takes_the_gelu_kernels_float8_copy_of_its_gradient(float8_in, copy, blocked):
+    """fp8_dgrad on c_fc: c_fc's product and the GELU as one node (FcGelu), whose backward multiplies the GELU
+    kernel's block-scaled float8 copy of dh by the weight cast per 128 x 128 tile. The forward is the two-node path's
+    bit for bit (with c_fc's input in float8 and the GELU output's float8 copy as asked); the weight's and bias's
+    gradients too (both from dh); the input gradient within float8's rounding of bf16's, and not equal to it."""
+    from gpt2ladder.speedups import gelu_mlp
+    from gpt2ladder.speedups.fp8_forward import Float8Rows, float8_rows
+
+    plain, fused = _kernel_mlp_pair()
+    assert not plain.fc_dgrad8() and fused.fc_dgrad8()
+    gen = torch.Generator().manual_seed(2)
+    x0 = torch.randn(2, 16, 128, generator=gen)
+    seen, outs, grads = [], [], []
+    real = gelu_mlp.FcGelu.apply
+    gelu_mlp.FcGelu.apply = lambda *a: seen.append(a[-1]) or real(*a)
+    try:
+        for mlp in (plain, fused):
+            x = x0.bfloat16().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = float8_rows(x, torch.bfloat16) if float8_in else x
+                if float8_in:  # the norm's copy: its bf16 output the same tensor x, for x.grad
+                    y = Float8Rows(x, y.x8, y.scale)
+                out = mlp.pre_proj_rows(y, copy, blocked)
+            a = out.x if copy else out
+            (a.float() * torch.linspace(-1, 1, a.shape[-1])).sum().backward()
+            outs.append(out)
+            grads.append((x.grad, mlp.c_fc.weight.grad, mlp.c_fc.bias.grad))
+    finally:
+        gelu_mlp.FcGelu.apply = real
+    assert seen == [(("blocks" if blocked else "rows") if copy else None)]  # the fused MLP only
+    if copy:
+        assert outs[1].blocked == blocked
+        for got, want in zip(outs[1][:3], outs[0][:3]):
+            assert torch.equal(got.float(), want.float())
+    else:
+        assert torch.equal(outs[1], outs[0])
+    (gx0, gw0, gb0), (gx1, gw1, gb1) = grads
+    assert torch.equal(gw1, gw0) and torch.equal(gb1, gb0) and gw0.dtype == torch.float32
+    assert not torch.equal(gx1, gx0) and ((gx1.float() - gx0.float()).norm() / gx0.float().norm()) < 0.05
+
+
+@pytest.mark.parametrize("forward", [{}, {"fp8_fc": True, "fp8_proj": True}], ids=["bf16_forward", "fp8_fc-fp8_proj"])
+def test_fp8_dgrad_on_c_fc_reaches_every_norm_block(monkeypatch, forward):
+    """fp8_dgrad widened to c_fc in the norm Blocks (block-scaled fp8_proj beside it, as auto would run them): every
+    Block's MLP runs through FcGelu, the loss is the same, and every gradient stays within float8's rounding."""
+    import gpt2ladder.speedups.fp8_forward as f8
+    import gpt2ladder.speedups.fp32_wgrad as fw
+    from gpt2ladder.speedups import gelu_mlp
+    from norm_block_support import CFG, one_step_each, rewired_models
+
+    monkeypatch.setattr(f8, "PROJ_BLOCKS", True)
+    models = rewired_models(monkeypatch, ("gelu_kernel", "fp32_wgrad"), {k: {"defer_bias": True, **forward}
+                                                                         for k in (False, True)})
+    fw.use_fp8_dgrad(models[False])
+    assert len(fw.use_fp8_dgrad(models[True], fw.DGRAD_LINEARS + ("mlp.c_fc",))) == 3 * CFG.n_layer
+    calls = []
+    real = gelu_mlp.FcGelu.apply
+    monkeypatch.setattr(gelu_mlp.FcGelu, "apply", lambda *a: calls.append(a[-1]) or real(*a))
+    losses, seen = one_step_each(models, calls)
+    assert seen[False] == [] and seen[True] == [("blocks" if forward else None)] * CFG.n_layer
+    assert losses[True] == losses[False]
+    plain = dict(models[False].named_parameters())
+    for name, param in models[True].named_parameters():
+        ref = plain[name].grad
+        assert param.grad is not None and (param.grad - ref).norm() <= 0.08 * ref.norm() + 1e-6, name

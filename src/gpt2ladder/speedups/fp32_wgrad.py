@@ -173,9 +173,10 @@ def use_fp32_wgrad(model: nn.Module) -> list[str]:
                            lambda m: linear_like(Fp32WgradLinear, m))
 
 
-def use_fp8_dgrad(model: nn.Module, names: tuple[str, ...] = DGRAD_LINEARS) -> list[str]:
-    """Have the fp32_wgrad Linears named `names` within each Block form their input gradient in float8; their
-    names. Float8 Linears (`fp8_mlp`, `fp8_attn`) keep their own backward."""
+def use_fp8_dgrad(model: nn.Module, names: tuple[str, ...] | None = None) -> list[str]:
+    """Have the fp32_wgrad Linears named `names` (default DGRAD_LINEARS) within each Block form their input gradient
+    in float8; their names. Float8 Linears (`fp8_mlp`, `fp8_attn`) keep their own backward."""
+    names = DGRAD_LINEARS if names is None else names
     marked = []
     for name, m in model.named_modules():
         if isinstance(m, Fp32WgradLinear) and in_blocks(name) and name.endswith(names):

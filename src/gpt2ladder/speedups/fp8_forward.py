@@ -73,6 +73,15 @@ def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.
     return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
+def float8_product(x8, sx, weight, bias, out_dtype: torch.dtype, blocked: bool = False) -> torch.Tensor:
+    """(N, out) = x8 @ weight.T (+ bias) from x8 (..., in) with its scales (per row, or `blocked`: block-major, one
+    per FP8_BLOCK columns of a row), the weight cast to float8 here, per output feature (`blocked`: per tile)."""
+    x8 = x8.reshape(-1, x8.shape[-1])
+    if blocked:
+        return scaled_matmul_blocks(x8, sx, *tiles_to_fp8(weight, FP8_BLOCK), bias, out_dtype)
+    return scaled_matmul(x8, sx.reshape(-1), *rows_to_fp8(weight), bias, out_dtype)
+
+
 class Fp8InputMatmul(torch.autograd.Function):
     """y = x @ weight.T (+ bias), the forward product from x's float8 copy (x8, scales sx) and the weight cast per
     output feature (`blocked`: block-wise, as sx is); the backward from x and the weight in x's dtype, the weight's
@@ -92,12 +101,7 @@ class Fp8InputMatmul(torch.autograd.Function):
                 bc = None
             else:
                 bc = bias_c if bias_c is not None and bias_c.dtype == x.dtype else bias.to(x.dtype)
-            if blocked:
-                w8, sw = tiles_to_fp8(weight, FP8_BLOCK)
-                y = scaled_matmul_blocks(x8.reshape(-1, x8.shape[-1]), sx, w8, sw, bc, x.dtype)
-            else:
-                w8, sw = rows_to_fp8(weight)
-                y = scaled_matmul(x8.reshape(-1, x8.shape[-1]), sx.reshape(-1), w8, sw, bc, x.dtype)
+            y = float8_product(x8, sx, weight, bc, x.dtype, blocked)
         ctx.save_for_backward(x, wc, wt8, ws)
         ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None and ctx.needs_input_grad[4]
         ctx.dgrad8 = dgrad8
