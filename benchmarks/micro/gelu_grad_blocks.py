@@ -42,7 +42,8 @@ print("GELU backward with the block-scaled copy (rows, columns, warps, row block
       "scales' max rel. error, share of float8 values that differ from the reference's")
 found = []
 for tile in [(32, 128, 4, 1), (16, 128, 4, 1), (32, 128, 8, 1), (64, 128, 8, 1), (16, 256, 4, 1), (32, 256, 8, 1),
-             (8, 128, 2, 1), (16, 128, 2, 1), (32, 128, 4, 2)]:
+             (8, 128, 2, 1), (16, 128, 2, 1), (32, 128, 4, 2), (32, 128, 2, 1), (64, 128, 4, 1), (8, 128, 1, 1),
+             (16, 128, 1, 1), (16, 256, 2, 1), (32, 256, 4, 1), (16, 128, 2, 2), (64, 128, 2, 1)]:
     try:
         gk.launch(grad, h0, bias, dh, dbias, tile=tile, q=q, qs=qs)
     except Exception as e:  # a tile this GPU cannot run (registers, shared memory): say so, go on

@@ -154,7 +154,9 @@ def test_gelu_backward_with_its_block_scaled_float8_copy_at_gpt2_size():
     _, _, rq, rqs = gk.gelu_grad_fp8_blocks_reference(grad, h0, bias)
     torch.testing.assert_close(qs.t(), rqs, rtol=1e-5, atol=0)
     steps = (q.float() - rq.float()).abs() / (2**-3 * rq.float().abs() + 2**-9)
-    assert steps.max().item() <= 1.01 and (q.view(torch.uint8) == rq.view(torch.uint8)).float().mean() > 0.999
+    # values, not bytes: far in the GELU's left tail dh rounds to a zero whose sign the two forms of the derivative
+    # (the kernel's sigmoid, the reference's tanh) may not share, +0 and -0 (4% of the bytes on an H200)
+    assert steps.max().item() <= 1.01 and (q.float() == rq.float()).float().mean() > 0.999
 
 
 @needs_cuda
@@ -247,7 +249,10 @@ def test_qkv_grad_float8_kernel_writes_rows_to_fp8s_bytes_at_gpt2_size():
     assert torch.equal(out, ref)
     assert torch.equal(scale, ref_scale)
     assert torch.equal(g8.view(torch.uint8), ref8.view(torch.uint8))
-    torch.testing.assert_close(dbias, ref_db, rtol=1e-4, atol=1e-4)
+    # fp32 sums of 16384 terms in another order: within 1e-5 of the sum of their magnitudes (columns that cancel
+    # are off by more than 1e-4 of their own value)
+    magnitude = ref.view(-1, 2304).abs().sum(0, dtype=torch.float32)
+    assert ((dbias - ref_db).abs() <= 1e-5 * magnitude).all()
 
 
 

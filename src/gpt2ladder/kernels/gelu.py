@@ -23,7 +23,9 @@ the output dtype, as the norm kernel's is (`kernels/norm.py`, `rows_to_fp8`). Ho
 more per Block than the plain forward on the H200. `launch_fwd_fp8_blocks` writes the copy with one scale per block
 of `FP8_BLOCK` columns of a row instead (the 1 x 128 blocks of cuBLAS's block-wise scaling), so each program keeps
 the plain forward's tile: 0.022 ms more per Block than the plain forward on the H200. fp8_proj reads it with
-`PROJ_BLOCKS` on (benchmarks/micro/fp8_blockwise.py times it and the block-scaled products).
+`PROJ_BLOCKS` on (benchmarks/micro/fp8_blockwise.py times it and the block-scaled products). The backward can write dh's
+float8 copy the same way (`gelu_grad_fp8_blocks`), for c_fc's input gradient as a float8 product
+(`speedups/gelu_mlp.py`, `FcGelu`; benchmarks/micro/gelu_grad_blocks.py).
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
 `gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:

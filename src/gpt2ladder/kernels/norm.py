@@ -101,7 +101,8 @@ def tiles_to_fp8(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor,
     r, c = w.shape
     tiles = w.float().reshape(r // block, block, c // block, block)
     scale = tiles.abs().amax((1, 3)).clamp(min=1e-12) / E4M3_MAX
-    return (tiles / scale[:, None, :, None]).reshape(r, c).to(E4M3), scale
+    # row-major whatever w's layout (a transposed w splits into tiles as a view): _scaled_mm reads it transposed
+    return (tiles / scale[:, None, :, None]).reshape(r, c).to(E4M3).contiguous(), scale
 
 
 def add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias: bool = False):
