@@ -45,7 +45,8 @@ ref_a, ref_q, ref_qs = gk.gelu_fp8_blocks_reference(h0, bias)
 print("GELU forward with the block-scaled copy (rows, columns, warps): ms, GB/s, over plain, "
       "scales' max rel. error, share of float8 values that differ from the reference's")
 found = []
-for tile in [(8, 256, 4), (4, 512, 4), (16, 256, 8), (8, 512, 8), (16, 128, 4), (32, 128, 8), (2, 1024, 4)]:
+for tile in [(8, 256, 4), (4, 512, 4), (16, 256, 8), (8, 512, 8), (16, 128, 4), (32, 128, 8), (2, 1024, 4), (4, 128, 1),
+             (8, 128, 1), (16, 128, 1), (8, 128, 2), (16, 128, 2), (32, 128, 2), (8, 256, 2), (32, 128, 4)]:
     try:
         gk.launch_fwd_fp8_blocks(h0, bias, a, q, qs, tile=tile)
     except Exception as e:  # a tile this GPU cannot run (registers, shared memory): say so, go on
