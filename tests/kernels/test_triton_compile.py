@@ -28,16 +28,14 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
         {"src_ptr": "*fp8e5", "dst_ptr": "*fp8e5", "n_rows": "i32", "n_cols": "i32", "BLOCK_R": C, "BLOCK_C": C,
          "WIDE": C},
         {"BLOCK_R": 128, "BLOCK_C": 128, "WIDE": wide}) for wide in (False, True)},
-    **{f"kernels.gelu._gelu_grad_kernel#{variant}": (
+    "kernels.gelu._gelu_grad_kernel": (
         {"grad_ptr": "*bf16", "h0_ptr": "*bf16", "bias_ptr": "*fp32", "dh_ptr": "*bf16", "dbias_ptr": "*fp32",
-         "q_ptr": "*fp8e4nv" if qb else "*bf16", "qs_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32", "BLOCK_M": C,
-         "BLOCK_N": C, "ROW_BLOCKS": C, "WIDE": C, "QB": C, "Q_MAX": C},
-        {"BLOCK_M": 32, "BLOCK_N": bn, "ROW_BLOCKS": 1, "WIDE": False, "QB": qb, "Q_MAX": 448.0})
-        for variant, bn, qb in (("plain", 64, 0), ("fp8-blocks", 128, 128))},
+         "n_rows": "i32", "n_cols": "i32", "BLOCK_M": C, "BLOCK_N": C, "ROW_BLOCKS": C, "WIDE": C},
+        {"BLOCK_M": 32, "BLOCK_N": 64, "ROW_BLOCKS": 1, "WIDE": False}),
     "kernels.gelu._gelu_fwd_fp8_blocks_kernel": (
         {"h0_ptr": "*bf16", "bias_ptr": "*fp32", "out_ptr": "*bf16", "q_ptr": "*fp8e4nv", "qs_ptr": "*fp32",
          "n_rows": "i32", "n_cols": "i32", "Q_MAX": C, "QB": C, "BLOCK_M": C, "BLOCK_N": C, "WIDE": C},
-        {"Q_MAX": 448.0, "QB": 128, "BLOCK_M": 16, "BLOCK_N": 128, "WIDE": False}),
+        {"Q_MAX": 448.0, "QB": 128, "BLOCK_M": 32, "BLOCK_N": 128, "WIDE": False}),
     "kernels.gelu._gelu_fwd_kernel": (
         {"h0_ptr": "*bf16", "bias_ptr": "*fp32", "out_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32",
          "BLOCK_M": C, "BLOCK_N": C, "WIDE": C},

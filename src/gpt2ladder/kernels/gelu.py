@@ -23,9 +23,7 @@ the output dtype, as the norm kernel's is (`kernels/norm.py`, `rows_to_fp8`). Ho
 more per Block than the plain forward on the H200. `launch_fwd_fp8_blocks` writes the copy with one scale per block
 of `FP8_BLOCK` columns of a row instead (the 1 x 128 blocks of cuBLAS's block-wise scaling), so each program keeps
 the plain forward's tile: 0.022 ms more per Block than the plain forward on the H200. fp8_proj reads it with
-`PROJ_BLOCKS` on (benchmarks/micro/fp8_blockwise.py times it and the block-scaled products). The backward can write dh's
-float8 copy the same way (`gelu_grad_fp8_blocks`), for c_fc's input gradient as a float8 product
-(`speedups/gelu_mlp.py`, `FcGelu`; benchmarks/micro/gelu_grad_blocks.py).
+`PROJ_BLOCKS` on (benchmarks/micro/fp8_blockwise.py times it and the block-scaled products).
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
 `gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:
@@ -63,12 +61,9 @@ BWD_TILE = (32, 64, 2, 1)
 # plain forward: 0.71 ms a step over 12 Blocks, more than c_proj's float8 product saved in the step (about 0.5).
 FP8_FWD_TILE = (4, 8)
 # The float8 copy with one scale per FP8_BLOCK columns of a row (kernels/norm.py): (rows, columns, warps), columns a
-# power of two and a multiple of FP8_BLOCK. On the H200 0.075 ms at 16 x 128, 4 warps (0.077-0.083 ms at the six
-# others tried; benchmarks/micro/fp8_blockwise.py), 0.022 ms more than the plain forward.
-FP8_BLOCKS_TILE = (16, 128, 4)
-# The backward with dh's block-scaled float8 copy (fp8_dgrad's, for c_fc): as BWD_TILE, columns a multiple of
-# FP8_BLOCK. Not yet tuned on a GPU.
-FP8_BWD_TILE = (32, 128, 4, 1)
+# power of two and a multiple of FP8_BLOCK. On the H200 0.072 ms at 32 x 128, 4 warps (0.075-0.088 ms at the 14
+# others tried, 1 to 8 warps; benchmarks/micro/fp8_blockwise.py), 0.020 ms more than the plain forward.
+FP8_BLOCKS_TILE = (32, 128, 4)
 
 
 def gelu_reference(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -91,25 +86,13 @@ def gelu_fp8_blocks_reference(h0: torch.Tensor, bias: torch.Tensor
     return (a.to(h0.dtype), *blocks_to_fp8(a, FP8_BLOCK))
 
 
-def _gelu_grad_fp32(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def gelu_grad_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh in h0's dtype, bias gradient in the bias's dtype) for a = gelu(h0 + bias), in fp32 inside."""
     h = h0.float() + bias.float()
     t = torch.tanh(SQRT_2_OVER_PI * (h + GELU_CUBIC * h * h * h))
     slope = 0.5 * (1 + t) + 0.5 * h * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * GELU_CUBIC * h * h)
-    return grad.float() * slope
-
-
-def gelu_grad_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dh in h0's dtype, bias gradient in the bias's dtype) for a = gelu(h0 + bias), in fp32 inside."""
-    dh = _gelu_grad_fp32(grad, h0, bias)
+    dh = grad.float() * slope
     return dh.to(h0.dtype), dh.reshape(-1, dh.shape[-1]).sum(0).to(bias.dtype)
-
-
-def gelu_grad_fp8_blocks_reference(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor
-                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """gelu_grad_reference's (dh, bias gradient), then dh's float8 copy from its fp32 values with one scale per
-    FP8_BLOCK columns of a row, and those scales (..., C / FP8_BLOCK)."""
-    dh = _gelu_grad_fp32(grad, h0, bias)
-    return (dh.to(h0.dtype), dh.reshape(-1, dh.shape[-1]).sum(0).to(bias.dtype), *blocks_to_fp8(dh, FP8_BLOCK))
 
 
 if triton is not None:
@@ -161,34 +144,25 @@ if triton is not None:
         store_float8_rows(q_ptr, qs_ptr, a, rows, offs, mask, row_ok, Q_MAX)
 
     @triton.jit
-    def _store_float8_blocks(q_ptr, qs_ptr, x, rows, offs, mask, n_rows, n_cols, Q_MAX: tl.constexpr,
-                             QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        # x (fp32, this program's (BLOCK_M x BLOCK_N) tile at column block program_id(0)) in float8 with one scale
-        # per QB columns of a row (n_cols a multiple of QB, BLOCK_N too); the scales stored block-major, scale
-        # (row, block) at block * n_rows + row.
-        x3 = tl.reshape(x, (BLOCK_M, BLOCK_N // QB, QB))
-        qscale = tl.maximum(tl.max(tl.abs(x3), 2), 1e-12) / Q_MAX  # (BLOCK_M, BLOCK_N // QB)
-        q = tl.reshape(x3 / qscale[:, :, None], (BLOCK_M, BLOCK_N))
+    def _gelu_fwd_fp8_blocks_kernel(h0_ptr, bias_ptr, out_ptr, q_ptr, qs_ptr, n_rows, n_cols, Q_MAX: tl.constexpr,
+                                    QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    WIDE: tl.constexpr):
+        # The plain forward's tile, plus its float8 copy with one scale per QB columns of a row (n_cols a multiple
+        # of QB, BLOCK_N too); the scales stored block-major, scale (row, block) at block * n_rows + row.
+        a, rows, offs, mask = _gelu_tile(h0_ptr, bias_ptr, out_ptr, n_rows, n_cols, BLOCK_M, BLOCK_N, WIDE)
+        a3 = tl.reshape(a, (BLOCK_M, BLOCK_N // QB, QB))
+        qscale = tl.maximum(tl.max(tl.abs(a3), 2), 1e-12) / Q_MAX  # (BLOCK_M, BLOCK_N // QB)
+        q = tl.reshape(a3 / qscale[:, :, None], (BLOCK_M, BLOCK_N))
         tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
         blocks = tl.program_id(0) * (BLOCK_N // QB) + tl.arange(0, BLOCK_N // QB)
         tl.store(qs_ptr + blocks[None, :] * n_rows + rows[:, None], qscale,
                  mask=(rows < n_rows)[:, None] & (blocks < n_cols // QB)[None, :])
 
     @triton.jit
-    def _gelu_fwd_fp8_blocks_kernel(h0_ptr, bias_ptr, out_ptr, q_ptr, qs_ptr, n_rows, n_cols, Q_MAX: tl.constexpr,
-                                    QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                    WIDE: tl.constexpr):
-        # The plain forward's tile, plus its float8 copy with one scale per QB columns of a row.
-        a, rows, offs, mask = _gelu_tile(h0_ptr, bias_ptr, out_ptr, n_rows, n_cols, BLOCK_M, BLOCK_N, WIDE)
-        _store_float8_blocks(q_ptr, qs_ptr, a, rows, offs, mask, n_rows, n_cols, Q_MAX, QB, BLOCK_M, BLOCK_N)
-
-    @triton.jit
-    def _gelu_grad_kernel(grad_ptr, h0_ptr, bias_ptr, dh_ptr, dbias_ptr, q_ptr, qs_ptr, n_rows, n_cols,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROW_BLOCKS: tl.constexpr, WIDE: tl.constexpr,
-                          QB: tl.constexpr = 0, Q_MAX: tl.constexpr = 448.0):
+    def _gelu_grad_kernel(grad_ptr, h0_ptr, bias_ptr, dh_ptr, dbias_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, ROW_BLOCKS: tl.constexpr, WIDE: tl.constexpr):
         # One program: BLOCK_N columns over ROW_BLOCKS x BLOCK_M rows, then its column sums added into
-        # the (zeroed) fp32 bias gradient, one atomic per column. QB > 0: dh in float8 as well, one scale per QB
-        # columns of a row, from its fp32 values (fp8_dgrad's copy for c_fc's input gradient).
+        # the (zeroed) fp32 bias gradient, one atomic per column.
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         bias = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         acc = tl.zeros([BLOCK_N], tl.float32)
@@ -201,19 +175,11 @@ if triton is not None:
             # d/dh [h sigmoid(2z)] = s + h s (1 - s) 2 dz/dh, and (1 - tanh^2) / 2 = 2 s (1 - s)
             dh = g * (s + h * s * (1.0 - s) * _DZ * (1.0 + 3.0 * _C1 * h * h))  # 0 off the tensor: g is 0
             tl.store(dh_ptr + offs, dh.to(dh_ptr.dtype.element_ty), mask=mask)
-            if QB > 0:
-                _store_float8_blocks(q_ptr, qs_ptr, dh, rows, offs, mask, n_rows, n_cols, Q_MAX, QB, BLOCK_M,
-                                     BLOCK_N)
             acc += tl.sum(dh, 0)
         tl.atomic_add(dbias_ptr + cols, acc, mask=cols < n_cols)
 
     def _wide(t: torch.Tensor) -> bool:
         return t.numel() >= 2**31
-
-    def _check_blocks(c: int, bn: int) -> None:
-        if c % FP8_BLOCK or bn % FP8_BLOCK or bn & (bn - 1):
-            raise ValueError(f"the columns ({c}) must be a multiple of {FP8_BLOCK}, the tile's ({bn}) a power of two "
-                             f"and a multiple of it")
 
     def launch_fwd(h0, bias, out, tile=None) -> None:
         """gelu(h0 + bias) into `out`; 2-D contiguous (N, C) tensors."""
@@ -234,21 +200,19 @@ if triton is not None:
         `qs`, (C / FP8_BLOCK, N) contiguous (its transpose is the (N, C / FP8_BLOCK) scale tensor, rows adjacent)."""
         n, c = h0.shape
         bm, bn, warps = tile or FP8_BLOCKS_TILE
-        _check_blocks(c, bn)
+        if c % FP8_BLOCK or bn % FP8_BLOCK or bn & (bn - 1):
+            raise ValueError(f"the columns ({c}) must be a multiple of {FP8_BLOCK}, the tile's ({bn}) a power of two "
+                             f"and a multiple of it")
         _gelu_fwd_fp8_blocks_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm))](
             h0, bias, out, q, qs, n, c, Q_MAX=E4M3_MAX, QB=FP8_BLOCK, BLOCK_M=bm, BLOCK_N=bn, WIDE=_wide(h0),
             num_warps=warps)
 
-    def launch(grad, h0, bias, dh, dbias, tile=None, q=None, qs=None) -> None:
-        """dh and the bias gradient (added into `dbias`, fp32, zeroed by the caller); (N, C) tensors. With `q`, `qs`:
-        dh's float8 copy too, with block scales stored as `launch_fwd_fp8_blocks` stores them."""
+    def launch(grad, h0, bias, dh, dbias, tile=None) -> None:
+        """dh and the bias gradient (added into `dbias`, fp32, zeroed by the caller); (N, C) tensors."""
         n, c = h0.shape
-        bm, bn, warps, blocks = tile or (BWD_TILE if q is None else FP8_BWD_TILE)
-        if q is not None:
-            _check_blocks(c, bn)
+        bm, bn, warps, blocks = tile or BWD_TILE
         _gelu_grad_kernel[(triton.cdiv(c, bn), triton.cdiv(n, bm * blocks))](
-            grad, h0, bias, dh, dbias, dh if q is None else q, dbias if qs is None else qs, n, c, BLOCK_M=bm,
-            BLOCK_N=bn, ROW_BLOCKS=blocks, WIDE=_wide(h0), QB=0 if q is None else FP8_BLOCK, Q_MAX=E4M3_MAX,
+            grad, h0, bias, dh, dbias, n, c, BLOCK_M=bm, BLOCK_N=bn, ROW_BLOCKS=blocks, WIDE=_wide(h0),
             num_warps=warps)
 
     @torch.library.custom_op("gpt2ladder::gelu_fwd", mutates_args=())
@@ -304,24 +268,6 @@ if triton is not None:
     def _(grad, h0, bias):
         return torch.empty_like(h0), torch.empty_like(bias)
 
-    @torch.library.custom_op("gpt2ladder::gelu_grad_fp8_blocks", mutates_args=())
-    def gelu_grad_fp8_blocks(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor
-                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        c = h0.shape[-1]
-        grad2, h02 = grad.reshape(-1, c).contiguous(), h0.reshape(-1, c).contiguous()
-        dh = torch.empty_like(h02)
-        dbias = torch.zeros((c,), device=h0.device, dtype=torch.float32)
-        q = torch.empty(h02.shape, device=h0.device, dtype=E4M3)
-        qs = torch.empty((c // FP8_BLOCK, h02.shape[0]), device=h0.device, dtype=torch.float32)
-        launch(grad2, h02, bias.contiguous(), dh, dbias, q=q, qs=qs)
-        return dh.view(h0.shape), dbias.to(bias.dtype), q.view(h0.shape), qs
-
-    @gelu_grad_fp8_blocks.register_fake
-    def _(grad, h0, bias):
-        rows = h0.numel() // h0.shape[-1]
-        return (torch.empty_like(h0), torch.empty_like(bias), h0.new_empty(h0.shape, dtype=E4M3),
-                h0.new_empty((h0.shape[-1] // FP8_BLOCK, rows), dtype=torch.float32))
-
 
 def gelu(h0: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """gelu(h0 + bias): the forward kernel on CUDA with Triton, else the reference expression."""
@@ -352,13 +298,3 @@ def gelu_grad(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor) -> tuple
     if triton is not None and grad.is_cuda:
         return torch.ops.gpt2ladder.gelu_grad(grad, h0, bias)
     return gelu_grad_reference(grad, h0, bias)
-
-
-def gelu_grad_fp8_blocks(grad: torch.Tensor, h0: torch.Tensor, bias: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dh, bias gradient, dh's float8 copy, its scales block-major: (C / FP8_BLOCK, rows), rows adjacent): the
-    backward kernel on CUDA with Triton, else the reference expressions."""
-    if triton is not None and grad.is_cuda:
-        return torch.ops.gpt2ladder.gelu_grad_fp8_blocks(grad, h0, bias)
-    dh, db, q, qs = gelu_grad_fp8_blocks_reference(grad, h0, bias)
-    return dh, db, q, qs.reshape(-1, qs.shape[-1]).t().contiguous()

@@ -109,13 +109,11 @@ def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False, blocke
     function, as `speedups/qkv_grad.py`'s attention does)."""
     proj = module.c_proj
     defer = defer_bias and _deferrable(proj)
-    if hasattr(module, "pre_proj_rows"):  # the GELU kernel's MLP, which takes every float8 copy (speedups/gelu_mlp.py)
-        pre = module.pre_proj_rows(y, fp8_out, blocked)
+    if fp8_out:
+        h = in_proj_float8(module, y) if isinstance(y, Float8Rows) else module.in_product(y)
+        p = linear_float8(proj, module.after_in_proj_float8(h, blocked), None if defer else proj.bias)
     else:
         pre = module.after_in_proj(in_proj_float8(module, y)) if isinstance(y, Float8Rows) else module.pre_proj(y)
-    if fp8_out:
-        p = linear_float8(proj, pre, None if defer else proj.bias)
-    else:
         p = matmul_without_bias(proj, pre) if defer else proj(pre)
     return p, proj.bias if defer else None
 
