@@ -10,7 +10,7 @@ import torch
 from gpt2ladder import speedups
 from gpt2ladder.ladder import setup_for, strategy_problem
 from gpt2ladder.model.config import PRESETS
-from gpt2ladder.runtime.engine import Engine, compilations
+from gpt2ladder.runtime.engine import Engine
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
 from gpt2ladder.speedups.weight_cast import WeightCasts, weight_casts
 
@@ -143,79 +143,3 @@ def test_copies_of_one_shape_are_views_of_one_tensor():
             assert m.casts.weight.shape == m.weight.shape
     ptrs = [m.casts.weight.data_ptr() for m in casts.linears]
     assert len(set(ptrs)) == len(ptrs)
-
-
-def test_transposed_fp8_casts_each_weight_as_its_backward_would():
-    from gpt2ladder.kernels.norm import rows_to_fp8
-    from gpt2ladder.speedups.weight_cast import transposed_fp8
-
-    stack = (torch.randn(3, 48, 16) * torch.logspace(-3, 1, 16)).bfloat16()  # input features of unlike sizes
-    t8, scale = transposed_fp8(stack)
-    assert t8.shape == (3, 16, 48) and t8.is_contiguous() and scale.shape == (3, 16)
-    for i in range(3):
-        want8, want_scale = rows_to_fp8(stack[i].t())
-        assert torch.equal(t8[i].view(torch.uint8), want8.contiguous().view(torch.uint8))
-        assert torch.equal(scale[i], want_scale)
-
-
-DGRAD = dataclasses.replace(setup_for(["baseline", "bf16", "flash", "vocab", "fused_adamw", "fp32_wgrad",
-                                       "fp8_dgrad"]), weight_cast=True)
-
-
-@pytest.mark.parametrize("backend", [None, "aot_eager"])
-def test_float8_casts_at_the_start_compute_the_same_numbers(monkeypatch, backend):
-    """FLOAT8_AT_START: fp8_dgrad's Linears read their weights' float8 casts made at the step's start, and the step
-    computes the same losses and weights bit for bit, eager and through AOT autograd, with gradient accumulation."""
-    import gpt2ladder.speedups.weight_cast as wc
-
-    seen = []
-    real = wc.WeightCasts.cast_float8
-
-    def spy(self):
-        real(self)
-        made = [m for m in self.linears if m.casts.t8 is not None]
-        assert all(m.casts.t8.is_contiguous() and m.casts.t8.shape == m.weight.t().shape for m in made)
-        seen.append({id(m) for m in made})
-
-    monkeypatch.setattr(wc.WeightCasts, "cast_float8", spy)
-    losses, weights = {}, {}
-    for on in (False, True):
-        monkeypatch.setattr(wc, "FLOAT8_AT_START", on)
-        setup = dataclasses.replace(DGRAD, compile=backend is not None)
-        engine = Engine(PRESETS["tiny"], setup, CPU, compile_backend=backend or "inductor")
-        names = {id(m): name for name, m in engine.raw_model.named_modules()}
-        losses[on], compiled = [], []
-        for x, y in _batches():
-            losses[on].append(engine.step(x, y).item())
-            compiled.append(compilations())
-        assert compiled[0] == compiled[-1]  # each step's new casts are inputs like any other: nothing recompiles
-        weights[on] = engine.raw_model.state_dict()
-        casts = weight_casts(engine.raw_model)
-        assert all(m.casts.t8 is None for m in casts.linears)  # none kept between steps
-        assert casts.compile_backend == backend  # the casts compiled as the step is, or eager
-    assert losses[True] == losses[False]
-    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])
-    n_layer = PRESETS["tiny"].n_layer
-    marked = {f"transformer.h.{i}.{n}" for i in range(n_layer) for n in ("attn.c_attn", "mlp.c_proj")}
-    assert len(seen) == 3 and all({names[i] for i in s} == marked for s in seen)  # each step, the marked alone
-
-
-def test_the_backward_reads_the_casts_made_at_the_start(monkeypatch):
-    """With the casts made at the start, the backward casts no weight: the float8 product reads what it is given."""
-    import gpt2ladder.speedups.fp32_wgrad as fw
-    import gpt2ladder.speedups.weight_cast as wc
-
-    monkeypatch.setattr(wc, "FLOAT8_AT_START", True)
-    given = []
-    real = fw.scaled_matmul
-    monkeypatch.setattr(fw, "scaled_matmul", lambda g8, gs, w8, *a: given.append(w8) or real(g8, gs, w8, *a))
-    engine = Engine(PRESETS["tiny"], DGRAD, CPU)
-    starts = []
-    cast = wc.WeightCasts.cast_float8
-    monkeypatch.setattr(wc.WeightCasts, "cast_float8",
-                        lambda self: cast(self) or starts.append([m.casts.t8 for m in self.linears if m.dgrad8]))
-    (x, y), = _batches(1)
-    engine.step(x, y)
-    made = {t.data_ptr() for t in starts[0]}
-    assert len(given) == 2 * 2 * PRESETS["tiny"].n_layer  # two marked Linears a layer, two micro-batches
-    assert all(w8.data_ptr() in made for w8 in given)

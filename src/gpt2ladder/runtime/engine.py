@@ -107,8 +107,6 @@ class Engine:
         if self._stream is not None:
             torch.cuda.current_stream(device).wait_stream(self._stream)
         self.forward = self._compiled(self.model, compile_backend)
-        if (casts := weight_casts(self.raw_model)) is not None:
-            casts.compile_backend = compile_backend if setup.compile else None
         self.optimizer = make_optimizer(self.raw_model, optim, setup, device)
         self.scaler = torch.amp.GradScaler(device.type) if setup.autocast == "float16" else None
         self._graph = None

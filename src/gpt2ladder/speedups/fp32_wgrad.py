@@ -48,47 +48,38 @@ def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return grad.t().float() @ x.float()
 
 
-def weight_read(weight: torch.Tensor, weight_c: torch.Tensor | None, dtype: torch.dtype, wt8=None, ws=None):
-    """(the weight as a matmul reads it in `dtype`, its float8 cast for the input gradient, its scales): the
-    weight_cast rung's copy `weight_c` where it is in `dtype`, with the float8 cast the step made of that copy
-    (`wt8`, `ws`, or None); else a cast of its own, and no float8 cast (the backward then makes one of that)."""
-    if weight_c is not None and weight_c.dtype == dtype:
-        return weight_c, wt8, ws
-    return weight.to(dtype), None, None
+def weight_read(weight: torch.Tensor, weight_c: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The weight as a matmul reads it in `dtype`: the weight_cast rung's copy `weight_c` where it is in `dtype`,
+    else a cast of its own."""
+    return weight_c if weight_c is not None and weight_c.dtype == dtype else weight.to(dtype)
 
 
-def input_grad(g2: torch.Tensor, wc: torch.Tensor, float8: bool = False, wt8: torch.Tensor | None = None,
-               ws: torch.Tensor | None = None) -> torch.Tensor:
+def input_grad(g2: torch.Tensor, wc: torch.Tensor, float8: bool = False) -> torch.Tensor:
     """g2 @ wc for the (N, out) output gradient and the (out, in) weight, in their dtype. With `float8` the product
     is float8's: g2 with one scale per row and the weight with one per input feature (a column of wc), each cast to
-    e4m3 from its largest magnitude. `wt8`, `ws`: the weight's cast made already, its transpose (in, out) in e4m3,
-    contiguous, and one fp32 scale per input feature; read only with `float8`."""
+    e4m3 from its largest magnitude."""
     if not float8:
         return g2 @ wc
     # _scaled_mm's first operand row-major
-    return fp8_input_grad(*rows_to_fp8(g2.contiguous()), wc, g2.dtype, wt8, ws)
+    return fp8_input_grad(*rows_to_fp8(g2.contiguous()), wc, g2.dtype)
 
 
-def fp8_input_grad(g8: torch.Tensor, gs: torch.Tensor, wc: torch.Tensor, out_dtype: torch.dtype,
-                   wt8: torch.Tensor | None = None, ws: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_input_grad(g8: torch.Tensor, gs: torch.Tensor, wc: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """input_grad's float8 product from the output gradient's float8 copy g8 (N, out), row-major, and its row scales
-    gs: the weight cast with one scale per input feature, its transpose (in, out) contiguous (`wt8`, `ws`: that cast
-    made already); (N, in) in `out_dtype`."""
-    if wt8 is None:
-        wt8, ws = rows_to_fp8(wc.t())
-        wt8 = wt8.contiguous()
-    return scaled_matmul(g8, gs, wt8, ws, None, out_dtype)
+    gs: the weight cast with one scale per input feature, its transpose (in, out) contiguous; (N, in) in
+    `out_dtype`."""
+    wt8, ws = rows_to_fp8(wc.t())
+    return scaled_matmul(g8, gs, wt8.contiguous(), ws, None, out_dtype)
 
 
 def linear_grads(grad_y: torch.Tensor, xc: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype, w_dtype: torch.dtype,
-                 has_bias: bool, dgrad8: bool = False, wt8: torch.Tensor | None = None,
-                 ws: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                 has_bias: bool, dgrad8: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(input, weight, bias or None) gradients of y = x @ w.T (+ b) from the input and weight as the matmul read
-    them (`xc`, `wc`, in the compute dtype): the input gradient in that dtype (`dgrad8`: its product in float8, from
-    the weight's float8 cast `wt8`, `ws` where given), the weight's and bias's in fp32."""
+    them (`xc`, `wc`, in the compute dtype): the input gradient in that dtype (`dgrad8`: its product in float8), the
+    weight's and bias's in fp32."""
     g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(wc.dtype)
     with torch.autocast(grad_y.device.type, enabled=False):
-        grad_x = input_grad(g2, wc, dgrad8, wt8, ws).view(*grad_y.shape[:-1], wc.shape[1]).to(x_dtype)
+        grad_x = input_grad(g2, wc, dgrad8).view(*grad_y.shape[:-1], wc.shape[1]).to(x_dtype)
         grad_w = weight_grad(g2, xc.reshape(-1, xc.shape[-1])).to(w_dtype)
         grad_b = g2.sum(0, dtype=torch.float32).to(w_dtype) if has_bias else None
     return grad_x, grad_w, grad_b
@@ -99,24 +90,23 @@ class Fp32WgradMatmul(torch.autograd.Function):
 
     `weight_c`, `bias_c`: the weight and bias already in that dtype (the `weight_cast` rung's copies, made
     at the start of the step), used instead of casting here; the gradients still go to `weight` and `bias`.
-    `dgrad8`: the input gradient's product in float8 (`input_grad`); `wt8`, `ws`: the weight's float8 cast for it,
-    made at the start of the step (the weight_cast rung's `FLOAT8_AT_START`), or None to cast it in the backward.
+    `dgrad8`: the input gradient's product in float8 (`input_grad`).
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 weight_c: torch.Tensor | None = None, bias_c: torch.Tensor | None = None,
-                dgrad8: bool = False, wt8: torch.Tensor | None = None, ws: torch.Tensor | None = None) -> torch.Tensor:
+                dgrad8: bool = False) -> torch.Tensor:
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             xc = x.to(dtype)
-            wc, wt8, ws = weight_read(weight, weight_c, dtype, wt8, ws)
+            wc = weight_read(weight, weight_c, dtype)
             if bias is None:
                 bc = None
             else:
                 bc = bias_c if bias_c is not None and bias_c.dtype == dtype else bias.to(dtype)
             y = F.linear(xc, wc, bc)
-        ctx.save_for_backward(xc, wc, wt8, ws)
+        ctx.save_for_backward(xc, wc)
         # a bias that takes no gradient here (the qkv_grad rung sums it elsewhere) is not summed
         ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None and ctx.needs_input_grad[2]
         ctx.dgrad8 = dgrad8
@@ -124,9 +114,9 @@ class Fp32WgradMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        xc, wc, wt8, ws = ctx.saved_tensors
-        grads = linear_grads(grad_y, xc, wc, ctx.x_dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8, wt8, ws)
-        return (*grads, None, None, None, None, None)
+        xc, wc = ctx.saved_tensors
+        grads = linear_grads(grad_y, xc, wc, ctx.x_dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8)
+        return (*grads, None, None, None)
 
 
 class Fp32WgradLinear(nn.Linear):
@@ -144,7 +134,7 @@ class Fp32WgradLinear(nn.Linear):
         if not torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         weight_c, bias_c = self._fresh_casts()
-        return Fp32WgradMatmul.apply(x, self.weight, self.bias, weight_c, bias_c, self.dgrad8, *self._fresh_float8())
+        return Fp32WgradMatmul.apply(x, self.weight, self.bias, weight_c, bias_c, self.dgrad8)
 
     def matmul(self, x: torch.Tensor, bias_without_grad: bool = False) -> torch.Tensor:
         """x @ weight.T without the bias (the GELU kernel's MLP adds it in its own kernel); with `bias_without_grad`,
@@ -154,14 +144,10 @@ class Fp32WgradLinear(nn.Linear):
             return F.linear(x, self.weight, bias)
         weight_c, bias_c = self._fresh_casts()
         return Fp32WgradMatmul.apply(x, self.weight, bias, weight_c, bias_c if bias_without_grad else None,
-                                     self.dgrad8, *self._fresh_float8())
+                                     self.dgrad8)
 
     def _fresh_casts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return (None, None) if self.casts is None else self.casts.fresh()
-
-    def _fresh_float8(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The weight's float8 transposed cast and scales made at the step's start, where fp8_dgrad reads them."""
-        return (None, None) if self.casts is None or not self.dgrad8 else self.casts.float8()
 
 
 def use_fp32_wgrad(model: nn.Module) -> list[str]:

@@ -90,28 +90,26 @@ class Fp8InputMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, x8: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, weight_c: torch.Tensor | None = None,
-                bias_c: torch.Tensor | None = None, blocked: bool = False, dgrad8: bool = False,
-                wt8: torch.Tensor | None = None, ws: torch.Tensor | None = None) -> torch.Tensor:
+                bias_c: torch.Tensor | None = None, blocked: bool = False, dgrad8: bool = False) -> torch.Tensor:
         """`weight_c`, `bias_c`: the `weight_cast` rung's copies in x's dtype, read instead of casting here;
-        `dgrad8`: the input gradient's product in float8 too (the `fp8_dgrad` rung), from the weight's float8 cast
-        `wt8`, `ws` where the step made it (`Fp32WgradMatmul`'s)."""
+        `dgrad8`: the input gradient's product in float8 too (the `fp8_dgrad` rung)."""
         with torch.autocast(x.device.type, enabled=False):
-            wc, wt8, ws = weight_read(weight, weight_c, x.dtype, wt8, ws)
+            wc = weight_read(weight, weight_c, x.dtype)
             if bias is None:
                 bc = None
             else:
                 bc = bias_c if bias_c is not None and bias_c.dtype == x.dtype else bias.to(x.dtype)
             y = float8_product(x8, sx, weight, bc, x.dtype, blocked)
-        ctx.save_for_backward(x, wc, wt8, ws)
+        ctx.save_for_backward(x, wc)
         ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None and ctx.needs_input_grad[4]
         ctx.dgrad8 = dgrad8
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        x, wc, wt8, ws = ctx.saved_tensors
-        grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8, wt8, ws)
-        return grad_x, None, None, grad_w, grad_b, None, None, None, None, None, None
+        x, wc = ctx.saved_tensors
+        grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8)
+        return grad_x, None, None, grad_w, grad_b, None, None, None, None
 
 
 def _float8_ready(linear: nn.Module | None, multiple: int = 16) -> bool:
@@ -132,8 +130,7 @@ def linear_float8(linear: nn.Module, rows: Float8Rows, bias: torch.Tensor | None
     casts = isinstance(linear, Fp32WgradLinear)
     weight_c, bias_c = linear._fresh_casts() if casts else (None, None)
     return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, bias, weight_c,
-                                bias_c if bias is not None else None, rows.blocked, getattr(linear, "dgrad8", False),
-                                *(linear._fresh_float8() if casts else (None, None)))
+                                bias_c if bias is not None else None, rows.blocked, getattr(linear, "dgrad8", False))
 
 
 def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:

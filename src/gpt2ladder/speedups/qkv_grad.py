@@ -58,26 +58,25 @@ class QkvProduct8(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, weight_c: torch.Tensor | None,
-                bias_c: torch.Tensor | None, n_head: int, wt8: torch.Tensor | None = None,
-                ws: torch.Tensor | None = None):
+                bias_c: torch.Tensor | None, n_head: int):
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             xc = x.to(dtype)
-            wc, wt8, ws = weight_read(weight, weight_c, dtype, wt8, ws)
+            wc = weight_read(weight, weight_c, dtype)
             bc = bias_c if bias_c is not None and bias_c.dtype == dtype else bias.to(dtype)
             qkv = F.linear(xc, wc, bc)
-        ctx.save_for_backward(xc, wc, wt8, ws)
+        ctx.save_for_backward(xc, wc)
         ctx.x_dtype, ctx.w_dtype, ctx.bias_dtype = x.dtype, weight.dtype, bias.dtype
         return split_heads(qkv, n_head)
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
-        xc, wc, wt8, ws = ctx.saved_tensors
+        xc, wc = ctx.saved_tensors
         dqkv, g8, gs, dbias = qkv_kernels.qkv_grad8(*_present(dq, dk, dv), ctx.bias_dtype)
         with torch.autocast(xc.device.type, enabled=False):
-            grad_x = fp8_input_grad(g8, gs, wc, wc.dtype, wt8, ws).view(*xc.shape).to(ctx.x_dtype)
+            grad_x = fp8_input_grad(g8, gs, wc, wc.dtype).view(*xc.shape).to(ctx.x_dtype)
             grad_w = weight_grad(dqkv.reshape(-1, dqkv.shape[-1]).to(wc.dtype), xc.reshape(-1, xc.shape[-1]))
-        return grad_x, grad_w.to(ctx.w_dtype), dbias, None, None, None, None, None
+        return grad_x, grad_w.to(ctx.w_dtype), dbias, None, None, None
 
 
 class KernelAttention(CausalSelfAttention):
@@ -96,8 +95,7 @@ class KernelAttention(CausalSelfAttention):
     def pre_proj(self, x: torch.Tensor) -> torch.Tensor:
         linear = self.c_attn
         if FLOAT8_COPY and torch.is_grad_enabled() and getattr(linear, "dgrad8", False):  # c_attn's backward here
-            return self.attend(*QkvProduct8.apply(x, linear.weight, linear.bias, *linear._fresh_casts(), self.n_head,
-                                                  *linear._fresh_float8()))
+            return self.attend(*QkvProduct8.apply(x, linear.weight, linear.bias, *linear._fresh_casts(), self.n_head))
         return super().pre_proj(x)
 
     def in_product(self, x: torch.Tensor) -> torch.Tensor:

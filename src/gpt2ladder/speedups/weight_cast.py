@@ -24,10 +24,9 @@ capture, so the engine refreshes the copies itself where it changes the weights 
 another shape or device would need the rewrite run again: the copies are made for the shapes it found.)
 
 The copies of Linears of one shape lie side by side in one tensor (a Block's c_attn weights, say), each Linear's
-copy a contiguous view of it. Where the fp8_dgrad rung forms those Linears' input gradients in float8, each
-backward casts its weight to float8 transposed, one scale per input feature (two small kernels a Linear);
-with `FLOAT8_AT_START` the step instead casts every such weight of one shape at once, at its start, and the
-backwards read those casts (`Slot.float8`). The same expressions on the same copies: the same bytes.
+copy a contiguous view of it. (Where the fp8_dgrad rung forms those Linears' input gradients in float8, each
+backward casts its weight to float8 itself: casting every weight of one shape at once at the step's start was timed
+within noise of that on an H200, docs/experiments.md.)
 """
 
 from __future__ import annotations
@@ -37,58 +36,17 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from gpt2ladder.kernels.norm import E4M3, rows_to_fp8
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
-
-# Whether the step casts the weights of fp8_dgrad's Linears to float8 at its start, all of one shape at once, instead
-# of in each backward. Timed in the top rung's step on an H200: within noise, if anything slower (docs/experiments.md):
-# off. (The casts, a byte per element of those weights, live through the step; runtime/memory.py's estimate does not
-# count them.)
-FLOAT8_AT_START = False
 
 
 class Slot:
-    """One Linear's copies; `fresh()` gives them while the owner's step runs, else (None, None); `float8()` the
-    weight's float8 transposed copy and its scales, where the step made them (FLOAT8_AT_START)."""
+    """One Linear's copies; `fresh()` gives them while the owner's step runs, else (None, None)."""
 
     def __init__(self, owner: "WeightCasts", weight: torch.Tensor, bias: torch.Tensor | None):
         self.owner, self.weight, self.bias = owner, weight, bias
-        self.t8: torch.Tensor | None = None  # (in, out) e4m3, contiguous
-        self.t8_scale: torch.Tensor | None = None  # (in,) fp32
 
     def fresh(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return (self.weight, self.bias) if self.owner.active else (None, None)
-
-    def float8(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return (self.t8, self.t8_scale) if self.owner.active else (None, None)
-
-
-def transposed_fp8(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(L, out, in) weights -> their transposes in e4m3, (L, in, out) contiguous, and (L, in) scales: what each
-    Linear's float8 input gradient casts its weight to (`fp32_wgrad.fp8_input_grad`), for all L at once."""
-    t8, scale = rows_to_fp8(stack.transpose(1, 2))
-    return t8.contiguous(), scale
-
-
-_compiled_transposed_fp8: dict[str, object] = {}  # {compile backend: transposed_fp8 compiled with it}
-
-
-def _transposed_fp8(stack: torch.Tensor, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`transposed_fp8`, compiled with `backend` where the step is compiled (Inductor: a reduction and one pass that
-    writes the transposes), else eagerly one weight at a time (its fp32 temporaries one weight's size, not the
-    stack's)."""
-    if backend is None:
-        L, out, inp = stack.shape
-        t8 = torch.empty((L, inp, out), dtype=E4M3, device=stack.device)
-        scale = torch.empty((L, inp), dtype=torch.float32, device=stack.device)
-        for i in range(L):
-            w8, s = rows_to_fp8(stack[i].t())
-            t8[i].copy_(w8)
-            scale[i].copy_(s)
-        return t8, scale
-    if backend not in _compiled_transposed_fp8:
-        _compiled_transposed_fp8[backend] = torch.compile(transposed_fp8, backend=backend, dynamic=False)
-    return _compiled_transposed_fp8[backend](stack)
 
 
 class WeightCasts:
@@ -97,7 +55,6 @@ class WeightCasts:
     def __init__(self, linears: list[Fp32WgradLinear], dtype: torch.dtype):
         self.linears = linears
         self.active = False
-        self.compile_backend: str | None = None  # the step's, where it is compiled (the engine sets it)
         self._written: dict[torch.Tensor, int] = {}  # {source: its version} as the optimizer last wrote its copy
         groups: dict[tuple, list[Fp32WgradLinear]] = {}
         for m in linears:
@@ -147,23 +104,10 @@ class WeightCasts:
         if not self.current():
             self.refresh()
         try:
-            if FLOAT8_AT_START:
-                self.cast_float8()
             self.active = True
             yield
         finally:
             self.active = False
-            if FLOAT8_AT_START:  # the casts are this step's: none is kept between steps
-                for m in self.linears:
-                    m.casts.t8 = m.casts.t8_scale = None
-
-    def cast_float8(self) -> None:
-        """Each shape's weights whose Linears all form their input gradient in float8 (fp8_dgrad), cast at once."""
-        for stack, members in self.stacks:
-            if all(m.dgrad8 for m in members):
-                t8, scale = _transposed_fp8(stack, self.compile_backend)
-                for i, m in enumerate(members):
-                    m.casts.t8, m.casts.t8_scale = t8[i], scale[i]
 
 
 def use_weight_casts(model: nn.Module, dtype: torch.dtype) -> list[str]:
