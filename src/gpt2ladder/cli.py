@@ -60,7 +60,8 @@ def _batch_size(text: str):
     try:
         return _positive_int(text)
     except argparse.ArgumentTypeError as err:
-        raise argparse.ArgumentTypeError(str(err).replace("a positive integer", "a positive integer, 'auto' or 'best'")) from None
+        message = str(err).replace("a positive integer", "a positive integer, 'auto' or 'best'")
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def _positive_float(text: str) -> float:
@@ -156,7 +157,8 @@ def _add_train(sub) -> None:
     _out(p, "train", "run directory: config.json, log.jsonl, checkpoints, loss.png, tb/")
     p.add_argument("--steps", type=_positive_int, help=f"optimizer steps (default: {D('train', 'steps')})")
     p.add_argument("--batch-size", type=_positive_int, help="micro-batch: sequences per forward pass (default: on "
-                   f"a GPU the largest that fits and divides the step, {DEFAULTS['train']['cpu']['batch_size']} on CPU)")
+                   "a GPU the largest that fits and divides the step, "
+                   f"{DEFAULTS['train']['cpu']['batch_size']} on CPU)")
     p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('train', 'seq_len')})")
     gpu, cpu = DEFAULTS["train"]["gpu"], DEFAULTS["train"]["cpu"]
     p.add_argument("--tokens-per-step", type=_positive_int,
@@ -277,7 +279,8 @@ def _add_eval(sub) -> None:
     p.add_argument("model", metavar="MODEL", help="a run directory or checkpoint, a Hugging Face folder or "
                    "weights file, or a hub name such as gpt2 or openai-community/gpt2 (the local Hugging Face "
                    "cache first, then a download unless HF_HUB_OFFLINE is set)")
-    p.add_argument("--task", default="hellaswag", help="the benchmark; hellaswag is the one there is (default: hellaswag)")
+    p.add_argument("--task", default="hellaswag",
+                   help="the benchmark; hellaswag is the one there is (default: hellaswag)")
     p.add_argument("--task-data", metavar="FILE", help="a file in the task's own format to use instead of its "
                    "official data (default: none; the official validation set from the data cache)")
     p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N examples, for a quick "
@@ -313,7 +316,8 @@ def _add_parity(sub) -> None:
     p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('parity', 'seq_len')})")
     p.add_argument("--seeds", type=_positive_int, default=2,
                    help="fp32 baseline runs with different initial weights and data order, for the spread (default: 2)")
-    p.add_argument("--tolerance", type=float, default=0.02, help="largest relative loss gap accepted (default: 0.02 = 2%%)")
+    p.add_argument("--tolerance", type=float, default=0.02,
+                   help="largest relative loss gap accepted (default: 0.02 = 2%%)")
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
     p.add_argument("--eval-every", type=_positive_int, help="validate every N steps (default: a tenth of --steps)")
     p.add_argument("--eval-batches", type=_positive_int, default=10, help="validation batches (default: 10)")

@@ -106,7 +106,8 @@ def _needs_mm_out_dtype(caps: Capabilities) -> str | None:
     import torch
 
     if "dtype" not in torch.ops.aten.mm.overloads():
-        return f"an fp32-output bf16 matmul (torch.mm's out_dtype) needs PyTorch 2.8 or newer; this is {torch.__version__}"
+        return (f"an fp32-output bf16 matmul (torch.mm's out_dtype) needs PyTorch 2.8 or newer; "
+                f"this is {torch.__version__}")
     return _needs_ampere("an fp32-output bf16 matmul")(caps)
 
 
@@ -114,7 +115,8 @@ def _needs_fp8(caps: Capabilities) -> str | None:
     if caps.device_type != "cuda":
         return f"float8 matmuls need a CUDA GPU of compute capability 8.9 or newer; this is {caps.device_type}"
     if caps.capability < (8, 9):
-        return f"float8 matmuls need compute capability 8.9 (Ada/Hopper) or newer; {caps.name} is %d.%d" % caps.capability
+        major, minor = caps.capability
+        return f"float8 matmuls need compute capability 8.9 (Ada/Hopper) or newer; {caps.name} is {major}.{minor}"
     return caps.compile_problem  # the casts are only cheap when compile fuses them into neighbours
 
 
@@ -224,7 +226,8 @@ LADDER: tuple[Rung, ...] = (
          _needs_fp8_forward, opt_in=True, pays_with_graph=True),
     Rung("adamw_kernel", "AdamW updates every parameter in one Triton launch that finds each tensor in a table of "
          "addresses, with the same arithmetic and optimizer state: alone 0.86 ms a step of GPT-2 124M on an H200 "
-         "where fused AdamW's 9 multi-tensor launches took 1.01, and 0.16 ms faster in the whole step (docs/results.md).",
+         "where fused AdamW's 9 multi-tensor launches took 1.01, and 0.16 ms faster in the whole step "
+         "(docs/results.md).",
          "memory", {"adamw_kernel": True, "fused_adamw": True}, _needs_triton_gpu("the adamw_kernel rung"),
          pays_with_graph=True, refused_under={
              "fsdp": "FSDP2's parameters are sharded DTensors, which the kernel's table of addresses cannot hold"}),

@@ -2,8 +2,8 @@
 (`evals/`), written as OUT/eval.json and told in one line. A run is evaluated in its own precision
 (its autocast and matmul setting, on a GPU) and, on a GPU, through the compiled forward; Hugging Face
 weights in fp32, with TF32 matmuls on a GPU, as build-nanogpt's and llm.c's HellaSwag scripts run
-OpenAI's GPT-2 for the figures they publish. By default a run's result goes into the run directory, where `export` finds it for
-the model card."""
+OpenAI's GPT-2 for the figures they publish. By default a run's result goes into the run directory, where
+`export` finds it for the model card."""
 
 from __future__ import annotations
 

@@ -104,7 +104,8 @@ def _finish(record: dict, out: Path) -> int:
     paths = write_outputs(record, out)
     print(format_table(record))
     print(f"wrote {', '.join(str(p) for p in paths)}")
-    diverged = [f"seed {r['seed']}: {r['final_val']}" for r in record["baseline_runs"] if not math.isfinite(r["final_val"])]
+    diverged = [f"seed {r['seed']}: {r['final_val']}" for r in record["baseline_runs"]
+                if not math.isfinite(r["final_val"])]
     if diverged:  # every verdict then fails for a reason the table alone does not say
         raise LadderError(f"the fp32 baseline diverged (final val loss {', '.join(diverged)}), so no rung can be "
                           "judged; try a lower --lr")

@@ -91,8 +91,8 @@ def _banner(cfg: PrepareConfig, source: Source, planned: Plan) -> str:
     docs = f", {source.total_documents:,} documents" if source.total_documents else ""
     plan_text = (f"continuing after {len(planned.kept)} finished shard{'' if len(planned.kept) == 1 else 's'}"
                  if planned.kept else
-                 f"{cfg.name}_val_000000.bin gets the first {cfg.val_tokens:,} tokens (a tenth of the source if it holds "
-                 f"fewer than {10 * cfg.val_tokens:,}), then {cfg.name}_train_*.bin {cfg.shard_tokens:,} each")
+                 f"{cfg.name}_val_000000.bin gets the first {cfg.val_tokens:,} tokens (a tenth of the source if it "
+                 f"holds fewer than {10 * cfg.val_tokens:,}), then {cfg.name}_train_*.bin {cfg.shard_tokens:,} each")
     return (f"prepare: {what}{docs} -> {cfg.out}: {plan_text}; tokenizing on {cfg.workers} "
             f"worker{'' if cfg.workers == 1 else 's'}")
 

@@ -64,8 +64,9 @@ def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
     cfg, plan = _plan(cfg, args, device, caps)
     if plan:
         print(f"gpt2ladder profile: {plan.reason()}", flush=True)
-    print(f"{'' if plan else 'gpt2ladder profile: '}{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
-          f"{cfg.steps} profiled steps after {cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
+    print(f"{'' if plan else 'gpt2ladder profile: '}{cfg.preset} on {caps.name}, "
+          f"batch {cfg.batch_size} x {cfg.seq_len}, {cfg.steps} profiled steps after {cfg.warmup} warm-up, "
+          f"rungs: {', '.join(cfg.rungs)}", flush=True)
     record = run_profile(cfg, device, progress=not args.no_progress, caps=caps, tokens=tokens)
     if plan:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}

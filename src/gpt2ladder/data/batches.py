@@ -112,7 +112,8 @@ def eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int, n_batches: i
     return [sampler.next() for _ in range(n_batches)]
 
 
-def micro_batches(batches: list[tuple[torch.Tensor, torch.Tensor]], size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def micro_batches(batches: list[tuple[torch.Tensor, torch.Tensor]],
+                  size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same rows cut into batches of at most `size` sequences: what fits the device, and the same
     data whatever the card (validation stays comparable across micro-batch sizes)."""
     return [(x[i:i + size], y[i:i + size]) for x, y in batches for i in range(0, len(x), size)]

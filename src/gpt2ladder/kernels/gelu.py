@@ -28,8 +28,8 @@ the plain forward's tile: 0.022 ms more per Block than the plain forward on the 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
 `gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:
 tests/kernels/test_gelu_kernel.py runs the kernels through Triton's CPU interpreter,
-tests/kernels/test_kernels_gpu.py on a GPU (the forward against fp64). The bias gradient's atomics add in no fixed order, so it is not
-bit-reproducible from run to run (compiled steps are not either).
+tests/kernels/test_kernels_gpu.py on a GPU (the forward against fp64). The bias gradient's atomics add in no fixed
+order, so it is not bit-reproducible from run to run (compiled steps are not either).
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ are left out; the median and the spread of the timed steps are reported. How man
 p10-p90 range is wide, up to a bound (each row's n_timed and "timing" say how many, and why).
 
 Under torchrun (`torchrun --nproc_per_node=N -m gpt2ladder bench ...`) every rank runs every rung
-under the strategy the command chose (DDP; FSDP2 for gpt2-large/xl, or as --strategy says). --batch-size is then per GPU, so the
-global batch is N times larger and each GPU does the work of a one-GPU run: tokens/s total and per
-GPU compare directly with a one-GPU ladder.json, passed as --baseline-json for a scaling efficiency.
+under the strategy the command chose (DDP; FSDP2 for gpt2-large/xl, or as --strategy says). --batch-size
+is then per GPU, so the global batch is N times larger and each GPU does the work of a one-GPU run:
+tokens/s total and per GPU compare directly with a one-GPU ladder.json, passed as --baseline-json for a
+scaling efficiency.
 A step's time is the slowest rank's; rank 0 alone prints and writes.
 """
 
@@ -110,7 +111,8 @@ def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
     flops = flops_per_token(result.pop("model_config"), cfg.seq_len, result.pop("n_params"))
     # Utilisation of each GPU against one GPU's peak: the per-GPU share of the tokens, not the total.
     tok_s = result["tokens_per_s_per_gpu"]
-    return {**row.rung_fields(), "status": "ok", "setup": setup.to_dict(), **{k: v for k, v in result.items() if k != "status"},
+    measured = {k: v for k, v in result.items() if k != "status"}
+    return {**row.rung_fields(), "status": "ok", "setup": setup.to_dict(), **measured,
             "flops_per_token": flops, "mfu": mfu(tok_s, flops, peak_flops(caps.name))}
 
 

@@ -2,9 +2,10 @@
 
 Every rung of the full ladder has been timed (rung k = rungs 0..k); a rung beyond the baseline is kept
 when its step is at least `MIN_GAIN` faster than the one before it, outside the noise (its p10-p90
-below the other's), and `parity` has not found it changing the loss (`Rung.parity_failure`). The kept combination is then timed
-for real, as one more row, so the record never claims a figure it did not measure. That row also checks
-the run: where it contradicts the climb (`too_noisy`), the record, the table and the chart say so.
+below the other's), and `parity` has not found it changing the loss (`Rung.parity_failure`). The kept
+combination is then timed for real, as one more row, so the record never claims a figure it did not
+measure. That row also checks the run: where it contradicts the climb (`too_noisy`), the record, the
+table and the chart say so.
 """
 
 from __future__ import annotations

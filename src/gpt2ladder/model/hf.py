@@ -4,11 +4,11 @@ into our `GPT`, and write a `GPT` as a folder that `transformers.GPT2LMHeadModel
 The weights are read from model.safetensors, from the shards a model.safetensors.index.json names, or
 from pytorch_model.bin (and its sharded index), the last with `torch.load(weights_only=True)`, which
 loads tensors and never runs pickled code. A hub name (`gpt2`, `openai-community/gpt2`) is first turned
-into its cached or downloaded folder (`hub.py`); everything else here reads local files. Hugging Face stores GPT-2's linear layers as `Conv1D`, whose
-weight is (in, out); ours are `nn.Linear`, (out, in), so those four matrices per block are transposed
-both ways (the two square `attn.c_proj.weight`s would load silently wrong otherwise). The embedding is
-copied into the first vocab_size rows of a padded vocabulary (the rest stay zero) and cut back to
-vocab_size rows on the way out. The classifier is tied to the embedding, so a file holds only
+into its cached or downloaded folder (`hub.py`); everything else here reads local files. Hugging Face
+stores GPT-2's linear layers as `Conv1D`, whose weight is (in, out); ours are `nn.Linear`, (out, in), so
+those four matrices per block are transposed both ways (the two square `attn.c_proj.weight`s would load
+silently wrong otherwise). The embedding is copied into the first vocab_size rows of a padded vocabulary
+(the rest stay zero) and cut back to vocab_size rows on the way out. The classifier is tied to the embedding, so a file holds only
 `transformer.wte.weight`, as `save_pretrained` writes it.
 
 The number of heads cannot be read off tensor shapes, so the shape comes from a `config.json` beside

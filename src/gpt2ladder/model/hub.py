@@ -106,7 +106,8 @@ def resolve(name: str, usable: Callable[[Path], bool]) -> Path:
         if usable(folder):
             return folder
     raise UsageError(f"the Hugging Face repository {repo_id(name)} holds no GPT-2 weights gpt2ladder reads "
-                     "(config.json with model.safetensors, a sharded model.safetensors.index.json or pytorch_model.bin)")
+                     "(config.json with model.safetensors, a sharded model.safetensors.index.json or "
+                     "pytorch_model.bin)")
 
 
 def _download(name: str, patterns: list[str]) -> Path:

@@ -24,7 +24,10 @@ def readme_table(record: dict) -> str:
     lines = ["| rung | ms/step (p10–p90) | vs rung before | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|"]
     prev = None
     for r in (r for r in record["rungs"] if r["status"] == "ok"):
-        gain = "—" if prev is None else ("within noise" if _noise(r, prev) else f"{prev['ms_per_step'] / r['ms_per_step']:.2f}×")
+        if prev is None:
+            gain = "—"
+        else:
+            gain = "within noise" if _noise(r, prev) else f"{prev['ms_per_step'] / r['ms_per_step']:.2f}×"
         mfu = "—" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         mem = "—" if r["peak_mem_bytes"] is None else f"{r['peak_mem_bytes'] / 2**30:.1f}"
         lines.append(f"| {r['name']} | {r['ms_per_step']:.1f} ({r['ms_p10']:.1f}–{r['ms_p90']:.1f}) | {gain} | "
@@ -89,7 +92,8 @@ def format_markdown(record: dict) -> str:
     ]
     plan = record.get("batch_plan")
     if plan:
-        head.insert(-2, f"- {plan['reason']}" + ("; confirmed by a probe of its eager step" if plan["probed_peak"] else ""))
+        probed = "; confirmed by a probe of its eager step" if plan["probed_peak"] else ""
+        head.insert(-2, f"- {plan['reason']}{probed}")
     if record.get("step_rule"):
         took = [f"{r['name']} {r['n_timed']}" for r in record["rungs"] if r.get("status") == "ok"]
         head.insert(-2, "- timed steps per rung: " + (", ".join(took) or "none measured"))

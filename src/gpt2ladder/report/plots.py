@@ -11,9 +11,10 @@ from pathlib import Path
 from gpt2ladder.data.files import atomic_file
 from gpt2ladder.ladder import WRITEUP_RUNGS
 
-KIND_COLOURS = {"baseline": "#8C8C8C", "precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452", "best": "#8172B3"}
-KIND_LABELS = {"baseline": "baseline", "precision": "precision", "memory": "memory traffic", "overhead": "launch / optimizer overhead",
-               "best": "the rungs that pay, together"}
+KIND_COLOURS = {"baseline": "#8C8C8C", "precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452",
+                "best": "#8172B3"}
+KIND_LABELS = {"baseline": "baseline", "precision": "precision", "memory": "memory traffic",
+               "overhead": "launch / optimizer overhead", "best": "the rungs that pay, together"}
 NOTE_COLOUR = "#C44E52"  # a warning about the measurement itself
 
 

@@ -6,8 +6,8 @@ it to the device -> the model rewrites of `speedups/` (`speedups.apply`, in the 
 asserts: fused classifier loss, float8 Linears, GELU-kernel MLPs, fp32 weight gradients, their weights'
 bf16 copies) ->
 `parallelize` for data parallelism (`distributed.py`: FSDP2 shards every Block, then the root; DDP
-wraps) -> compile -> optimizer -> CUDA graph capture on the first step. The optimizer comes last because FSDP2 replaces every
-parameter by a sharded DTensor.
+wraps) -> compile -> optimizer -> CUDA graph capture on the first step. The optimizer comes last because FSDP2
+replaces every parameter by a sharded DTensor.
 Compile takes the whole (sharded or wrapped) model: under DDP that is torch.compile(DDP(model)), so
 dynamo's DDPOptimizer cuts the graph at gradient buckets and the all-reduces overlap backward
 (compiling first and wrapping after would leave one backward graph whose gradients all arrive at
