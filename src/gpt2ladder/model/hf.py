@@ -8,8 +8,8 @@ into its cached or downloaded folder (`hub.py`); everything else here reads loca
 stores GPT-2's linear layers as `Conv1D`, whose weight is (in, out); ours are `nn.Linear`, (out, in), so
 those four matrices per block are transposed both ways (the two square `attn.c_proj.weight`s would load
 silently wrong otherwise). The embedding is copied into the first vocab_size rows of a padded vocabulary
-(the rest stay zero) and cut back to vocab_size rows on the way out. The classifier is tied to the embedding, so a file holds only
-`transformer.wte.weight`, as `save_pretrained` writes it.
+(the rest stay zero) and cut back to vocab_size rows on the way out. The classifier is tied to the
+embedding, so a file holds only `transformer.wte.weight`, as `save_pretrained` writes it.
 
 The number of heads cannot be read off tensor shapes, so the shape comes from a `config.json` beside
 the weights when there is one, else the model (its preset) must already match. A config.json is checked
