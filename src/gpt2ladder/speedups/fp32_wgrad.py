@@ -48,10 +48,12 @@ def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return grad.t().float() @ x.float()
 
 
-def weight_read(weight: torch.Tensor, weight_c: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """The weight as a matmul reads it in `dtype`: the weight_cast rung's copy `weight_c` where it is in `dtype`,
-    else a cast of its own."""
-    return weight_c if weight_c is not None and weight_c.dtype == dtype else weight.to(dtype)
+def cast_read(param: torch.Tensor | None, copy: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A weight or bias (or None) as a matmul reads it in `dtype`: the weight_cast rung's `copy` where it is in
+    `dtype`, else a cast of its own."""
+    if param is None:
+        return None
+    return copy if copy is not None and copy.dtype == dtype else param.to(dtype)
 
 
 def input_grad(g2: torch.Tensor, wc: torch.Tensor, float8: bool = False) -> torch.Tensor:
@@ -100,12 +102,8 @@ class Fp32WgradMatmul(torch.autograd.Function):
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             xc = x.to(dtype)
-            wc = weight_read(weight, weight_c, dtype)
-            if bias is None:
-                bc = None
-            else:
-                bc = bias_c if bias_c is not None and bias_c.dtype == dtype else bias.to(dtype)
-            y = F.linear(xc, wc, bc)
+            wc = cast_read(weight, weight_c, dtype)
+            y = F.linear(xc, wc, cast_read(bias, bias_c, dtype))
         ctx.save_for_backward(xc, wc)
         # a bias that takes no gradient here (the qkv_grad rung sums it elsewhere) is not summed
         ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None and ctx.needs_input_grad[2]

@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from gpt2ladder.kernels.norm import FP8_BLOCK, rows_to_fp8, tiles_to_fp8
 from gpt2ladder.speedups.common import scaled_matmul
-from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, linear_grads, weight_read
+from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, cast_read, linear_grads
 
 
 class Float8Rows(NamedTuple):
@@ -94,12 +94,8 @@ class Fp8InputMatmul(torch.autograd.Function):
         """`weight_c`, `bias_c`: the `weight_cast` rung's copies in x's dtype, read instead of casting here;
         `dgrad8`: the input gradient's product in float8 too (the `fp8_dgrad` rung)."""
         with torch.autocast(x.device.type, enabled=False):
-            wc = weight_read(weight, weight_c, x.dtype)
-            if bias is None:
-                bc = None
-            else:
-                bc = bias_c if bias_c is not None and bias_c.dtype == x.dtype else bias.to(x.dtype)
-            y = float8_product(x8, sx, weight, bc, x.dtype, blocked)
+            wc = cast_read(weight, weight_c, x.dtype)
+            y = float8_product(x8, sx, weight, cast_read(bias, bias_c, x.dtype), x.dtype, blocked)
         ctx.save_for_backward(x, wc)
         ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None and ctx.needs_input_grad[4]
         ctx.dgrad8 = dgrad8

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from gpt2ladder.kernels import qkv as qkv_kernels
 from gpt2ladder.model.gpt import CausalSelfAttention, split_heads
 from gpt2ladder.speedups.common import compute_dtype, matmul_bias_without_grad, replace_modules
-from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, fp8_input_grad, weight_grad, weight_read
+from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, cast_read, fp8_input_grad, weight_grad
 
 
 class SplitHeads(torch.autograd.Function):
@@ -62,9 +62,8 @@ class QkvProduct8(torch.autograd.Function):
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             xc = x.to(dtype)
-            wc = weight_read(weight, weight_c, dtype)
-            bc = bias_c if bias_c is not None and bias_c.dtype == dtype else bias.to(dtype)
-            qkv = F.linear(xc, wc, bc)
+            wc = cast_read(weight, weight_c, dtype)
+            qkv = F.linear(xc, wc, cast_read(bias, bias_c, dtype))
         ctx.save_for_backward(xc, wc)
         ctx.x_dtype, ctx.w_dtype, ctx.bias_dtype = x.dtype, weight.dtype, bias.dtype
         return split_heads(qkv, n_head)
