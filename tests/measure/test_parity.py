@@ -160,7 +160,16 @@ def test_outputs_are_written_and_describe_themselves(record, tmp_path):
     png = paths[2].read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     table = parity_report.format_table(record)
-    assert "fused_adamw" in table and "all rungs PASS" in table
+    skipped = sum(r["status"] == "skipped" for r in record["rungs"])
+    assert skipped and "fused_adamw" in table and f"all rungs PASS; {skipped} skipped on this machine" in table
+
+
+def test_a_run_that_skipped_every_rung_does_not_say_they_passed(record):
+    """Skipped rungs are not judged: with none judged the verdict line says so, not "all rungs PASS"."""
+    skipped = {**record, "rungs": [{**r, "status": "skipped", "reason": "not on this machine"}
+                                   for r in record["rungs"]]}
+    assert parity_report.verdict_line(skipped) == f"no rung ran; {len(record['rungs'])} skipped on this machine"
+    assert "PASS" not in parity_report.format_table(skipped).splitlines()[-1]
 
 
 # --- failures -------------------------------------------------------------------------------------

@@ -28,9 +28,19 @@ def _summary_lines(record: dict) -> list[str]:
             f"rule: {rule['text']}"]
 
 
+def verdict_line(record: dict) -> str:
+    """One line: whether every rung that ran passed, and how many this machine skipped (a skipped rung is not judged,
+    so a run that skipped them all has nothing to pass)."""
+    skipped = sum(r["status"] == "skipped" for r in record["rungs"])
+    judged = len(record["rungs"]) - skipped
+    aside = f"; {skipped} skipped on this machine" if skipped else ""
+    if not judged:
+        return f"no rung ran{aside}"
+    return ("all rungs PASS" if record["passed"] else "NOT every rung passes") + aside
+
+
 def format_table(record: dict) -> str:
-    verdict_line = "all rungs PASS" if record["passed"] else "NOT every rung passes"
-    return "\n".join([text_table(HEADERS, table_rows(record)), ""] + _summary_lines(record) + [verdict_line])
+    return "\n".join([text_table(HEADERS, table_rows(record)), ""] + _summary_lines(record) + [verdict_line(record)])
 
 
 def format_markdown(record: dict) -> str:
