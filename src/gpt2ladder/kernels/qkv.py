@@ -49,6 +49,8 @@ TILE = (128, 2, 4)
 # 8 warps, the tile the step was timed with: 0.267), where the step's compiled passes take about 0.084 ms a layer;
 # too slow to use (speedups/qkv_grad.py, FLOAT8_COPY).
 TILE8 = (1, 32, 4)
+# The float8 kernel reads and writes bf16 gradients as int32 pairs where it can (`pairs`).
+PAIRS = True
 
 
 def qkv_grad_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
@@ -129,71 +131,176 @@ if triton is not None:
         return dq.new_empty((B, T, 3 * nh * hs)), dq.new_empty((3 * nh * hs,), dtype=bias_dtype)
 
     @triton.jit
-    def _qkv_grad8_kernel(dq_ptr, dk_ptr, dv_ptr, out_ptr, out8_ptr, scale_ptr, part_ptr, T, nh,
+    def _load_tokens(q_at, k_at, v_at, tok, T, sq_b, sq_t, sk_b, sk_t, sv_b, sv_t, mask):
+        """The three gradients' (BLOCK_T, NH, HS) tiles of tokens `tok` (indices into B * T)."""
+        b = (tok // T).to(tl.int64)[:, None, None]
+        t = (tok % T).to(tl.int64)[:, None, None]
+        q = tl.load(q_at + b * sq_b + t * sq_t, mask=mask, other=0.0)
+        k = tl.load(k_at + b * sk_b + t * sk_t, mask=mask, other=0.0)
+        v = tl.load(v_at + b * sv_b + t * sv_t, mask=mask, other=0.0)
+        return q, k, v
+
+    @triton.jit
+    def _qkv_grad8_kernel(dq_ptr, dk_ptr, dv_ptr, out_ptr, out8_ptr, scale_ptr, part_ptr, n_tokens, T, nh,
                           sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, INV_Q_MAX: tl.constexpr,
                           HS: tl.constexpr, NH: tl.constexpr, BLOCK_T: tl.constexpr, STEPS: tl.constexpr):
-        # Grid: (token blocks of T, B). Program (i, b) takes tokens [i * STEPS * BLOCK_T, ...) of batch b, BLOCK_T
-        # at a time: each gradient's (BLOCK_T, NH, HS) tile (heads past nh masked), the tokens' rows of the output,
-        # their float8 copy and scales; at the end its column sums, row b * programs + i of the partial sums.
+        # Grid: (programs,). Program i takes tokens [i * STEPS * BLOCK_T, ...) of the B * T, BLOCK_T at a time: each
+        # gradient's (BLOCK_T, NH, HS) tile (heads past nh masked), the tokens' rows of the output, their float8 copy
+        # and scales. Each step loads the next step's tiles before it works on its own, so that a program's loads
+        # are in flight while it reduces and stores. Its column sums stay per token in registers until the end,
+        # then one row of the partial sums (row i).
         i = tl.program_id(0)
-        b = tl.program_id(1)
         h = tl.arange(0, NH)
         d = tl.arange(0, HS)
         C = nh * HS
         width = 3 * C
         head_ok = (h < nh)[None, :, None] & (d < HS)[None, None, :]
         col = h[None, :, None] * HS + d[None, None, :]  # within one of q, k, v
-        q_at = dq_ptr + b.to(tl.int64) * sq_b + h[None, :, None] * sq_h + d[None, None, :]
-        k_at = dk_ptr + b.to(tl.int64) * sk_b + h[None, :, None] * sk_h + d[None, None, :]
-        v_at = dv_ptr + b.to(tl.int64) * sv_b + h[None, :, None] * sv_h + d[None, None, :]
-        sum_q = tl.zeros([NH, HS], tl.float32)
-        sum_k = tl.zeros([NH, HS], tl.float32)
-        sum_v = tl.zeros([NH, HS], tl.float32)
+        q_at = dq_ptr + h[None, :, None] * sq_h + d[None, None, :]
+        k_at = dk_ptr + h[None, :, None] * sk_h + d[None, None, :]
+        v_at = dv_ptr + h[None, :, None] * sv_h + d[None, None, :]
+        tok = i * STEPS * BLOCK_T + tl.arange(0, BLOCK_T)
+        q, k, v = _load_tokens(q_at, k_at, v_at, tok, T, sq_b, sq_t, sk_b, sk_t, sv_b, sv_t,
+                               (tok < n_tokens)[:, None, None] & head_ok)
+        sum_q = tl.zeros([BLOCK_T, NH, HS], tl.float32)
+        sum_k = tl.zeros([BLOCK_T, NH, HS], tl.float32)
+        sum_v = tl.zeros([BLOCK_T, NH, HS], tl.float32)
         for step in tl.range(0, STEPS):
-            t = (i * STEPS + step) * BLOCK_T + tl.arange(0, BLOCK_T)
-            t_ok = t < T
+            nxt = tok + BLOCK_T
+            more = (nxt < n_tokens) & (step + 1 < STEPS)
+            nq, nk, nv = _load_tokens(q_at, k_at, v_at, nxt, T, sq_b, sq_t, sk_b, sk_t, sv_b, sv_t,
+                                      more[:, None, None] & head_ok)
+            t_ok = tok < n_tokens
             mask = t_ok[:, None, None] & head_ok
-            t3 = t.to(tl.int64)[:, None, None]
-            q = tl.load(q_at + t3 * sq_t, mask=mask, other=0.0)
-            k = tl.load(k_at + t3 * sk_t, mask=mask, other=0.0)
-            v = tl.load(v_at + t3 * sv_t, mask=mask, other=0.0)
-            rows = b.to(tl.int64) * T + t.to(tl.int64)
-            at = rows[:, None, None] * width + col
+            at = tok.to(tl.int64)[:, None, None] * width + col
             tl.store(out_ptr + at, q, mask=mask)
             tl.store(out_ptr + at + C, k, mask=mask)
             tl.store(out_ptr + at + 2 * C, v, mask=mask)
             qf, kf, vf = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
-            amax = tl.maximum(tl.maximum(tl.max(tl.max(tl.abs(qf), 2), 1), tl.max(tl.max(tl.abs(kf), 2), 1)),
-                              tl.max(tl.max(tl.abs(vf), 2), 1))
+            # the token's largest magnitude over q, k and v: one reduction across the program's warps, not three
+            amax = tl.max(tl.max(tl.maximum(tl.maximum(tl.abs(qf), tl.abs(kf)), tl.abs(vf)), 2), 1)
             scale = tl.maximum(amax, 1e-12) * INV_Q_MAX  # CUDA's tensor / scalar: times the reciprocal
             s3 = scale[:, None, None]
             tl.store(out8_ptr + at, tl.div_rn(qf, s3).to(out8_ptr.dtype.element_ty), mask=mask)
             tl.store(out8_ptr + at + C, tl.div_rn(kf, s3).to(out8_ptr.dtype.element_ty), mask=mask)
             tl.store(out8_ptr + at + 2 * C, tl.div_rn(vf, s3).to(out8_ptr.dtype.element_ty), mask=mask)
-            tl.store(scale_ptr + rows, scale, mask=t_ok)
-            sum_q += tl.sum(qf, 0)
-            sum_k += tl.sum(kf, 0)
-            sum_v += tl.sum(vf, 0)
-        part = part_ptr + (b * tl.num_programs(0) + i).to(tl.int64) * width + col
-        tl.store(part, sum_q[None, :, :], mask=head_ok)
-        tl.store(part + C, sum_k[None, :, :], mask=head_ok)
-        tl.store(part + 2 * C, sum_v[None, :, :], mask=head_ok)
+            tl.store(scale_ptr + tok, scale, mask=t_ok)
+            sum_q += qf
+            sum_k += kf
+            sum_v += vf
+            q, k, v, tok = nq, nk, nv, nxt
+        part = part_ptr + i.to(tl.int64) * width + col
+        tl.store(part, tl.sum(sum_q, 0)[None, :, :], mask=head_ok)
+        tl.store(part + C, tl.sum(sum_k, 0)[None, :, :], mask=head_ok)
+        tl.store(part + 2 * C, tl.sum(sum_v, 0)[None, :, :], mask=head_ok)
 
-    def programs8(T: int, tile=None) -> int:
-        """How many programs the float8 kernel runs per sequence (rows of partial sums per batch element)."""
+    @triton.jit
+    def _bf16_pairs(x):
+        """The (low, high) bf16 values of int32-packed pairs as fp32: a bf16 is the high half of its fp32."""
+        return (x << 16).to(tl.float32, bitcast=True), (x & -65536).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _fp8_pairs(lo, hi, scale):
+        """lo / scale and hi / scale in e4m3, packed low byte first into uint16s."""
+        lo8 = tl.div_rn(lo, scale).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.uint16)
+        hi8 = tl.div_rn(hi, scale).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.uint16)
+        return lo8 | (hi8 << 8)
+
+    @triton.jit
+    def _qkv_grad8_pairs_kernel(dq_ptr, dk_ptr, dv_ptr, out_ptr, out8_ptr, scale_ptr, part_ptr, n_tokens, T, nh,
+                                sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, INV_Q_MAX: tl.constexpr,
+                                P: tl.constexpr, NH: tl.constexpr, BLOCK_T: tl.constexpr, STEPS: tl.constexpr):
+        # _qkv_grad8_kernel for bf16 gradients and an e4m3 copy, reading and writing them as int32 pairs of bf16 (the
+        # strides in pairs, P = hs / 2 pairs a head): the bf16 gradient is copied as loaded, each pair's two values
+        # are taken apart by shifts (exact), and the float8 pairs go out as uint16s. A pair stays packed while its
+        # load is in flight, so nothing waits on it before the next step uses it.
+        i = tl.program_id(0)
+        h = tl.arange(0, NH)
+        d = tl.arange(0, P)
+        C = nh * P  # one of q, k, v, in pairs
+        width = 3 * C
+        head_ok = (h < nh)[None, :, None] & (d < P)[None, None, :]
+        col = h[None, :, None] * P + d[None, None, :]
+        q_at = dq_ptr.to(tl.pointer_type(tl.int32)) + h[None, :, None] * sq_h + d[None, None, :]
+        k_at = dk_ptr.to(tl.pointer_type(tl.int32)) + h[None, :, None] * sk_h + d[None, None, :]
+        v_at = dv_ptr.to(tl.pointer_type(tl.int32)) + h[None, :, None] * sv_h + d[None, None, :]
+        out32 = out_ptr.to(tl.pointer_type(tl.int32))
+        out16 = out8_ptr.to(tl.pointer_type(tl.uint16))
+        tok = i * STEPS * BLOCK_T + tl.arange(0, BLOCK_T)
+        q, k, v = _load_tokens(q_at, k_at, v_at, tok, T, sq_b, sq_t, sk_b, sk_t, sv_b, sv_t,
+                               (tok < n_tokens)[:, None, None] & head_ok)
+        sum_ql = tl.zeros([BLOCK_T, NH, P], tl.float32)
+        sum_qh = tl.zeros([BLOCK_T, NH, P], tl.float32)
+        sum_kl = tl.zeros([BLOCK_T, NH, P], tl.float32)
+        sum_kh = tl.zeros([BLOCK_T, NH, P], tl.float32)
+        sum_vl = tl.zeros([BLOCK_T, NH, P], tl.float32)
+        sum_vh = tl.zeros([BLOCK_T, NH, P], tl.float32)
+        for step in tl.range(0, STEPS):
+            nxt = tok + BLOCK_T
+            more = (nxt < n_tokens) & (step + 1 < STEPS)
+            nq, nk, nv = _load_tokens(q_at, k_at, v_at, nxt, T, sq_b, sq_t, sk_b, sk_t, sv_b, sv_t,
+                                      more[:, None, None] & head_ok)
+            t_ok = tok < n_tokens
+            mask = t_ok[:, None, None] & head_ok
+            at = tok.to(tl.int64)[:, None, None] * width + col
+            tl.store(out32 + at, q, mask=mask)
+            tl.store(out32 + at + C, k, mask=mask)
+            tl.store(out32 + at + 2 * C, v, mask=mask)
+            ql, qh = _bf16_pairs(q)
+            kl, kh = _bf16_pairs(k)
+            vl, vh = _bf16_pairs(v)
+            big = tl.maximum(tl.maximum(tl.maximum(tl.abs(ql), tl.abs(qh)), tl.maximum(tl.abs(kl), tl.abs(kh))),
+                             tl.maximum(tl.abs(vl), tl.abs(vh)))
+            scale = tl.maximum(tl.max(tl.max(big, 2), 1), 1e-12) * INV_Q_MAX
+            s3 = scale[:, None, None]
+            tl.store(out16 + at, _fp8_pairs(ql, qh, s3), mask=mask)
+            tl.store(out16 + at + C, _fp8_pairs(kl, kh, s3), mask=mask)
+            tl.store(out16 + at + 2 * C, _fp8_pairs(vl, vh, s3), mask=mask)
+            tl.store(scale_ptr + tok, scale, mask=t_ok)
+            sum_ql += ql
+            sum_qh += qh
+            sum_kl += kl
+            sum_kh += kh
+            sum_vl += vl
+            sum_vh += vh
+            q, k, v, tok = nq, nk, nv, nxt
+        part = part_ptr + i.to(tl.int64) * 2 * width + 2 * col  # fp32 columns: a pair's two at 2 * col and one after
+        tl.store(part, tl.sum(sum_ql, 0)[None, :, :], mask=head_ok)
+        tl.store(part + 1, tl.sum(sum_qh, 0)[None, :, :], mask=head_ok)
+        tl.store(part + 2 * C, tl.sum(sum_kl, 0)[None, :, :], mask=head_ok)
+        tl.store(part + 2 * C + 1, tl.sum(sum_kh, 0)[None, :, :], mask=head_ok)
+        tl.store(part + 4 * C, tl.sum(sum_vl, 0)[None, :, :], mask=head_ok)
+        tl.store(part + 4 * C + 1, tl.sum(sum_vh, 0)[None, :, :], mask=head_ok)
+
+    def programs8(n_tokens: int, tile=None) -> int:
+        """How many programs the float8 kernel runs over `n_tokens` (B * T) tokens: rows of its partial sums."""
         bt, steps, _ = tile or TILE8
-        return triton.cdiv(T, bt * steps)
+        return triton.cdiv(n_tokens, bt * steps)
 
-    def launch8(dq, dk, dv, out, out8, scale, part, tile=None) -> None:
+    def launch8(dq, dk, dv, out, out8, scale, part, tile=None, pairs_ok=None) -> None:
         """c_attn's output gradient into `out` (B*T, 3C), its float8 copy into `out8` (the same shape; an fp32 one
         takes the values before their rounding) and its row scales into `scale` (B*T,), and each program's column
-        sums into `part` (B * programs8(T), 3C) fp32; from (B, nh, T, hs) gradients with a unit last stride."""
+        sums into `part` (programs8(B * T), 3C) fp32; from (B, nh, T, hs) gradients with a unit last stride.
+        `pairs_ok`: the int32-pair kernel or not (None: where `pairs` says it can)."""
         B, nh, T, hs = dq.shape
         bt, steps, warps = tile or TILE8
         strides = [s for g in (dq, dk, dv) for s in g.stride()[:3]]
-        _qkv_grad8_kernel[(programs8(T, tile), B)](
-            dq, dk, dv, out, out8, scale, part, T, nh, *strides, INV_Q_MAX=1.0 / E4M3_MAX, HS=hs,
+        grid = (programs8(B * T, tile),)
+        if pairs(dq, dk, dv, out8) if pairs_ok is None else pairs_ok:
+            _qkv_grad8_pairs_kernel[grid](
+                dq, dk, dv, out, out8, scale, part, B * T, T, nh, *(s // 2 for s in strides),
+                INV_Q_MAX=1.0 / E4M3_MAX, P=hs // 2, NH=triton.next_power_of_2(nh), BLOCK_T=bt, STEPS=steps,
+                num_warps=warps)
+            return
+        _qkv_grad8_kernel[grid](
+            dq, dk, dv, out, out8, scale, part, B * T, T, nh, *strides, INV_Q_MAX=1.0 / E4M3_MAX, HS=hs,
             NH=triton.next_power_of_2(nh), BLOCK_T=bt, STEPS=steps, num_warps=warps)
+
+    def pairs(dq, dk, dv, out8) -> bool:
+        """Whether the kernel reading int32 pairs takes these tensors: PAIRS on, bf16 gradients with even strides, an
+        e4m3 copy."""
+        return (PAIRS and out8.dtype == E4M3 and all(g.dtype == torch.bfloat16 for g in (dq, dk, dv))
+                and all(s % 2 == 0 for g in (dq, dk, dv) for s in g.stride()[:3]))
 
     @torch.library.custom_op("gpt2ladder::qkv_grad8", mutates_args=())
     def qkv_grad8_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
@@ -203,7 +310,7 @@ if triton is not None:
         out = torch.empty((B, T, 3 * nh * hs), device=dq.device, dtype=dq.dtype)
         out8 = torch.empty((B * T, 3 * nh * hs), device=dq.device, dtype=E4M3)
         scale = torch.empty((B * T,), device=dq.device, dtype=torch.float32)
-        part = torch.empty((B * programs8(T), 3 * nh * hs), device=dq.device, dtype=torch.float32)
+        part = torch.empty((programs8(B * T), 3 * nh * hs), device=dq.device, dtype=torch.float32)
         launch8(dq, dk, dv, out.view(B * T, -1), out8, scale, part)
         return out, out8, scale, part.sum(0).to(bias_dtype)
 
