@@ -1,9 +1,9 @@
 """Every Triton kernel of the package compiles for the GPUs it targets, here on a machine without one.
 
 The CPU interpreter (tests/kernels/test_loss_kernel.py, test_gelu_kernel.py, test_qkv_kernel.py,
-test_adamw_kernel.py) checks what the kernels compute, but it runs them as Python and accepts code the compiler
-rejects (a kernel reading a plain module global, for one). Compiling to a cubin for sm_80 and sm_90 needs only the
-triton package.
+test_adamw_kernel.py, test_weight8_kernel.py) checks what the kernels compute, but it runs them as Python and accepts
+code the compiler rejects (a kernel reading a plain module global, for one). Compiling to a cubin for sm_80 and sm_90
+needs only the triton package.
 """
 
 import importlib.util
@@ -56,6 +56,17 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
         {"dq_ptr": "*bf16", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "out_ptr": "*bf16", "dbias_ptr": "*fp32", "T": "i32",
          "nh": "i32", **{f"s{g}_{d}": "i32" for g in "qkv" for d in "bht"}, "HS": C, "BLOCK_T": C, "ROW_TILES": C},
         {"HS": 64, "BLOCK_T": 64, "ROW_TILES": 4}),
+    **{f"kernels.qkv.{kernel}": (
+        {"dq_ptr": "*bf16", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
+         "scale_ptr": "*fp32", "part_ptr": "*fp32", "n_tokens": "i32", "T": "i32", "nh": "i32",
+         **{f"s{g}_{d}": "i32" for g in "qkv" for d in "bht"}, "INV_Q_MAX": C, size: C, "NH": C, "BLOCK_T": C,
+         "STEPS": C},
+        {"INV_Q_MAX": 1 / 448, size: 64 if size == "HS" else 32, "NH": 16, "BLOCK_T": 1, "STEPS": 16})
+        for kernel, size in (("_qkv_grad8_kernel", "HS"), ("_qkv_grad8_pairs_kernel", "P"))},
+    "kernels.weight8._weight8_kernel": (  # a row-major weight: Triton's launcher makes a unit stride a constant
+        {"w_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
+         "stride_r": "i32", "stride_c": C, "INV_Q_MAX": C, "BLOCK_C": C, "BLOCK_R": C, "STEPS": C},
+        {"stride_c": 1, "INV_Q_MAX": 1 / 448, "BLOCK_C": 16, "BLOCK_R": 64, "STEPS": 36}),
     **{f"kernels.adamw._adamw_kernel#{variant}": (
         {"work_ptr": "*i64", "tensors_ptr": "*i64", "groups_ptr": "*fp64", "tickets_ptr": "*i32", "scale_ptr": "*fp32",
          "inf_ptr": "*fp32", "HAS_SCALE": C, "HAS_INF": C, "ALIGNED": C, "CASTS": C, "BLOCK": C, "ITERS": C},

@@ -17,7 +17,8 @@ representable) upcast inputs stands in, which is the same number up to summation
 The `fp8_dgrad` rung (`use_fp8_dgrad`) marks some of these Linears to form their input gradient in float8: the
 output gradient cast to e4m3 with one scale per row (a token's gradient), the weight with one per input feature,
 multiplied by `torch._scaled_mm` with fast accumulation, as the float8 forward products are
-(`speedups/fp8_forward.py`). Its weight and bias gradients stay as above.
+(`speedups/fp8_forward.py`). Its weight and bias gradients stay as above. With `WEIGHT_CAST_KERNEL` the weight's cast
+is one Triton kernel (`kernels/weight8.py`) instead of compile's two; the same bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt2ladder.kernels import weight8 as weight8_kernel
 from gpt2ladder.kernels.norm import rows_to_fp8
 from gpt2ladder.speedups.common import (
     compute_dtype,
@@ -37,6 +39,10 @@ from gpt2ladder.speedups.common import (
 
 # The Linears (by name within a Block) whose input gradient `fp8_dgrad` forms in float8.
 DGRAD_LINEARS = ("attn.c_attn", "mlp.c_proj")
+# Whether fp8_input_grad casts the weight by one Triton kernel (`kernels/weight8.py`: the column amax and the
+# transposed float8 copy in one launch, where compile made two per Linear, 48 launches and 0.166 ms a step for GPT-2
+# 124M on an H200) instead of `rows_to_fp8`'s expression; the same bytes. Off until the step is timed with it.
+WEIGHT_CAST_KERNEL = False
 
 
 def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +76,10 @@ def fp8_input_grad(g8: torch.Tensor, gs: torch.Tensor, wc: torch.Tensor, out_dty
     """input_grad's float8 product from the output gradient's float8 copy g8 (N, out), row-major, and its row scales
     gs: the weight cast with one scale per input feature, its transpose (in, out) contiguous; (N, in) in
     `out_dtype`."""
-    wt8, ws = rows_to_fp8(wc.t())
+    if WEIGHT_CAST_KERNEL:
+        wt8, ws = weight8_kernel.weight8(wc)
+    else:
+        wt8, ws = rows_to_fp8(wc.t())
     return scaled_matmul(g8, gs, wt8.contiguous(), ws, None, out_dtype)
 
 
