@@ -51,20 +51,23 @@ if triton is not None:
                         BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, STEPS: tl.constexpr):
         # Grid: (column blocks of w,). Program j takes columns [j * BLOCK_C, ...) of w (n_rows, n_cols), i.e. rows
         # of the (n_cols, n_rows) output, BLOCK_R rows of w a step, STEPS steps twice over (a constant number of
-        # steps, as Triton's CPU interpreter needs: a weight has few shapes, each compiled once).
+        # steps, unrolled, so that the loads of several steps can be in flight at once: a weight has few shapes, each
+        # compiled once). The first pass keeps an elementwise running maximum and reduces it across rows once, at
+        # the end, so that no step waits on a reduction across the program's threads.
         cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
         col_ok = cols < n_cols
         col_at = w_ptr + cols.to(tl.int64)[None, :] * stride_c
-        amax = tl.zeros([BLOCK_C], tl.float32)
-        for i in tl.range(0, STEPS):
+        big = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+        for i in tl.static_range(STEPS):
             rows = i * BLOCK_R + tl.arange(0, BLOCK_R)
             mask = (rows < n_rows)[:, None] & col_ok[None, :]
             w = tl.load(col_at + rows.to(tl.int64)[:, None] * stride_r, mask=mask, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.abs(w), 0))
+            big = tl.maximum(big, tl.abs(w))
+        amax = tl.max(big, 0)
         scale = tl.maximum(amax, 1e-12) * INV_Q_MAX  # CUDA's tensor / scalar: times the reciprocal
         tl.store(scale_ptr + cols, scale, mask=col_ok)
         out_at = out_ptr + cols.to(tl.int64)[:, None] * n_rows
-        for i in tl.range(0, STEPS):
+        for i in tl.static_range(STEPS):
             rows = i * BLOCK_R + tl.arange(0, BLOCK_R)
             mask = (rows < n_rows)[:, None] & col_ok[None, :]
             w = tl.load(col_at + rows.to(tl.int64)[:, None] * stride_r, mask=mask, other=0.0).to(tl.float32)
