@@ -1,12 +1,7 @@
 """Tile shapes for the loss kernels (src/gpt2ladder/kernels/loss.py) at GPT-2's B=16 x 1024 on one GPU:
 times each statistics-pass and gradient-pass configuration with triton.testing.do_bench, checks its
-outputs against the PyTorch expressions, and prints the bandwidth each reaches. With --rows: both passes in one kernel
-(`_loss_rows_kernel`, a program's rows read twice, the second time from L2) at several tiles against the two kernels
-at the committed tiles, the float8 gradient row-major (the transpose after it is the same either way), and whether
-its bytes equal theirs.
-Run on a GPU: python benchmarks/micro/loss_kernel.py [--rows]"""
-
-import sys
+outputs against the PyTorch expressions, and prints the bandwidth each reaches.
+Run on a GPU: python benchmarks/micro/loss_kernel.py"""
 
 import torch
 import triton
@@ -27,36 +22,6 @@ gt = torch.empty(V, N, device="cuda", dtype=E5M2)
 logit_bytes = N * V * 2
 print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
 
-
-
-def rows_sweep():
-    two = lambda: lk.launch(logits, targets, REAL, GRAD_SCALE, lse, loss, g, None, rows=False)  # noqa: E731
-    two()
-    ref_g, ref_loss = g.clone(), loss.clone()
-    ms = triton.testing.do_bench(two, warmup=20, rep=100)
-    moved = logit_bytes * 3 // 2  # the logits read once, the float8 gradient written once
-    print(f"two kernels (statistics {lk.STATS}, gradient {lk.GRAD}): {ms:.3f} ms "
-          f"({moved / ms / 1e6:.0f} GB/s for the bytes one pass moves)")
-    print("one kernel (rows per program, statistics step, gradient step, warps): ms, GB/s, bytes and losses equal")
-    best = []
-    for tile in dict.fromkeys([lk.ROWS_TILE, (1, 2048, 2048, 2), (1, 2048, 1024, 2), (1, 2048, 4096, 4),
-                               (1, 4096, 4096, 4), (1, 2048, 2048, 4), (1, 1024, 1024, 1), (1, 1024, 2048, 2),
-                               (1, 4096, 2048, 4), (2, 2048, 2048, 4), (1, 8192, 8192, 8), (1, 2048, 8192, 8)]):
-        rm, rv, rg, rw = tile
-        run = lambda: lk._loss_rows_kernel[(triton.cdiv(N, rm),)](  # noqa: E731
-            logits, targets, lse, loss, g, N, V, vocab_size=REAL, scale=GRAD_SCALE, BLOCK_M=rm, BLOCK_V=rv,
-            BLOCK_G=rg, WIDE=False, num_warps=rw)
-        g.zero_()
-        ms = timed(run)
-        if ms is None:
-            continue
-        same = torch.equal(g.view(torch.uint8), ref_g.view(torch.uint8)) and torch.equal(loss, ref_loss)
-        print(tile, f"{ms:.3f} ms", f"{moved / ms / 1e6:.0f} GB/s", same)
-        if same:
-            best.append((ms, tile))
-    print("fastest one kernel:", min(best))
-
-
 STATS_CONFIGS = [(4, 1024, 4, 1), (1, 2048, 4, 1), (1, 4096, 4, 1), (1, 4096, 8, 1), (1, 8192, 8, 1), (2, 2048, 4, 1),
                  (1, 1024, 2, 1), (1, 2048, 2, 1), (1, 4096, 2, 1), (2, 1024, 2, 1), (1, 4096, 4, 2), (1, 4096, 4, 3),
                  (1, 2048, 4, 3), (2, 2048, 4, 3), (1, 1024, 1, 1)]
@@ -73,9 +38,6 @@ def timed(run):
         return None
 
 
-if "--rows" in sys.argv:
-    rows_sweep()
-    sys.exit()
 print("\nstatistics pass (rows, cols, warps, stages): ms, GB/s, max |lse - ref|")
 best = []
 for sm, sv, sw, ss in STATS_CONFIGS:

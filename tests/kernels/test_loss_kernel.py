@@ -17,15 +17,13 @@ import json, sys, torch
 from gpt2ladder.kernels import loss as lk
 from gpt2ladder.speedups.fused_loss import _lse_and_loss, _logit_grad
 out = []
-for n, v, real, transposed, split, rows in json.loads(sys.argv[1]):
+for n, v, real, transposed, split in json.loads(sys.argv[1]):
     gen = torch.Generator().manual_seed(n * 1000 + v)
     logits = (torch.randn(n, v, generator=gen) * 4).to(torch.bfloat16)
     targets = torch.randint(0, real, (n,), generator=gen)
     lse, loss = torch.full((n,), 7.0), torch.full((n,), 7.0)
     g, gt = torch.full((n, v), 7.0), torch.full((v, n), 7.0)
-    if rows:  # both passes in one kernel, at small steps so that a row takes several of each
-        lk.ROWS_TILE = tuple(rows)
-    lk.launch(logits, targets, real, 0.25, lse, loss, g, gt if transposed else None, split=split, rows=bool(rows))
+    lk.launch(logits, targets, real, 0.25, lse, loss, g, gt if transposed else None, split=split)
     ref_lse, ref_loss = _lse_and_loss(logits, targets, real)
     ref_g = _logit_grad(logits, ref_lse, targets[:, None], real, 0.25, torch.float32)
     out.append({
@@ -40,21 +38,18 @@ for n, v, real, transposed, split, rows in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 
-CASES = [  # rows, columns, real vocabulary, transposed copy, made by the transpose kernel (else by the gradient's),
-    # both passes in one kernel at this tile (rows per program, statistics step, gradient step, warps) or not
-    (70, 300, 290, True, True, None),  # rows not a multiple of any tile, columns not of 128, 10 padded columns
-    (70, 300, 290, True, False, None),
-    (64, 256, 256, False, True, None),  # exact tiles, no padding, no transposed copy
-    (7, 1100, 1030, True, True, None),  # fewer rows than one tile; more than one step of the statistics pass
-    (300, 200, 190, True, True, None),  # more rows than one transpose tile (128), columns fewer than one
-    (70, 300, 290, True, True, (1, 64, 128, 2)),  # one kernel: a row in 5 statistics and 3 gradient steps
-    (70, 300, 290, False, True, (4, 128, 64, 2)),  # 4 rows a program, the last part empty; no transposed copy
+CASES = [  # rows, columns, real vocabulary, transposed copy, made by the transpose kernel (else by the gradient's)
+    (70, 300, 290, True, True),  # rows not a multiple of any tile, columns not of 128, 10 padded columns
+    (70, 300, 290, True, False),
+    (64, 256, 256, False, True),  # exact tiles, no padding, no transposed copy
+    (7, 1100, 1030, True, True),  # fewer rows than one tile; more than one step of the statistics pass
+    (300, 200, 190, True, True),  # more rows than one transpose tile (128), columns fewer than one
 ]
 
 
 def test_kernels_match_the_pytorch_expressions(triton_interpret):
     results = triton_interpret(SCRIPT, CASES)
-    for (n, v, real, transposed, _, _), r in zip(CASES, results):
+    for (n, v, real, transposed, _), r in zip(CASES, results):
         assert r["lse"] < 1e-5 and r["loss"] < 1e-5, (n, v, r)
         assert r["g"] < 1e-6, (n, v, r)  # fp32 out: the same numbers up to exp's rounding
         assert r["padded"] == 0.0 and r["target_negative"], (n, v, r)

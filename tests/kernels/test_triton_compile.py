@@ -24,11 +24,6 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
          "BLOCK_V": C, "ROWS_FAST": C, "WIDE": C},
         {"WRITE_T": write_t, "BLOCK_M": bm, "BLOCK_V": bv, "ROWS_FAST": True, "WIDE": False})
         for variant, write_t, bm, bv in (("both-layouts", True, 32, 64), ("row-major", False, 4, 512))},
-    "kernels.loss._loss_rows_kernel": (
-        {"logits_ptr": "*bf16", "targets_ptr": "*i64", "lse_ptr": "*fp32", "loss_ptr": "*fp32", "g_ptr": "*fp8e5",
-         "n_rows": "i32", "n_cols": C, "vocab_size": C, "scale": "fp32", "BLOCK_M": C, "BLOCK_V": C, "BLOCK_G": C,
-         "WIDE": C},
-        {"n_cols": 50304, "vocab_size": 50257, "BLOCK_M": 1, "BLOCK_V": 2048, "BLOCK_G": 2048, "WIDE": False}),
     **{f"kernels.loss._transpose_kernel#{'wide' if wide else 'narrow'}": (
         {"src_ptr": "*fp8e5", "dst_ptr": "*fp8e5", "n_rows": "i32", "n_cols": "i32", "BLOCK_R": C, "BLOCK_C": C,
          "WIDE": C},

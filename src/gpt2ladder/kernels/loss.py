@@ -50,10 +50,6 @@ STATS = (1, 2048, 2, 1)
 GRAD = (4, 512, 4, True)
 GRAD_BOTH = (32, 64, 4, True)
 TRANSPOSE = (128, 128, 8)
-# Both passes in one kernel (`_loss_rows_kernel`): (rows per program, columns per statistics step, columns per
-# gradient step, warps). Not yet timed on a GPU.
-ROWS = False
-ROWS_TILE = (1, 2048, 2048, 2)
 
 
 def available(logits: torch.Tensor) -> bool:
@@ -114,43 +110,6 @@ if triton is not None:
             tl.store(gt_ptr + offs_t, tl.trans(g), mask=col_ok[:, None] & row_ok[None, :])
 
     @triton.jit
-    def _loss_rows_kernel(logits_ptr, targets_ptr, lse_ptr, loss_ptr, g_ptr, n_rows, n_cols: tl.constexpr,
-                          vocab_size: tl.constexpr, scale, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-                          BLOCK_G: tl.constexpr, WIDE: tl.constexpr):
-        # Both passes for BLOCK_M rows: the statistics as _loss_stats_kernel computes them, then the gradient as
-        # _loss_grad_kernel does (row-major only), reading the rows again right after the first pass read them, so
-        # that the second read comes from L2 instead of memory: a row is 100 KB at GPT-2's vocabulary, and the
-        # rows in flight on the whole GPU at once are a few tens of MB. (The width is a constant, as loop bounds
-        # are for Triton's CPU interpreter: a model has one.)
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < n_rows
-        row_off = rows.to(tl.int64) * n_cols if WIDE else rows * n_cols
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        s = tl.zeros([BLOCK_M], tl.float32)
-        for v0 in range(0, vocab_size, BLOCK_V):
-            cols = v0 + tl.arange(0, BLOCK_V)
-            mask = row_ok[:, None] & (cols[None, :] < vocab_size)
-            x = tl.load(logits_ptr + row_off[:, None] + cols[None, :], mask=mask, other=float("-inf"))
-            x = x.to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, 1))
-            m_new = tl.where(row_ok, m_new, 0.0)
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), 1)
-            m = m_new
-        lse = m + tl.log(s)
-        target = tl.load(targets_ptr + rows, mask=row_ok, other=0)
-        x_target = tl.load(logits_ptr + row_off + target, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(lse_ptr + rows, lse, mask=row_ok)
-        tl.store(loss_ptr + rows, lse - x_target, mask=row_ok)
-        for v0 in range(0, n_cols, BLOCK_G):
-            cols = v0 + tl.arange(0, BLOCK_G)
-            mask = row_ok[:, None] & (cols < n_cols)[None, :]
-            offs = row_off[:, None] + cols[None, :]
-            x = tl.load(logits_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            p = tl.where(cols[None, :] < vocab_size, tl.exp(x - lse[:, None]), 0.0)
-            g = (p - tl.where(cols[None, :] == target[:, None], 1.0, 0.0)) * scale
-            tl.store(g_ptr + offs, g.to(g_ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
     def _transpose_kernel(src_ptr, dst_ptr, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                           WIDE: tl.constexpr):
         # dst (n_cols, n_rows) = src (n_rows, n_cols) transposed, one (BLOCK_R x BLOCK_C) tile per program
@@ -163,12 +122,8 @@ if triton is not None:
         tl.store(dst_ptr + cols[:, None] * n_rows + rows[None, :], tl.trans(tile), mask=tl.trans(mask))
 
     def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None,
-               split: bool = True, rows=None) -> None:
+               split: bool = True) -> None:
         """Run the kernels into preallocated outputs (g_t=None: no transposed copy).
-
-        `rows`: both passes in one kernel, a program's rows read twice (`_loss_rows_kernel`, at ROWS_TILE); None
-        for the module's choice (ROWS); where the gradient kernel writes the transposed copy itself (`split=False`)
-        the two kernels run.
 
         `stats` = (rows, columns, warps, stages) and `grad` = (rows, columns, warps, rows_fast) override
         the tile shapes (benchmarks/micro/loss_kernel.py compares them); `split=False` has the gradient kernel
@@ -176,16 +131,6 @@ if triton is not None:
         """
         n, v = logits.shape
         wide = logits.numel() >= 2**31
-        if (ROWS if rows is None else rows) and (g_t is None or split):
-            rm, rv, rg, rw = ROWS_TILE
-            _loss_rows_kernel[(triton.cdiv(n, rm),)](
-                logits, targets, lse, loss, g, n, v, vocab_size=vocab_size, scale=scale, BLOCK_M=rm, BLOCK_V=rv,
-                BLOCK_G=rg, WIDE=wide, num_warps=rw)
-            if g_t is not None:
-                tr, tc, tw = TRANSPOSE
-                _transpose_kernel[(triton.cdiv(n, tr), triton.cdiv(v, tc))](g, g_t, n, v, BLOCK_R=tr, BLOCK_C=tc,
-                                                                            WIDE=wide, num_warps=tw)
-            return
         sm, sv, sw, ss = stats or STATS
         _loss_stats_kernel[(triton.cdiv(n, sm),)](
             logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, WIDE=wide,
