@@ -23,8 +23,10 @@ scalar, then an IEEE division of each value by its row's scale), which compile m
 assembled gradient again. A program takes whole rows: BLOCK_T tokens at a time, all
 three gradients' heads at once (the heads padded to a power of two), so a row's scale is known before its float8
 values are written. Its column sums go to one row of partial sums per program, summed after in a fixed order
-(no atomics: this bias gradient is reproducible). Measured, it is slower than the compiled passes it would replace,
-and the step does not call it (speedups/qkv_grad.py, `FLOAT8_COPY`).
+(no atomics: this bias gradient is reproducible). Each step loads the next step's tokens before it works on its
+own, and the column sums stay per token in registers until the program ends. `_qkv_grad8_pairs_kernel` is the same
+for bf16 gradients, read and written as int32 pairs. Measured, both are slower than the compiled passes they would
+replace, and the step does not call them (speedups/qkv_grad.py, `FLOAT8_COPY`).
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ except ImportError:  # CPU-only installs: the reference expressions run instead
 # their neighbours, about 0.054 ms a layer).
 TILE = (128, 2, 4)
 # (tokens per step, steps per program, warps) of the kernel with the float8 copy. On the H200 at GPT-2's shape
-# (benchmarks/micro/qkv_grad.py --fp8): 0.140 ms at 1 x 32, 4 warps, 0.197-0.331 ms at the nine others tried (4 x 8,
-# 8 warps, the tile the step was timed with: 0.267), where the step's compiled passes take about 0.084 ms a layer;
-# too slow to use (speedups/qkv_grad.py, FLOAT8_COPY).
-TILE8 = (1, 32, 4)
-# The float8 kernel reads and writes bf16 gradients as int32 pairs where it can (`pairs`).
+# (benchmarks/micro/qkv_grad.py --fp8), loading each step's next token ahead: 0.105 ms at 1 x 32, 8 warps, reading
+# int32 pairs (1.8 TB/s), 0.106-0.273 ms at the 27 other tiles and variants, where the step's compiled passes take
+# about 0.084 ms a layer; in the step 0.33 ms slower than them (speedups/qkv_grad.py, FLOAT8_COPY, off).
+TILE8 = (1, 32, 8)
+# The float8 kernel reads and writes bf16 gradients as int32 pairs where it can (`pairs`): at one token a step and 8
+# warps 0.105-0.110 ms against 0.129-0.155 without.
 PAIRS = True
 
 

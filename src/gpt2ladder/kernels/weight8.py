@@ -31,10 +31,11 @@ try:
 except ImportError:  # CPU-only installs: the reference expression runs instead
     triton = None
 
-# (columns of w per program, rows per step, warps). Not yet timed on a GPU: benchmarks/micro/weight_cast8.py sweeps
-# the tiles at GPT-2's shapes. 16 columns give 48 programs at c_attn's weight (in = 768), 192 at the MLP's c_proj
-# (in = 3072); each step reads 16 x 64 bf16 values, 32 bytes of each row.
-TILE = (16, 64, 4)
+# (columns of w per program, rows per step, warps). On the H200 at c_attn's weight (2304 x 768), each call alone
+# from a cold L2 (benchmarks/micro/weight_cast8.py): 0.0156 ms at this tile, 0.016-0.089 ms at the 8 others it
+# reached, against 0.0267 ms for compile's two kernels; the sweep stopped there (each tile, its row steps unrolled,
+# takes about 10 s to compile), so the MLP c_proj's weight was not timed, nor was the step with the kernel.
+TILE = (16, 256, 8)
 
 
 def weight8_reference(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

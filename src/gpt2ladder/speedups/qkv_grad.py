@@ -11,7 +11,8 @@ one function, `QkvProduct8`, whose backward takes the three gradients to the ker
 copy of c_attn's output gradient and its row scales (`kernels/qkv.py`), then forms c_attn's input gradient from
 that copy and its weight gradient from the bf16 one: the bytes fp8_dgrad's own backward multiplies, made in the
 pass that assembles them instead of a second pass over the assembled gradient. That path is off (`FLOAT8_COPY`):
-its kernel ran at 0.57-1.35 TB/s alone, and the step was 1.9 ms slower with it on an H200 (docs/experiments.md).
+its kernel reached 1.8 TB/s alone at its best, and the step was 0.33 ms slower with it on an H200
+(docs/experiments.md).
 """
 
 from __future__ import annotations
