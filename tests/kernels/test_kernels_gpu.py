@@ -201,9 +201,8 @@ def test_qkv_grad_kernel_assembles_what_sdpa_returns_at_gpt2_size():
 
 @needs_cuda
 @needs_triton
-# the default tile; two tokens a step; a part-full last program, through the kernel reading int32 pairs or not
-@pytest.mark.parametrize("tile, pairs", [(None, True), ((2, 8, 8), True), ((1, 24, 8), True), ((1, 24, 8), False)])
-def test_qkv_grad_float8_kernel_writes_rows_to_fp8s_bytes_at_gpt2_size(monkeypatch, tile, pairs):
+@pytest.mark.parametrize("tile", [None, (2, 8, 8), (1, 24, 8)])  # default; 2 tokens a step; a part-full last program
+def test_qkv_grad_float8_kernel_writes_rows_to_fp8s_bytes_at_gpt2_size(monkeypatch, tile):
     """The float8 kernel on SDPA's own q, k, v gradients: the assembled gradient as the plain kernel's; its row scales
     and float8 copy byte for byte those of `rows_to_fp8` on the GPU (the amax times float32(1 / 448), as CUDA divides
     a tensor by a scalar; each value's IEEE division by its scale; round to nearest even); the bias gradient from the
@@ -223,7 +222,6 @@ def test_qkv_grad_float8_kernel_writes_rows_to_fp8s_bytes_at_gpt2_size(monkeypat
     y.backward(gy.to(GPU, torch.bfloat16))
     if tile is not None:
         monkeypatch.setattr(qk, "TILE8", tile)
-    monkeypatch.setattr(qk, "PAIRS", pairs)
     out, g8, scale, dbias = qkv_grad8(q.grad, k.grad, v.grad, torch.float32)
     ref, ref_db = qkv_grad_reference(q.grad, k.grad, v.grad, torch.float32)
     ref8, ref_scale = rows_to_fp8(ref.view(-1, 2304))

@@ -103,49 +103,6 @@ def test_float8_kernel_matches_the_pytorch_expressions(triton_interpret):
         assert r["db"] < 1e-5 * max(1.0, r["db_scale"]), (case, r)
 
 
-SCRIPT8_PAIRS = r"""
-import json, sys, torch
-from gpt2ladder.kernels import qkv as qk
-out = []
-for B, nh, T, hs, bt, steps in json.loads(sys.argv[1]):
-    gen = torch.Generator().manual_seed(B * 1000 + T)
-    grads = [torch.randn(B, nh, T, hs, generator=gen).bfloat16() for _ in range(3)]
-    grads[2] = grads[2] * 100.0  # v's rows set the scale
-    tile, width = (bt, steps, 4), 3 * nh * hs
-    runs = []
-    for pairs in (True, False):
-        out_t = torch.full((B * T, width), 7.0, dtype=torch.bfloat16)
-        out8 = torch.zeros((B * T, width), dtype=torch.float8_e4m3fn)
-        scale = torch.full((B * T,), 7.0)
-        part = torch.full((qk.programs8(B * T, tile), width), 7.0)
-        qk.launch8(*grads, out_t, out8, scale, part, tile=tile, pairs_ok=pairs)
-        runs.append((out_t, out8.view(torch.uint8), scale, part.sum(0)))
-    ref, ref_db = qk.qkv_grad_reference(*grads, torch.float32)
-    ref = ref.reshape(B * T, -1)
-    ref_scale = ref.float().abs().amax(1).clamp(min=1e-12) * torch.tensor(1 / 448, dtype=torch.float32)
-    (o, o8, s, db), (_, plain8, _, _) = runs
-    out.append({"out": torch.equal(o, ref), "scale": torch.equal(s, ref_scale), "bytes": torch.equal(o8, plain8),
-                "db": (db - ref_db).abs().max().item(), "db_scale": ref_db.abs().max().item()})
-print(json.dumps(out))
-"""
-
-CASES8_PAIRS = [  # B, heads, T, head size, tokens per step, steps per program
-    (2, 3, 70, 16, 4, 4),  # 3 heads padded to 4; programs that cross from one sequence into the next
-    (2, 2, 9, 32, 1, 4),  # one token a step; the last program part empty
-]
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
-def test_float8_kernel_on_int32_pairs_writes_what_the_plain_one_writes(triton_interpret):
-    """The float8 kernel reading bf16 gradients as int32 pairs: the assembled gradient copied bit for bit, the row
-    scales as on a GPU, the bias gradient from its partial sums, and float8 bytes equal to the plain kernel's (the
-    interpreter rounds to float8 its own way, so the bytes are compared kernel against kernel here and against
-    PyTorch's on a GPU, tests/kernels/test_kernels_gpu.py)."""
-    for case, r in zip(CASES8_PAIRS, triton_interpret(SCRIPT8_PAIRS, CASES8_PAIRS)):
-        assert r["out"] and r["scale"] and r["bytes"], (case, r)
-        assert r["db"] < 1e-5 * max(1.0, r["db_scale"]), (case, r)
-
-
 def test_float8_reference_is_the_assembled_gradient_and_its_rows_in_float8():
     from gpt2ladder.kernels.norm import rows_to_fp8
 

@@ -24,9 +24,8 @@ assembled gradient again. A program takes whole rows: BLOCK_T tokens at a time, 
 three gradients' heads at once (the heads padded to a power of two), so a row's scale is known before its float8
 values are written. Its column sums go to one row of partial sums per program, summed after in a fixed order
 (no atomics: this bias gradient is reproducible). Each step loads the next step's tokens before it works on its
-own, and the column sums stay per token in registers until the program ends. `_qkv_grad8_pairs_kernel` is the same
-for bf16 gradients, read and written as int32 pairs. Measured, both are slower than the compiled passes they would
-replace, and the step does not call them (speedups/qkv_grad.py, `FLOAT8_COPY`).
+own, and the column sums stay per token in registers until the program ends. Measured, it is slower than the
+compiled passes it would replace, and the step does not call it (speedups/qkv_grad.py, `FLOAT8_COPY`).
 """
 
 from __future__ import annotations
@@ -47,13 +46,11 @@ except ImportError:  # CPU-only installs: the reference expressions run instead
 # their neighbours, about 0.054 ms a layer).
 TILE = (128, 2, 4)
 # (tokens per step, steps per program, warps) of the kernel with the float8 copy. On the H200 at GPT-2's shape
-# (benchmarks/micro/qkv_grad.py --fp8), loading each step's next token ahead: 0.105 ms at 1 x 32, 8 warps, reading
-# int32 pairs (1.8 TB/s), 0.106-0.273 ms at the 27 other tiles and variants, where the step's compiled passes take
-# about 0.084 ms a layer; in the step 0.33 ms slower than them (speedups/qkv_grad.py, FLOAT8_COPY, off).
-TILE8 = (1, 32, 8)
-# The float8 kernel reads and writes bf16 gradients as int32 pairs where it can (`pairs`): at one token a step and 8
-# warps 0.105-0.110 ms against 0.129-0.155 without.
-PAIRS = True
+# (benchmarks/micro/qkv_grad.py --fp8), loading each step's next token ahead: 0.127 ms at 1 x 16, 16 warps,
+# 0.128-0.268 ms at the 13 other tiles, where the step's compiled passes take about 0.084 ms a layer. A variant that
+# read the bf16 gradients as int32 pairs reached 0.105 ms and the step was still 0.33 ms slower with it (its code is
+# at commit f5d7c0c; docs/experiments.md), so the step does not call the kernel (speedups/qkv_grad.py, FLOAT8_COPY).
+TILE8 = (1, 16, 16)
 
 
 def qkv_grad_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
@@ -197,113 +194,21 @@ if triton is not None:
         tl.store(part + C, tl.sum(sum_k, 0)[None, :, :], mask=head_ok)
         tl.store(part + 2 * C, tl.sum(sum_v, 0)[None, :, :], mask=head_ok)
 
-    @triton.jit
-    def _bf16_pairs(x):
-        """The (low, high) bf16 values of int32-packed pairs as fp32: a bf16 is the high half of its fp32."""
-        return (x << 16).to(tl.float32, bitcast=True), (x & -65536).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _fp8_pairs(lo, hi, scale):
-        """lo / scale and hi / scale in e4m3, packed low byte first into uint16s."""
-        lo8 = tl.div_rn(lo, scale).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.uint16)
-        hi8 = tl.div_rn(hi, scale).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.uint16)
-        return lo8 | (hi8 << 8)
-
-    @triton.jit
-    def _qkv_grad8_pairs_kernel(dq_ptr, dk_ptr, dv_ptr, out_ptr, out8_ptr, scale_ptr, part_ptr, n_tokens, T, nh,
-                                sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, INV_Q_MAX: tl.constexpr,
-                                P: tl.constexpr, NH: tl.constexpr, BLOCK_T: tl.constexpr, STEPS: tl.constexpr):
-        # _qkv_grad8_kernel for bf16 gradients and an e4m3 copy, reading and writing them as int32 pairs of bf16 (the
-        # strides in pairs, P = hs / 2 pairs a head): the bf16 gradient is copied as loaded, each pair's two values
-        # are taken apart by shifts (exact), and the float8 pairs go out as uint16s. A pair stays packed while its
-        # load is in flight, so nothing waits on it before the next step uses it.
-        i = tl.program_id(0)
-        h = tl.arange(0, NH)
-        d = tl.arange(0, P)
-        C = nh * P  # one of q, k, v, in pairs
-        width = 3 * C
-        head_ok = (h < nh)[None, :, None] & (d < P)[None, None, :]
-        col = h[None, :, None] * P + d[None, None, :]
-        q_at = dq_ptr.to(tl.pointer_type(tl.int32)) + h[None, :, None] * sq_h + d[None, None, :]
-        k_at = dk_ptr.to(tl.pointer_type(tl.int32)) + h[None, :, None] * sk_h + d[None, None, :]
-        v_at = dv_ptr.to(tl.pointer_type(tl.int32)) + h[None, :, None] * sv_h + d[None, None, :]
-        out32 = out_ptr.to(tl.pointer_type(tl.int32))
-        out16 = out8_ptr.to(tl.pointer_type(tl.uint16))
-        tok = i * STEPS * BLOCK_T + tl.arange(0, BLOCK_T)
-        q, k, v = _load_tokens(q_at, k_at, v_at, tok, T, sq_b, sq_t, sk_b, sk_t, sv_b, sv_t,
-                               (tok < n_tokens)[:, None, None] & head_ok)
-        sum_ql = tl.zeros([BLOCK_T, NH, P], tl.float32)
-        sum_qh = tl.zeros([BLOCK_T, NH, P], tl.float32)
-        sum_kl = tl.zeros([BLOCK_T, NH, P], tl.float32)
-        sum_kh = tl.zeros([BLOCK_T, NH, P], tl.float32)
-        sum_vl = tl.zeros([BLOCK_T, NH, P], tl.float32)
-        sum_vh = tl.zeros([BLOCK_T, NH, P], tl.float32)
-        for step in tl.range(0, STEPS):
-            nxt = tok + BLOCK_T
-            more = (nxt < n_tokens) & (step + 1 < STEPS)
-            nq, nk, nv = _load_tokens(q_at, k_at, v_at, nxt, T, sq_b, sq_t, sk_b, sk_t, sv_b, sv_t,
-                                      more[:, None, None] & head_ok)
-            t_ok = tok < n_tokens
-            mask = t_ok[:, None, None] & head_ok
-            at = tok.to(tl.int64)[:, None, None] * width + col
-            tl.store(out32 + at, q, mask=mask)
-            tl.store(out32 + at + C, k, mask=mask)
-            tl.store(out32 + at + 2 * C, v, mask=mask)
-            ql, qh = _bf16_pairs(q)
-            kl, kh = _bf16_pairs(k)
-            vl, vh = _bf16_pairs(v)
-            big = tl.maximum(tl.maximum(tl.maximum(tl.abs(ql), tl.abs(qh)), tl.maximum(tl.abs(kl), tl.abs(kh))),
-                             tl.maximum(tl.abs(vl), tl.abs(vh)))
-            scale = tl.maximum(tl.max(tl.max(big, 2), 1), 1e-12) * INV_Q_MAX
-            s3 = scale[:, None, None]
-            tl.store(out16 + at, _fp8_pairs(ql, qh, s3), mask=mask)
-            tl.store(out16 + at + C, _fp8_pairs(kl, kh, s3), mask=mask)
-            tl.store(out16 + at + 2 * C, _fp8_pairs(vl, vh, s3), mask=mask)
-            tl.store(scale_ptr + tok, scale, mask=t_ok)
-            sum_ql += ql
-            sum_qh += qh
-            sum_kl += kl
-            sum_kh += kh
-            sum_vl += vl
-            sum_vh += vh
-            q, k, v, tok = nq, nk, nv, nxt
-        part = part_ptr + i.to(tl.int64) * 2 * width + 2 * col  # fp32 columns: a pair's two at 2 * col and one after
-        tl.store(part, tl.sum(sum_ql, 0)[None, :, :], mask=head_ok)
-        tl.store(part + 1, tl.sum(sum_qh, 0)[None, :, :], mask=head_ok)
-        tl.store(part + 2 * C, tl.sum(sum_kl, 0)[None, :, :], mask=head_ok)
-        tl.store(part + 2 * C + 1, tl.sum(sum_kh, 0)[None, :, :], mask=head_ok)
-        tl.store(part + 4 * C, tl.sum(sum_vl, 0)[None, :, :], mask=head_ok)
-        tl.store(part + 4 * C + 1, tl.sum(sum_vh, 0)[None, :, :], mask=head_ok)
-
     def programs8(n_tokens: int, tile=None) -> int:
         """How many programs the float8 kernel runs over `n_tokens` (B * T) tokens: rows of its partial sums."""
         bt, steps, _ = tile or TILE8
         return triton.cdiv(n_tokens, bt * steps)
 
-    def launch8(dq, dk, dv, out, out8, scale, part, tile=None, pairs_ok=None) -> None:
+    def launch8(dq, dk, dv, out, out8, scale, part, tile=None) -> None:
         """c_attn's output gradient into `out` (B*T, 3C), its float8 copy into `out8` (the same shape; an fp32 one
         takes the values before their rounding) and its row scales into `scale` (B*T,), and each program's column
-        sums into `part` (programs8(B * T), 3C) fp32; from (B, nh, T, hs) gradients with a unit last stride.
-        `pairs_ok`: the int32-pair kernel or not (None: where `pairs` says it can)."""
+        sums into `part` (programs8(B * T), 3C) fp32; from (B, nh, T, hs) gradients with a unit last stride."""
         B, nh, T, hs = dq.shape
         bt, steps, warps = tile or TILE8
         strides = [s for g in (dq, dk, dv) for s in g.stride()[:3]]
-        grid = (programs8(B * T, tile),)
-        if pairs(dq, dk, dv, out8) if pairs_ok is None else pairs_ok:
-            _qkv_grad8_pairs_kernel[grid](
-                dq, dk, dv, out, out8, scale, part, B * T, T, nh, *(s // 2 for s in strides),
-                INV_Q_MAX=1.0 / E4M3_MAX, P=hs // 2, NH=triton.next_power_of_2(nh), BLOCK_T=bt, STEPS=steps,
-                num_warps=warps)
-            return
-        _qkv_grad8_kernel[grid](
+        _qkv_grad8_kernel[(programs8(B * T, tile),)](
             dq, dk, dv, out, out8, scale, part, B * T, T, nh, *strides, INV_Q_MAX=1.0 / E4M3_MAX, HS=hs,
             NH=triton.next_power_of_2(nh), BLOCK_T=bt, STEPS=steps, num_warps=warps)
-
-    def pairs(dq, dk, dv, out8) -> bool:
-        """Whether the kernel reading int32 pairs takes these tensors: PAIRS on, bf16 gradients with even strides, an
-        e4m3 copy."""
-        return (PAIRS and out8.dtype == E4M3 and all(g.dtype == torch.bfloat16 for g in (dq, dk, dv))
-                and all(s % 2 == 0 for g in (dq, dk, dv) for s in g.stride()[:3]))
 
     @torch.library.custom_op("gpt2ladder::qkv_grad8", mutates_args=())
     def qkv_grad8_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
