@@ -80,8 +80,9 @@ print(json.dumps(out))
 """
 
 CASES8 = [  # B, heads, T, head size, layout, tokens per step, steps per program
-    (2, 3, 70, 16, "heads", 4, 4),  # 3 heads padded to 4; T not a multiple of a program's 16 tokens
+    (2, 3, 70, 16, "heads", 4, 4),  # 3 heads padded to 4; a program's 16 tokens cross from one sequence into the next
     (2, 2, 64, 32, "tokens", 8, 2),  # the other stride order
+    (2, 2, 9, 32, "tokens", 4, 3),  # the other stride order, a program's 12 tokens crossing into the next sequence
     (1, 4, 5, 16, "heads", 4, 8),  # fewer tokens than one program takes
     (2, 3, 7, 16, "heads", 1, 4),  # one token a step (the committed tile's shape); the last program part empty
 ]

@@ -65,7 +65,7 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
     "kernels.weight8._weight8_kernel": (  # a row-major weight: Triton's launcher makes a unit stride a constant
         {"w_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
          "stride_r": "i32", "stride_c": C, "INV_Q_MAX": C, "BLOCK_C": C, "BLOCK_R": C, "STEPS": C},
-        {"stride_c": 1, "INV_Q_MAX": 1 / 448, "BLOCK_C": 16, "BLOCK_R": 64, "STEPS": 36}),
+        {"stride_c": 1, "INV_Q_MAX": 1 / 448, "BLOCK_C": 16, "BLOCK_R": 256, "STEPS": 9}),
     **{f"kernels.adamw._adamw_kernel#{variant}": (
         {"work_ptr": "*i64", "tensors_ptr": "*i64", "groups_ptr": "*fp64", "tickets_ptr": "*i32", "scale_ptr": "*fp32",
          "inf_ptr": "*fp32", "HAS_SCALE": C, "HAS_INF": C, "ALIGNED": C, "CASTS": C, "BLOCK": C, "ITERS": C},

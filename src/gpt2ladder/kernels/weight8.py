@@ -33,8 +33,9 @@ except ImportError:  # CPU-only installs: the reference expression runs instead
 
 # (columns of w per program, rows per step, warps). On the H200 at c_attn's weight (2304 x 768), each call alone
 # from a cold L2 (benchmarks/micro/weight_cast8.py): 0.0156 ms at this tile, 0.016-0.089 ms at the 8 others it
-# reached, against 0.0267 ms for compile's two kernels; the sweep stopped there (each tile, its row steps unrolled,
-# takes about 10 s to compile), so the MLP c_proj's weight was not timed, nor was the step with the kernel.
+# reached, against 0.0267 ms for compile's two kernels, which take about 7 us together in the step, so these
+# figures do not say what the step gains; the sweep stopped there (each tile, its row steps unrolled, takes about
+# 10 s to compile), so the MLP c_proj's weight was not timed, nor was the step with the kernel.
 TILE = (16, 256, 8)
 
 
