@@ -170,6 +170,22 @@ def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
     assert "fp8_mlp" not in resolve_rungs("best", A100)  # and only where float8 exists
 
 
+def test_a_gpu_whose_float8_products_cannot_scale_rows_keeps_the_tensor_scaled_head_only():
+    """Where the row-scaled float8 product failed (`fp8_rowwise`, as on some Ada and Blackwell cards and PyTorch
+    builds), `auto` climbs the float8 classifier (one scale per tensor) and leaves out the row-scaled rungs, each
+    with a one-line reason that gives the GPU's own error."""
+    error = "CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmulAlgoGetHeuristic"
+    caps = Capabilities("cuda", "NVIDIA GeForce RTX 5070", (12, 0), triton_version="3.5.1", fp8_rowwise=error)
+    auto = resolve_rungs("auto", caps)
+    assert "fp8_head" in auto and "loss_kernel" in auto and "adamw_kernel" in auto
+    assert not {"fp8_fc", "fp8_dgrad"} & set(auto)
+    for rung in ("fp8_fc", "fp8_dgrad", "fp8_forward", "fp8_proj"):
+        reason = why_unavailable(rung, caps)
+        assert "scale per row" in reason and "CUBLAS_STATUS_NOT_SUPPORTED" in reason and "RTX 5070" in reason
+        assert len(reason.splitlines()) == 1
+    assert resolve_rungs("auto", H200_TRITON)[-3:] == ["fp8_fc", "fp8_dgrad", "adamw_kernel"]  # fp8_rowwise None
+
+
 def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
     from gpt2ladder.ladder import left_out_of_auto
 

@@ -120,9 +120,18 @@ def _needs_fp8(caps: Capabilities) -> str | None:
     return caps.compile_problem  # the casts are only cheap when compile fuses them into neighbours
 
 
+def _needs_fp8_rows(caps: Capabilities) -> str | None:
+    """Float8 products with a scale per row of each operand, which some GPUs with float8 cannot run."""
+    if problem := _needs_fp8(caps):
+        return problem
+    if caps.fp8_rowwise:
+        return f"float8 matmuls with a scale per row do not run on {caps.name} with this PyTorch: {caps.fp8_rowwise}"
+    return None
+
+
 def _needs_fp8_forward(caps: Capabilities) -> str | None:
-    """Float8 forward products, the norm kernels that write their operand, and fp32_wgrad's gradients."""
-    return _needs_fp8(caps) or _needs_norm_kernel(caps) or _needs_mm_out_dtype(caps)
+    """Float8 forward products (row-scaled), the norm kernels that write their operand, and fp32_wgrad's gradients."""
+    return _needs_fp8_rows(caps) or _needs_norm_kernel(caps) or _needs_mm_out_dtype(caps)
 
 
 LADDER: tuple[Rung, ...] = (
@@ -215,7 +224,7 @@ LADDER: tuple[Rung, ...] = (
          "one scale per token, the weight with one per input feature; the weight gradients stay bf16 matmuls "
          "written in fp32. 0.33 ms faster a step on an H200, its loss beside the fp32 baseline's (docs/results.md).",
          "precision", {"fp8_dgrad": True, "fp32_wgrad": True, "autocast": "bfloat16"},
-         lambda caps: _needs_fp8(caps) or _needs_mm_out_dtype(caps), pays_with_graph=True),
+         lambda caps: _needs_fp8_rows(caps) or _needs_mm_out_dtype(caps), pays_with_graph=True),
     Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
          "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
          "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "

@@ -10,6 +10,7 @@ from gpt2ladder.runtime.hardware import (
     Capabilities,
     compile_problem,
     detect,
+    fp8_rowwise_problem,
     probe_sdpa,
     resolve_device,
 )
@@ -163,6 +164,36 @@ def test_sdpa_probe_failure_is_one_line(monkeypatch):
     assert result["math"] == "No available kernel. Aborting execution."
 
 
+def test_fp8_rowwise_probe_makes_the_rungs_product():
+    """Off CUDA the product is the fp32 stand-in, which runs: no problem to report."""
+    assert fp8_rowwise_problem(CPU) is None
+
+
+def test_fp8_rowwise_probe_failure_is_one_line(monkeypatch):
+    import gpt2ladder.speedups.common as common
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling\n"
+                           "  `cublasLtMatmulAlgoGetHeuristic(...)`")
+
+    monkeypatch.setattr(common, "scaled_matmul", unsupported)
+    assert fp8_rowwise_problem(CPU) == ("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling "
+                                        "`cublasLtMatmulAlgoGetHeuristic(...)`")
+
+
+@pytest.mark.parametrize("capability,tried", [((12, 0), True), ((8, 9), True), ((8, 0), False)])
+def test_detect_tries_the_row_scaled_product_on_float8_gpus_only(monkeypatch, capability, tried):
+    import gpt2ladder.runtime.hardware as hardware
+
+    calls = []
+    monkeypatch.setattr(hardware, "_cuda_facts", lambda device: {
+        "device_type": "cuda", "name": "a GPU", "capability": capability, "total_memory": 8 << 30})
+    monkeypatch.setattr(hardware, "fp8_rowwise_problem", lambda device: calls.append(device) or "not supported")
+    caps = detect(torch.device("cuda"))
+    assert bool(calls) == tried
+    assert caps.fp8_rowwise == ("not supported" if tried else None)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_detect_and_probe_a_real_gpu():
@@ -173,3 +204,5 @@ def test_detect_and_probe_a_real_gpu():
     assert sdpa["math"] is None
     if caps.capability in ((8, 0), (9, 0)):  # flash attention's home architectures
         assert sdpa["flash"] is None
+    if caps.capability == (9, 0):  # Hopper: the row-scaled float8 product the float8 rungs make runs
+        assert caps.fp8_rowwise is None

@@ -59,6 +59,9 @@ class Capabilities:
     # bytes this process's allocator could hold when detected: CUDA's free memory plus what the allocator
     # already held; 0 when unknown (off CUDA, or a card described by hand)
     free_memory: int = 0
+    # why a float8 matmul with a scale per row of each operand cannot run here (tried on CUDA GPUs of compute
+    # capability 8.9 and newer, `fp8_rowwise_problem`); None where it ran, or where it was not tried
+    fp8_rowwise: str | None = None
 
     @property
     def bf16_supported(self) -> bool:
@@ -127,6 +130,8 @@ def detect(device: torch.device, probe: bool = False) -> Capabilities:
         torch_version=torch.__version__, cuda_version=torch.version.cuda,
         cudnn_version=_cudnn_version(), python_version=platform.python_version(),
     )
+    if caps.device_type == "cuda" and caps.capability >= (8, 9):
+        caps = dataclasses.replace(caps, fp8_rowwise=fp8_rowwise_problem(device))
     if not probe:
         return caps
     dtype = sdpa_probe_dtype(caps)
@@ -168,6 +173,26 @@ def compile_problem(device_type: str, os_name: str, triton: str | None, cxx: str
         if cxx is None:
             return "torch.compile on CPU needs a C++ compiler (g++, clang++ or cl) on PATH"
     return None
+
+
+def fp8_rowwise_problem(device: torch.device) -> str | None:
+    """Why a float8 matmul with one scale per row of each operand cannot run on `device`, or None when a small one
+    ran: the product the float8 forward and input-gradient rungs make (`speedups.common.scaled_matmul`, a bias added
+    in the same call). PyTorch and cuBLAS cover it on some architectures and builds only (an sm_120 card with
+    PyTorch 2.10 got CUBLAS_STATUS_NOT_SUPPORTED from it, github.com/pytorch/pytorch/issues/192707, where the
+    one-scale-per-tensor product ran), so it is tried rather than read off the compute capability."""
+    from gpt2ladder.speedups.common import scaled_matmul
+
+    try:
+        x8 = torch.full((32, 64), 1.0, device=device).to(torch.float8_e4m3fn)
+        w8 = torch.full((48, 64), 1.0, device=device).to(torch.float8_e4m3fn)
+        bias = torch.zeros(48, device=device, dtype=torch.bfloat16)
+        scaled_matmul(x8, torch.ones(32, device=device), w8, torch.ones(48, device=device), bias, torch.bfloat16)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return None
+    except Exception as err:  # any failure is the answer we are after, as one line
+        return " ".join((str(err) or type(err).__name__).split())[:240]
 
 
 def sdpa_probe_dtype(caps: Capabilities) -> torch.dtype:
