@@ -2,8 +2,8 @@
 
 The CPU interpreter (tests/kernels/test_loss_kernel.py, test_gelu_kernel.py, test_qkv_kernel.py,
 test_adamw_kernel.py, test_weight8_kernel.py) checks what the kernels compute, but it runs them as Python and accepts
-code the compiler rejects (a kernel reading a plain module global, for one). Compiling to a cubin for sm_80 and sm_90
-needs only the triton package.
+code the compiler rejects (a kernel reading a plain module global, for one). Compiling to a cubin for sm_80 (A100),
+sm_90 (H100, H200) and sm_120 (the RTX 50 series) needs only the triton package.
 """
 
 import importlib.util
@@ -81,7 +81,7 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
 }
 
 
-@pytest.mark.parametrize("capability", [80, 90])
+@pytest.mark.parametrize("capability", [80, 90, 120])
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernel_compiles_to_a_cubin(name, capability):
     import importlib
