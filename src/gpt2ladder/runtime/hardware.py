@@ -192,7 +192,7 @@ def fp8_rowwise_problem(device: torch.device) -> str | None:
             torch.cuda.synchronize(device)
         return None
     except Exception as err:  # any failure is the answer we are after, as one line
-        return " ".join((str(err) or type(err).__name__).split())[:240]
+        return _one_line(str(err) or type(err).__name__)
 
 
 def sdpa_probe_dtype(caps: Capabilities) -> torch.dtype:
@@ -252,7 +252,11 @@ def _one_line_reason(name: str, messages: list[str], err: Exception) -> str:
         elif "runtime disabled" not in low and ours is not False:
             mine.append(message)
     text = mine[0] if mine else (str(err) or type(err).__name__)
-    text = text.split("(Triggered internally")[0]
+    return _one_line(text.split("(Triggered internally")[0])
+
+
+def _one_line(text: str) -> str:
+    """An error or warning as one short line: its whitespace collapsed, at most 240 characters."""
     return " ".join(text.split())[:240]
 
 

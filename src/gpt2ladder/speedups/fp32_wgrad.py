@@ -18,7 +18,7 @@ The `fp8_dgrad` rung (`use_fp8_dgrad`) marks some of these Linears to form their
 output gradient cast to e4m3 with one scale per row (a token's gradient), the weight with one per input feature,
 multiplied by `torch._scaled_mm` with fast accumulation, as the float8 forward products are
 (`speedups/fp8_forward.py`). Its weight and bias gradients stay as above. With `WEIGHT_CAST_KERNEL` the weight's cast
-is one Triton kernel (`kernels/weight8.py`) instead of compile's two; the same bytes.
+is one Triton kernel (`kernels/weight8.py`) instead of compile's two.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ from gpt2ladder.speedups.common import (
 DGRAD_LINEARS = ("attn.c_attn", "mlp.c_proj")
 # Whether fp8_input_grad casts the weight by one Triton kernel (`kernels/weight8.py`: the column amax and the
 # transposed float8 copy in one launch, where compile made two per Linear, 48 launches and 0.166 ms a step for GPT-2
-# 124M on an H200) instead of `rows_to_fp8`'s expression; the same bytes. Off until the step is timed with it.
+# 124M on an H200) instead of `rows_to_fp8`'s expression. The kernel divides as eager PyTorch does (IEEE), where
+# compiled code divides approximately (Triton's `/`), so a value can round to its neighbouring float8 value.
+# Off until the step is timed with it.
 WEIGHT_CAST_KERNEL = False
 
 
@@ -76,11 +78,8 @@ def fp8_input_grad(g8: torch.Tensor, gs: torch.Tensor, wc: torch.Tensor, out_dty
     """input_grad's float8 product from the output gradient's float8 copy g8 (N, out), row-major, and its row scales
     gs: the weight cast with one scale per input feature, its transpose (in, out) contiguous; (N, in) in
     `out_dtype`."""
-    if WEIGHT_CAST_KERNEL:
-        wt8, ws = weight8_kernel.weight8(wc)
-    else:
-        wt8, ws = rows_to_fp8(wc.t())
-    return scaled_matmul(g8, gs, wt8.contiguous(), ws, None, out_dtype)
+    wt8, ws = (weight8_kernel.weight8 if WEIGHT_CAST_KERNEL else weight8_kernel.weight8_reference)(wc)
+    return scaled_matmul(g8, gs, wt8, ws, None, out_dtype)
 
 
 def linear_grads(grad_y: torch.Tensor, xc: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype, w_dtype: torch.dtype,

@@ -9,7 +9,7 @@ dict); only the bias gradient's summation order changes.
 Where c_attn forms its input gradient in float8 (the `fp8_dgrad` rung marks it), c_attn's matmul and the split are
 one function, `QkvProduct8`, whose backward takes the three gradients to the kernel that also writes the float8
 copy of c_attn's output gradient and its row scales (`kernels/qkv.py`), then forms c_attn's input gradient from
-that copy and its weight gradient from the bf16 one: the bytes fp8_dgrad's own backward multiplies, made in the
+that copy and its weight gradient from the bf16 one: the values fp8_dgrad's own backward multiplies, made in the
 pass that assembles them instead of a second pass over the assembled gradient. That path is off (`FLOAT8_COPY`):
 its kernel took 0.127 ms alone at its best (1.5 TB/s; an int32-pair variant, since taken out, 0.105 ms), where
 compile's passes take about 0.084 ms a layer, and the step was 0.33 ms slower with that variant on an H200
