@@ -51,6 +51,7 @@ def observe(engine: Engine) -> dict:
         "fp8_linears": sorted({n.split(".", 3)[3] for n, m in model.named_modules()
                                if type(m).__name__ == "Float8Linear"}),
         "graph": engine.setup.cuda_graph,
+        "memset_fill": engine.setup.memset_fill,  # acted on only when a graph is captured (a CUDA test)
     }
 
 
@@ -78,6 +79,7 @@ EXPECTED = {  # rung -> the observable properties it may change
     "fp8_dgrad": {"fp8_dgrad"},  # c_attn's and the MLP's c_proj's input gradients in float8
     "fp8_forward": {"fp8_forward"},
     "adamw_kernel": {"adamw_kernel"},  # the fused_adamw it sets is on below it already
+    "memset_fill": {"memset_fill"},  # the cuda_graph it sets is on below it already
     # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's (nor its copies), not the
     # q, k, v gradient kernel's, and their own float8 casts, not the norm kernel's
     "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad", "weight_cast", "fp8_forward", "fp8_proj", "fp8_dgrad"},
@@ -161,7 +163,7 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "memset_fill", "fp8_mlp", "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
     assert resolve_rungs("auto", H200_TRITON)[-7:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias", "fp8_fc",
                                                        "fp8_dgrad", "adamw_kernel"]

@@ -134,6 +134,18 @@ def _needs_fp8_forward(caps: Capabilities) -> str | None:
     return _needs_fp8_rows(caps) or _needs_norm_kernel(caps) or _needs_mm_out_dtype(caps)
 
 
+def _needs_graph_edits(caps: Capabilities) -> str | None:
+    """Editing a captured graph before instantiating it: `torch.cuda.CUDAGraph(keep_graph=True)`."""
+    import torch
+
+    if caps.device_type != "cuda":
+        return f"editing a captured CUDA graph needs a CUDA GPU; this is {caps.device_type}"
+    if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph"):
+        return (f"editing a captured CUDA graph needs a PyTorch that keeps it for editing "
+                f"(torch.cuda.CUDAGraph.raw_cuda_graph); this is {torch.__version__}")
+    return None
+
+
 LADDER: tuple[Rung, ...] = (
     Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
          "precision", {}, writeup=True),
@@ -240,6 +252,12 @@ LADDER: tuple[Rung, ...] = (
          "memory", {"adamw_kernel": True, "fused_adamw": True}, _needs_triton_gpu("the adamw_kernel rung"),
          pays_with_graph=True, refused_under={
              "fsdp": "FSDP2's parameters are sharded DTensors, which the kernel's table of addresses cannot hold"}),
+    Rung("memset_fill", "The captured step's small memset nodes (cuBLAS zeroes 4 bytes of its workspace before most "
+         "matmuls, 128 times a step of GPT-2 124M) become kernels that store the same bytes, since a kernel after a "
+         "kernel starts sooner than one after a memset. Opt-in until measured in the step.",
+         "overhead", {"memset_fill": True, "cuda_graph": True}, _needs_graph_edits, opt_in=True,
+         pays_with_graph=True, refused_under={
+             "fsdp": "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"}),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",

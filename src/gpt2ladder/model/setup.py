@@ -41,6 +41,7 @@ class Setup:
     fp8_dgrad: bool = False  # the input gradients of c_attn and the MLP's c_proj multiplied in float8
     fp8_forward: bool = False  # c_attn's and c_fc's forward matmuls in float8, from the norm kernels' float8 copies
     adamw_kernel: bool = False  # AdamW's update of every parameter as one Triton launch
+    memset_fill: bool = False  # the captured graph's small memset nodes stored by kernels instead
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 

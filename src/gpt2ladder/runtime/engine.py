@@ -29,6 +29,7 @@ from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime import distributed
+from gpt2ladder.runtime.graph_fills import rewrite_memsets
 from gpt2ladder.speedups.weight_cast import weight_casts
 
 WARMUP_STEPS = 3  # eager steps before a CUDA graph capture: compile, autotuning, optimizer state
@@ -112,6 +113,7 @@ class Engine:
         self._graph = None
         self._fused_clip = None  # whether the clipping factor goes to fused AdamW (`_clip`); known at the first step
         self.captures = 0  # CUDA graph captures so far: a step that raised it was no ordinary step
+        self.memsets_filled = 0  # memset nodes of the last capture that memset_fill made fill kernels
 
     def _compiled(self, module, backend: str):
         if not self.setup.compile:
@@ -311,7 +313,8 @@ class Engine:
         # Hand the warm-up's cached activations back too, or a step holds two sets of them (the graph
         # allocates from a pool of its own).
         torch.cuda.empty_cache()
-        self._graph = torch.cuda.CUDAGraph()
+        # memset_fill edits the captured graph before it is instantiated, which keep_graph leaves to us.
+        self._graph = torch.cuda.CUDAGraph(keep_graph=True) if self.setup.memset_fill else torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph, stream=side):
             # Gradients set to None, not zeroed: backward then hands each parameter its gradient tensor,
             # allocated in the graph's own memory pool (the same addresses on every replay), instead of
@@ -322,6 +325,9 @@ class Engine:
             # view costs a zeroing, an add and a division in place (three passes and a write).
             self.optimizer.zero_grad(set_to_none=True)
             self._static_loss = self._eager_step(self._static_x, self._static_y)
+        if self.setup.memset_fill:
+            self.memsets_filled = rewrite_memsets(self._graph.raw_cuda_graph())
+            self._graph.instantiate()
         _restore(self.raw_model, self.optimizer, snapshot)
         self._refresh_casts()
 

@@ -1,0 +1,237 @@
+"""A captured CUDA graph's small memset nodes rewritten as kernels that store the same bytes.
+
+cuBLAS zeroes a few bytes of its workspace before most of its matmuls (a `cudaMemsetAsync` of 4 bytes), and a
+captured step keeps each as a memset node: 128 of them in a step of GPT-2 124M at the top of `auto`. In the H200's
+traces the matmul after such a node started 2-3 us after it, where a kernel after a kernel starts within 0.3-0.6 us
+(docs/experiments.md). A kernel node that stores the same pattern to the same bytes, with the same dependencies,
+is the same operation in the graph; this module makes that swap between capture and instantiation, through the CUDA
+driver's graph API (libcuda, by ctypes: nothing to install).
+
+Only one-dimensional memsets of whole 32-bit words, at most `MAX_BYTES`, are rewritten; larger ones (a buffer
+zeroed for atomic adds) stay memset nodes, which move bytes at the copy rate. The fill kernel is a few lines of PTX
+that the driver compiles for the GPU it runs on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass
+
+MAX_BYTES = 1 << 20  # memsets up to this size become fill kernels
+THREADS = 256  # per block of the fill kernel, one 32-bit word each
+KERNEL_NAME = "gpt2ladder_fill_u32"
+
+# words[i] = value for i < count: one thread a word, any GPU the driver can compile PTX 6.0 for (sm_50 and newer).
+FILL_PTX = """\
+.version 6.0
+.target sm_50
+.address_size 64
+
+.visible .entry gpt2ladder_fill_u32(
+    .param .u64 dst,
+    .param .u32 value,
+    .param .u32 count
+)
+{
+    .reg .pred %p;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<4>;
+
+    ld.param.u64 %rd1, [dst];
+    ld.param.u32 %r1, [value];
+    ld.param.u32 %r2, [count];
+    mov.u32 %r3, %ctaid.x;
+    mov.u32 %r4, %ntid.x;
+    mov.u32 %r5, %tid.x;
+    mad.lo.s32 %r3, %r3, %r4, %r5;
+    setp.ge.u32 %p, %r3, %r2;
+    @%p bra DONE;
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r3, 4;
+    add.s64 %rd2, %rd2, %rd3;
+    st.global.u32 [%rd2], %r1;
+DONE:
+    ret;
+}
+"""
+
+NODE_TYPE_MEMSET = 2  # CU_GRAPH_NODE_TYPE_MEMSET
+
+
+@dataclass(frozen=True)
+class Memset:
+    """A memset node's parameters (CUDA_MEMSET_NODE_PARAMS): `height` rows of `width` elements of
+    `element_size` bytes (1, 2 or 4), rows `pitch` bytes apart, each element set to `value`."""
+
+    dst: int
+    pitch: int
+    value: int
+    element_size: int
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class Fill:
+    """What the fill kernel stores instead: `count` 32-bit words of `word` from `dst`."""
+
+    dst: int
+    word: int
+    count: int
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.count // THREADS)
+
+
+def fill_for(m: Memset, max_bytes: int = MAX_BYTES) -> Fill | None:
+    """The fill that stores exactly the bytes this memset does, or None where it is not one (two-dimensional,
+    not whole aligned words, or larger than `max_bytes`)."""
+    if m.element_size not in (1, 2, 4) or m.width <= 0:
+        return None
+    rows_are_one_span = m.height == 1 or m.pitch == m.width * m.element_size
+    nbytes = m.width * m.element_size * m.height
+    if not rows_are_one_span or nbytes % 4 or m.dst % 4 or nbytes > max_bytes:
+        return None
+    element = m.value & ((1 << (8 * m.element_size)) - 1)
+    word = 0
+    for shift in range(0, 32, 8 * m.element_size):  # the element repeated across the word, little-endian
+        word |= element << shift
+    return Fill(m.dst, word, nbytes // 4)
+
+
+def stored_bytes(fill: Fill) -> bytes:
+    """The bytes the fill kernel writes (little-endian words), for comparing with a memset's."""
+    return fill.word.to_bytes(4, "little") * fill.count
+
+
+# ctypes mirrors of the driver's structures (cuda.h), in the layouts of the unversioned entry points
+class _MemsetParams(ctypes.Structure):
+    _fields_ = [("dst", ctypes.c_uint64), ("pitch", ctypes.c_size_t), ("value", ctypes.c_uint),
+                ("elementSize", ctypes.c_uint), ("width", ctypes.c_size_t), ("height", ctypes.c_size_t)]
+
+
+class _KernelParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v1
+    _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
+                ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
+                ("kernelParams", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.POINTER(ctypes.c_void_p))]
+
+
+class _Driver:
+    """The few driver calls this needs. The unversioned names keep the CUDA 10-11 signatures (cuda.h maps its
+    own names to the _v2 ones, which take edge data); every driver still exports them."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+        self._functions: dict[int, ctypes.c_void_p] = {}  # context -> the fill kernel loaded there
+
+    def __call__(self, name: str, *args) -> None:
+        result = getattr(self.lib, name)(*args)
+        if result != 0:
+            text = ctypes.c_char_p()
+            self.lib.cuGetErrorName(result, ctypes.byref(text))
+            raise RuntimeError(f"{name} failed: {(text.value or b'').decode() or result}")
+
+    def nodes(self, graph) -> list:
+        count = ctypes.c_size_t(0)
+        self("cuGraphGetNodes", graph, None, ctypes.byref(count))
+        nodes = (ctypes.c_void_p * count.value)()
+        self("cuGraphGetNodes", graph, nodes, ctypes.byref(count))
+        return list(nodes)[: count.value]
+
+    def node_type(self, node) -> int:
+        kind = ctypes.c_int(-1)
+        self("cuGraphNodeGetType", ctypes.c_void_p(node), ctypes.byref(kind))
+        return kind.value
+
+    def memset(self, node) -> Memset:
+        p = _MemsetParams()
+        self("cuGraphMemsetNodeGetParams", ctypes.c_void_p(node), ctypes.byref(p))
+        return Memset(p.dst, p.pitch, p.value, p.elementSize, p.width, p.height)
+
+    def _edges(self, name: str, node) -> list:
+        count = ctypes.c_size_t(0)
+        self(name, ctypes.c_void_p(node), None, ctypes.byref(count))
+        found = (ctypes.c_void_p * max(count.value, 1))()
+        self(name, ctypes.c_void_p(node), found, ctypes.byref(count))
+        return list(found)[: count.value]
+
+    def dependencies(self, node) -> list:
+        return self._edges("cuGraphNodeGetDependencies", node)
+
+    def dependents(self, node) -> list:
+        return self._edges("cuGraphNodeGetDependentNodes", node)
+
+    def fill_function(self) -> ctypes.c_void_p:
+        """The fill kernel, loaded once into the current context (PyTorch's, on the current device)."""
+        context = ctypes.c_void_p()
+        self("cuCtxGetCurrent", ctypes.byref(context))
+        if not context.value:
+            raise RuntimeError("no current CUDA context to load the fill kernel into")
+        if context.value not in self._functions:
+            module, function = ctypes.c_void_p(), ctypes.c_void_p()
+            self("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(FILL_PTX.encode()))
+            self("cuModuleGetFunction", ctypes.byref(function), module, KERNEL_NAME.encode())
+            self._functions[context.value] = function  # the module stays loaded for the process
+        return self._functions[context.value]
+
+    def add_fill(self, graph, fill: Fill, dependencies: list) -> ctypes.c_void_p:
+        dst, word, count = ctypes.c_uint64(fill.dst), ctypes.c_uint32(fill.word), ctypes.c_uint32(fill.count)
+        args = (ctypes.c_void_p * 3)(*(ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in (dst, word, count)))
+        params = _KernelParams(self.fill_function(), fill.blocks, 1, 1, THREADS, 1, 1, 0,
+                               ctypes.cast(args, ctypes.POINTER(ctypes.c_void_p)), None)
+        deps = (ctypes.c_void_p * max(len(dependencies), 1))(*dependencies)
+        node = ctypes.c_void_p()
+        self("cuGraphAddKernelNode", ctypes.byref(node), graph, deps, ctypes.c_size_t(len(dependencies)),
+             ctypes.byref(params))  # the driver copies the arguments: they need not outlive the call
+        return node
+
+    def connect(self, graph, source, targets: list) -> None:
+        if targets:
+            sources = (ctypes.c_void_p * len(targets))(*([source.value] * len(targets)))
+            to = (ctypes.c_void_p * len(targets))(*targets)
+            self("cuGraphAddDependencies", graph, sources, to, ctypes.c_size_t(len(targets)))
+
+    def destroy(self, node) -> None:
+        self("cuGraphDestroyNode", ctypes.c_void_p(node))
+
+
+_DRIVER: _Driver | None = None
+
+
+def driver() -> _Driver:
+    global _DRIVER
+    if _DRIVER is None:
+        _DRIVER = _Driver()
+    return _DRIVER
+
+
+def memsets(graph: int) -> list[Memset]:
+    """The memset nodes of a graph (a cudaGraph_t, as `torch.cuda.CUDAGraph.raw_cuda_graph()` returns it)."""
+    d = driver()
+    g = ctypes.c_void_p(graph)
+    return [d.memset(n) for n in d.nodes(g) if d.node_type(n) == NODE_TYPE_MEMSET]
+
+
+def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES) -> int:
+    """Replace each memset node of a captured, not yet instantiated graph that `fill_for` accepts by a fill kernel
+    node with the same dependencies and dependents. Returns how many were replaced.
+
+    Everything is read before anything changes, so a driver that refuses a query leaves the graph as it was.
+    """
+    d = driver()
+    g = ctypes.c_void_p(graph)
+    plan = []
+    for node in d.nodes(g):
+        if d.node_type(node) != NODE_TYPE_MEMSET:
+            continue
+        fill = fill_for(d.memset(node), max_bytes)
+        if fill is not None:
+            plan.append((node, fill, d.dependencies(node), d.dependents(node)))
+    for node, fill, before, after in plan:
+        kernel = d.add_fill(g, fill, before)
+        d.connect(g, kernel, after)
+        d.destroy(node)
+    return len(plan)

@@ -1,0 +1,149 @@
+"""memset_fill's rewrite of a captured graph, without a GPU: which memsets become fills and with what word, the
+driver structures' layouts, the order of the rewrite's driver calls, and the fill kernel's PTX assembling for the
+GPUs it targets. tests/runtime/test_graph_fills_gpu.py runs it on one."""
+
+import ctypes
+import importlib.util
+import random
+import subprocess
+
+import pytest
+
+from gpt2ladder.runtime import graph_fills
+from gpt2ladder.runtime.graph_fills import FILL_PTX, MAX_BYTES, Fill, Memset, fill_for, stored_bytes
+
+
+def memset_bytes(m: Memset) -> bytes:
+    """What cudaMemsetAsync writes: each element the low `element_size` bytes of `value`, little-endian."""
+    element = (m.value & ((1 << (8 * m.element_size)) - 1)).to_bytes(m.element_size, "little")
+    return element * (m.width * m.height)
+
+
+def test_cublas_four_zero_bytes_become_one_word():
+    fill = fill_for(Memset(dst=0x7F0000001000, pitch=4, value=0, element_size=1, width=4, height=1))
+    assert fill == Fill(0x7F0000001000, 0, 1) and fill.blocks == 1
+
+
+@pytest.mark.parametrize("element_size,value,word", [(1, 0xAB, 0xABABABAB), (1, 0x1FF, 0xFFFFFFFF),
+                                                      (2, 0x1234, 0x12341234), (4, 0x89ABCDEF, 0x89ABCDEF)])
+def test_the_word_repeats_the_element(element_size, value, word):
+    fill = fill_for(Memset(0x1000, 0, value, element_size, 16 // element_size, 1))
+    assert fill.word == word and fill.count == 4
+
+
+def test_random_memsets_store_the_same_bytes_as_their_fills():
+    rng = random.Random(0)
+    accepted = 0
+    for _ in range(2000):
+        size = rng.choice((1, 2, 4))
+        m = Memset(dst=rng.choice((0x1000, 0x1002, 0x1004, 0x1001)), pitch=0, value=rng.getrandbits(32),
+                   element_size=size, width=rng.randint(1, 600), height=1)
+        fill = fill_for(m)
+        whole_words = (m.width * size) % 4 == 0 and m.dst % 4 == 0
+        assert (fill is not None) == whole_words
+        if fill is not None:
+            accepted += 1
+            assert fill.dst == m.dst and stored_bytes(fill) == memset_bytes(m)
+            assert fill.blocks * graph_fills.THREADS >= fill.count > (fill.blocks - 1) * graph_fills.THREADS
+    assert accepted > 200
+
+
+def test_what_stays_a_memset():
+    assert fill_for(Memset(0x1000, 0, 0, 1, 6, 1)) is None  # not whole words
+    assert fill_for(Memset(0x1002, 0, 0, 2, 2, 1)) is None  # not aligned to a word
+    assert fill_for(Memset(0x1000, 64, 0, 4, 8, 4)) is None  # rows with gaps between them
+    assert fill_for(Memset(0x1000, 0, 0, 4, MAX_BYTES // 4 + 1, 1)) is None  # large: left to the copy engine
+    assert fill_for(Memset(0x1000, 0, 0, 4, MAX_BYTES // 4, 1)).count == MAX_BYTES // 4
+    assert fill_for(Memset(0x1000, 32, 7, 4, 8, 3)) == Fill(0x1000, 7, 24)  # rows back to back: one span
+    assert fill_for(Memset(0x1000, 0, 0, 3, 4, 1)) is None and fill_for(Memset(0x1000, 0, 0, 4, 0, 1)) is None
+
+
+def test_the_driver_structures_have_cuda_h_layouts():
+    """CUDA_MEMSET_NODE_PARAMS and CUDA_KERNEL_NODE_PARAMS_v1 on a 64-bit platform: the driver reads these bytes."""
+    m, k = graph_fills._MemsetParams, graph_fills._KernelParams
+    assert ctypes.sizeof(m) == 40 and [getattr(m, f).offset for f in ("dst", "pitch", "value", "elementSize",
+                                                                       "width", "height")] == [0, 8, 16, 20, 24, 32]
+    assert ctypes.sizeof(k) == 56 and k.gridDimX.offset == 8 and k.sharedMemBytes.offset == 32
+    assert k.kernelParams.offset == 40 and k.extra.offset == 48
+
+
+class FakeDriver:
+    """A graph as lists of nodes and edges; records every call, so the test can see queries end before edits."""
+
+    def __init__(self, nodes, edges):
+        self.types = dict(nodes)  # node -> "kernel" or a Memset
+        self.edges = set(edges)
+        self.calls = []
+        self.added = 0
+
+    def nodes(self, graph):
+        self.calls.append("query")
+        return list(self.types)
+
+    def node_type(self, node):
+        self.calls.append("query")
+        return graph_fills.NODE_TYPE_MEMSET if isinstance(self.types[node], Memset) else 0
+
+    def memset(self, node):
+        self.calls.append("query")
+        return self.types[node]
+
+    def dependencies(self, node):
+        self.calls.append("query")
+        return sorted(a for a, b in self.edges if b == node)
+
+    def dependents(self, node):
+        self.calls.append("query")
+        return sorted(b for a, b in self.edges if a == node)
+
+    def add_fill(self, graph, fill, dependencies):
+        self.calls.append("edit")
+        self.added += 1
+        node = 100 + self.added
+        self.types[node] = fill
+        self.edges |= {(d, node) for d in dependencies}
+        return ctypes.c_void_p(node)
+
+    def connect(self, graph, source, targets):
+        self.calls.append("edit")
+        self.edges |= {(source.value, t) for t in targets}
+
+    def destroy(self, node):
+        self.calls.append("edit")
+        del self.types[node]
+        self.edges = {(a, b) for a, b in self.edges if node not in (a, b)}
+
+
+def test_each_memset_is_replaced_in_place_with_its_edges(monkeypatch):
+    zero4 = Memset(0x1000, 4, 0, 1, 4, 1)
+    big = Memset(0x2000, 0, 0, 4, MAX_BYTES, 1)
+    # 1 -> memset 2 -> 3, and 3 -> memset 4 -> {5, 6}; memset 7 is too big to rewrite
+    fake = FakeDriver({1: "kernel", 2: zero4, 3: "kernel", 4: zero4, 5: "kernel", 6: "kernel", 7: big},
+                      {(1, 2), (2, 3), (3, 4), (4, 5), (4, 6), (6, 7)})
+    monkeypatch.setattr(graph_fills, "driver", lambda: fake)
+    assert graph_fills.rewrite_memsets(0xABC) == 2
+    first, second = sorted(n for n, t in fake.types.items() if isinstance(t, Fill))
+    assert fake.edges == {(1, first), (first, 3), (3, second), (second, 5), (second, 6), (6, 7)}
+    assert fake.types[7] is big and all(fake.types[n] == Fill(0x1000, 0, 1) for n in (first, second))
+    last_query = max(i for i, c in enumerate(fake.calls) if c == "query")
+    assert last_query < fake.calls.index("edit")  # a refused query leaves the graph untouched
+
+
+def test_a_graph_without_memsets_is_left_alone(monkeypatch):
+    fake = FakeDriver({1: "kernel", 2: "kernel"}, {(1, 2)})
+    monkeypatch.setattr(graph_fills, "driver", lambda: fake)
+    assert graph_fills.rewrite_memsets(0xABC) == 0 and "edit" not in fake.calls
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package's ptxas")
+@pytest.mark.parametrize("capability", [80, 90, 120])
+def test_the_fill_kernel_assembles(capability, tmp_path):
+    """The PTX the driver compiles at run time, assembled here by the ptxas that Triton carries."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    source = tmp_path / "fill.ptx"
+    source.write_text(FILL_PTX)
+    out = tmp_path / "fill.cubin"
+    subprocess.run([get_ptxas(capability).path, f"--gpu-name=sm_{capability}", str(source), "-o", str(out)],
+                   check=True, capture_output=True)
+    assert out.stat().st_size > 500 and graph_fills.KERNEL_NAME.encode() in out.read_bytes()

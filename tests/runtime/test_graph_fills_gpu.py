@@ -1,0 +1,72 @@
+"""memset_fill on a GPU: a captured graph's memsets rewritten as fill kernels store the same bytes in the same order,
+and a graphed step with the rung computes exactly the losses it computes without. Skipped without a GPU."""
+
+import ctypes
+
+import pytest
+import torch
+from gpu_support import GPU, TINY, needs_cuda, random_batches
+
+from gpt2ladder.ladder import resolve_rungs, setup_for
+from gpt2ladder.runtime import graph_fills
+from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.hardware import detect
+
+pytestmark = pytest.mark.gpu
+
+WORDS = 1024
+
+
+def capture(rewrite: bool):
+    """Kernels and memsets on one buffer, where each result depends on their order; and one memset too large to
+    rewrite. Returns the graph, the buffers, and the memsets before and after the rewrite."""
+    lib = graph_fills.driver().lib
+    x = torch.zeros(WORDS, dtype=torch.int32, device=GPU)
+    big = torch.zeros(graph_fills.MAX_BYTES // 4 + 64, dtype=torch.int32, device=GPU)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        x.add_(5)
+        assert lib.cuMemsetD32Async(ctypes.c_uint64(x.data_ptr()), ctypes.c_uint(7), ctypes.c_size_t(512), stream) == 0
+        assert lib.cuMemsetD8Async(ctypes.c_uint64(x.data_ptr() + 2048), ctypes.c_ubyte(0xAB), ctypes.c_size_t(1024),
+                                   stream) == 0
+        x.add_(1)
+        assert lib.cuMemsetD32Async(ctypes.c_uint64(big.data_ptr()), ctypes.c_uint(3), ctypes.c_size_t(big.numel()),
+                                    stream) == 0
+    before = graph_fills.memsets(graph.raw_cuda_graph())
+    filled = graph_fills.rewrite_memsets(graph.raw_cuda_graph()) if rewrite else 0
+    after = graph_fills.memsets(graph.raw_cuda_graph())
+    graph.instantiate()
+    return graph, x, big, before, filled, after
+
+
+@needs_cuda
+def test_memsets_become_fills_that_store_the_same_bytes_in_the_same_order():
+    plain = capture(rewrite=False)
+    graph, x, big, before, filled, after = capture(rewrite=True)
+    large = [m for m in before if m.width * m.element_size > graph_fills.MAX_BYTES]
+    assert len(before) == 3 and filled == 2 and len(large) == 1 and after == large  # the large one stays a memset
+    pattern = torch.tensor([0xABABABAB], dtype=torch.int64).to(torch.int32).item()
+    expected = torch.cat([torch.full((512,), 8), torch.full((256,), pattern + 1), torch.full((256,), 6)]).to(GPU)
+    for replay in range(2):
+        plain[0].replay()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(x, plain[1]) and torch.equal(big, plain[2]) and bool((big == 3).all())
+        if replay == 0:
+            assert torch.equal(x.to(torch.int64), expected)
+
+
+@needs_cuda
+def test_a_step_with_its_memsets_filled_computes_the_same_losses():
+    """The rung changes which engine stores a few bytes, nothing else: the losses of five steps are equal to the
+    last bit, the capture rewrote memsets (cuBLAS's, before its matmuls), and none that it could rewrite is left."""
+    names = [n for n in resolve_rungs("auto", detect()) if n != "memset_fill"]
+    batches = random_batches(5)
+    plain = Engine(TINY, setup_for(names), GPU, seed=0)
+    filled = Engine(TINY, setup_for(names + ["memset_fill"]), GPU, seed=0)
+    losses = [[engine.step(x, y).item() for x, y in batches] for engine in (plain, filled)]
+    assert losses[0] == losses[1]
+    assert filled.memsets_filled > 0, "no memset in the captured step: cuBLAS zeroed nothing before its matmuls"
+    left = graph_fills.memsets(filled._graph.raw_cuda_graph())
+    assert not [m for m in left if graph_fills.fill_for(m) is not None]
