@@ -179,7 +179,7 @@ class _Driver:
 
     def add_fill(self, graph, fill: Fill, dependencies: list) -> ctypes.c_void_p:
         dst, word, count = ctypes.c_uint64(fill.dst), ctypes.c_uint32(fill.word), ctypes.c_uint32(fill.count)
-        args = (ctypes.c_void_p * 3)(*(ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in (dst, word, count)))
+        args = (ctypes.c_void_p * 3)(*(ctypes.addressof(a) for a in (dst, word, count)))
         params = _KernelParams(self.fill_function(), fill.blocks, 1, 1, THREADS, 1, 1, 0,
                                ctypes.cast(args, ctypes.POINTER(ctypes.c_void_p)), None)
         deps = (ctypes.c_void_p * max(len(dependencies), 1))(*dependencies)
