@@ -188,6 +188,14 @@ def test_a_gpu_whose_float8_products_cannot_scale_rows_keeps_the_tensor_scaled_h
     assert resolve_rungs("auto", H200_TRITON)[-3:] == ["fp8_fc", "fp8_dgrad", "adamw_kernel"]  # fp8_rowwise None
 
 
+def test_memset_fill_needs_a_graph_it_can_edit():
+    assert why_unavailable("memset_fill", H200_TRITON) is None
+    assert "CUDA GPU" in why_unavailable("memset_fill", CPU_CAPS)
+    old_torch = Capabilities("cuda", "NVIDIA H200", (9, 0), graph_edits="needs a PyTorch that keeps it")
+    assert why_unavailable("memset_fill", old_torch) == "needs a PyTorch that keeps it"
+    assert "FSDP2" in why_unavailable("memset_fill", H200_TRITON, "fsdp")
+
+
 def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
     from gpt2ladder.ladder import left_out_of_auto
 

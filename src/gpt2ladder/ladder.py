@@ -135,15 +135,10 @@ def _needs_fp8_forward(caps: Capabilities) -> str | None:
 
 
 def _needs_graph_edits(caps: Capabilities) -> str | None:
-    """Editing a captured graph before instantiating it: `torch.cuda.CUDAGraph(keep_graph=True)`."""
-    import torch
-
+    """Editing a captured graph before it is instantiated (PyTorch's keep_graph, the driver's graph calls)."""
     if caps.device_type != "cuda":
         return f"editing a captured CUDA graph needs a CUDA GPU; this is {caps.device_type}"
-    if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph"):
-        return (f"editing a captured CUDA graph needs a PyTorch that keeps it for editing "
-                f"(torch.cuda.CUDAGraph.raw_cuda_graph); this is {torch.__version__}")
-    return None
+    return caps.graph_edits
 
 
 LADDER: tuple[Rung, ...] = (

@@ -59,20 +59,23 @@ def test_what_stays_a_memset():
 
 
 def test_the_driver_structures_have_cuda_h_layouts():
-    """CUDA_MEMSET_NODE_PARAMS and CUDA_KERNEL_NODE_PARAMS_v1 on a 64-bit platform: the driver reads these bytes."""
-    m, k = graph_fills._MemsetParams, graph_fills._KernelParams
+    """CUDA_MEMSET_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS_v2 and CUgraphEdgeData on a 64-bit platform: the driver
+    reads these bytes."""
+    m, k, e = graph_fills._MemsetParams, graph_fills._KernelParams, graph_fills._EdgeData
     assert ctypes.sizeof(m) == 40 and [getattr(m, f).offset for f in ("dst", "pitch", "value", "elementSize",
                                                                        "width", "height")] == [0, 8, 16, 20, 24, 32]
-    assert ctypes.sizeof(k) == 56 and k.gridDimX.offset == 8 and k.sharedMemBytes.offset == 32
-    assert k.kernelParams.offset == 40 and k.extra.offset == 48
+    assert ctypes.sizeof(k) == 72 and k.gridDimX.offset == 8 and k.sharedMemBytes.offset == 32
+    assert k.kernelParams.offset == 40 and k.extra.offset == 48 and k.kern.offset == 56 and k.ctx.offset == 64
+    assert ctypes.sizeof(e) == 8 and e.type.offset == 2
 
 
 class FakeDriver:
     """A graph as lists of nodes and edges; records every call, so the test can see queries end before edits."""
 
-    def __init__(self, nodes, edges):
+    def __init__(self, nodes, edges, special=()):
         self.types = dict(nodes)  # node -> "kernel" or a Memset
         self.edges = set(edges)
+        self.special = set(special)  # edges with data of their own (a programmatic launch, say)
         self.calls = []
         self.added = 0
 
@@ -90,14 +93,21 @@ class FakeDriver:
 
     def dependencies(self, node):
         self.calls.append("query")
-        return sorted(a for a, b in self.edges if b == node)
+        edges = [(a, b) for a, b in self.edges if b == node]
+        return sorted(a for a, _ in edges), not self.special & set(edges)
 
     def dependents(self, node):
         self.calls.append("query")
-        return sorted(b for a, b in self.edges if a == node)
+        edges = [(a, b) for a, b in self.edges if a == node]
+        return sorted(b for _, b in edges), not self.special & set(edges)
+
+    def exists(self, *nodes):
+        if missing := [n for n in nodes if n not in self.types]:
+            raise RuntimeError(f"CUDA_ERROR_INVALID_VALUE: no node {missing}")  # as the driver answers
 
     def add_fill(self, graph, fill, dependencies):
         self.calls.append("edit")
+        self.exists(*dependencies)
         self.added += 1
         node = 100 + self.added
         self.types[node] = fill
@@ -106,6 +116,7 @@ class FakeDriver:
 
     def connect(self, graph, source, targets):
         self.calls.append("edit")
+        self.exists(source.value, *targets)
         self.edges |= {(source.value, t) for t in targets}
 
     def destroy(self, node):
@@ -127,6 +138,31 @@ def test_each_memset_is_replaced_in_place_with_its_edges(monkeypatch):
     assert fake.types[7] is big and all(fake.types[n] == Fill(0x1000, 0, 1) for n in (first, second))
     last_query = max(i for i, c in enumerate(fake.calls) if c == "query")
     assert last_query < fake.calls.index("edit")  # a refused query leaves the graph untouched
+
+
+@pytest.mark.parametrize("order", [(1, 2, 3, 4, 5), (5, 4, 3, 2, 1)])
+def test_memsets_next_to_each_other_are_replaced_in_either_order(monkeypatch, order):
+    """kernel 1 -> memset 2 -> memset 3 -> memset 4 -> kernel 5, the graph's nodes listed either way round: each
+    fill takes its neighbour's place, whichever was replaced first."""
+    zero4 = Memset(0x1000, 4, 0, 1, 4, 1)
+    nodes = {1: "kernel", 2: zero4, 3: zero4, 4: zero4, 5: "kernel"}
+    fake = FakeDriver({n: nodes[n] for n in order}, {(1, 2), (2, 3), (3, 4), (4, 5)})
+    monkeypatch.setattr(graph_fills, "driver", lambda: fake)
+    assert graph_fills.rewrite_memsets(0xABC) == 3
+    chain, node = [1], 1
+    while nexts := [b for a, b in fake.edges if a == node]:
+        (node,) = nexts
+        chain.append(node)
+    assert len(chain) == 5 and chain[-1] == 5 and all(isinstance(fake.types[n], Fill) for n in chain[1:4])
+    assert len(fake.edges) == 4
+
+
+def test_a_memset_with_an_edge_of_its_own_kind_stays(monkeypatch):
+    zero4 = Memset(0x1000, 4, 0, 1, 4, 1)
+    fake = FakeDriver({1: "kernel", 2: zero4, 3: "kernel", 4: zero4, 5: "kernel"},
+                      {(1, 2), (2, 3), (3, 4), (4, 5)}, special={(4, 5)})
+    monkeypatch.setattr(graph_fills, "driver", lambda: fake)
+    assert graph_fills.rewrite_memsets(0xABC) == 1 and fake.types[4] is zero4 and 2 not in fake.types
 
 
 def test_a_graph_without_memsets_is_left_alone(monkeypatch):

@@ -59,14 +59,15 @@ def test_memsets_become_fills_that_store_the_same_bytes_in_the_same_order():
 
 @needs_cuda
 def test_a_step_with_its_memsets_filled_computes_the_same_losses():
-    """The rung changes which engine stores a few bytes, nothing else: the losses of five steps are equal to the
-    last bit, the capture rewrote memsets (cuBLAS's, before its matmuls), and none that it could rewrite is left."""
-    names = [n for n in resolve_rungs("auto", detect()) if n != "memset_fill"]
+    """The rung changes which engine stores a few bytes, nothing else: the losses of five steps agree to the
+    rounding of the step's atomic sums (whose order varies run to run, with or without the rung), the capture
+    rewrote memsets (cuBLAS's, before its matmuls), and none that it could rewrite is left."""
+    names = [n for n in resolve_rungs("auto", detect(GPU)) if n != "memset_fill"]
     batches = random_batches(5)
     plain = Engine(TINY, setup_for(names), GPU, seed=0)
     filled = Engine(TINY, setup_for(names + ["memset_fill"]), GPU, seed=0)
     losses = [[engine.step(x, y).item() for x, y in batches] for engine in (plain, filled)]
-    assert losses[0] == losses[1]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=0)
     assert filled.memsets_filled > 0, "no memset in the captured step: cuBLAS zeroed nothing before its matmuls"
     left = graph_fills.memsets(filled._graph.raw_cuda_graph())
     assert not [m for m in left if graph_fills.fill_for(m) is not None]

@@ -194,6 +194,24 @@ def test_detect_tries_the_row_scaled_product_on_float8_gpus_only(monkeypatch, ca
     assert caps.fp8_rowwise == ("not supported" if tried else None)
 
 
+def test_graph_edit_problem_names_what_is_missing(monkeypatch):
+    """memset_fill's check: a PyTorch that cannot keep a captured graph, or no driver with the graph calls, each in
+    one line; the driver's own words kept."""
+    from gpt2ladder.runtime import graph_fills
+    from gpt2ladder.runtime.hardware import graph_edit_problem
+
+    def no_driver():
+        raise OSError("libcuda.so.1: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setattr(graph_fills, "driver", no_driver)
+    assert graph_edit_problem() == ("editing a captured CUDA graph needs the CUDA driver's graph calls: "
+                                    "libcuda.so.1: cannot open shared object file: No such file or directory")
+    monkeypatch.setattr(graph_fills, "driver", lambda: None)
+    assert graph_edit_problem() is None
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", type("CUDAGraph", (), {}))
+    assert "raw_cuda_graph" in graph_edit_problem() and torch.__version__ in graph_edit_problem()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_detect_and_probe_a_real_gpu():
@@ -206,3 +224,4 @@ def test_detect_and_probe_a_real_gpu():
         assert sdpa["flash"] is None
     if caps.capability == (9, 0):  # Hopper: the row-scaled float8 product the float8 rungs make runs
         assert caps.fp8_rowwise is None
+    assert caps.graph_edits is None  # memset_fill can edit graphs: a PyTorch that keeps them, a driver that edits

@@ -106,25 +106,40 @@ def stored_bytes(fill: Fill) -> bytes:
     return fill.word.to_bytes(4, "little") * fill.count
 
 
-# ctypes mirrors of the driver's structures (cuda.h), in the layouts of the unversioned entry points
-class _MemsetParams(ctypes.Structure):
+# ctypes mirrors of the driver's structures (cuda.h, CUDA 12.3 and newer)
+class _MemsetParams(ctypes.Structure):  # CUDA_MEMSET_NODE_PARAMS
     _fields_ = [("dst", ctypes.c_uint64), ("pitch", ctypes.c_size_t), ("value", ctypes.c_uint),
                 ("elementSize", ctypes.c_uint), ("width", ctypes.c_size_t), ("height", ctypes.c_size_t)]
 
 
-class _KernelParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v1
+class _KernelParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
     _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
                 ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
                 ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
-                ("kernelParams", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.POINTER(ctypes.c_void_p))]
+                ("kernelParams", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.POINTER(ctypes.c_void_p)),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+class _EdgeData(ctypes.Structure):  # CUgraphEdgeData: all zero for a plain "after it completes" edge
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                ("reserved", ctypes.c_ubyte * 5)]
+
+
+REQUIRED = ("cuGraphGetNodes", "cuGraphNodeGetType", "cuGraphMemsetNodeGetParams", "cuGraphNodeGetDependencies_v2",
+            "cuGraphNodeGetDependentNodes_v2", "cuGraphAddKernelNode_v2", "cuGraphAddDependencies_v2",
+            "cuGraphDestroyNode", "cuModuleLoadData", "cuModuleGetFunction", "cuCtxGetCurrent")
 
 
 class _Driver:
-    """The few driver calls this needs. The unversioned names keep the CUDA 10-11 signatures (cuda.h maps its
-    own names to the _v2 ones, which take edge data); every driver still exports them."""
+    """The few driver calls this needs, by the names CUDA 12.3 and newer headers give them (the _v2 graph calls
+    carry each edge's data: a memset is rewritten only where all its edges are plain ones)."""
 
     def __init__(self):
         self.lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+        missing = [name for name in REQUIRED if not hasattr(self.lib, name)]
+        if missing:
+            raise RuntimeError(f"the CUDA driver lacks {', '.join(missing)}: editing graphs needs a driver for "
+                               "CUDA 12.3 or newer")
         self._functions: dict[int, ctypes.c_void_p] = {}  # context -> the fill kernel loaded there
 
     def __call__(self, name: str, *args) -> None:
@@ -137,7 +152,7 @@ class _Driver:
     def nodes(self, graph) -> list:
         count = ctypes.c_size_t(0)
         self("cuGraphGetNodes", graph, None, ctypes.byref(count))
-        nodes = (ctypes.c_void_p * count.value)()
+        nodes = (ctypes.c_void_p * max(count.value, 1))()
         self("cuGraphGetNodes", graph, nodes, ctypes.byref(count))
         return list(nodes)[: count.value]
 
@@ -151,18 +166,23 @@ class _Driver:
         self("cuGraphMemsetNodeGetParams", ctypes.c_void_p(node), ctypes.byref(p))
         return Memset(p.dst, p.pitch, p.value, p.elementSize, p.width, p.height)
 
-    def _edges(self, name: str, node) -> list:
+    def _edges(self, name: str, node) -> tuple[list, bool]:
+        """The nodes at the other end of a node's edges, and whether every one of those edges is a plain one."""
         count = ctypes.c_size_t(0)
-        self(name, ctypes.c_void_p(node), None, ctypes.byref(count))
-        found = (ctypes.c_void_p * max(count.value, 1))()
-        self(name, ctypes.c_void_p(node), found, ctypes.byref(count))
-        return list(found)[: count.value]
+        self(name, ctypes.c_void_p(node), None, None, ctypes.byref(count))
+        if count.value == 0:  # the driver refuses an array for no edges
+            return [], True
+        found, data = (ctypes.c_void_p * count.value)(), (_EdgeData * count.value)()
+        self(name, ctypes.c_void_p(node), found, data, ctypes.byref(count))
+        n = count.value
+        plain = all(bytes(data[i]) == bytes(_EdgeData()) for i in range(n))
+        return list(found)[:n], plain
 
-    def dependencies(self, node) -> list:
-        return self._edges("cuGraphNodeGetDependencies", node)
+    def dependencies(self, node) -> tuple[list, bool]:
+        return self._edges("cuGraphNodeGetDependencies_v2", node)
 
-    def dependents(self, node) -> list:
-        return self._edges("cuGraphNodeGetDependentNodes", node)
+    def dependents(self, node) -> tuple[list, bool]:
+        return self._edges("cuGraphNodeGetDependentNodes_v2", node)
 
     def fill_function(self) -> ctypes.c_void_p:
         """The fill kernel, loaded once into the current context (PyTorch's, on the current device)."""
@@ -181,10 +201,10 @@ class _Driver:
         dst, word, count = ctypes.c_uint64(fill.dst), ctypes.c_uint32(fill.word), ctypes.c_uint32(fill.count)
         args = (ctypes.c_void_p * 3)(*(ctypes.addressof(a) for a in (dst, word, count)))
         params = _KernelParams(self.fill_function(), fill.blocks, 1, 1, THREADS, 1, 1, 0,
-                               ctypes.cast(args, ctypes.POINTER(ctypes.c_void_p)), None)
+                               ctypes.cast(args, ctypes.POINTER(ctypes.c_void_p)), None, None, None)
         deps = (ctypes.c_void_p * max(len(dependencies), 1))(*dependencies)
         node = ctypes.c_void_p()
-        self("cuGraphAddKernelNode", ctypes.byref(node), graph, deps, ctypes.c_size_t(len(dependencies)),
+        self("cuGraphAddKernelNode_v2", ctypes.byref(node), graph, deps, ctypes.c_size_t(len(dependencies)),
              ctypes.byref(params))  # the driver copies the arguments: they need not outlive the call
         return node
 
@@ -192,7 +212,7 @@ class _Driver:
         if targets:
             sources = (ctypes.c_void_p * len(targets))(*([source.value] * len(targets)))
             to = (ctypes.c_void_p * len(targets))(*targets)
-            self("cuGraphAddDependencies", graph, sources, to, ctypes.c_size_t(len(targets)))
+            self("cuGraphAddDependencies_v2", graph, sources, to, None, ctypes.c_size_t(len(targets)))
 
     def destroy(self, node) -> None:
         self("cuGraphDestroyNode", ctypes.c_void_p(node))
@@ -206,6 +226,15 @@ def driver() -> _Driver:
     if _DRIVER is None:
         _DRIVER = _Driver()
     return _DRIVER
+
+
+def problem() -> str | None:
+    """Why graphs cannot be edited on this machine (no CUDA driver, or one too old), or None."""
+    try:
+        driver()
+    except (OSError, RuntimeError) as e:
+        return f"editing a captured CUDA graph needs the CUDA driver's graph calls: {str(e).splitlines()[0]}"
+    return None
 
 
 def memsets(graph: int) -> list[Memset]:
@@ -228,10 +257,15 @@ def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES) -> int:
         if d.node_type(node) != NODE_TYPE_MEMSET:
             continue
         fill = fill_for(d.memset(node), max_bytes)
-        if fill is not None:
-            plan.append((node, fill, d.dependencies(node), d.dependents(node)))
+        if fill is None:
+            continue
+        (before, plain_in), (after, plain_out) = d.dependencies(node), d.dependents(node)
+        if plain_in and plain_out:  # an edge with data of its own (a port, a programmatic launch) stays as it is
+            plan.append((node, fill, before, after))
+    replaced = {}  # memset node -> its fill kernel node, for memsets next to each other
     for node, fill, before, after in plan:
-        kernel = d.add_fill(g, fill, before)
-        d.connect(g, kernel, after)
+        kernel = d.add_fill(g, fill, [replaced.get(n, n) for n in before])
+        d.connect(g, kernel, [replaced.get(n, n) for n in after])
         d.destroy(node)
+        replaced[node] = kernel.value
     return len(plan)

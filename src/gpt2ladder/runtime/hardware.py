@@ -62,6 +62,9 @@ class Capabilities:
     # why a float8 matmul with a scale per row of each operand cannot run here (tried on CUDA GPUs of compute
     # capability 8.9 and newer, `fp8_rowwise_problem`); None where it ran, or where it was not tried
     fp8_rowwise: str | None = None
+    # Why a captured CUDA graph cannot be edited before it is instantiated here (PyTorch's keep_graph, the driver's
+    # graph calls: `graph_edit_problem`), None where it can or off CUDA
+    graph_edits: str | None = None
 
     @property
     def bf16_supported(self) -> bool:
@@ -132,11 +135,24 @@ def detect(device: torch.device, probe: bool = False) -> Capabilities:
     )
     if caps.device_type == "cuda" and caps.capability >= (8, 9):
         caps = dataclasses.replace(caps, fp8_rowwise=fp8_rowwise_problem(device))
+    if caps.device_type == "cuda":
+        caps = dataclasses.replace(caps, graph_edits=graph_edit_problem())
     if not probe:
         return caps
     dtype = sdpa_probe_dtype(caps)
     return dataclasses.replace(caps, sdpa=probe_sdpa(device, dtype, GPT2_HEAD_SIZE),
                                sdpa_probe=f"causal, {str(dtype).replace('torch.', '')}, head size {GPT2_HEAD_SIZE}")
+
+
+def graph_edit_problem() -> str | None:
+    """Why memset_fill cannot edit a captured graph here: a PyTorch that cannot keep the graph for editing
+    (torch.cuda.CUDAGraph.raw_cuda_graph), or a driver without the graph calls it makes. None where it can."""
+    if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph"):
+        return (f"editing a captured CUDA graph needs a PyTorch that keeps it for editing "
+                f"(torch.cuda.CUDAGraph.raw_cuda_graph); this is {torch.__version__}")
+    from gpt2ladder.runtime import graph_fills
+
+    return graph_fills.problem()
 
 
 def _cuda_facts(device: torch.device) -> dict:
