@@ -97,6 +97,7 @@ KERNELS = [
     ("void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float, float>(float*)", "optimizer"),
     ("Memcpy HtoD (Pageable -> Device)", "copies"),
     ("Memset (Device)", "copies"),
+    ("gpt2ladder_fill_u32", "copies"),  # memset_fill's kernels, where the memsets they replace were
     # CPU operators (the CPU profile's "kernels")
     ("aten::mm", "matmul"),
     ("aten::addmm", "matmul"),

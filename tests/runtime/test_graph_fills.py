@@ -165,6 +165,22 @@ def test_a_memset_with_an_edge_of_its_own_kind_stays(monkeypatch):
     assert graph_fills.rewrite_memsets(0xABC) == 1 and fake.types[4] is zero4 and 2 not in fake.types
 
 
+def test_a_refused_query_leaves_the_graph_untouched(monkeypatch):
+    zero4 = Memset(0x1000, 4, 0, 1, 4, 1)
+    fake = FakeDriver({1: "kernel", 2: zero4, 3: "kernel", 4: zero4, 5: "kernel"}, {(1, 2), (2, 3), (3, 4), (4, 5)})
+
+    def refused(node):
+        if node == 4:
+            raise RuntimeError("cuGraphNodeGetDependentNodes_v2 failed: CUDA_ERROR_INVALID_VALUE")
+        return FakeDriver.dependents(fake, node)
+
+    fake.dependents = refused
+    monkeypatch.setattr(graph_fills, "driver", lambda: fake)
+    with pytest.raises(graph_fills.Untouched, match="CUDA_ERROR_INVALID_VALUE"):
+        graph_fills.rewrite_memsets(0xABC)
+    assert "edit" not in fake.calls and fake.types[2] is zero4
+
+
 def test_a_graph_without_memsets_is_left_alone(monkeypatch):
     fake = FakeDriver({1: "kernel", 2: "kernel"}, {(1, 2)})
     monkeypatch.setattr(graph_fills, "driver", lambda: fake)

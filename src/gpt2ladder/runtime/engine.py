@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,7 +30,7 @@ from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime import distributed
-from gpt2ladder.runtime.graph_fills import rewrite_memsets
+from gpt2ladder.runtime import graph_fills
 from gpt2ladder.speedups.weight_cast import weight_casts
 
 WARMUP_STEPS = 3  # eager steps before a CUDA graph capture: compile, autotuning, optimizer state
@@ -326,7 +327,10 @@ class Engine:
             self.optimizer.zero_grad(set_to_none=True)
             self._static_loss = self._eager_step(self._static_x, self._static_y)
         if self.setup.memset_fill:
-            self.memsets_filled = rewrite_memsets(self._graph.raw_cuda_graph())
+            try:
+                self.memsets_filled = graph_fills.rewrite_memsets(self._graph.raw_cuda_graph())
+            except graph_fills.Untouched as e:  # the step as captured, memsets and all
+                print(f"notice: memset_fill left the CUDA graph's memsets as they were: {e}", file=sys.stderr)
             self._graph.instantiate()
         _restore(self.raw_model, self.optimizer, snapshot)
         self._refresh_casts()

@@ -228,6 +228,10 @@ def driver() -> _Driver:
     return _DRIVER
 
 
+class Untouched(RuntimeError):
+    """The driver refused to describe the graph, which is left as captured."""
+
+
 def problem() -> str | None:
     """Why graphs cannot be edited on this machine (no CUDA driver, or one too old), or None."""
     try:
@@ -248,20 +252,24 @@ def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES) -> int:
     """Replace each memset node of a captured, not yet instantiated graph that `fill_for` accepts by a fill kernel
     node with the same dependencies and dependents. Returns how many were replaced.
 
-    Everything is read before anything changes, so a driver that refuses a query leaves the graph as it was.
+    Everything is read before anything changes: a driver that refuses a query leaves the graph as it was, and the
+    error is an `Untouched`.
     """
     d = driver()
     g = ctypes.c_void_p(graph)
     plan = []
-    for node in d.nodes(g):
-        if d.node_type(node) != NODE_TYPE_MEMSET:
-            continue
-        fill = fill_for(d.memset(node), max_bytes)
-        if fill is None:
-            continue
-        (before, plain_in), (after, plain_out) = d.dependencies(node), d.dependents(node)
-        if plain_in and plain_out:  # an edge with data of its own (a port, a programmatic launch) stays as it is
-            plan.append((node, fill, before, after))
+    try:
+        for node in d.nodes(g):
+            if d.node_type(node) != NODE_TYPE_MEMSET:
+                continue
+            fill = fill_for(d.memset(node), max_bytes)
+            if fill is None:
+                continue
+            (before, plain_in), (after, plain_out) = d.dependencies(node), d.dependents(node)
+            if plain_in and plain_out:  # an edge with data of its own (a port, a programmatic launch) stays
+                plan.append((node, fill, before, after))
+    except RuntimeError as e:
+        raise Untouched(str(e)) from e
     replaced = {}  # memset node -> its fill kernel node, for memsets next to each other
     for node, fill, before, after in plan:
         kernel = d.add_fill(g, fill, [replaced.get(n, n) for n in before])
