@@ -56,6 +56,7 @@ def test_what_stays_a_memset():
     assert fill_for(Memset(0x1000, 0, 0, 4, MAX_BYTES // 4, 1)).count == MAX_BYTES // 4
     assert fill_for(Memset(0x1000, 32, 7, 4, 8, 3)) == Fill(0x1000, 7, 24)  # rows back to back: one span
     assert fill_for(Memset(0x1000, 0, 0, 3, 4, 1)) is None and fill_for(Memset(0x1000, 0, 0, 4, 0, 1)) is None
+    assert fill_for(Memset(0x1000, 16, 0, 4, 4, 0)) is None  # no rows: nothing a kernel of no blocks could store
 
 
 def test_the_driver_structures_have_cuda_h_layouts():
@@ -85,7 +86,11 @@ class FakeDriver:
 
     def node_type(self, node):
         self.calls.append("query")
-        return graph_fills.NODE_TYPE_MEMSET if isinstance(self.types[node], Memset) else 0
+        kind = self.types[node]
+        return graph_fills.NODE_TYPE_MEMSET if isinstance(kind, Memset) else 10 if kind == "alloc" else 0
+
+    def fill_function(self):
+        self.calls.append("load")
 
     def memset(self, node):
         self.calls.append("query")
@@ -137,7 +142,7 @@ def test_each_memset_is_replaced_in_place_with_its_edges(monkeypatch):
     assert fake.edges == {(1, first), (first, 3), (3, second), (second, 5), (second, 6), (6, 7)}
     assert fake.types[7] is big and all(fake.types[n] == Fill(0x1000, 0, 1) for n in (first, second))
     last_query = max(i for i, c in enumerate(fake.calls) if c == "query")
-    assert last_query < fake.calls.index("edit")  # a refused query leaves the graph untouched
+    assert last_query < fake.calls.index("load") < fake.calls.index("edit")  # a refusal leaves the graph untouched
 
 
 @pytest.mark.parametrize("order", [(1, 2, 3, 4, 5), (5, 4, 3, 2, 1)])
@@ -179,6 +184,75 @@ def test_a_refused_query_leaves_the_graph_untouched(monkeypatch):
     with pytest.raises(graph_fills.Untouched, match="CUDA_ERROR_INVALID_VALUE"):
         graph_fills.rewrite_memsets(0xABC)
     assert "edit" not in fake.calls and fake.types[2] is zero4
+
+
+def test_a_graph_that_allocates_is_left_untouched(monkeypatch):
+    """The driver removes no node of a graph with allocation nodes (PyTorch's cudaMallocAsync backend makes them)."""
+    fake = FakeDriver({1: "alloc", 2: Memset(0x1000, 4, 0, 1, 4, 1), 3: "kernel"}, {(1, 2), (2, 3)})
+    monkeypatch.setattr(graph_fills, "driver", lambda: fake)
+    with pytest.raises(graph_fills.Untouched, match="allocates memory"):
+        graph_fills.rewrite_memsets(0xABC)
+    assert "edit" not in fake.calls
+
+
+def test_a_fill_kernel_that_does_not_load_leaves_the_graph_untouched(monkeypatch):
+    fake = FakeDriver({1: "kernel", 2: Memset(0x1000, 4, 0, 1, 4, 1), 3: "kernel"}, {(1, 2), (2, 3)})
+
+    def no_jit():
+        raise RuntimeError("cuModuleLoadData failed: CUDA_ERROR_JIT_COMPILER_NOT_FOUND")
+
+    fake.fill_function = no_jit
+    monkeypatch.setattr(graph_fills, "driver", lambda: fake)
+    with pytest.raises(graph_fills.Untouched, match="JIT"):
+        graph_fills.rewrite_memsets(0xABC)
+    assert "edit" not in fake.calls
+
+
+def test_a_failed_edit_takes_its_fill_out_again(monkeypatch):
+    """A fill kernel left with its dependencies but without the memset's dependents could run beside the matmul
+    that reads the bytes: an edit that fails removes it, and the error is not an Untouched (the graph is not)."""
+    fake = FakeDriver({1: "kernel", 2: Memset(0x1000, 4, 0, 1, 4, 1), 3: "kernel"}, {(1, 2), (2, 3)})
+
+    def refused(graph, source, targets):
+        raise RuntimeError("cuGraphAddDependencies_v2 failed: CUDA_ERROR_INVALID_VALUE")
+
+    fake.connect = refused
+    monkeypatch.setattr(graph_fills, "driver", lambda: fake)
+    with pytest.raises(RuntimeError, match="INVALID_VALUE") as raised:
+        graph_fills.rewrite_memsets(0xABC)
+    assert not isinstance(raised.value, graph_fills.Untouched)
+    assert sorted(fake.types) == [1, 2, 3] and fake.edges == {(1, 2), (2, 3)}
+
+
+class FakeLib:
+    """The driver's two edge calls, answering as cuda.h says: CUDA_ERROR_LOSSY_QUERY when asked without room for
+    edge data that is not the default; else the count, then the nodes and their data."""
+
+    def __init__(self, edges):
+        self.edges = edges  # [(node, type)]
+
+    def _answer(self, node, found, data, count):
+        count = ctypes.cast(count, ctypes.POINTER(ctypes.c_size_t))
+        if not data and any(kind for _, kind in self.edges):
+            return graph_fills.LOSSY_QUERY
+        if found is None:
+            count[0] = len(self.edges)
+            return 0
+        found = ctypes.cast(found, ctypes.POINTER(ctypes.c_void_p))
+        data = ctypes.cast(data, ctypes.POINTER(graph_fills._EdgeData))
+        for i, (n, kind) in enumerate(self.edges[: count[0]]):
+            found[i], data[i].type = n, kind
+        return 0
+
+    cuGraphNodeGetDependencies_v2 = cuGraphNodeGetDependentNodes_v2 = _answer
+
+
+@pytest.mark.parametrize("edges,plain", [([], True), ([(7, 0), (8, 0)], True), ([(7, 0), (8, 1)], False)])
+def test_edges_and_whether_they_are_plain(edges, plain):
+    d = graph_fills._Driver.__new__(graph_fills._Driver)
+    d.lib = FakeLib(edges)
+    found, all_plain = d.dependencies(5)
+    assert all_plain == plain and found == ([n for n, _ in edges] if plain else [])
 
 
 def test_a_graph_without_memsets_is_left_alone(monkeypatch):

@@ -326,14 +326,27 @@ class Engine:
             # view costs a zeroing, an add and a division in place (three passes and a write).
             self.optimizer.zero_grad(set_to_none=True)
             self._static_loss = self._eager_step(self._static_x, self._static_y)
-        if self.setup.memset_fill:
-            try:
-                self.memsets_filled = graph_fills.rewrite_memsets(self._graph.raw_cuda_graph())
-            except graph_fills.Untouched as e:  # the step as captured, memsets and all
-                print(f"notice: memset_fill left the CUDA graph's memsets as they were: {e}", file=sys.stderr)
-            self._graph.instantiate()
-        _restore(self.raw_model, self.optimizer, snapshot)
+        try:
+            if self.setup.memset_fill:
+                self._fill_memsets()
+        finally:
+            _restore(self.raw_model, self.optimizer, snapshot)
         self._refresh_casts()
+
+    def _fill_memsets(self) -> None:
+        """memset_fill: the captured graph's memsets rewritten as fill kernels, then the graph instantiated."""
+        self.memsets_filled = 0
+        try:
+            # the driver's current context is the engine's device's, which the fill kernel is loaded into; the
+            # capture's stream context has switched back to the device that was current before it
+            with torch.cuda.device(self.device):
+                self.memsets_filled = graph_fills.rewrite_memsets(self._graph.raw_cuda_graph())
+        except graph_fills.Untouched as e:  # the step as captured, memsets and all
+            print(f"notice: memset_fill left the CUDA graph's memsets as they were: {e}", file=sys.stderr)
+        except RuntimeError:
+            self._graph = None  # half edited: never replayed
+            raise
+        self._graph.instantiate()
 
 
 def compilations() -> int:

@@ -57,6 +57,8 @@ DONE:
 """
 
 NODE_TYPE_MEMSET = 2  # CU_GRAPH_NODE_TYPE_MEMSET
+NODE_TYPES_MEMORY = (10, 11)  # CU_GRAPH_NODE_TYPE_MEM_ALLOC, _MEM_FREE: their graph's nodes cannot be removed
+LOSSY_QUERY = 402  # CUDA_ERROR_LOSSY_QUERY: an edge with data of its own, asked about without room for it
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class Fill:
 def fill_for(m: Memset, max_bytes: int = MAX_BYTES) -> Fill | None:
     """The fill that stores exactly the bytes this memset does, or None where it is not one (two-dimensional,
     not whole aligned words, or larger than `max_bytes`)."""
-    if m.element_size not in (1, 2, 4) or m.width <= 0:
+    if m.element_size not in (1, 2, 4) or m.width <= 0 or m.height <= 0:
         return None
     rows_are_one_span = m.height == 1 or m.pitch == m.width * m.element_size
     nbytes = m.width * m.element_size * m.height
@@ -169,6 +171,8 @@ class _Driver:
     def _edges(self, name: str, node) -> tuple[list, bool]:
         """The nodes at the other end of a node's edges, and whether every one of those edges is a plain one."""
         count = ctypes.c_size_t(0)
+        if getattr(self.lib, name)(ctypes.c_void_p(node), None, None, ctypes.byref(count)) == LOSSY_QUERY:
+            return [], False
         self(name, ctypes.c_void_p(node), None, None, ctypes.byref(count))
         if count.value == 0:  # the driver refuses an array for no edges
             return [], True
@@ -252,15 +256,20 @@ def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES) -> int:
     """Replace each memset node of a captured, not yet instantiated graph that `fill_for` accepts by a fill kernel
     node with the same dependencies and dependents. Returns how many were replaced.
 
-    Everything is read before anything changes: a driver that refuses a query leaves the graph as it was, and the
-    error is an `Untouched`.
+    Everything is read, and the fill kernel loaded, before anything changes: a driver that refuses a query leaves the
+    graph as it was, and the error is an `Untouched`. A failure while editing (not seen) raises as it is, and the
+    graph must not be used.
     """
     d = driver()
     g = ctypes.c_void_p(graph)
     plan = []
     try:
         for node in d.nodes(g):
-            if d.node_type(node) != NODE_TYPE_MEMSET:
+            kind = d.node_type(node)
+            if kind in NODE_TYPES_MEMORY:
+                raise RuntimeError("the graph allocates memory in it (cudaMallocAsync), and the driver removes no "
+                                   "node of such a graph")
+            if kind != NODE_TYPE_MEMSET:
                 continue
             fill = fill_for(d.memset(node), max_bytes)
             if fill is None:
@@ -268,12 +277,18 @@ def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES) -> int:
             (before, plain_in), (after, plain_out) = d.dependencies(node), d.dependents(node)
             if plain_in and plain_out:  # an edge with data of its own (a port, a programmatic launch) stays
                 plan.append((node, fill, before, after))
+        if plan:
+            d.fill_function()  # the PTX compiled and loaded before the first edit
     except RuntimeError as e:
         raise Untouched(str(e)) from e
     replaced = {}  # memset node -> its fill kernel node, for memsets next to each other
     for node, fill, before, after in plan:
         kernel = d.add_fill(g, fill, [replaced.get(n, n) for n in before])
-        d.connect(g, kernel, [replaced.get(n, n) for n in after])
-        d.destroy(node)
+        try:
+            d.connect(g, kernel, [replaced.get(n, n) for n in after])
+            d.destroy(node)
+        except RuntimeError:
+            d.destroy(kernel.value)  # not left to run beside the memset's dependents
+            raise
         replaced[node] = kernel.value
     return len(plan)
