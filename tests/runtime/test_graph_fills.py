@@ -2,6 +2,7 @@
 driver structures' layouts, the order of the rewrite's driver calls, and the fill kernel's PTX assembling for the
 GPUs it targets. tests/runtime/test_graph_fills_gpu.py runs it on one."""
 
+import collections
 import ctypes
 import importlib.util
 import random
@@ -89,6 +90,11 @@ class FakeDriver:
         kind = self.types[node]
         return graph_fills.NODE_TYPE_MEMSET if isinstance(kind, Memset) else 10 if kind == "alloc" else 0
 
+    def kernel_name(self, node):  # "k:NAME" is a kernel with a name; a plain "kernel" one the driver cannot name
+        self.calls.append("query")
+        kind = self.types[node]
+        return kind[2:] if isinstance(kind, str) and kind.startswith("k:") else None
+
     def fill_function(self):
         self.calls.append("load")
 
@@ -160,6 +166,67 @@ def test_memsets_next_to_each_other_are_replaced_in_either_order(monkeypatch, or
         chain.append(node)
     assert len(chain) == 5 and chain[-1] == 5 and all(isinstance(fake.types[n], Fill) for n in chain[1:4])
     assert len(fake.edges) == 4
+
+
+def reach(edges) -> dict:
+    """node -> every node after it."""
+    after = collections.defaultdict(set)
+    for a, b in edges:
+        after[a].add(b)
+    out = {}
+    for start in list(after):
+        seen, todo = set(), [start]
+        while todo:
+            for n in after[todo.pop()] - seen:
+                seen.add(n)
+                todo.append(n)
+        out[start] = seen
+    return out
+
+
+def may_be_cublas(kind) -> bool:
+    return not (isinstance(kind, str) and kind.startswith("k:") and not graph_fills.MAY_BE_CUBLAS.search(kind[2:]))
+
+
+@pytest.mark.parametrize("beside", [False, True])
+@pytest.mark.parametrize("seed", range(25))
+def test_every_order_a_fill_needs_is_kept(monkeypatch, seed, beside):
+    """A random chain of cuBLAS kernels, other kernels, kernels without a name and memsets (some side by side), with a
+    second stream joining it. After the rewrite every original node still precedes every node it preceded; each fill
+    still precedes all its memset preceded, and follows every node its memset followed that may be cuBLAS's (in
+    place: every node). Beside, some fill starts earlier than its memset did."""
+    rng = random.Random(seed)
+    kinds = ["k:nvjet_sm90_tst_256x128", "k:triton_poi_fused_add", "k:triton_red_fused_sum", "kernel",
+             "k:void cublasLt::splitKreduce_kernel", "k:_gelu_grad_kernel", "memset"]
+    chain = ["k:nvjet_sm90_tss", "k:_add_norm_fwd_kernel", "k:triton_poi_fused", "memset", "k:nvjet_sm90_qqtst"]
+    chain += [rng.choice(kinds) for _ in range(40)]
+    nodes = {i: Memset(0x10000 + 64 * i, 4, 0, 1, 4, 1) if kind == "memset" else kind for i, kind in enumerate(chain)}
+    edges = {(i, i + 1) for i in range(len(chain) - 1)}
+    nodes[100] = "k:ncclDevKernel_AllReduce"  # a second stream's kernel joining the chain
+    edges |= {(7, 100), (100, 30)}
+    before = reach(edges)
+    fake = FakeDriver(dict(nodes), set(edges))
+    monkeypatch.setattr(graph_fills, "driver", lambda: fake)
+    memsets = {n for n, kind in nodes.items() if isinstance(kind, Memset)}
+    assert graph_fills.rewrite_memsets(0xABC, beside=beside) == len(memsets)
+    fill_of = {m: next(n for n, kind in fake.types.items() if isinstance(kind, Fill) and kind.dst == nodes[m].dst)
+               for m in memsets}
+    after = reach(fake.edges)
+    moved = 0
+    for u, later in before.items():
+        for v in later:
+            if u in memsets and v in memsets:
+                assert fill_of[v] in after.get(fill_of[u], set())
+            elif u in memsets:
+                assert v in after.get(fill_of[u], set())
+            elif v in memsets:
+                follows = fill_of[v] in after.get(u, set())
+                assert follows or (beside and not may_be_cublas(nodes[u])), (u, v)
+                moved += not follows
+            else:
+                assert v in after.get(u, set())
+    assert (moved > 0) == beside
+    assert len(fake.edges) < 3 * len(edges)
 
 
 def test_a_memset_with_an_edge_of_its_own_kind_stays(monkeypatch):

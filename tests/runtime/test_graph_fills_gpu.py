@@ -58,10 +58,42 @@ def test_memsets_become_fills_that_store_the_same_bytes_in_the_same_order():
 
 
 @needs_cuda
-def test_a_step_with_its_memsets_filled_computes_the_same_losses():
+def test_beside_hangs_a_fill_off_the_last_cublas_kernel_before_it():
+    """mm, two elementwise kernels, mm: the second matmul's fill (graph_fills.BESIDE) waits only for the first matmul,
+    the matmul for both; the graph computes what eager PyTorch does, to bf16's rounding."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a, w, w2 = (torch.randn(n, 768, device=GPU, dtype=torch.bfloat16, generator=g) for n in (4096, 768, 768))
+    expected = ((a @ w + 1) * 2) @ w2
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        y = torch.mm(a, w)
+        y.add_(1)
+        y.mul_(2)
+        z = torch.mm(y, w2)
+    d = graph_fills.driver()
+    raw = ctypes.c_void_p(graph.raw_cuda_graph())
+    found = len(graph_fills.memsets(graph.raw_cuda_graph()))
+    assert graph_fills.rewrite_memsets(graph.raw_cuda_graph(), beside=True) == found
+    fills = [n for n in d.nodes(raw) if d.node_type(n) == graph_fills.NODE_TYPE_KERNEL
+             and d.kernel_name(n) == graph_fills.KERNEL_NAME]
+    anchors = [d.dependencies(n)[0] for n in fills]
+    if found == 2:  # cuBLAS zeroed its bytes before each matmul, as on the H200
+        assert [] in anchors  # the first, at the graph's start
+        (held,) = [a for a in anchors if a]
+        assert graph_fills.MAY_BE_CUBLAS.search(d.kernel_name(held[0]))
+    graph.instantiate()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(z, expected)  # a fill racing the matmul that reads its bytes would not be close
+
+
+@pytest.mark.parametrize("beside", [False, True])
+@needs_cuda
+def test_a_step_with_its_memsets_filled_computes_the_same_losses(monkeypatch, beside):
     """The rung changes which engine stores a few bytes, nothing else: the losses of five steps agree to the
     rounding of the step's atomic sums (whose order varies run to run, with or without the rung), the capture
     rewrote memsets (cuBLAS's, before its matmuls), and none that it could rewrite is left."""
+    monkeypatch.setattr(graph_fills, "BESIDE", beside)
     names = [n for n in resolve_rungs("auto", detect(GPU)) if n != "memset_fill"]
     batches = random_batches(5)
     plain = Engine(TINY, setup_for(names), GPU, seed=0)

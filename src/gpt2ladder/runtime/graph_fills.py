@@ -15,10 +15,19 @@ that the driver compiles for the GPU it runs on.
 from __future__ import annotations
 
 import ctypes
+import re
 import sys
 from dataclasses import dataclass
 
 MAX_BYTES = 1 << 20  # memsets up to this size become fill kernels
+# Each fill hung off the last kernel before it that may be cuBLAS's (`anchor`), not off the node just before it, so
+# that it runs beside the kernels between; the matmul after it then waits for both. Off until measured in the step.
+BESIDE = False
+# Kernel names that may be cuBLAS's (or cuBLASLt's), the only kernels that touch its workspace; a name that matches
+# by mistake only keeps a fill nearer its matmul, while a cuBLAS kernel it missed could race with the fill.
+MAY_BE_CUBLAS = re.compile(r"nvjet|cublas|gemm|gemv|xmma|cutlass|splitk|dot_kernel|reduce_1block|scal_kernel|"
+                           r"^(void )?kernel|_z\d+kernel", re.IGNORECASE)
+WALK = 256  # kernels looked back through for an anchor before the fill stays where the memset was
 THREADS = 256  # per block of the fill kernel, one 32-bit word each
 KERNEL_NAME = "gpt2ladder_fill_u32"
 
@@ -56,6 +65,7 @@ DONE:
 }
 """
 
+NODE_TYPE_KERNEL = 0  # CU_GRAPH_NODE_TYPE_KERNEL
 NODE_TYPE_MEMSET = 2  # CU_GRAPH_NODE_TYPE_MEMSET
 NODE_TYPES_MEMORY = (10, 11)  # CU_GRAPH_NODE_TYPE_MEM_ALLOC, _MEM_FREE: their graph's nodes cannot be removed
 LOSSY_QUERY = 402  # CUDA_ERROR_LOSSY_QUERY: an edge with data of its own, asked about without room for it
@@ -182,6 +192,20 @@ class _Driver:
         plain = all(bytes(data[i]) == bytes(_EdgeData()) for i in range(n))
         return list(found)[:n], plain
 
+    def kernel_name(self, node) -> str | None:
+        """The name of a kernel node's function, or None where the driver cannot say (before CUDA 12.3)."""
+        p = _KernelParams()
+        name = ctypes.c_char_p()
+        try:
+            self("cuGraphKernelNodeGetParams_v2", ctypes.c_void_p(node), ctypes.byref(p))
+            if p.func:
+                self("cuFuncGetName", ctypes.byref(name), ctypes.c_void_p(p.func))
+            elif p.kern:
+                self("cuKernelGetName", ctypes.byref(name), ctypes.c_void_p(p.kern))
+        except (AttributeError, RuntimeError):
+            return None
+        return name.value.decode(errors="replace") if name.value else None
+
     def dependencies(self, node) -> tuple[list, bool]:
         return self._edges("cuGraphNodeGetDependencies_v2", node)
 
@@ -252,9 +276,32 @@ def memsets(graph: int) -> list[Memset]:
     return [d.memset(n) for n in d.nodes(g) if d.node_type(n) == NODE_TYPE_MEMSET]
 
 
-def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES) -> int:
+def anchor(d, before: list):
+    """For a memset whose dependencies are `before`: the last node up its chain of single dependencies that is not a
+    kernel known not to be cuBLAS's (a cuBLAS kernel, an unnamed one, another memset, a node where streams join, the
+    graph's first node). Its fill may start once that node is done. None after a join."""
+    if len(before) != 1:
+        return None
+    node = before[0]
+    for _ in range(WALK):
+        if d.node_type(node) != NODE_TYPE_KERNEL:
+            return node
+        name = d.kernel_name(node)
+        if name is None or MAY_BE_CUBLAS.search(name):
+            return node
+        deps = d.dependencies(node)[0]
+        if len(deps) != 1:
+            return node
+        node = deps[0]
+    return node
+
+
+def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES, beside: bool | None = None) -> int:
     """Replace each memset node of a captured, not yet instantiated graph that `fill_for` accepts by a fill kernel
     node with the same dependencies and dependents. Returns how many were replaced.
+
+    With `beside` (default `BESIDE`) a fill depends on its `anchor` instead, and the memset's dependencies are joined
+    to its dependents directly: the matmul after it still waits for everything that came before the memset.
 
     Everything is read, and the fill kernel loaded, before anything changes: a driver that refuses a query leaves the
     graph as it was, and the error is an `Untouched`. A failure while editing (not seen) raises as it is, and the
@@ -276,16 +323,26 @@ def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES) -> int:
                 continue
             (before, plain_in), (after, plain_out) = d.dependencies(node), d.dependents(node)
             if plain_in and plain_out:  # an edge with data of its own (a port, a programmatic launch) stays
-                plan.append((node, fill, before, after))
+                held = anchor(d, before) if (BESIDE if beside is None else beside) else None
+                plan.append((node, fill, before, after, held))
+        planned = {entry[0] for entry in plan}
+        # Beside only where no neighbour is another memset: the lists read above stay true while the others change.
+        plan = [(node, fill, before, after, None if planned & {*before, *after} else held)
+                for node, fill, before, after, held in plan]
         if plan:
             d.fill_function()  # the PTX compiled and loaded before the first edit
     except RuntimeError as e:
         raise Untouched(str(e)) from e
     replaced = {}  # memset node -> its fill kernel node, for memsets next to each other
-    for node, fill, before, after in plan:
-        kernel = d.add_fill(g, fill, [replaced.get(n, n) for n in before])
+    for node, fill, before, after, held in plan:
+        before, after = [replaced.get(n, n) for n in before], [replaced.get(n, n) for n in after]
+        beside_it = held is not None and [held] != before
+        kernel = d.add_fill(g, fill, [replaced.get(held, held)] if beside_it else before)
         try:
-            d.connect(g, kernel, [replaced.get(n, n) for n in after])
+            d.connect(g, kernel, after)
+            if beside_it:  # what came before the memset still comes before what came after it
+                for n in before:
+                    d.connect(g, ctypes.c_void_p(n), after)
             d.destroy(node)
         except RuntimeError:
             d.destroy(kernel.value)  # not left to run beside the memset's dependents
