@@ -136,9 +136,7 @@ def _needs_fp8_forward(caps: Capabilities) -> str | None:
 
 def _needs_graph_edits(caps: Capabilities) -> str | None:
     """Editing a captured graph before it is instantiated (PyTorch's keep_graph, the driver's graph calls)."""
-    if caps.device_type != "cuda":
-        return f"editing a captured CUDA graph needs a CUDA GPU; this is {caps.device_type}"
-    return caps.graph_edits
+    return _needs_cuda("editing a captured CUDA graph")(caps) or caps.graph_edits
 
 
 LADDER: tuple[Rung, ...] = (

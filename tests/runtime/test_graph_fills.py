@@ -11,7 +11,12 @@ import subprocess
 import pytest
 
 from gpt2ladder.runtime import graph_fills
-from gpt2ladder.runtime.graph_fills import FILL_PTX, MAX_BYTES, Fill, Memset, fill_for, stored_bytes
+from gpt2ladder.runtime.graph_fills import FILL_PTX, MAX_BYTES, Fill, Memset, fill_for
+
+
+def stored_bytes(fill: Fill) -> bytes:
+    """What the fill kernel writes: its word, little-endian, `count` times."""
+    return fill.word.to_bytes(4, "little") * fill.count
 
 
 def memset_bytes(m: Memset) -> bytes:

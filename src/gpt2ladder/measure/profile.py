@@ -76,8 +76,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("copies", rf"^triton_[a-z]+_fused(_+({_DATA_OPS}))+$"),
     ("elementwise", r"^triton_|cpp_fused|compiledfxgraph"),  # every other fused kernel computes
     ("copies", r"copy|memcpy|memset|gpt2ladder_fill|transpose|permute|clone|contiguous|catarray|gather|scatter|"
-               r"index|embedding|^aten::(cat|stack|t|view|reshape|_unsafe_view|as_strided|expand|slice|select|split|unbind|"
-               r"unsqueeze|squeeze|narrow|detach|alias)$"),
+               r"index|embedding|^aten::(cat|stack|t|view|reshape|_unsafe_view|as_strided|expand|slice|select|split|"
+               r"unbind|unsqueeze|squeeze|narrow|detach|alias)$"),
     ("other", r"^aten::(empty|empty_strided|empty_like|resize_|item|_local_scalar_dense)$"),
     ("elementwise", r"layer_?norm|add_norm|colsum|gelu|tanh|elementwise|reduce_kernel|gammabeta|^aten::"),
 )

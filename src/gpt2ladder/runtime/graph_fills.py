@@ -113,11 +113,6 @@ def fill_for(m: Memset, max_bytes: int = MAX_BYTES) -> Fill | None:
     return Fill(m.dst, word, nbytes // 4)
 
 
-def stored_bytes(fill: Fill) -> bytes:
-    """The bytes the fill kernel writes (little-endian words), for comparing with a memset's."""
-    return fill.word.to_bytes(4, "little") * fill.count
-
-
 # ctypes mirrors of the driver's structures (cuda.h, CUDA 12.3 and newer)
 class _MemsetParams(ctypes.Structure):  # CUDA_MEMSET_NODE_PARAMS
     _fields_ = [("dst", ctypes.c_uint64), ("pitch", ctypes.c_size_t), ("value", ctypes.c_uint),
@@ -155,7 +150,9 @@ class _Driver:
         self._functions: dict[int, ctypes.c_void_p] = {}  # context -> the fill kernel loaded there
 
     def __call__(self, name: str, *args) -> None:
-        result = getattr(self.lib, name)(*args)
+        self.check(name, getattr(self.lib, name)(*args))
+
+    def check(self, name: str, result: int) -> None:
         if result != 0:
             text = ctypes.c_char_p()
             self.lib.cuGetErrorName(result, ctypes.byref(text))
@@ -181,9 +178,10 @@ class _Driver:
     def _edges(self, name: str, node) -> tuple[list, bool]:
         """The nodes at the other end of a node's edges, and whether every one of those edges is a plain one."""
         count = ctypes.c_size_t(0)
-        if getattr(self.lib, name)(ctypes.c_void_p(node), None, None, ctypes.byref(count)) == LOSSY_QUERY:
+        result = getattr(self.lib, name)(ctypes.c_void_p(node), None, None, ctypes.byref(count))
+        if result == LOSSY_QUERY:
             return [], False
-        self(name, ctypes.c_void_p(node), None, None, ctypes.byref(count))
+        self.check(name, result)
         if count.value == 0:  # the driver refuses an array for no edges
             return [], True
         found, data = (ctypes.c_void_p * count.value)(), (_EdgeData * count.value)()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt2ladder.errors import UsageError
+from gpt2ladder.runtime import graph_fills
 
 # The kernels behind F.scaled_dot_product_attention, in the names of torch.backends.cuda's flags
 # (flash_sdp_enabled, mem_efficient_sdp_enabled, ...) mapped to torch.nn.attention.SDPBackend.
@@ -150,8 +151,6 @@ def graph_edit_problem() -> str | None:
     if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph"):
         return (f"editing a captured CUDA graph needs a PyTorch that keeps it for editing "
                 f"(torch.cuda.CUDAGraph.raw_cuda_graph); this is {torch.__version__}")
-    from gpt2ladder.runtime import graph_fills
-
     return graph_fills.problem()
 
 
