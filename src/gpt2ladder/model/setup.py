@@ -42,6 +42,7 @@ class Setup:
     fp8_forward: bool = False  # c_attn's and c_fc's forward matmuls in float8, from the norm kernels' float8 copies
     adamw_kernel: bool = False  # AdamW's update of every parameter as one Triton launch
     memset_fill: bool = False  # the captured graph's small memset nodes stored by kernels instead
+    tied_grad: bool = False  # the tied embedding's gradient rows added into the classifier's, not into zeros
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 

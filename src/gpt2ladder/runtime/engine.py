@@ -108,6 +108,7 @@ class Engine:
             self.model = parallelize(self.raw_model) if parallelize else self.raw_model
         if self._stream is not None:
             torch.cuda.current_stream(device).wait_stream(self._stream)
+        self.tied_grad_pass = None  # tied_grad's graph pass, where Inductor compiles (`_compiled`)
         self.forward = self._compiled(self.model, compile_backend)
         self.optimizer = make_optimizer(self.raw_model, optim, setup, device)
         self.scaler = torch.amp.GradScaler(device.type) if setup.autocast == "float16" else None
@@ -122,6 +123,11 @@ class Engine:
         # A fresh compile cache per engine: many engines in one process would otherwise exhaust
         # dynamo's per-function recompile limit and silently fall back to eager.
         torch._dynamo.reset()
+        if self.setup.tied_grad and backend == "inductor":
+            from gpt2ladder.speedups.tied_grad import FoldTiedScatter
+
+            self.tied_grad_pass = FoldTiedScatter()
+            return torch.compile(module, backend=backend, options={"post_grad_custom_post_pass": self.tied_grad_pass})
         return torch.compile(module, backend=backend)
 
     @contextlib.contextmanager
