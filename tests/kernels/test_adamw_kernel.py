@@ -70,6 +70,7 @@ def step_both(pairs, scale, found_inf, lrs, gen):
         g = torch.randn(p.shape, generator=gen)
         p.grad, q.grad = g.clone(), g.clone()
     before = [(p.detach().clone(), p.grad.clone()) for p in ka_params]
+    keeps = scale is None or ka_opt.unscaled_grads  # else the kernel leaves each gradient as it was given
     if found_inf is not None:
         ka_opt.found_inf = torch.tensor(float(found_inf))
     if scale is not None:
@@ -86,9 +87,10 @@ def step_both(pairs, scale, found_inf, lrs, gen):
     ref_opt.step()
     out = {"param": 0.0, "exp_avg": 0.0, "exp_avg_sq": 0.0, "steps_equal": True, "grads_equal": True,
            "copies_equal": ka_opt.casts is None or ka_opt.casts.equal()}
-    for p, q in zip(ka_params, ref_params):
+    for p, q, (_, given) in zip(ka_params, ref_params, before):
         out["param"] = max(out["param"], worst(p.detach(), q.detach()))
-        out["grads_equal"] &= torch.equal(p.grad, q.grad)  # the kernel stores the divided gradient
+        # the kernel stores the divided gradient, or with unscaled_grads off leaves the one it was given
+        out["grads_equal"] &= torch.equal(p.grad, q.grad if keeps else given)
         for key in ("exp_avg", "exp_avg_sq"):
             out[key] = max(out[key], worst(ka_opt.state[p][key], ref_opt.state[q][key]))
         out["steps_equal"] &= torch.equal(ka_opt.state[p]["step"], ref_opt.state[q]["step"])
@@ -101,7 +103,7 @@ out = []
 for case in json.loads(sys.argv[1]):
     shapes = [tuple(s) for s in case["shapes"]]
     lrs = [torch.tensor(1e-2), torch.tensor(1e-2)]
-    pairs = [make(shapes, lrs[0], KernelAdamW, tile=tuple(case["tile"])),
+    pairs = [make(shapes, lrs[0], KernelAdamW, tile=tuple(case["tile"]), unscaled_grads=case.get("unscaled", True)),
              make(shapes, lrs[1], torch.optim.AdamW, foreach=False)]
     if case.get("casts"):
         pairs[0][1].casts = Copies([pairs[0][0][i] for i in case["casts"]])
@@ -148,6 +150,10 @@ CASES = [
     {"tile": [64, 2, 4], "shapes": ODD, "scales": [None, 2.0, 2.0, None], "found_inf": [None, 0, 1, None],
      "casts": [0, 2, 5, 6]},
     {"tile": [32, 1, 1], "shapes": ALIGNED, "scales": [None, 3.0, None], "found_inf": [None] * 3, "casts": [0, 3]},
+    # told not to store the divided gradients: the same update, the gradients left as they were given
+    {"tile": [64, 2, 4], "shapes": ODD, "scales": [3.0, None, 0.5], "found_inf": [None] * 3, "unscaled": False},
+    {"tile": [32, 1, 1], "shapes": ALIGNED, "scales": [2.0, 4.0, None], "found_inf": [None, 0, None], "unscaled": False,
+     "casts": [1, 2]},
 ]
 
 

@@ -167,3 +167,43 @@ def test_copies_written_by_the_kernel_are_the_copies_the_step_would_make(triton_
     assert writing["held"] and not copying["held"]
     assert writing["losses"] == copying["losses"] and writing["weights"] == copying["weights"]
     assert writing["losses"][-1] < writing["losses"][0]
+
+
+# Run with TRITON_INTERPRET=1: the engine's step with the kernel told to store the divided gradients, and not.
+STORES_SCRIPT = r"""
+import dataclasses, json, sys, torch
+from gpt2ladder.kernels import adamw as ka
+ka.kernels_available = lambda device: True  # the interpreter runs the kernel on CPU tensors
+stored = []
+real_launch = ka.Tables.launch
+ka.Tables.launch = lambda self, *a: stored.append(a[2]) or real_launch(self, *a)
+from gpt2ladder.ladder import setup_for
+from gpt2ladder.model.config import PRESETS
+from gpt2ladder.runtime.engine import Engine, OptimConfig
+from gpt2ladder.speedups import kernel_adamw
+
+config = dataclasses.replace(PRESETS["tiny"], vocab_size=501)
+gen = torch.Generator().manual_seed(0)
+x, y = (torch.randint(0, 501, (2, 2, 32), generator=gen) for _ in range(2))
+out = {}
+for stores in (True, False):
+    kernel_adamw.STORES_UNSCALED_GRADS = stores
+    stored.clear()
+    engine = Engine(config, setup_for(json.loads(sys.argv[1])), torch.device("cpu"),
+                    optim=OptimConfig(lr=3e-3, grad_clip=0.05))
+    losses = [engine.step(x, y).item() for _ in range(3)]
+    out[str(stores)] = {"losses": losses, "stored": list(stored),
+                        "weights": [v.tolist() for v in engine.raw_model.state_dict().values()]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
+def test_leaving_the_gradients_scaled_changes_no_update(triton_interpret):
+    """STORES_UNSCALED_GRADS off: the engine tells the kernel not to store the divided gradients (nothing reads them
+    after the step), and the training is the same bit for bit."""
+    result = triton_interpret(STORES_SCRIPT, RUNGS + ["adamw_kernel"])
+    stores, leaves = result["True"], result["False"]
+    assert stores["stored"] == [True] * 3 and leaves["stored"] == [False] * 3
+    assert leaves["losses"] == stores["losses"] and leaves["weights"] == stores["weights"]
+    assert leaves["losses"][-1] < leaves["losses"][0]

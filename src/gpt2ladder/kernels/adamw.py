@@ -27,7 +27,7 @@ The arithmetic is torch.optim.AdamW's (decoupled weight decay; not amsgrad, not 
 corrections, step size and decay factor in float64 from the float32 step count, each then rounded to
 float32 as AdamW's own expressions round them; per element, in float32 with correctly rounded divisions
 and square root,
-    g = grad / grad_scale (stored back, as fused AdamW stores the unscaled gradient)
+    g = grad / grad_scale (stored back, as fused AdamW stores the unscaled gradient, unless told not to)
     p = p * (1 - lr * weight_decay)
     m = m + (1 - beta1) * (g - m)
     v = v * beta2 + (1 - beta2) * g * g
@@ -133,9 +133,11 @@ class Tables:
         self.aligned = all(a % 16 == 0 for row in rows for a in (*row[:4], row[9])) and all(n % 4 == 0 for n in numels)
         self.casts = any(row[9] for row in rows)
 
-    def launch(self, grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+    def launch(self, grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None,
+               store_grads: bool = True) -> None:
         """One AdamW step of every tensor of the last `update`: `grad_scale` (float32, 0-dim, on the device)
-        divides every gradient, which is stored so divided; a nonzero `found_inf` skips the whole step."""
+        divides every gradient, which is stored so divided unless `store_grads` is False (then the gradients are
+        left as they were, a write of every gradient saved); a nonzero `found_inf` skips the whole step."""
         block, iters, warps = self.tile
         if self.work.is_cuda and torch.cuda.is_current_stream_capturing():
             self.captured += [self.work, self.tensors, self.groups, self.tickets]
@@ -143,6 +145,7 @@ class Tables:
                                              self.work if grad_scale is None else grad_scale,
                                              self.work if found_inf is None else found_inf,
                                              HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None,
+                                             STORE_GRADS=store_grads,
                                              ALIGNED=self.aligned, CASTS=self.casts, BLOCK=block, ITERS=iters,
                                              num_warps=warps)
 
@@ -176,8 +179,8 @@ if triton is not None:
 
     @triton.jit
     def _adamw_kernel(work_ptr, tensors_ptr, groups_ptr, tickets_ptr, scale_ptr, inf_ptr, HAS_SCALE: tl.constexpr,
-                      HAS_INF: tl.constexpr, ALIGNED: tl.constexpr, CASTS: tl.constexpr, BLOCK: tl.constexpr,
-                      ITERS: tl.constexpr):
+                      HAS_INF: tl.constexpr, STORE_GRADS: tl.constexpr, ALIGNED: tl.constexpr, CASTS: tl.constexpr,
+                      BLOCK: tl.constexpr, ITERS: tl.constexpr):
         # Program pid updates elements [start, start + BLOCK * ITERS) of tensor t, as the work table says; the
         # tensor table's row t is TENSOR_FIELDS, the group table's row GROUP_FIELDS.
         pid = tl.program_id(0)
@@ -233,7 +236,8 @@ if triton is not None:
             g = tl.load(grad + offs, mask=mask)
             if HAS_SCALE:
                 g = tl.div_rn(g, scale)
-                tl.store(grad + offs, g, mask=mask)
+                if STORE_GRADS:
+                    tl.store(grad + offs, g, mask=mask)
             p = tl.load(param + offs, mask=mask) * decay
             m = tl.load(exp_avg + offs, mask=mask)
             v = tl.load(exp_avg_sq + offs, mask=mask)

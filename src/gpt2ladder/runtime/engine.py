@@ -83,6 +83,7 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
         from gpt2ladder.speedups import kernel_adamw
 
         extra["casts"] = weight_casts(model) if kernel_adamw.WRITES_WEIGHT_CASTS else None
+        extra["unscaled_grads"] = kernel_adamw.STORES_UNSCALED_GRADS  # no gradient is read after the step
         return kernel_adamw.KernelAdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
 

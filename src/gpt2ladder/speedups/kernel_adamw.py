@@ -27,6 +27,10 @@ from gpt2ladder.speedups.weight_cast import WeightCasts
 
 # Whether the engine gives KernelAdamW the weight_cast rung's copies to write (measured faster in the step).
 WRITES_WEIGHT_CASTS = True
+# Whether the engine has KernelAdamW store each gradient divided by the step's grad_scale, as fused AdamW does. The
+# engine reads no gradient after the step, so off saves a write of every gradient (4 bytes a parameter); not yet
+# timed in the step.
+STORES_UNSCALED_GRADS = True
 
 
 class KernelAdamW(torch.optim.AdamW):
@@ -36,10 +40,14 @@ class KernelAdamW(torch.optim.AdamW):
     takes_grad_scale = True  # the engine may hand it clipping's factor as `grad_scale` (runtime/engine.py)
 
     def __init__(self, params, *args, tile: tuple[int, int, int] | None = None, casts: WeightCasts | None = None,
-                 **kwargs):
+                 unscaled_grads: bool = True, **kwargs):
         super().__init__(params, *args, **kwargs)
         self.tables = kernel.Tables(tile) if kernel.triton is not None else None
         self.casts = casts  # bfloat16 copies to write beside the update, or None
+        # After a step with a grad_scale the gradients are left divided by it, as fused AdamW leaves them. False lets
+        # the kernel leave them as they were, which saves a write of every gradient (AdamW's own path, off the
+        # kernel's, still divides them in place: it must, to step with them).
+        self.unscaled_grads = unscaled_grads
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -51,7 +59,7 @@ class KernelAdamW(torch.optim.AdamW):
                 loss = closure()
         tensors, groups = self._tensors()
         self.tables.update(tensors, groups)
-        self.tables.launch(getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
+        self.tables.launch(getattr(self, "grad_scale", None), getattr(self, "found_inf", None), self.unscaled_grads)
         if self.casts is not None:
             self.casts.written([t[0] for t in tensors if t[6] is not None])
         return loss
