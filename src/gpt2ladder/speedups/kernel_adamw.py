@@ -28,8 +28,8 @@ from gpt2ladder.speedups.weight_cast import WeightCasts
 # Whether the engine gives KernelAdamW the weight_cast rung's copies to write (measured faster in the step).
 WRITES_WEIGHT_CASTS = True
 # Whether the engine has KernelAdamW store each gradient divided by the step's grad_scale, as fused AdamW does. The
-# engine reads no gradient after the step, so off saves a write of every gradient (4 bytes a parameter); not yet
-# timed in the step.
+# engine reads no gradient after the step, so off saves a write of every gradient (4 bytes a parameter) in a clipped
+# step (train's; bench's does not clip, so has no grad_scale); not yet timed.
 STORES_UNSCALED_GRADS = True
 
 
