@@ -74,7 +74,8 @@ def shape(name: str, out_features: int, in_features: int, tokens: int, args) -> 
     dy = torch.randn(tokens, out_features, device="cuda", dtype=torch.bfloat16, generator=g)
     ref = torch.mm(dy.t(), x, out_dtype=torch.float32)
     scale = ref.abs().max().item()
-    torch_ms = timed(lambda: torch.mm(dy.t(), x, out_dtype=torch.float32), args.reps)
+    torch_ms = statistics.median(timed(lambda: torch.mm(dy.t(), x, out_dtype=torch.float32), args.reps)
+                                 for _ in range(3))
     print(f"{name}: weight {out_features} x {in_features}, {tokens} tokens; torch.mm {torch_ms * 1000:.1f} us")
     lib = lt._library()
     out = torch.empty(out_features, in_features, device="cuda", dtype=torch.float32)
@@ -93,14 +94,12 @@ def shape(name: str, out_features: int, in_features: int, tokens: int, args) -> 
         seen = set()
         for label, mask in MASKS.items():
             found = algos(d, layouts, mask, args.algos, device)
-            print(f"  reduction mask {label}: {len(found)} algorithms")
+            fresh = [r for r in found if tuple(r.algo) not in seen]
+            print(f"  reduction mask {label}: {len(found)} algorithms, {len(fresh)} not listed above")
             rows = []
-            for result in found:
+            for result in fresh:
                 algo = result.algo
-                key = tuple(algo)
-                if key in seen:
-                    continue
-                seen.add(key)
+                seen.add(tuple(algo))
 
                 def run(algo=algo):
                     lt._check(lib.cublasLtMatmul(lt._handle(device), d.desc, ctypes.byref(alpha), x.data_ptr(),

@@ -254,7 +254,8 @@ LADDER: tuple[Rung, ...] = (
              "fsdp": "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"}),
     Rung("tied_grad", "The token embedding's gradient rows are added into the tied classifier's gradient, not into a "
          "zeroed copy of the 50304 x 768 weight that is then added to it, saving a write and a pass over 154 MB a "
-         "step (opt-in: not yet timed on a GPU).",
+         "step where the model compiles as one graph (not under DDP's graph per bucket; opt-in: not yet timed on a "
+         "GPU).",
          "memory", {"tied_grad": True}, _needs_compile, opt_in=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "

@@ -1,16 +1,19 @@
-"""KernelAdamW on a GPU at the top of `auto`, told to leave the gradients as they were given (STORES_UNSCALED_GRADS
-off): the losses of eight steps are the ones with the divided gradients stored, to the rounding of the step's atomic
-sums. Skipped without a GPU."""
+"""KernelAdamW on a GPU at the top of `auto`, in a clipped step (as `train`'s), told to leave the gradients as they
+were given (STORES_UNSCALED_GRADS off): the losses of eight steps are the ones with the divided gradients stored, to
+the rounding of the step's atomic sums, and the gradients after the step are the clipped ones only when stored.
+Skipped without a GPU."""
 
 import pytest
+import torch
 from gpu_support import GPU, TINY, needs_cuda, needs_triton, random_batches
 
 from gpt2ladder.ladder import resolve_rungs, setup_for
-from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.speedups import kernel_adamw
 
 pytestmark = pytest.mark.gpu
+CLIP = 0.05  # far below the tiny model's gradient norm, so every step divides by clipping's factor
 
 
 @needs_cuda
@@ -19,11 +22,15 @@ def test_the_top_of_auto_leaving_the_gradients_scaled_keeps_its_losses(monkeypat
     names = resolve_rungs("auto", detect(GPU))
     assert "adamw_kernel" in names
     batches = random_batches(8)
-    losses = {}
+    losses, norms = {}, {}
     for stores in (True, False):
         monkeypatch.setattr(kernel_adamw, "STORES_UNSCALED_GRADS", stores)
-        engine = Engine(TINY, setup_for(names), GPU, seed=0)
+        engine = Engine(TINY, setup_for(names), GPU, seed=0, optim=OptimConfig(grad_clip=CLIP))
         assert engine.optimizer.unscaled_grads is stores
         losses[stores] = [engine.step(x, y).item() for x, y in batches]
+        grads = [p.grad for p in engine.raw_model.parameters() if p.grad is not None]
+        norms[stores] = torch.nn.utils.get_total_norm(grads).item()
     assert losses[False] == pytest.approx(losses[True], rel=1e-5, abs=0)
     assert losses[False][-1] < losses[False][0]
+    assert norms[True] == pytest.approx(CLIP, rel=1e-3)  # stored divided: the clipped gradients
+    assert norms[False] > 2 * CLIP  # left as given: the gradients before clipping

@@ -29,8 +29,8 @@ def tied(dense, idx, vals):
     return dense + torch.zeros(ROWS, COLS).index_put((idx,), vals, accumulate=True)
 
 
-def tied_masked(dense, idx, vals):  # the form an embedding's backward decomposes into
-    mask = (idx >= 0).unsqueeze(-1)
+def tied_masked(dense, idx, vals):  # the form an embedding's backward decomposes into; some rows masked out
+    mask = (idx % 3 != 0).unsqueeze(-1)
     return aten._unsafe_masked_index_put_accumulate(torch.zeros(ROWS, COLS), mask, [idx], vals) + dense
 
 
@@ -77,7 +77,12 @@ def scaled(dense, idx, vals):  # add's alpha scales the scatter
     return torch.add(dense, torch.zeros(ROWS, COLS).index_put((idx,), vals, accumulate=True), alpha=2)
 
 
-@pytest.mark.parametrize("fn", [keeps_its_scatter, ones_base, overwrites, broadcasts, promotes, scaled])
+def doubled(dense, idx, vals):  # the scatter added to itself: no other operand to take as its base
+    scattered = torch.zeros(ROWS, COLS).index_put((idx,), vals, accumulate=True)
+    return scattered + scattered
+
+
+@pytest.mark.parametrize("fn", [keeps_its_scatter, ones_base, overwrites, broadcasts, promotes, scaled, doubled])
 def test_anything_else_is_left_alone(fn):
     gm = make_fx(fn)(*_inputs())
     before = [str(n.format_node()) for n in gm.graph.nodes]
@@ -87,10 +92,11 @@ def test_anything_else_is_left_alone(fn):
 
 def test_the_compiled_step_folds_the_tied_weights_add_and_keeps_its_losses():
     """Inductor on the CPU, its caches off so that the pass runs: one add folded (the tied weight's; the position
-    embedding's scatter is its gradient as it is), and three steps give the same losses and weights."""
+    embedding's scatter is its gradient as it is), and three steps give the same losses and weights. The tokens come
+    from a small range, so that rows repeat and the scatter sums several into one."""
     names = ["baseline", "compile", "flash", "vocab", "fused_adamw", "fused_loss"]
     gen = torch.Generator().manual_seed(0)
-    batches = [(torch.randint(0, 50257, (2, 64), generator=gen), torch.randint(0, 50257, (2, 64), generator=gen))
+    batches = [(torch.randint(0, 40, (2, 64), generator=gen), torch.randint(0, 50257, (2, 64), generator=gen))
                for _ in range(3)]
     results = []
     with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
@@ -101,5 +107,6 @@ def test_the_compiled_step_folds_the_tied_weights_add_and_keeps_its_losses():
     (plain, plain_losses, plain_w), (folded, folded_losses, folded_w) = results
     assert plain.tied_grad_pass is None and folded.tied_grad_pass.folded == 1
     assert folded_losses == pytest.approx(plain_losses, rel=1e-6, abs=0)
-    torch.testing.assert_close(folded_w, plain_w, rtol=1e-6, atol=1e-7)
+    # Adam turns last-bit differences of near-zero gradients (the sums' order) into steps of up to lr's size
+    torch.testing.assert_close(folded_w, plain_w, rtol=1e-5, atol=1e-6)
     assert folded.raw_model.transformer.wte.weight is folded.raw_model.lm_head.weight  # still tied

@@ -12,6 +12,10 @@ The change is a pass over Inductor's graph after autograd (a post-grad custom pa
 `torch.compile`): where an add's operand is an accumulating index_put into zeros of the add's own shape and dtype,
 used by nothing else, the index_put takes the add's other operand as its base. Floating point adds the same terms
 in another order, as the scatter's atomics already do from run to run.
+
+It acts only where both gradients meet in one compiled graph: with Inductor, the whole model compiled at once.
+Under DDP, whose compiled model is split into a graph per gradient bucket, the embedding and the classifier land in
+different graphs and autograd adds the two outside them; there the pass finds nothing and changes nothing.
 """
 
 from __future__ import annotations
@@ -60,8 +64,8 @@ def fold(graph: torch.fx.Graph) -> int:
         if add.op != "call_function" or add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1:
             continue
         for dense, scatter in (add.args, add.args[::-1]):
-            if isinstance(dense, torch.fx.Node) and _scatter_into_zeros(scatter, dense) and _val(add) is not None \
-                    and _val(add).dtype == _val(dense).dtype:
+            if isinstance(dense, torch.fx.Node) and dense is not scatter and _scatter_into_zeros(scatter, dense) \
+                    and _val(add) is not None and _val(add).dtype == _val(dense).dtype:
                 zeros = scatter.args[0]
                 with graph.inserting_before(add):
                     into = graph.call_function(scatter.target, (dense, *scatter.args[1:]), dict(scatter.kwargs))
@@ -77,7 +81,8 @@ def fold(graph: torch.fx.Graph) -> int:
 
 
 class FoldTiedScatter(CustomGraphPass):
-    """`fold` as the post-grad pass `torch.compile` takes (`post_grad_custom_post_pass`); counts its rewrites."""
+    """`fold` as the post-grad pass `torch.compile` takes (`post_grad_custom_post_pass`). `folded` counts the rewrites
+    of the compilations it ran: none where Inductor's caches held the compiled graph already."""
 
     def __init__(self):
         self.folded = 0
