@@ -117,9 +117,9 @@ def test_the_engine_trains_with_the_kernel_as_with_fused_adamw(triton_interpret)
     assert result["worst"] <= 1
 
 
-# Run with TRITON_INTERPRET=1: the weight_cast rung's step with KernelAdamW writing the copies (WRITES_WEIGHT_CASTS) and
-# without (the step's own multi-tensor copy), on a bf16-autocast CPU step.
-CASTS_SCRIPT = r"""
+# What the engine scripts below share, run with TRITON_INTERPRET=1: the kernel's path on CPU tensors, a tiny model with a
+# small vocabulary (the interpreter is slow), one batch, and an engine that clips (so the kernel gets a grad_scale).
+ENGINE_PRELUDE = r"""
 import dataclasses, json, sys, torch
 from gpt2ladder.kernels import adamw as ka
 ka.kernels_available = lambda device: True  # the interpreter runs the kernel on CPU tensors
@@ -127,22 +127,32 @@ from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.speedups import kernel_adamw
+
+config = dataclasses.replace(PRESETS["tiny"], vocab_size=501)
+gen = torch.Generator().manual_seed(0)
+x, y = (torch.randint(0, 501, (2, 2, 32), generator=gen) for _ in range(2))
+
+
+def three_steps(setup):
+    engine = Engine(config, setup, torch.device("cpu"), optim=OptimConfig(lr=3e-3, grad_clip=0.05))
+    return engine, [engine.step(x, y).item() for _ in range(3)]
+"""
+
+# The weight_cast rung's step with KernelAdamW writing the copies (WRITES_WEIGHT_CASTS) and
+# without (the step's own multi-tensor copy), on a bf16-autocast CPU step.
+CASTS_SCRIPT = ENGINE_PRELUDE + r"""
 from gpt2ladder.speedups.weight_cast import WeightCasts, weight_casts
 
 refreshes = []
 real_refresh = WeightCasts.refresh
 WeightCasts.refresh = lambda self: refreshes.append(1) or real_refresh(self)
-config = dataclasses.replace(PRESETS["tiny"], vocab_size=501)
 setup = dataclasses.replace(setup_for(["baseline", "bf16", "flash", "vocab", "fused_adamw", "adamw_kernel"]),
                             fp32_wgrad=True, weight_cast=True)
-gen = torch.Generator().manual_seed(0)
-x, y = (torch.randint(0, 501, (2, 2, 32), generator=gen) for _ in range(2))
 out = {}
 for writes in (False, True):
     kernel_adamw.WRITES_WEIGHT_CASTS = writes
     refreshes.clear()
-    engine = Engine(config, setup, torch.device("cpu"), optim=OptimConfig(lr=3e-3, grad_clip=0.05))
-    losses = [engine.step(x, y).item() for _ in range(3)]
+    engine, losses = three_steps(setup)
     steps = len(refreshes)
     copies, sources = weight_casts(engine.raw_model).pairs()
     held = all(torch.equal(c, s.detach().to(torch.bfloat16)) for c, s in zip(copies, sources))
@@ -169,29 +179,16 @@ def test_copies_written_by_the_kernel_are_the_copies_the_step_would_make(triton_
     assert writing["losses"][-1] < writing["losses"][0]
 
 
-# Run with TRITON_INTERPRET=1: the engine's step with the kernel told to store the divided gradients, and not.
-STORES_SCRIPT = r"""
-import dataclasses, json, sys, torch
-from gpt2ladder.kernels import adamw as ka
-ka.kernels_available = lambda device: True  # the interpreter runs the kernel on CPU tensors
+# The engine's step with the kernel told to store the divided gradients, and not.
+STORES_SCRIPT = ENGINE_PRELUDE + r"""
 stored = []
 real_launch = ka.Tables.launch
 ka.Tables.launch = lambda self, *a: stored.append(a[2]) or real_launch(self, *a)
-from gpt2ladder.ladder import setup_for
-from gpt2ladder.model.config import PRESETS
-from gpt2ladder.runtime.engine import Engine, OptimConfig
-from gpt2ladder.speedups import kernel_adamw
-
-config = dataclasses.replace(PRESETS["tiny"], vocab_size=501)
-gen = torch.Generator().manual_seed(0)
-x, y = (torch.randint(0, 501, (2, 2, 32), generator=gen) for _ in range(2))
 out = {}
 for stores in (True, False):
     kernel_adamw.STORES_UNSCALED_GRADS = stores
     stored.clear()
-    engine = Engine(config, setup_for(json.loads(sys.argv[1])), torch.device("cpu"),
-                    optim=OptimConfig(lr=3e-3, grad_clip=0.05))
-    losses = [engine.step(x, y).item() for _ in range(3)]
+    engine, losses = three_steps(setup_for(json.loads(sys.argv[1])))
     out[str(stores)] = {"losses": losses, "stored": list(stored),
                         "weights": [v.tolist() for v in engine.raw_model.state_dict().values()]}
 print(json.dumps(out))
