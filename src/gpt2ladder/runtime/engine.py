@@ -124,12 +124,13 @@ class Engine:
         # A fresh compile cache per engine: many engines in one process would otherwise exhaust
         # dynamo's per-function recompile limit and silently fall back to eager.
         torch._dynamo.reset()
+        options = None  # Inductor's own options; only Inductor takes them
         if self.setup.tied_grad and backend == "inductor":
             from gpt2ladder.speedups.tied_grad import FoldTiedScatter
 
             self.tied_grad_pass = FoldTiedScatter()
-            return torch.compile(module, backend=backend, options={"post_grad_custom_post_pass": self.tied_grad_pass})
-        return torch.compile(module, backend=backend)
+            options = {"post_grad_custom_post_pass": self.tied_grad_pass}
+        return torch.compile(module, backend=backend, options=options)
 
     @contextlib.contextmanager
     def precision(self):
