@@ -53,6 +53,7 @@ def observe(engine: Engine) -> dict:
         "graph": engine.setup.cuda_graph,
         "memset_fill": engine.setup.memset_fill,  # acted on only when a graph is captured (a CUDA test)
         "tied_grad": engine.setup.tied_grad,  # acted on only where Inductor compiles (tests/speedups/test_tied_grad.py)
+        "cublaslt": engine.setup.cublaslt,  # acted on only on CUDA (tests/speedups/test_cublaslt_gpu.py)
     }
 
 
@@ -82,6 +83,7 @@ EXPECTED = {  # rung -> the observable properties it may change
     "adamw_kernel": {"adamw_kernel"},  # the fused_adamw it sets is on below it already
     "memset_fill": {"memset_fill"},  # it edits the graph of the cuda_graph rung below it
     "tied_grad": {"tied_grad"},  # a pass over the compiled backward's graph
+    "cublaslt": {"cublaslt"},  # the BLAS library the step's matmuls call
     # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's (nor its copies), not the
     # q, k, v gradient kernel's, and their own float8 casts, not the norm kernel's
     "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad", "weight_cast", "fp8_forward", "fp8_proj", "fp8_dgrad"},
@@ -165,7 +167,8 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "tied_grad", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "tied_grad", "cublaslt", "fp8_mlp",
+                      "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
     assert resolve_rungs("auto", H200_TRITON)[-8:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias", "fp8_fc",
                                                        "fp8_dgrad", "adamw_kernel", "memset_fill"]

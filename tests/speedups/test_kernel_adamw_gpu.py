@@ -1,11 +1,11 @@
 """KernelAdamW on a GPU at the top of `auto`, in a clipped step (as `train`'s), told to leave the gradients as they
 were given (STORES_UNSCALED_GRADS off): the losses of eight steps are the ones with the divided gradients stored, to
-the rounding of the step's atomic sums, and the gradients after the step are the clipped ones only when stored.
-Skipped without a GPU."""
+what two runs of the same setup differ by (`LOSS_ROUNDING`), and the gradients after the step are the clipped ones
+only when stored. Skipped without a GPU."""
 
 import pytest
 import torch
-from gpu_support import GPU, TINY, needs_cuda, needs_triton, random_batches
+from gpu_support import GPU, LOSS_ROUNDING, TINY, needs_cuda, needs_triton, random_batches
 
 from gpt2ladder.ladder import resolve_rungs, setup_for
 from gpt2ladder.runtime.engine import Engine, OptimConfig
@@ -30,7 +30,8 @@ def test_the_top_of_auto_leaving_the_gradients_scaled_keeps_its_losses(monkeypat
         losses[stores] = [engine.step(x, y).item() for x, y in batches]
         grads = [p.grad for p in engine.raw_model.parameters() if p.grad is not None]
         norms[stores] = torch.nn.utils.get_total_norm(grads).item()
-    assert losses[False] == pytest.approx(losses[True], rel=1e-5, abs=0)
+    print("losses", *zip(losses[True], losses[False]))
+    assert losses[False] == pytest.approx(losses[True], rel=0, abs=LOSS_ROUNDING)
     assert losses[False][-1] < losses[False][0]
     assert norms[True] == pytest.approx(CLIP, rel=1e-3)  # stored divided: the clipped gradients
     assert norms[False] > 2 * CLIP  # left as given: the gradients before clipping

@@ -43,6 +43,7 @@ class Setup:
     adamw_kernel: bool = False  # AdamW's update of every parameter as one Triton launch
     memset_fill: bool = False  # the captured graph's small memset nodes stored by kernels instead
     tied_grad: bool = False  # the tied embedding's gradient rows added into the classifier's, not into zeros
+    cublaslt: bool = False  # PyTorch's matmuls through cuBLASLt (its heuristic's first algorithm) instead of cuBLAS
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 

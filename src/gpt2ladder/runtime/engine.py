@@ -134,13 +134,19 @@ class Engine:
 
     @contextlib.contextmanager
     def precision(self):
-        """TF32 (or not) for this step only: the global flag is restored, so rungs never leak."""
+        """TF32 (or not), and the BLAS library on CUDA, for this step only: the global settings are restored, so
+        rungs never leak."""
         before = torch.get_float32_matmul_precision()
         torch.set_float32_matmul_precision(self.setup.matmul_precision)
+        blas = torch.backends.cuda.preferred_blas_library() if self.device.type == "cuda" else None
+        if blas is not None:
+            torch.backends.cuda.preferred_blas_library("cublaslt" if self.setup.cublaslt else "cublas")
         try:
             yield
         finally:
             torch.set_float32_matmul_precision(before)
+            if blas is not None:
+                torch.backends.cuda.preferred_blas_library(blas)
 
     def autocast(self):
         if self.setup.autocast is None:

@@ -1,0 +1,51 @@
+"""cublaslt on a GPU: the weight gradient's fp32-output product through cuBLASLt is cuBLAS's sum (to fp32 rounding),
+the step at the top of `auto` with it computes the gradients and losses it computes without it (to the rounding of
+bf16 products whose algorithm changed), and the library setting does not outlive the step. Skipped without a GPU."""
+
+import pytest
+import torch
+from gpu_support import GPU, LOSS_ROUNDING, TINY, grad_gaps, needs_cuda, random_batches
+
+from gpt2ladder.ladder import resolve_rungs, setup_for
+from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.hardware import detect
+
+pytestmark = pytest.mark.gpu
+
+
+@needs_cuda
+@pytest.mark.parametrize("out_features,in_features", [(2304, 768), (768, 768), (3072, 768), (768, 3072)])
+def test_the_weight_gradients_product_through_cublaslt_is_cublas_sum(out_features, in_features):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dy = torch.randn(4096, out_features, device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn(4096, in_features, device="cuda", dtype=torch.bfloat16, generator=g)
+    exact = dy.t().double() @ x.double()
+    before = torch.backends.cuda.preferred_blas_library()
+    try:
+        errors = {}
+        for lib in ("cublas", "cublaslt"):
+            torch.backends.cuda.preferred_blas_library(lib)
+            out = torch.mm(dy.t(), x, out_dtype=torch.float32)
+            assert out.dtype == torch.float32
+            errors[lib] = ((out.double() - exact).abs().max() / exact.abs().max()).item()
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+    assert errors["cublaslt"] < 1e-5 and errors["cublas"] < 1e-5, errors  # fp32 sums, not bf16's ~4e-3
+
+
+@needs_cuda
+def test_the_top_of_auto_through_cublaslt_keeps_its_gradients_and_losses():
+    names = resolve_rungs("auto", detect(GPU))
+    batches = random_batches(8)
+    before = torch.backends.cuda.preferred_blas_library()
+    engines = [Engine(TINY, setup_for(rungs), GPU, seed=0) for rungs in (names, names + ["cublaslt"])]
+    losses = [[e.step(*batches[0]).item()] for e in engines]
+    assert torch.backends.cuda.preferred_blas_library() == before
+    gaps = grad_gaps(engines[1], engines[0])
+    print(f"largest gradient gap {max(gaps.values()):.2e} ({max(gaps, key=gaps.get)})")
+    assert max(gaps.values()) < 2e-2, gaps  # bf16 products rounded by another algorithm; a wrong product is ~1
+    for engine, run in zip(engines, losses):
+        run += [engine.step(x, y).item() for x, y in batches[1:]]
+    print("losses", *zip(*losses))
+    assert losses[1] == pytest.approx(losses[0], rel=0, abs=5 * LOSS_ROUNDING)
+    assert losses[1][-1] < losses[1][0]
