@@ -156,6 +156,7 @@ T4_TRITON = Capabilities("cuda", "Tesla T4", (7, 5), triton_version="3.5.1")
     (Capabilities("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), triton_version="3.5.1"), "fp8_forward", False),
     (H200_TRITON, "fp8_forward", True),
     (CPU_CAPS, "adamw_kernel", False), (H200, "adamw_kernel", False), (T4_TRITON, "adamw_kernel", True),
+    (CPU_CAPS, "cublaslt", False), (T4, "cublaslt", True),
 ])
 def test_availability(caps, rung, available):
     reason = why_unavailable(rung, caps)
@@ -167,14 +168,16 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "tied_grad", "cublaslt", "fp8_mlp",
-                      "fp8_attn"]
+    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "tied_grad", "fp8_mlp", "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
-    assert resolve_rungs("auto", H200_TRITON)[-8:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias", "fp8_fc",
-                                                       "fp8_dgrad", "adamw_kernel", "memset_fill"]
+    assert resolve_rungs("auto", H200_TRITON)[-9:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
+                                                       "fp8_fc", "fp8_dgrad", "adamw_kernel", "memset_fill", "cublaslt"]
     assert [n for n in resolve_rungs("best", H200_TRITON) if n in opt_in] == opt_in  # measured; kept if they pay
     assert [n for n in resolve_rungs("all", H200_TRITON) if n in opt_in] == opt_in
     assert "fp8_mlp" not in resolve_rungs("best", A100)  # and only where float8 exists
+    for caps in (T4, A100, H200_TRITON):  # cublaslt, the last rung of auto on any CUDA GPU
+        assert resolve_rungs("auto", caps)[-2:] == ["memset_fill", "cublaslt"]
+    assert "cublaslt" not in resolve_rungs("auto", CPU_CAPS)
 
 
 def test_a_gpu_whose_float8_products_cannot_scale_rows_keeps_the_tensor_scaled_head_only():
@@ -190,7 +193,7 @@ def test_a_gpu_whose_float8_products_cannot_scale_rows_keeps_the_tensor_scaled_h
         reason = why_unavailable(rung, caps)
         assert "scale per row" in reason and "CUBLAS_STATUS_NOT_SUPPORTED" in reason and "RTX 5070" in reason
         assert len(reason.splitlines()) == 1
-    assert resolve_rungs("auto", H200_TRITON)[-4:-1] == ["fp8_fc", "fp8_dgrad", "adamw_kernel"]  # fp8_rowwise None
+    assert resolve_rungs("auto", H200_TRITON)[-5:-2] == ["fp8_fc", "fp8_dgrad", "adamw_kernel"]  # fp8_rowwise None
 
 
 def test_memset_fill_needs_a_graph_it_can_edit():
@@ -198,6 +201,7 @@ def test_memset_fill_needs_a_graph_it_can_edit():
     assert "CUDA GPU" in why_unavailable("memset_fill", CPU_CAPS)
     old_torch = Capabilities("cuda", "NVIDIA H200", (9, 0), graph_edits="needs a PyTorch that keeps it")
     assert why_unavailable("memset_fill", old_torch) == "needs a PyTorch that keeps it"
+    assert resolve_rungs("auto", old_torch)[-2:] == ["fp8_dgrad", "cublaslt"]  # cublaslt last without it too
     assert "FSDP2" in why_unavailable("memset_fill", H200_TRITON, "fsdp")
 
 
