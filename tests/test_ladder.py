@@ -1,5 +1,7 @@
 """Each rung changes only what it declares, and the ladder composes as rung k = rungs 0..k."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -156,7 +158,7 @@ T4_TRITON = Capabilities("cuda", "Tesla T4", (7, 5), triton_version="3.5.1")
     (Capabilities("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), triton_version="3.5.1"), "fp8_forward", False),
     (H200_TRITON, "fp8_forward", True),
     (CPU_CAPS, "adamw_kernel", False), (H200, "adamw_kernel", False), (T4_TRITON, "adamw_kernel", True),
-    (CPU_CAPS, "cublaslt", False), (T4, "cublaslt", True),
+    (CPU_CAPS, "cublaslt", False), (T4, "cublaslt", True), (dataclasses.replace(T4, os="Windows"), "cublaslt", False),
 ])
 def test_availability(caps, rung, available):
     reason = why_unavailable(rung, caps)

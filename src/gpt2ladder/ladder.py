@@ -64,6 +64,13 @@ def _needs_cuda(what: str) -> Callable[[Capabilities], str | None]:
     return lambda caps: None if caps.device_type == "cuda" else f"{what} needs a CUDA GPU; this is {caps.device_type}"
 
 
+def _needs_cublaslt(caps: Capabilities) -> str | None:
+    """PyTorch chooses cuBLASLt for its matmuls on CUDA, but not on Windows, where it says the choice is unsupported."""
+    if caps.device_type == "cuda" and caps.os == "Windows":
+        return "PyTorch cannot send its matmuls to cuBLASLt on Windows (preferred_blas_library is unsupported there)"
+    return _needs_cuda("the cublaslt rung")(caps)
+
+
 def _needs_no_bf16(caps: Capabilities) -> str | None:
     """fp16 + GradScaler stands in for bf16 only on GPUs that lack bf16 (before Ampere)."""
     if caps.device_type != "cuda":
@@ -254,13 +261,14 @@ LADDER: tuple[Rung, ...] = (
              "fsdp": "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"}),
     Rung("tied_grad", "The token embedding's gradient rows are added into the tied classifier's gradient, not into a "
          "zeroed copy of the 50304 x 768 weight that is then added to it, saving a write and a pass over 154 MB a "
-         "step where the model compiles as one graph (not under DDP's graph per bucket; opt-in: not yet timed on a "
-         "GPU).",
+         "step where the model compiles as one graph (not under DDP's graph per bucket; opt-in: within noise of the "
+         "step without it on an H200).",
          "memory", {"tied_grad": True}, _needs_compile, opt_in=True),
     Rung("cublaslt", "PyTorch's matmuls go through cuBLASLt, taking its heuristic's first algorithm, instead of "
          "cuBLAS, whose choice for three of a Block's four weight gradients is a split-K product with a reduction "
-         "kernel after it: those three 0.24 ms a step faster alone, the step 0.19 ms on an H200 (docs/results.md).",
-         "overhead", {"cublaslt": True}, _needs_cuda("the cublaslt rung")),
+         "kernel after it: 0.13 ms less kernel time a step of GPT-2 124M on an H200, and 0.19 and 0.07 ms faster "
+         "(the second within noise) in two timings of the step (docs/results.md).",
+         "overhead", {"cublaslt": True}, _needs_cublaslt),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",
