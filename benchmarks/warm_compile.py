@@ -11,6 +11,10 @@ the same model, batch and sequence length, takes its compiled steps from the cac
 kept: they are not timed one at a time, and the GPU is shared while they run, which is also why Inductor keeps no
 choice of kernel configuration from them (BENCH_WITHOUT_TUNING_CACHE).
 
+On a GPU give bench's --batch-size and --seq-len after `--`, as the ladder will run: a run left to plan its batch
+from the memory free on a GPU the other runs share could plan a smaller one, and compile a step the ladder never
+takes (given, a batch that does not fit fails that run, in one line).
+
 Each line it prints is one rung's run: its wall time and exit status. Its own exit status is the number of runs
 that failed.
 """
@@ -51,6 +55,8 @@ def main() -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("bench_args", nargs="*", help="after --: bench's own options (model, batch, sequence length)")
     args = p.parse_args()
+    if args.jobs < 1:
+        p.error("--jobs must be 1 or more")
     device = resolve_device(args.device)
     names = resolve_rungs(args.rungs, detect(device))
     prefixes = compiled_prefixes(names)

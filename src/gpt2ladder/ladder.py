@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from gpt2ladder.errors import UsageError
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.model.setup import Setup
@@ -65,9 +67,12 @@ def _needs_cuda(what: str) -> Callable[[Capabilities], str | None]:
 
 
 def _needs_cublaslt(caps: Capabilities) -> str | None:
-    """PyTorch chooses cuBLASLt for its matmuls on CUDA, but not on Windows, where it says the choice is unsupported."""
+    """PyTorch sends its matmuls to cuBLASLt on NVIDIA's CUDA, but not on Windows, where it calls that choice
+    unsupported, nor on ROCm, whose builds choose between hipBLAS and hipBLASLt themselves."""
     if caps.device_type == "cuda" and caps.os == "Windows":
         return "PyTorch cannot send its matmuls to cuBLASLt on Windows (preferred_blas_library is unsupported there)"
+    if caps.device_type == "cuda" and torch.version.hip is not None:
+        return "on ROCm PyTorch chooses its BLAS library (hipBLAS or hipBLASLt) itself; the cublaslt rung is for CUDA"
     return _needs_cuda("the cublaslt rung")(caps)
 
 
@@ -266,8 +271,8 @@ LADDER: tuple[Rung, ...] = (
          "memory", {"tied_grad": True}, _needs_compile, opt_in=True),
     Rung("cublaslt", "PyTorch's matmuls go through cuBLASLt, taking its heuristic's first algorithm, instead of "
          "cuBLAS, whose choice for three of a Block's four weight gradients is a split-K product with a reduction "
-         "kernel after it: 0.13 ms less kernel time a step of GPT-2 124M on an H200, and 0.19 and 0.07 ms faster "
-         "(the second within noise) in two timings of the step (docs/results.md).",
+         "kernel after it: in profiles of GPT-2 124M on two H200s, 0.13 ms less kernel time a step; timed, 0.19 ms "
+         "faster in one A B B A and within noise in two others (docs/results.md).",
          "overhead", {"cublaslt": True}, _needs_cublaslt),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "

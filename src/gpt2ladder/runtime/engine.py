@@ -134,14 +134,16 @@ class Engine:
 
     @contextlib.contextmanager
     def precision(self):
-        """TF32 (or not), and the BLAS library on CUDA, for this step only: the global settings are restored, so
-        rungs never leak."""
+        """TF32 (or not), and with the cublaslt rung cuBLASLt for PyTorch's matmuls, for this step only: the global
+        settings are restored, so rungs never leak. Without the rung the library is left as it is (cuBLAS, unless
+        the user chose otherwise, e.g. TORCH_BLAS_PREFER_CUBLASLT=1)."""
         before = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(self.setup.matmul_precision)
-        blas = torch.backends.cuda.preferred_blas_library() if self.device.type == "cuda" else None
-        if blas is not None:
-            torch.backends.cuda.preferred_blas_library("cublaslt" if self.setup.cublaslt else "cublas")
+        lt = self.setup.cublaslt and self.device.type == "cuda"
+        blas = torch.backends.cuda.preferred_blas_library() if lt else None  # the library to hand back
         try:
+            torch.set_float32_matmul_precision(self.setup.matmul_precision)
+            if blas is not None:
+                torch.backends.cuda.preferred_blas_library("cublaslt")
             yield
         finally:
             torch.set_float32_matmul_precision(before)
