@@ -16,20 +16,10 @@ import statistics
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from wgrad_algos import timed  # CUDA events around --reps calls, after three untimed
+
 SHAPES = {"c_attn": (2304, 768), "attn.c_proj": (768, 768), "c_fc": (3072, 768), "mlp.c_proj": (768, 3072)}
 LIBRARIES = ("cublas", "cublaslt")
-
-
-def timed(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def kernels(fn) -> list[str]:
