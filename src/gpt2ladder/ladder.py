@@ -13,8 +13,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
 from gpt2ladder.errors import UsageError
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.model.setup import Setup
@@ -71,7 +69,7 @@ def _needs_cublaslt(caps: Capabilities) -> str | None:
     unsupported, nor on ROCm, whose builds choose between hipBLAS and hipBLASLt themselves."""
     if caps.device_type == "cuda" and caps.os == "Windows":
         return "PyTorch cannot send its matmuls to cuBLASLt on Windows (preferred_blas_library is unsupported there)"
-    if caps.device_type == "cuda" and torch.version.hip is not None:
+    if caps.device_type == "cuda" and caps.hip_version is not None:
         return "on ROCm PyTorch chooses its BLAS library (hipBLAS or hipBLASLt) itself; the cublaslt rung is for CUDA"
     return _needs_cuda("the cublaslt rung")(caps)
 

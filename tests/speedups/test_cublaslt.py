@@ -60,12 +60,14 @@ def test_a_library_that_cannot_be_chosen_still_restores_the_matmul_precision(mon
     assert torch.get_float32_matmul_precision() == "highest"
 
 
-def test_rocm_and_windows_keep_their_own_library(monkeypatch):
+def test_rocm_and_windows_keep_their_own_library():
+    import dataclasses
+
     from gpt2ladder.ladder import resolve_rungs, why_unavailable
     from gpt2ladder.runtime.hardware import Capabilities
 
     gpu = Capabilities("cuda", "NVIDIA H200", (9, 0), triton_version="3.6.0")
     assert why_unavailable("cublaslt", gpu) is None and resolve_rungs("auto", gpu)[-1] == "cublaslt"
     assert "Windows" in why_unavailable("cublaslt", Capabilities("cuda", "NVIDIA RTX 5070", (12, 0), os="Windows"))
-    monkeypatch.setattr(torch.version, "hip", "6.4.0")
-    assert "ROCm" in why_unavailable("cublaslt", gpu) and "cublaslt" not in resolve_rungs("auto", gpu)
+    rocm = dataclasses.replace(gpu, name="AMD Instinct MI300X", hip_version="6.4.0")
+    assert "ROCm" in why_unavailable("cublaslt", rocm) and "cublaslt" not in resolve_rungs("auto", rocm)

@@ -50,6 +50,7 @@ class Capabilities:
     host_memory: int = 0  # bytes of RAM; 0 when unknown
     torch_version: str = ""
     cuda_version: str | None = None  # the CUDA this PyTorch was built with
+    hip_version: str | None = None  # the ROCm (HIP) this PyTorch was built with, where "cuda" devices are AMD GPUs
     cudnn_version: int | None = None
     python_version: str = ""
     # (backend, None if a causal attention forward+backward ran with it here, else why not);
@@ -131,7 +132,7 @@ def detect(device: torch.device, probe: bool = False) -> Capabilities:
         **facts,
         compile_problem=compile_problem(device.type, os_name, triton, cxx, capability=facts.get("capability")),
         os=os_name, triton_version=triton, cxx_compiler=cxx, host_memory=_host_memory(),
-        torch_version=torch.__version__, cuda_version=torch.version.cuda,
+        torch_version=torch.__version__, cuda_version=torch.version.cuda, hip_version=torch.version.hip,
         cudnn_version=_cudnn_version(), python_version=platform.python_version(),
     )
     if caps.device_type == "cuda" and caps.capability >= (8, 9):
