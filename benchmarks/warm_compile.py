@@ -30,12 +30,10 @@ from gpt2ladder.ladder import resolve_rungs, setup_for
 from gpt2ladder.runtime.hardware import detect, resolve_device
 
 
-# bench, with Inductor's caches of which kernel configuration ran fastest switched off (the autotuning cache, which
-# also keeps triton_tuning's choices, and multi_kernel's): those races run here on a GPU shared by several runs, so
-# their winners are not kept; the ladder races them again on a quiet GPU (a few
+# bench, with Inductor's cache of which kernel configuration ran fastest switched off: those races run here on a
+# GPU shared by several runs, so their winners are not kept; the ladder races them again on a quiet GPU (a few
 # kernel launches each), and takes only the compiled code from the caches.
-BENCH_WITHOUT_TUNING_CACHE = ("import os, sys, torch._inductor.config as c; c.autotune_local_cache = False; "
-                              "os.environ['TORCHINDUCTOR_DISABLE_MULTI_KERNEL_CACHE'] = '1'; "
+BENCH_WITHOUT_TUNING_CACHE = ("import sys, torch._inductor.config as c; c.autotune_local_cache = False; "
                               "from gpt2ladder.cli import main; sys.exit(main(sys.argv[1:]))")
 
 

@@ -74,12 +74,6 @@ def _needs_cublaslt(caps: Capabilities) -> str | None:
     return _needs_cuda("the cublaslt rung")(caps)
 
 
-def _needs_inductor_triton(what: str) -> Callable[[Capabilities], str | None]:
-    """A search over the kernels Inductor generates in Triton, which it does for GPUs only."""
-    return lambda caps: caps.compile_problem or _needs_triton_gpu(f"{what} (a search over Inductor's Triton "
-                                                                  "kernels)")(caps)
-
-
 def _needs_no_bf16(caps: Capabilities) -> str | None:
     """fp16 + GradScaler stands in for bf16 only on GPUs that lack bf16 (before Ampere)."""
     if caps.device_type != "cuda":
@@ -278,17 +272,6 @@ LADDER: tuple[Rung, ...] = (
          "kernel after it: in profiles of GPT-2 124M on two H200s, 0.13 ms less kernel time a step; timed, 0.19 ms "
          "faster in one A B B A and within noise in two others (docs/results.md).",
          "overhead", {"cublaslt": True}, _needs_cublaslt),
-    Rung("multi_kernel", "Inductor compiles each row reduction of the step two ways, a row held whole in registers "
-         "and read once or walked in chunks and read per pass, times both on the step's own tensors at its first call "
-         "and keeps the faster (Inductor holds rows whole only up to 1024 wide by itself; c_attn's 2304-wide "
-         "gradient is read twice by its float8 cast). Opt-in until timed on a GPU.",
-         "memory", {"multi_kernel": True, "compile": True}, _needs_inductor_triton("the multi_kernel rung"),
-         opt_in=True),
-    Rung("triton_tuning", "Inductor tunes the block sizes and warps of every Triton kernel it generates by coordinate "
-         "descent at the step's first call, timing the neighbours of its heuristic's choice until none is faster. "
-         "Opt-in until timed on a GPU.",
-         "overhead", {"triton_tuning": True, "compile": True}, _needs_inductor_triton("the triton_tuning rung"),
-         opt_in=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",

@@ -44,8 +44,6 @@ class Setup:
     memset_fill: bool = False  # the captured graph's small memset nodes stored by kernels instead
     tied_grad: bool = False  # the tied embedding's gradient rows added into the classifier's, not into zeros
     cublaslt: bool = False  # PyTorch's matmuls through cuBLASLt (its heuristic's first algorithm) instead of cuBLAS
-    multi_kernel: bool = False  # Inductor's reductions compiled whole-row and chunked, the faster kept at the first step
-    triton_tuning: bool = False  # Inductor's Triton kernels' block sizes tuned by coordinate descent at the first step
     fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
     fp8_attn: bool = False  # every Block's attention input and output projections in float8
 

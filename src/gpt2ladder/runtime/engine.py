@@ -88,24 +88,6 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
 
 
-def inductor_options(setup: Setup) -> dict:
-    """The Inductor options a setup's rungs ask `torch.compile` for. Both searches run at the compiled step's first
-    call, which is a warm-up step before any CUDA graph capture, and what they pick is kept in Inductor's cache.
-
-    - `multi_kernel`: every reduction Inductor could hold whole rows of (up to 16384 elements wide, where it
-      otherwise stops at 1024) is compiled both ways, a row held in registers and read once, or walked in chunks and
-      read per pass; both are timed on the step's own tensors and the faster runs from then on.
-    - `triton_tuning`: each Triton kernel Inductor generates has its block sizes and warps tuned by coordinate
-      descent from its heuristic's choice, timing the neighbours of the best so far until none is faster.
-    """
-    options = {}
-    if setup.multi_kernel:
-        options["triton.multi_kernel"] = 1
-    if setup.triton_tuning:
-        options["coordinate_descent_tuning"] = True
-    return options
-
-
 class Engine:
     """A model, its optimizer and `step(x, y)`: zero_grad, forward + loss, backward, (clip), update."""
 
@@ -142,13 +124,13 @@ class Engine:
         # A fresh compile cache per engine: many engines in one process would otherwise exhaust
         # dynamo's per-function recompile limit and silently fall back to eager.
         torch._dynamo.reset()
-        options = inductor_options(self.setup) if backend == "inductor" else {}  # only Inductor takes them
+        options = None  # Inductor's own options; only Inductor takes them
         if self.setup.tied_grad and backend == "inductor":
             from gpt2ladder.speedups.tied_grad import FoldTiedScatter
 
             self.tied_grad_pass = FoldTiedScatter()
-            options["post_grad_custom_post_pass"] = self.tied_grad_pass
-        return torch.compile(module, backend=backend, options=options or None)
+            options = {"post_grad_custom_post_pass": self.tied_grad_pass}
+        return torch.compile(module, backend=backend, options=options)
 
     @contextlib.contextmanager
     def precision(self):
