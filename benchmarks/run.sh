@@ -20,6 +20,11 @@
 set -u
 jobs_file=${1:?usage: bash benchmarks/run.sh JOBS_FILE [RESULTS_DIR]}
 R=$(realpath -m "${2:-$(mktemp -d /tmp/gpt2ladder-results.XXXX)}")
+# A folder with files in it already (on a machine kept warm between calls, an earlier call's) is refused: its files
+# would be packed with these jobs' as if they had made them.
+if [ -n "$(ls -A "$R" 2>/dev/null)" ]; then
+  echo "run.sh: $R already holds files; give a new or empty results folder" >&2; exit 2
+fi
 mkdir -p "$R/logs"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if compgen -G ".whl/*.whl" > /dev/null; then

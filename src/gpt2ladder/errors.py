@@ -60,5 +60,11 @@ def describe_failure(err: BaseException) -> str:
 
     if isinstance(err, torch.OutOfMemoryError):
         return "out of memory; try a smaller --batch-size or --seq-len"
-    first = (str(err).strip().splitlines() or [""])[0]
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    # A line that ends in a colon introduces the cause on the next (torch.compile's "backend='inductor' raised:")
+    for line in lines[1:]:
+        if not first.endswith(":"):
+            break
+        first = f"{first} {line}"
     return f"{type(err).__name__}: {first[:300]}"

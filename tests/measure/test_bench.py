@@ -288,3 +288,33 @@ def test_a_gpt2_bench_on_a_cpu_says_up_front_how_long_it_takes_at_least():
     text = cpu_warning(preset("gpt2"), cfg, n_rungs=4, rate=100e9)  # a CPU at 100 GFLOP/s
     # 4 x 128 tokens x ~0.75 GFLOP per token = ~0.38 TFLOP a step; 52 steps at 100 GFLOP/s: >= 3 minutes
     assert "0.4 TFLOP" in text and "52 steps" in text and "at least 3 min" in text and "--preset tiny" in text
+
+
+def test_a_rung_whose_loss_is_not_a_number_fails_instead_of_reporting_a_time(shakespeare_cache, monkeypatch):
+    """A step that trains to NaN (on an H200, Inductor's coordinate-descent tuning once did) ran fast, but not as
+    the model: its row fails with the loss it reached, and `best` cannot keep it."""
+    from gpt2ladder.measure import bench as bench_module
+
+    step = bench_module.Engine.step
+
+    def diverging(engine, x, y):
+        loss = step(engine, x, y)
+        return loss * float("nan") if engine.setup.attention == "sdpa" else loss
+
+    monkeypatch.setattr(bench_module.Engine, "step", diverging)
+    cfg = BenchConfig(preset="tiny", rungs=("baseline", "flash"), batch_size=2, seq_len=32, steps=2, warmup=1)
+    rows = {r["name"]: r for r in run_bench(cfg, CPU, progress=False)["rungs"]}
+    assert rows["baseline"]["status"] == "ok"
+    flash = rows["flash"]
+    assert flash["status"] == "failed" and "ms_per_step" not in flash
+    assert flash["reason"].startswith("NotTraining: its loss was nan after 3 steps")
+    kept, _ = decide(list(rows.values()))
+    assert kept == ["baseline"]
+
+
+def test_a_failure_whose_first_line_introduces_its_cause_is_described_with_it():
+    from gpt2ladder.errors import describe_failure
+
+    err = RuntimeError("backend='inductor' raised:\nAssertionError: a kernel's arguments\n\nSet TORCH_LOGS=+dynamo")
+    assert describe_failure(err) == "RuntimeError: backend='inductor' raised: AssertionError: a kernel's arguments"
+    assert describe_failure(ValueError("one line\nmore")) == "ValueError: one line"

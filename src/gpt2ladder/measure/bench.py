@@ -17,6 +17,7 @@ A step's time is the slowest rank's; rank 0 alone prints and writes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +96,10 @@ def bench_record(cfg: BenchConfig, caps, device, dist: distributed.Dist, tokens,
             "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": list(rows), **adaptive}
 
 
+class NotTraining(RuntimeError):
+    """A rung whose step ran but does not train: its loss is not a number. Its row says so instead of a time."""
+
+
 def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
                  dist: distributed.Dist = distributed.SINGLE, progress: bool = True,
                  rule: StepRule | None = None) -> dict:
@@ -125,6 +130,10 @@ def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist,
                                rank=dist.rank, world_size=dist.world_size)
     samples, losses = _timed_steps(engine, batches, cfg, device, progress_bar(
         cfg.warmup + rule.steps, label, progress and dist.is_main), rule, dist)
+    final_loss = float(distributed.all_reduce_mean(losses[-1], dist))
+    if not math.isfinite(final_loss):
+        raise NotTraining(f"its loss was {final_loss} after {cfg.warmup + len(samples)} steps: the step does not "
+                          "compute the model's function, so its time is no speed")
     # Every rank has the same samples (the slowest rank's), and so makes the same decisions (--rungs best).
     stats = TimingStats.of(samples)
     logits_dtype, weight_dtype = _dtypes(engine, data_mod.to_device(*batches.batch(0), device)[0])
@@ -137,7 +146,7 @@ def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist,
         "ms_max": stats.max, "n_timed": stats.n, "samples_ms": [round(s, 4) for s in samples],
         **({"timing": rule.outcome(samples)} if rule.adaptive else {}),
         "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / dist.world_size,
-        "peak_mem_bytes": peak, "loss": float(distributed.all_reduce_mean(losses[-1], dist)),
+        "peak_mem_bytes": peak, "loss": final_loss,
         "logits_dtype": logits_dtype,
         "weight_dtype": weight_dtype, "model_config": engine.raw_model.config,
         "n_params": engine.raw_model.num_params(),
