@@ -43,7 +43,7 @@ DGRAD_LINEARS = ("attn.c_attn", "mlp.c_proj")
 # transposed float8 copy in one launch, where compile made two per Linear, 48 launches and 0.166 ms a step for GPT-2
 # 124M on an H200) instead of `rows_to_fp8`'s expression. The kernel divides as eager PyTorch does (IEEE), where
 # compiled code divides approximately (Triton's `/`), so a value can round to its neighbouring float8 value.
-# Off until the step is timed with it.
+# Off: in the step of GPT-2 124M on an H200 it was within noise of compile's two kernels (docs/experiments.md).
 WEIGHT_CAST_KERNEL = False
 
 
