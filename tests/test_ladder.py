@@ -170,7 +170,7 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "tied_grad", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "tied_grad", "bias_in_wgrad", "fp8_mlp", "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
     assert resolve_rungs("auto", H200_TRITON)[-9:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
                                                        "fp8_fc", "fp8_dgrad", "adamw_kernel", "memset_fill", "cublaslt"]

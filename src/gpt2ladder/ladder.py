@@ -272,6 +272,13 @@ LADDER: tuple[Rung, ...] = (
          "kernel after it: in profiles of GPT-2 124M on two H200s, 0.13 ms less kernel time a step; timed, 0.19 ms "
          "faster in one A B B A and within noise in two others (docs/results.md).",
          "overhead", {"cublaslt": True}, _needs_cublaslt),
+    Rung("bias_in_wgrad", "The norm kernel before each attention writes its output with 8 columns of ones after "
+         "every row, and c_attn's weight-gradient product runs over them too, so that one of its output columns is "
+         "the bias gradient: the pass that summed that gradient apart, over c_attn's (tokens x 3C) output gradient, "
+         "goes, for a product 1% wider and a copy of the weight gradient. Opt-in until timed on a GPU.",
+         "memory", {"bias_in_wgrad": True, "norm_kernel": True, "bf16_residual": True, "fp32_wgrad": True,
+                    "autocast": "bfloat16"},
+         lambda caps: _needs_norm_kernel(caps) or _needs_mm_out_dtype(caps), opt_in=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",

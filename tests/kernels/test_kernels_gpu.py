@@ -150,7 +150,7 @@ def test_norm_kernels_match_the_expressions_at_gpt2_size(with_pbias, fp8):
     pb = (0.1 * torch.randn(c, generator=gen)).to(GPU) if with_pbias else None
     if fp8 and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("float8 needs compute capability 8.9+")
-    s, y, mean, rstd, q, qs = torch.ops.gpt2ladder.add_norm_fwd(h, p, pb, w, b, 1e-5, torch.bfloat16, fp8)
+    s, y, mean, rstd, q, qs = torch.ops.gpt2ladder.add_norm_fwd(h, p, pb, w, b, 1e-5, torch.bfloat16, fp8, 0)
     rs, ry, rmean, rrstd = nk.add_norm_reference(h, p, w, b, 1e-5, torch.bfloat16, pb)
     if fp8:  # against the float8 copy of the reference's fp32 output: the same scales, the same bytes but for ties
         rq, rqs = nk.rows_to_fp8(nk.add_norm_reference(h, p, w, b, 1e-5, torch.float32, pb)[1])

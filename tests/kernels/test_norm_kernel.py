@@ -21,13 +21,13 @@ import json, sys, torch
 from gpt2ladder.kernels import norm as nk
 out = []
 err = lambda a, r: (a - r).abs().max().item() / max(1.0, r.abs().max().item())
-for n, c, fwd_rows, bwd_rows, programs, with_pbias, fp8, prefetch in json.loads(sys.argv[1]):
+for n, c, fwd_rows, bwd_rows, programs, with_pbias, fp8, prefetch, ones in json.loads(sys.argv[1]):
     gen = torch.Generator().manual_seed(n * 100 + c)
     h, p = torch.randn(n, c, generator=gen) * 2 + 1, torch.randn(n, c, generator=gen)
     w, b = torch.randn(c, generator=gen), torch.randn(c, generator=gen)
     dy, ds = torch.randn(n, c, generator=gen), torch.randn(n, c, generator=gen)
     pb = torch.randn(c, generator=gen) if with_pbias else None
-    s, y = torch.full((n, c), 7.0), torch.full((n, c), 7.0)
+    s, y = torch.full((n, c), 7.0), torch.full((n, c + ones), 7.0)
     mean, rstd = torch.full((n,), 7.0), torch.full((n,), 7.0)
     q = torch.full((n, c), 7.0) if fp8 else None  # fp32: the values before their float8 rounding (see below)
     qs = torch.full((n,), 7.0) if fp8 else None
@@ -42,24 +42,27 @@ for n, c, fwd_rows, bwd_rows, programs, with_pbias, fp8, prefetch in json.loads(
     else:
         fp8_err = {}
     ref = nk.add_norm_grad_reference(dy, ds, rs, w, rmean, rrstd, with_pbias=with_pbias)
-    out.append({"s": err(s, rs), "y": err(y, ry), "mean": err(mean, rmean), "rstd": err(rstd, rrstd),
+    ones_err = {"ones": (y[:, c:] - 1).abs().max().item()} if ones else {}
+    out.append({"s": err(s, rs), "y": err(y[:, :c], ry), "mean": err(mean, rmean), "rstd": err(rstd, rrstd), **ones_err,
                 "dsum": err(dsum, ref[0]), "dw": err(dw, ref[1]), "db": err(db, ref[2]),
                 "dpb": err(dpb, ref[3]) if with_pbias else 0.0, **fp8_err})
 print(json.dumps(out))
 """
 
 CASES = [  # rows, columns, forward rows per program, backward rows per step, backward programs, branch bias, float8,
-    # and the backward's loop loading its next row block ahead
-    (64, 256, 8, 2, 5, False, True, False),  # with the output's float8 copy and its row scales
-    (70, 300, 4, 4, 3, False, False, False),  # columns not a power of two; the last row block half empty; 6 blocks each
-    (64, 256, 8, 2, 5, False, False, False),  # exact tiles; programs get unequal numbers of row blocks
-    (3, 40, 4, 4, 8, False, False, False),  # fewer rows than one block; more programs asked for than there are blocks
-    (70, 300, 4, 4, 3, True, False, False),  # the branch's bias added in the kernel and its gradient summed
-    (3, 40, 4, 4, 8, True, False, False),
-    (70, 300, 4, 4, 3, True, True, False),  # both
-    (70, 300, 4, 4, 3, True, False, True),  # loading ahead, where the blocks run out unevenly
-    (64, 256, 8, 2, 5, False, False, True),
-    (3, 40, 4, 4, 8, True, False, True),
+    # the backward's loop loading its next row block ahead, and the columns of ones after the output's
+    (64, 256, 8, 2, 5, False, True, False, 0),  # with the output's float8 copy and its row scales
+    (70, 300, 4, 4, 3, False, False, False, 0),  # columns not a power of two; the last row block half empty; 6 each
+    (64, 256, 8, 2, 5, False, False, False, 0),  # exact tiles; programs get unequal numbers of row blocks
+    (3, 40, 4, 4, 8, False, False, False, 0),  # fewer rows than one block; more programs asked for than blocks
+    (70, 300, 4, 4, 3, True, False, False, 0),  # the branch's bias added in the kernel and its gradient summed
+    (3, 40, 4, 4, 8, True, False, False, 0),
+    (70, 300, 4, 4, 3, True, True, False, 0),  # both
+    (70, 300, 4, 4, 3, True, False, True, 0),  # loading ahead, where the blocks run out unevenly
+    (64, 256, 8, 2, 5, False, False, True, 0),
+    (3, 40, 4, 4, 8, True, False, True, 0),
+    (70, 300, 4, 4, 3, True, False, True, 8),  # the output's rows 308 apart, 8 columns of ones after each
+    (3, 40, 4, 4, 8, False, False, False, 8),
 ]
 
 

@@ -43,10 +43,11 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
     **{f"kernels.norm._add_norm_fwd_kernel#{variant}": (
         {"h_ptr": "*bf16", "p_ptr": "*bf16", "pb_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "s_ptr": "*bf16",
          "y_ptr": "*bf16", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "q_ptr": "*fp8e4nv" if q else "*bf16",
-         "qs_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32", "eps": "fp32", "HAS_PB": C, "HAS_Q": C, "Q_MAX": C,
-         "BLOCK_M": C, "BLOCK_C": C},
-        {"HAS_PB": pb, "HAS_Q": q, "Q_MAX": 448.0, "BLOCK_M": 4, "BLOCK_C": 1024})
-        for variant, pb, q in (("plain", False, False), ("pbias", True, False), ("fp8", True, True))},
+         "qs_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32", "y_stride": "i32", "eps": "fp32", "HAS_PB": C,
+         "HAS_Q": C, "Q_MAX": C, "ONES": C, "BLOCK_M": C, "BLOCK_C": C},
+        {"HAS_PB": pb, "HAS_Q": q, "Q_MAX": 448.0, "ONES": ones, "BLOCK_M": 4, "BLOCK_C": 1024})
+        for variant, pb, q, ones in (("plain", False, False, 0), ("pbias", True, False, 0), ("fp8", True, True, 0),
+                                     ("ones", True, False, 8))},
     **{f"kernels.norm._add_norm_bwd_kernel#{'pbias' if pb else 'plain'}": (
         {"dy_ptr": "*bf16", "ds_ptr": "*bf16", "s_ptr": "*bf16", "w_ptr": "*fp32", "mean_ptr": "*fp32",
          "rstd_ptr": "*fp32", "dsum_ptr": "*bf16", "part_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",

@@ -143,8 +143,9 @@ if triton is not None:
 
     @triton.jit
     def _add_norm_fwd_kernel(h_ptr, p_ptr, pb_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, q_ptr, qs_ptr,
-                             n_rows, n_cols, eps, HAS_PB: tl.constexpr, HAS_Q: tl.constexpr, Q_MAX: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+                             n_rows, n_cols, y_stride, eps, HAS_PB: tl.constexpr, HAS_Q: tl.constexpr,
+                             Q_MAX: tl.constexpr, ONES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+        # y's rows are y_stride apart: n_cols, or n_cols + ONES with ONES columns of 1.0 after the row's values
         rows, cols, row_ok, col_ok, mask, offs = whole_rows(BLOCK_M, BLOCK_C, n_rows, n_cols)
         h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -159,7 +160,11 @@ if triton is not None:
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = xc * rstd[:, None] * w[None, :] + b[None, :]
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        y_rows = y_ptr + rows.to(tl.int64)[:, None] * y_stride
+        tl.store(y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        if ONES > 0:
+            ones = tl.full([BLOCK_M, ONES], 1.0, y_ptr.dtype.element_ty)
+            tl.store(y_rows + n_cols + tl.arange(0, ONES)[None, :], ones, mask=row_ok[:, None])
         if HAS_Q:  # y in float8 for the next matmul, one scale per row
             store_float8_rows(q_ptr, qs_ptr, y, rows, offs, mask, row_ok, Q_MAX)
         tl.store(mean_ptr + rows, mean, mask=row_ok)
@@ -248,16 +253,18 @@ if triton is not None:
             tl.store(dpb_ptr + cols, acc.to(dpb_ptr.dtype.element_ty), mask=col_ok)
 
     def launch_fwd(h, p, weight, bias, eps, s, y, mean, rstd, tile=None, pbias=None, q=None, qs=None) -> None:
-        """The forward into preallocated outputs; h, p, s, y are 2-D (N, C) and contiguous; `pbias` (C,), if
-        given, is added to p; `q` (N, C) float8 e4m3 and `qs` (N,) fp32, if given, get y's float8 copy and its
-        row scales (a q of another dtype gets y / scale unrounded, as the CPU interpreter's test reads it)."""
+        """The forward into preallocated outputs; h, p, s are 2-D (N, C) and contiguous, y (N, C) or, for the
+        columns of ones, (N, C + ones), contiguous, its last `ones` columns set to 1.0; `pbias` (C,), if given, is
+        added to p; `q` (N, C) float8 e4m3 and `qs` (N,) fp32, if given, get y's float8 copy and its row scales (a
+        q of another dtype gets y / scale unrounded, as the CPU interpreter's test reads it)."""
         n, c = h.shape
+        ones = y.shape[1] - c
         bm, warps = tile or FWD_TILE
         with_q = q is not None
         _add_norm_fwd_kernel[(triton.cdiv(n, bm),)](h, p, bias if pbias is None else pbias, weight, bias, s, y, mean,
-                                                   rstd, q if with_q else y, qs if with_q else mean, n, c, eps,
-                                                   HAS_PB=pbias is not None, HAS_Q=with_q,
-                                                   Q_MAX=E4M3_MAX, BLOCK_M=bm,
+                                                   rstd, q if with_q else y, qs if with_q else mean, n, c,
+                                                   y.stride(0), eps, HAS_PB=pbias is not None, HAS_Q=with_q,
+                                                   Q_MAX=E4M3_MAX, ONES=ones, BLOCK_M=bm,
                                                    BLOCK_C=triton.next_power_of_2(c), num_warps=warps)
 
     def launch_bwd(dy, ds, s, weight, mean, rstd, dsum, dw, db, programs: int, tile=None, colsum=None,
@@ -288,12 +295,13 @@ if triton is not None:
     @torch.library.custom_op("gpt2ladder::add_norm_fwd", mutates_args=())
     def add_norm_fwd(h: torch.Tensor, p: torch.Tensor, pbias: torch.Tensor | None, weight: torch.Tensor,
                      bias: torch.Tensor, eps: float, out_dtype: torch.dtype,
-                     fp8: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                         torch.Tensor]:
-        """(s, y, mean, rstd, y in float8, its row scales); without `fp8` the last two are empty."""
+                     fp8: bool, ones: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor, torch.Tensor]:
+        """(s, y, mean, rstd, y in float8, its row scales); without `fp8` the last two are empty. With `ones`, y
+        has that many more columns, each 1.0."""
         c = h.shape[-1]
         h2, p2 = h.reshape(-1, c).contiguous(), p.reshape(-1, c).contiguous()
-        s, y = torch.empty_like(h2), torch.empty(h2.shape, device=h.device, dtype=out_dtype)
+        s, y = torch.empty_like(h2), torch.empty((h2.shape[0], c + ones), device=h.device, dtype=out_dtype)
         mean = torch.empty(h2.shape[0], device=h.device, dtype=torch.float32)
         rstd = torch.empty_like(mean)
         q = torch.empty(h2.shape if fp8 else (0,), device=h.device, dtype=E4M3)
@@ -301,15 +309,16 @@ if triton is not None:
         launch_fwd(h2, p2, weight.contiguous(), bias.contiguous(), eps, s, y, mean, rstd,
                    pbias=None if pbias is None else pbias.contiguous(), q=q if fp8 else None, qs=qs if fp8 else None)
         stats_shape = h.shape[:-1]
-        return (s.view(h.shape), y.view(h.shape), mean.view(stats_shape), rstd.view(stats_shape),
+        return (s.view(h.shape), y.view(*stats_shape, c + ones), mean.view(stats_shape), rstd.view(stats_shape),
                 q.view(h.shape) if fp8 else q, qs.view(stats_shape) if fp8 else qs)
 
     @add_norm_fwd.register_fake
-    def _(h, p, pbias, weight, bias, eps, out_dtype, fp8):  # contiguous, as the op's outputs are whatever h's strides
+    def _(h, p, pbias, weight, bias, eps, out_dtype, fp8, ones):  # contiguous, whatever h's strides
         stats = h.new_empty(h.shape[:-1], dtype=torch.float32)
         q = h.new_empty(h.shape if fp8 else (0,), dtype=E4M3)
         qs = torch.empty_like(stats) if fp8 else stats.new_empty((0,))
-        return h.new_empty(h.shape), h.new_empty(h.shape, dtype=out_dtype), stats, torch.empty_like(stats), q, qs
+        y = h.new_empty((*h.shape[:-1], h.shape[-1] + ones), dtype=out_dtype)
+        return h.new_empty(h.shape), y, stats, torch.empty_like(stats), q, qs
 
     @torch.library.custom_op("gpt2ladder::add_norm_bwd", mutates_args=())
     def add_norm_bwd(dy: torch.Tensor, ds: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
@@ -335,16 +344,21 @@ def kernels_available(t: torch.Tensor) -> bool:
     return triton is not None and t.is_cuda
 
 
-def add_norm(h, p, weight, bias, eps: float, out_dtype: torch.dtype, pbias=None, fp8: bool = False):
+def add_norm(h, p, weight, bias, eps: float, out_dtype: torch.dtype, pbias=None, fp8: bool = False, ones: int = 0):
     """(s, y, mean, rstd, q, qs) of s = h + p (+ pbias), y = layer_norm(s), and with `fp8` y in float8 (q) with its
-    row scales (qs), else None for both: the kernel on CUDA with Triton, else the reference."""
+    row scales (qs), else None for both: the kernel on CUDA with Triton, else the reference. With `ones`, y has that
+    many columns of 1.0 after its C (..., C + ones), for a weight-gradient product to sum a bias gradient with."""
     if kernels_available(h):
-        s, y, mean, rstd, q, qs = torch.ops.gpt2ladder.add_norm_fwd(h, p, pbias, weight, bias, eps, out_dtype, fp8)
+        s, y, mean, rstd, q, qs = torch.ops.gpt2ladder.add_norm_fwd(h, p, pbias, weight, bias, eps, out_dtype, fp8,
+                                                                    ones)
         return (s, y, mean, rstd, q, qs) if fp8 else (s, y, mean, rstd, None, None)
     wide = torch.promote_types(h.dtype, torch.float32)  # y before its rounding, for the float8 copy
     s, y, mean, rstd = add_norm_reference(h, p, weight, bias, eps, wide, pbias)
     q, qs = rows_to_fp8(y) if fp8 else (None, None)
-    return s, y.to(out_dtype), mean, rstd, q, qs
+    y = y.to(out_dtype)
+    if ones:
+        y = torch.cat([y, y.new_ones((*y.shape[:-1], ones))], -1)
+    return s, y, mean, rstd, q, qs
 
 
 def add_norm_grad(dy, ds, s, weight, mean, rstd, with_pbias: bool = False):

@@ -71,7 +71,7 @@ def _norm_kernel(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.norm_block import use_norm_kernel
 
     return use_norm_kernel(model, defer_bias=setup.proj_bias, fp8_forward=setup.fp8_forward, fp8_fc=setup.fp8_fc,
-                           fp8_proj=setup.fp8_proj)
+                           fp8_proj=setup.fp8_proj, bias_ones=setup.bias_in_wgrad)
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,10 @@ REWRITES: tuple[Rewrite, ...] = (
             why="it gives copies to the Linears that fp32_wgrad makes, which are the ones that read them"),
     Rewrite("qkv_grad", lambda s: s.qkv_grad, _qkv_grad, after=("float8",),
             why="an attention whose c_attn is float8 keeps its own backward, so the float8 Linears must be in place"),
-    Rewrite("norm_kernel", lambda s: s.norm_kernel, _norm_kernel, after=("qkv_grad", "gelu_kernel"),
+    Rewrite("norm_kernel", lambda s: s.norm_kernel, _norm_kernel, after=("qkv_grad", "gelu_kernel", "fp32_wgrad"),
             why="NormBlock keeps the attention and MLP it finds, so they must already be the ones that run (with "
-                "fp8_proj, only the GELU kernel's MLP writes c_proj's float8 operand)"),
+                "fp8_proj, only the GELU kernel's MLP writes c_proj's float8 operand; with bias_in_wgrad, only an "
+                "fp32_wgrad c_attn sums its bias through the columns of ones)"),
 )
 
 

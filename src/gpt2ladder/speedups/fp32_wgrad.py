@@ -19,6 +19,13 @@ output gradient cast to e4m3 with one scale per row (a token's gradient), the we
 multiplied by `torch._scaled_mm` with fast accumulation, as the float8 forward products are
 (`speedups/fp8_forward.py`). Its weight and bias gradients stay as above. With `WEIGHT_CAST_KERNEL` the weight's cast
 is one Triton kernel (`kernels/weight8.py`) instead of compile's two.
+
+The `bias_in_wgrad` rung (`OnesColumns`, `OnesWgradMatmul`) has the norm kernel before c_attn write its output with
+`ONES` columns of 1.0 after each row; c_attn's forward reads the first C columns, and its backward multiplies the
+output gradient by all C + ONES, so that column C of the fp32 product is the bias gradient (the output gradient's
+column sums, accumulated in fp32 by the same tensor-core product), and the separate pass that summed it, 0.23 ms a
+step of GPT-2 124M on an H200 (docs/experiments.md), goes. The product is 1% wider; the weight gradient is its first
+C columns, which autograd copies into a contiguous tensor (7 MB for c_attn).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from typing import NamedTuple
 
 from gpt2ladder.kernels import weight8 as weight8_kernel
 from gpt2ladder.kernels.norm import rows_to_fp8
@@ -45,6 +54,17 @@ DGRAD_LINEARS = ("attn.c_attn", "mlp.c_proj")
 # compiled code divides approximately (Triton's `/`), so a value can round to its neighbouring float8 value.
 # Off: in the step of GPT-2 124M on an H200 it was within noise of compile's two kernels (docs/experiments.md).
 WEIGHT_CAST_KERNEL = False
+# The columns of ones after a norm's output for `bias_in_wgrad`: 8 keep a bf16 row a multiple of 16 bytes long, as
+# the matmuls' leading dimensions want.
+ONES = 8
+
+
+class OnesColumns(NamedTuple):
+    """An activation `x` (..., C) and `aug` (..., C + ONES): x is aug's first C columns (a view of it), and aug's
+    last ONES columns are 1.0. Only x takes a gradient."""
+
+    x: torch.Tensor
+    aug: torch.Tensor
 
 
 def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -125,6 +145,35 @@ class Fp32WgradMatmul(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
+class OnesWgradMatmul(torch.autograd.Function):
+    """Fp32WgradMatmul's y = x @ weight.T + bias for an `OnesColumns` input (x, aug): the forward reads aug's first C
+    columns, the backward's weight-gradient product is over all of aug, and its column C is the bias gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, aug: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                weight_c: torch.Tensor | None = None, bias_c: torch.Tensor | None = None,
+                dgrad8: bool = False) -> torch.Tensor:
+        c = x.shape[-1]
+        with torch.autocast(x.device.type, enabled=False):
+            xc = aug[..., :c]  # x itself, read where the norm wrote it
+            wc = cast_read(weight, weight_c, aug.dtype)
+            y = F.linear(xc, wc, cast_read(bias, bias_c, aug.dtype))
+        ctx.save_for_backward(aug, wc)
+        ctx.x_dtype, ctx.w_dtype, ctx.dgrad8 = x.dtype, weight.dtype, dgrad8
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        aug, wc = ctx.saved_tensors
+        c = wc.shape[1]
+        g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(wc.dtype)
+        with torch.autocast(grad_y.device.type, enabled=False):
+            grad_x = input_grad(g2, wc, ctx.dgrad8).view(*grad_y.shape[:-1], c).to(ctx.x_dtype)
+            both = weight_grad(g2, aug.reshape(-1, aug.shape[-1]))  # (out, C + ONES) fp32
+            grad_w, grad_b = both[:, :c].to(ctx.w_dtype), both[:, c].to(ctx.w_dtype)
+        return grad_x, None, grad_w, grad_b, None, None, None
+
+
 class Fp32WgradLinear(nn.Linear):
     """An `nn.Linear` (same parameters, same state dict) whose gradients come from `Fp32WgradMatmul`.
 
@@ -151,6 +200,14 @@ class Fp32WgradLinear(nn.Linear):
         weight_c, bias_c = self._fresh_casts()
         return Fp32WgradMatmul.apply(x, self.weight, bias, weight_c, bias_c if bias_without_grad else None,
                                      self.dgrad8)
+
+    def with_ones(self, cols: OnesColumns) -> torch.Tensor:
+        """x @ weight.T + bias for x = cols.x, its bias gradient summed by the weight-gradient product over cols.aug
+        (`OnesWgradMatmul`); the plain forward where no gradient is taken or there is no bias."""
+        if not torch.is_grad_enabled() or self.bias is None:
+            return self(cols.x)
+        weight_c, bias_c = self._fresh_casts()
+        return OnesWgradMatmul.apply(cols.x, cols.aug, self.weight, self.bias, weight_c, bias_c, self.dgrad8)
 
     def _fresh_casts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return (None, None) if self.casts is None else self.casts.fresh()

@@ -22,6 +22,11 @@ With `fp8_forward` (the `fp8_forward` rung) each norm that feeds an input projec
 its output in float8 with one scale per row, and the projection's forward product reads that
 (`speedups/fp8_forward.py`); with `fp8_fc` (the `fp8_fc` rung) only the MLP's norm does, for c_fc. With `fp8_proj`
 (the `fp8_proj` rung) the MLP's GELU kernel writes its output in float8 too, for c_proj's forward product.
+
+With `bias_ones` (the `bias_in_wgrad` rung) the norm before the attention writes its output with columns of 1.0
+after each row (`OnesColumns`), and c_attn's weight-gradient product sums its bias gradient through them
+(`speedups/fp32_wgrad.py`); where that norm is compile's (the first Block's) or c_attn reads float8, c_attn sums its
+bias as before.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from gpt2ladder.kernels import norm as norm_kernels
 from gpt2ladder.model.gpt import Block
 from gpt2ladder.speedups import fp8_forward as fp8_module
 from gpt2ladder.speedups.common import compute_dtype, matmul_without_bias, replace_modules
-from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear
+from gpt2ladder.speedups.fp32_wgrad import ONES, Fp32WgradLinear, OnesColumns
 from gpt2ladder.speedups.fp8_forward import (Float8Rows, float8_rows, in_proj_float8, linear_float8, takes_float8,
                                              takes_float8_out)
 
@@ -43,25 +48,30 @@ class AddNorm(torch.autograd.Function):
     """(s, y) = (h + p + pbias, layer_norm(s)); y in `out_dtype`, pbias (the branch's own bias, broadcast over
     the rows) optional. The backward adds the stream's own gradient of s to the norm's, returns that sum for
     both h and p, and its column sums for pbias. With `fp8`, (s, y, y in float8, its row scales): the last two
-    take no gradient."""
+    take no gradient. With `ones` (not with `fp8`), (s, y, aug): aug is (..., C + ones), y its first C columns (a
+    view of it), its last columns 1.0; aug takes no gradient."""
 
     @staticmethod
-    def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype, fp8: bool = False):
-        s, y, mean, rstd, q, qs = norm_kernels.add_norm(h, p, weight, bias, eps, out_dtype, pbias, fp8)
+    def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype, fp8: bool = False, ones: int = 0):
+        assert not (fp8 and ones), "a float8 copy and columns of ones are not made together"
+        s, y, mean, rstd, q, qs = norm_kernels.add_norm(h, p, weight, bias, eps, out_dtype, pbias, fp8, ones)
         ctx.save_for_backward(s, weight, mean, rstd)
         ctx.has_pbias = pbias is not None and ctx.needs_input_grad[2]
+        if ones:
+            ctx.mark_non_differentiable(y)
+            return s, y[..., : h.shape[-1]], y
         if not fp8:
             return s, y
         ctx.mark_non_differentiable(q, qs)
         return s, y, q, qs
 
     @staticmethod
-    def backward(ctx, ds, dy, *_float8):
+    def backward(ctx, ds, dy, *_no_gradient):
         s, weight, mean, rstd = ctx.saved_tensors
         ds = torch.zeros_like(s) if ds is None else ds
         dy = torch.zeros_like(s) if dy is None else dy
         dsum, dw, db, dpbias = norm_kernels.add_norm_grad(dy, ds, s, weight, mean, rstd, ctx.has_pbias)
-        return dsum, dsum, dpbias, dw, db, None, None, None
+        return dsum, dsum, dpbias, dw, db, None, None, None, None
 
 
 def kernels_run(h: torch.Tensor) -> bool:
@@ -70,9 +80,10 @@ def kernels_run(h: torch.Tensor) -> bool:
             and torch.is_grad_enabled())
 
 
-def add_then_norm(h: torch.Tensor, pending, norm: nn.LayerNorm, fp8: bool = False):
+def add_then_norm(h: torch.Tensor, pending, norm: nn.LayerNorm, fp8: bool = False, ones: int = 0):
     """(s, norm(s)) for s = h + the pending branch, a pair (p, its bias or None); with no branch, (h, norm(h))
-    by the norm itself. `fp8` (only where the kernels run): norm(s) as `Float8Rows`, with its float8 copy."""
+    by the norm itself. `fp8` (only where the kernels run): norm(s) as `Float8Rows`, with its float8 copy; `ones`
+    (where the kernels run, without `fp8`): norm(s) as `OnesColumns`, with that many columns of ones after it."""
     dtype = compute_dtype(h) if torch.is_autocast_enabled(h.device.type) else h.dtype
     if pending is None:
         y = norm(h)
@@ -82,6 +93,9 @@ def add_then_norm(h: torch.Tensor, pending, norm: nn.LayerNorm, fp8: bool = Fals
         s = h + with_bias(pending)
         return s, norm(s)
     with torch.autocast(h.device.type, enabled=False):
+        if ones and not fp8:
+            s, y, aug = AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype, False, ones)
+            return s, OnesColumns(y, aug)
         if not fp8:
             return AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype)
         s, y, q, qs = AddNorm.apply(h, p, pbias, norm.weight, norm.bias, norm.eps, dtype, True)
@@ -99,11 +113,22 @@ def _deferrable(proj: nn.Module) -> bool:
     return proj.bias is not None and (type(proj) is nn.Linear or isinstance(proj, Fp32WgradLinear))
 
 
+def takes_ones(module: nn.Module) -> bool:
+    """Whether a branch's input projection can sum its bias gradient through columns of ones (`OnesColumns`): an
+    fp32_wgrad Linear whose matmul adds the bias and takes its gradient."""
+    if not hasattr(module, "in_proj"):
+        return False
+    linear, with_bias = module.in_proj()
+    return (isinstance(linear, Fp32WgradLinear) and with_bias and linear.bias is not None
+            and not module.in_bias_grad_apart)
+
+
 def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False, blocked: bool = False):
     """The pending branch (p, bias or None) of an attention or MLP on y. With `defer_bias` (only where the norm
     kernels run) its output projection's bias is left out of the matmul and handed to the norm kernel, which
     adds it with the residual and sums its gradient with the norm's own. A `Float8Rows` y: the input
-    projection's forward product in float8. `fp8_out` (an MLP that `takes_float8_out`): the output projection's
+    projection's forward product in float8; an `OnesColumns` y: its bias gradient summed through the columns of
+    ones. `fp8_out` (an MLP that `takes_float8_out`): the output projection's
     forward product in float8 too, from the GELU kernel's float8 copy of its input (`blocked`: with block scales).
     Otherwise everything before the output projection is the module's `pre_proj` (a module may run it as one
     function, as `speedups/qkv_grad.py`'s attention does)."""
@@ -113,7 +138,12 @@ def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False, blocke
         h = in_proj_float8(module, y) if isinstance(y, Float8Rows) else module.in_product(y)
         p = linear_float8(proj, module.after_in_proj_float8(h, blocked), None if defer else proj.bias)
     else:
-        pre = module.after_in_proj(in_proj_float8(module, y)) if isinstance(y, Float8Rows) else module.pre_proj(y)
+        if isinstance(y, OnesColumns):
+            pre = module.after_in_proj(module.in_proj()[0].with_ones(y))
+        elif isinstance(y, Float8Rows):
+            pre = module.after_in_proj(in_proj_float8(module, y))
+        else:
+            pre = module.pre_proj(y)
         p = matmul_without_bias(proj, pre) if defer else proj(pre)
     return p, proj.bias if defer else None
 
@@ -124,10 +154,11 @@ class NormBlock(nn.Module):
     `defer_bias` (the `proj_bias` rung): the pending branch carries its output projection's bias apart.
     `fp8_forward` (the `fp8_forward` rung): the attention's and MLP's input projections multiply in float8; `fp8_fc`
     (the `fp8_fc` rung): the MLP's alone; `fp8_proj` (the `fp8_proj` rung): the MLP's output projection too.
+    `bias_ones` (the `bias_in_wgrad` rung): c_attn's bias gradient summed through columns of ones after ln_1's output.
     """
 
     def __init__(self, block: Block, defer_bias: bool = False, fp8_forward: bool = False, fp8_fc: bool = False,
-                 fp8_proj: bool = False):
+                 fp8_proj: bool = False, bias_ones: bool = False):
         super().__init__()
         self.ln_1, self.attn, self.ln_2, self.mlp = block.ln_1, block.attn, block.ln_2, block.mlp
         self.defer_bias = defer_bias
@@ -135,12 +166,13 @@ class NormBlock(nn.Module):
         self.fp8_mlp_in = (fp8_forward or fp8_fc) and takes_float8(self.mlp)
         self.fp8_mlp_blocks = fp8_module.PROJ_BLOCKS  # read once, here: the check and every forward agree
         self.fp8_mlp_out = fp8_proj and takes_float8_out(self.mlp, self.fp8_mlp_blocks)
+        self.attn_ones = ONES if bias_ones and not self.fp8_attn_in and takes_ones(self.attn) else 0
 
     def forward(self, x):
         h, pending = x if isinstance(x, tuple) else (x, None)
         kernels = kernels_run(h)
         defer = self.defer_bias and kernels
-        h, y = add_then_norm(h, pending, self.ln_1, self.fp8_attn_in and kernels)
+        h, y = add_then_norm(h, pending, self.ln_1, self.fp8_attn_in and kernels, self.attn_ones if kernels else 0)
         h, y = add_then_norm(h, branch(self.attn, y, defer), self.ln_2, self.fp8_mlp_in and kernels)
         return h, branch(self.mlp, y, defer, self.fp8_mlp_out and kernels, self.fp8_mlp_blocks)
 
@@ -156,13 +188,14 @@ class FinalNorm(nn.LayerNorm):
 
 
 def use_norm_kernel(model: nn.Module, defer_bias: bool = False, fp8_forward: bool = False,
-                    fp8_fc: bool = False, fp8_proj: bool = False) -> list[str]:
+                    fp8_fc: bool = False, fp8_proj: bool = False, bias_ones: bool = False) -> list[str]:
     """Replace every Block by a `NormBlock` and the final norm by a `FinalNorm`; their names. `defer_bias`: the
     Blocks' output projections leave their biases to the norm kernels (the `proj_bias` rung); `fp8_forward`: their
     input projections multiply in float8, from the norms' float8 copies (the `fp8_forward` rung); `fp8_fc`: the
-    MLP's alone (the `fp8_fc` rung); `fp8_proj`: the MLP's output projection too (the `fp8_proj` rung)."""
+    MLP's alone (the `fp8_fc` rung); `fp8_proj`: the MLP's output projection too (the `fp8_proj` rung); `bias_ones`:
+    c_attn's bias gradient summed through columns of ones (the `bias_in_wgrad` rung)."""
     names = replace_modules(model, lambda name, m: type(m) is Block,
-                            lambda b: NormBlock(b, defer_bias, fp8_forward, fp8_fc, fp8_proj))
+                            lambda b: NormBlock(b, defer_bias, fp8_forward, fp8_fc, fp8_proj, bias_ones))
     ln_f = model.transformer.ln_f
     if names and type(ln_f) is nn.LayerNorm:
         final = FinalNorm(ln_f.normalized_shape, eps=ln_f.eps, elementwise_affine=True, device="meta")
