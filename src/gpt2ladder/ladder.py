@@ -275,9 +275,11 @@ LADDER: tuple[Rung, ...] = (
     Rung("bias_in_wgrad", "The norm kernel before each attention writes its output with 8 columns of ones after "
          "every row, and c_attn's weight-gradient product runs over them too, so that one of its output columns is "
          "the bias gradient: the pass that summed that gradient apart, over c_attn's (tokens x 3C) output gradient, "
-         "goes, for a product 1% wider and a copy of the weight gradient. Opt-in until timed on a GPU.",
+         "goes, for a product 1% wider and a copy of the weight gradient. It takes the place of qkv_grad's kernel "
+         "and of fp8_forward's float8 c_attn, which sum that bias their own way, where a ladder climbed them. "
+         "Opt-in until timed on a GPU.",
          "memory", {"bias_in_wgrad": True, "norm_kernel": True, "bf16_residual": True, "fp32_wgrad": True,
-                    "autocast": "bfloat16"},
+                    "autocast": "bfloat16", "qkv_grad": False, "fp8_forward": False},
          lambda caps: _needs_norm_kernel(caps) or _needs_mm_out_dtype(caps), opt_in=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "

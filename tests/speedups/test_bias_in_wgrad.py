@@ -102,6 +102,22 @@ def test_every_block_after_the_first_sums_c_attns_bias_through_the_ones(monkeypa
                                atol=1e-6)
 
 
+def test_in_a_ladder_that_climbed_qkv_grad_and_fp8_forward_the_rung_takes_their_place():
+    """Both sum c_attn's bias their own way (qkv_grad's kernel, fp8_forward's float8 product), so the rung's row of
+    `all` turns them off rather than time a setup where the ones go unused."""
+    from gpt2ladder.model.config import PRESETS
+    from gpt2ladder.runtime.engine import build_model
+
+    h200 = Capabilities("cuda", "NVIDIA H200", (9, 0), triton_version="3.6.0")
+    climbed = resolve_rungs("all", h200)
+    below = setup_for(climbed[: climbed.index("bias_in_wgrad")])
+    assert below.qkv_grad and below.fp8_forward  # what the ladder has climbed by then
+    setup = setup_for(climbed[: climbed.index("bias_in_wgrad") + 1])
+    assert setup.bias_in_wgrad and not setup.qkv_grad and not setup.fp8_forward
+    model = build_model(PRESETS["tiny"], setup, torch.device("cpu"), 0)
+    assert [b.attn_ones for b in model.transformer.h] == [ONES] * PRESETS["tiny"].n_layer
+
+
 def test_the_rung_needs_the_norm_kernels_and_stays_out_of_auto_until_timed():
     h200 = Capabilities("cuda", "NVIDIA H200", (9, 0), triton_version="3.6.0")
     assert why_unavailable("bias_in_wgrad", h200) is None

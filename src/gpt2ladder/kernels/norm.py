@@ -259,6 +259,7 @@ if triton is not None:
         q of another dtype gets y / scale unrounded, as the CPU interpreter's test reads it)."""
         n, c = h.shape
         ones = y.shape[1] - c
+        assert ones & (ones - 1) == 0, f"the columns of ones are a power of two wide (tl.arange), not {ones}"
         bm, warps = tile or FWD_TILE
         with_q = q is not None
         _add_norm_fwd_kernel[(triton.cdiv(n, bm),)](h, p, bias if pbias is None else pbias, weight, bias, s, y, mean,

@@ -54,6 +54,7 @@ class AddNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, p, pbias, weight, bias, eps: float, out_dtype: torch.dtype, fp8: bool = False, ones: int = 0):
         assert not (fp8 and ones), "a float8 copy and columns of ones are not made together"
+        ctx.set_materialize_grads(False)  # no gradient arrives for aug (nor q, qs): no zeros made for them
         s, y, mean, rstd, q, qs = norm_kernels.add_norm(h, p, weight, bias, eps, out_dtype, pbias, fp8, ones)
         ctx.save_for_backward(s, weight, mean, rstd)
         ctx.has_pbias = pbias is not None and ctx.needs_input_grad[2]
