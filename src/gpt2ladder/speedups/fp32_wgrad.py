@@ -155,9 +155,11 @@ class OnesWgradMatmul(torch.autograd.Function):
                 dgrad8: bool = False) -> torch.Tensor:
         c = x.shape[-1]
         with torch.autocast(x.device.type, enabled=False):
-            xc = aug[..., :c]  # x itself, read where the norm wrote it
+            # x itself, read where the norm wrote it: 2-D, so that the product is one matmul with the bias in its
+            # epilogue (a 3-D view with rows C + ONES apart would go to a batched matmul and a separate bias add)
+            xc = aug.reshape(-1, aug.shape[-1])[:, :c]
             wc = cast_read(weight, weight_c, aug.dtype)
-            y = F.linear(xc, wc, cast_read(bias, bias_c, aug.dtype))
+            y = F.linear(xc, wc, cast_read(bias, bias_c, aug.dtype)).view(*x.shape[:-1], wc.shape[0])
         ctx.save_for_backward(aug, wc)
         ctx.x_dtype, ctx.w_dtype, ctx.dgrad8 = x.dtype, weight.dtype, dgrad8
         return y
