@@ -12,24 +12,15 @@ v gradients where they lie, which this does not reproduce. Also printed: the bia
 float64 sum, both ways.
 """
 
-import argparse
-import statistics
-
 import torch
 
-from blas_backend import LIBRARIES, kernels
-from wgrad_algos import timed  # CUDA events around --reps calls, after three untimed
+from blas_backend import LIBRARIES, kernels, library, median_ms, start
 
 OUT, IN, ONES = 2304, 768, 8
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--reps", type=int, default=40)
-    args = p.parse_args()
-    torch.cuda.init()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.tokens} tokens, c_attn {OUT} x {IN}")
+    args = start(__doc__, f", c_attn {OUT} x {IN}")
     g = torch.Generator(device="cuda").manual_seed(0)
     dy = torch.randn(args.tokens, OUT, device="cuda", dtype=torch.bfloat16, generator=g) * 1e-3
     x = torch.randn(args.tokens, IN, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -42,13 +33,11 @@ def main() -> None:
         "product, with ones": lambda: torch.mm(dy.t(), aug, out_dtype=torch.float32),
         "weight gradient copied out": lambda: wide[:, :IN].contiguous(),
     }
-    before = torch.backends.cuda.preferred_blas_library()
-    try:
-        for lib in LIBRARIES:
-            torch.backends.cuda.preferred_blas_library(lib)
+    for lib in LIBRARIES:
+        with library(lib):
             ms = {}
             for name, fn in pieces.items():
-                ms[name] = statistics.median(timed(fn, args.reps) for _ in range(3))
+                ms[name] = median_ms(fn, args.reps)
                 print(f"  {lib:9s} {name:28s} {ms[name] * 1000:8.1f} us   {', '.join(kernels(fn))}")
             apart = ms["product, plain"] + ms["column sum"]
             ones = ms["product, with ones"] + ms["weight gradient copied out"]
@@ -59,8 +48,6 @@ def main() -> None:
             scale = exact.abs().max()
             print(f"  {lib:9s} bias gradient's largest error: through the ones {err_ones / scale:.2e}, "
                   f"summed apart {err_sum / scale:.2e}")
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ over a Block and over twelve.
 """
 
 import argparse
+import contextlib
 import statistics
 
 import torch
@@ -20,6 +21,34 @@ from wgrad_algos import timed  # CUDA events around --reps calls, after three un
 
 SHAPES = {"c_attn": (2304, 768), "attn.c_proj": (768, 768), "c_fc": (3072, 768), "mlp.c_proj": (768, 3072)}
 LIBRARIES = ("cublas", "cublaslt")
+
+
+def start(doc: str, shape: str = "") -> argparse.Namespace:
+    """A micro-benchmark's --tokens and --reps parsed, CUDA started, and its first line: the GPU, torch, the tokens
+    and `shape`."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--reps", type=int, default=40)
+    args = p.parse_args()
+    torch.cuda.init()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.tokens} tokens{shape}")
+    return args
+
+
+def median_ms(fn, reps: int) -> float:
+    """Milliseconds a call: the median of three timings over `reps` calls each."""
+    return statistics.median(timed(fn, reps) for _ in range(3))
+
+
+@contextlib.contextmanager
+def library(lib: str):
+    """PyTorch's matmuls through `lib` ("cublas" or "cublaslt") inside, the library before restored after."""
+    before = torch.backends.cuda.preferred_blas_library()
+    try:
+        torch.backends.cuda.preferred_blas_library(lib)
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def kernels(fn) -> list[str]:
@@ -43,28 +72,19 @@ def products(out_features: int, in_features: int, tokens: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--reps", type=int, default=40)
-    args = p.parse_args()
-    torch.cuda.init()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.tokens} tokens")
-    before = torch.backends.cuda.preferred_blas_library()
+    args = start(__doc__)
     totals = {lib: {} for lib in LIBRARIES}
-    try:
-        for name, (out_features, in_features) in SHAPES.items():
-            for what, fn in products(out_features, in_features, args.tokens).items():
-                results, line = {}, []
-                for lib in LIBRARIES:
-                    torch.backends.cuda.preferred_blas_library(lib)
+    for name, (out_features, in_features) in SHAPES.items():
+        for what, fn in products(out_features, in_features, args.tokens).items():
+            results, line = {}, []
+            for lib in LIBRARIES:
+                with library(lib):
                     results[lib] = fn().float()
-                    ms = statistics.median(timed(fn, args.reps) for _ in range(3))
-                    totals[lib][what] = totals[lib].get(what, 0.0) + ms
+                    ms = median_ms(fn, args.reps)
                     line.append(f"{lib} {ms * 1000:6.1f} us [{', '.join(kernels(fn))}]")
-                gap = ((results["cublaslt"] - results["cublas"]).abs().max() / results["cublas"].abs().max()).item()
-                print(f"{name:12s} {what:12s} " + "  ".join(line) + f"  gap {gap:.1e}")
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
+                totals[lib][what] = totals[lib].get(what, 0.0) + ms
+            gap = ((results["cublaslt"] - results["cublas"]).abs().max() / results["cublas"].abs().max()).item()
+            print(f"{name:12s} {what:12s} " + "  ".join(line) + f"  gap {gap:.1e}")
     for what in totals["cublas"]:
         a, b = totals["cublas"][what], totals["cublaslt"][what]
         print(f"a Block's {what:12s}: cublas {a * 1000:6.1f} us, cublaslt {b * 1000:6.1f} us; "
