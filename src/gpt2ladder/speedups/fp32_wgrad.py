@@ -30,11 +30,11 @@ C columns, which autograd copies into a contiguous tensor (7 MB for c_attn).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from typing import NamedTuple
 
 from gpt2ladder.kernels import weight8 as weight8_kernel
 from gpt2ladder.kernels.norm import rows_to_fp8
@@ -103,16 +103,21 @@ def fp8_input_grad(g8: torch.Tensor, gs: torch.Tensor, wc: torch.Tensor, out_dty
 
 
 def linear_grads(grad_y: torch.Tensor, xc: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype, w_dtype: torch.dtype,
-                 has_bias: bool, dgrad8: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                 has_bias: bool, dgrad8: bool = False,
+                 ones: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(input, weight, bias or None) gradients of y = x @ w.T (+ b) from the input and weight as the matmul read
     them (`xc`, `wc`, in the compute dtype): the input gradient in that dtype (`dgrad8`: its product in float8), the
-    weight's and bias's in fp32."""
+    weight's and bias's in fp32. With `ones`, xc is the input widened by columns of ones (`OnesColumns.aug`): the
+    weight-gradient product runs over all of them, and its column C is the bias gradient."""
+    c = wc.shape[1]
     g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(wc.dtype)
     with torch.autocast(grad_y.device.type, enabled=False):
-        grad_x = input_grad(g2, wc, dgrad8).view(*grad_y.shape[:-1], wc.shape[1]).to(x_dtype)
-        grad_w = weight_grad(g2, xc.reshape(-1, xc.shape[-1])).to(w_dtype)
+        grad_x = input_grad(g2, wc, dgrad8).view(*grad_y.shape[:-1], c).to(x_dtype)
+        grad_w = weight_grad(g2, xc.reshape(-1, xc.shape[-1]))  # (out, C), or (out, C + ONES) with `ones`
+        if ones:
+            return grad_x, grad_w[:, :c].to(w_dtype), grad_w[:, c].to(w_dtype)
         grad_b = g2.sum(0, dtype=torch.float32).to(w_dtype) if has_bias else None
-    return grad_x, grad_w, grad_b
+    return grad_x, grad_w.to(w_dtype), grad_b
 
 
 class Fp32WgradMatmul(torch.autograd.Function):
@@ -167,12 +172,7 @@ class OnesWgradMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         aug, wc = ctx.saved_tensors
-        c = wc.shape[1]
-        g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(wc.dtype)
-        with torch.autocast(grad_y.device.type, enabled=False):
-            grad_x = input_grad(g2, wc, ctx.dgrad8).view(*grad_y.shape[:-1], c).to(ctx.x_dtype)
-            both = weight_grad(g2, aug.reshape(-1, aug.shape[-1]))  # (out, C + ONES) fp32
-            grad_w, grad_b = both[:, :c].to(ctx.w_dtype), both[:, c].to(ctx.w_dtype)
+        grad_x, grad_w, grad_b = linear_grads(grad_y, aug, wc, ctx.x_dtype, ctx.w_dtype, True, ctx.dgrad8, ones=True)
         return grad_x, None, grad_w, grad_b, None, None, None
 
 
