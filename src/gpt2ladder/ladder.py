@@ -280,7 +280,9 @@ LADDER: tuple[Rung, ...] = (
          "Opt-in until timed on a GPU.",
          "memory", {"bias_in_wgrad": True, "norm_kernel": True, "bf16_residual": True, "fp32_wgrad": True,
                     "autocast": "bfloat16", "qkv_grad": False, "fp8_forward": False},
-         lambda caps: _needs_norm_kernel(caps) or _needs_mm_out_dtype(caps), opt_in=True),
+         lambda caps: (_needs_triton_gpu("the bias_in_wgrad rung")(caps) or _needs_ampere("a bfloat16 residual "
+                                                                                     "stream")(caps)
+                       or _needs_mm_out_dtype(caps)), opt_in=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",
