@@ -84,8 +84,8 @@ EXPECTED = {  # rung -> the observable properties it may change
     "fp8_forward": {"fp8_forward"},
     "adamw_kernel": {"adamw_kernel"},  # the fused_adamw it sets is on below it already
     "memset_fill": {"memset_fill"},  # it edits the graph of the cuda_graph rung below it
-    "tied_grad": {"tied_grad"},  # a pass over the compiled backward's graph
     "cublaslt": {"cublaslt"},  # the BLAS library the step's matmuls call
+    "tied_grad": {"tied_grad"},  # a pass over the compiled backward's graph
     # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's (nor its copies), not the
     # q, k, v gradient kernel's, and their own float8 casts, not the norm kernel's
     "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad", "weight_cast", "fp8_forward", "fp8_proj", "fp8_dgrad"},
@@ -170,7 +170,7 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "tied_grad", "bias_in_wgrad", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "bias_in_wgrad", "tied_grad", "fp8_mlp", "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
     assert resolve_rungs("auto", H200_TRITON)[-9:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
                                                        "fp8_fc", "fp8_dgrad", "adamw_kernel", "memset_fill", "cublaslt"]

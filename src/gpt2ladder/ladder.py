@@ -262,11 +262,6 @@ LADDER: tuple[Rung, ...] = (
          "overhead", {"memset_fill": True}, _needs_graph_edits,
          pays_with_graph=True, refused_under={
              "fsdp": "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"}),
-    Rung("tied_grad", "The token embedding's gradient rows are added into the tied classifier's gradient, not into a "
-         "zeroed copy of the 50304 x 768 weight that is then added to it, saving a write and a pass over 154 MB a "
-         "step where the model compiles as one graph (not under DDP's graph per bucket; opt-in: within noise of the "
-         "step without it on an H200).",
-         "memory", {"tied_grad": True}, _needs_compile, opt_in=True),
     Rung("cublaslt", "PyTorch's matmuls go through cuBLASLt, taking its heuristic's first algorithm, instead of "
          "cuBLAS, whose choice for three of a Block's four weight gradients is a split-K product with a reduction "
          "kernel after it: in profiles of GPT-2 124M on two H200s, 0.13 ms less kernel time a step; timed, 0.19 ms "
@@ -283,6 +278,11 @@ LADDER: tuple[Rung, ...] = (
          lambda caps: (_needs_triton_gpu("the bias_in_wgrad rung")(caps) or _needs_ampere("a bfloat16 residual "
                                                                                      "stream")(caps)
                        or _needs_mm_out_dtype(caps)), opt_in=True),
+    Rung("tied_grad", "The token embedding's gradient rows are added into the tied classifier's gradient, not into a "
+         "zeroed copy of the 50304 x 768 weight that is then added to it, saving a write and a pass over 154 MB a "
+         "step where the model compiles as one graph (not under DDP's graph per bucket; opt-in: within noise of the "
+         "step without it on an H200).",
+         "memory", {"tied_grad": True}, _needs_compile, opt_in=True),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",

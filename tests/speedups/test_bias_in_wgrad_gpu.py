@@ -41,7 +41,15 @@ def test_the_product_over_the_ones_sums_the_bias_gradient_as_fp32_sums_do():
     plain = ((g.sum(0, dtype=torch.float32).double() - exact).abs().max() / exact.abs().max()).item()
     print(f"bias gradient's largest error: through the ones {err:.2e}, summed apart {plain:.2e}")
     assert err < 1e-5  # fp32 accumulation, as the separate sum's
-    torch.testing.assert_close(both[:, :768], weight_grad(g, x), rtol=1e-5, atol=1e-6)
+    # The weight gradient beside it, against the exact product: the wider product may take another cuBLAS kernel
+    # (split-K or not), so it is held to fp32 accumulation's error, as the plain product is, not to the plain
+    # product's bits (their largest gap at this size was 8.9e-6 of values up to about 0.6).
+    exact_w = g.double().t() @ x.double()
+    scale = exact_w.abs().max()
+    err_w = ((both[:, :768].double() - exact_w).abs().max() / scale).item()
+    plain_w = ((weight_grad(g, x).double() - exact_w).abs().max() / scale).item()
+    print(f"weight gradient's largest error: through the ones {err_w:.2e}, plain product {plain_w:.2e}")
+    assert err_w < 5e-5 and plain_w < 5e-5  # a wrong column would be off by about 1
 
 
 @needs_cuda
