@@ -170,16 +170,18 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "bias_in_wgrad", "tied_grad", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "fp8_mlp", "fp8_attn"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
-    assert resolve_rungs("auto", H200_TRITON)[-9:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
-                                                       "fp8_fc", "fp8_dgrad", "adamw_kernel", "memset_fill", "cublaslt"]
+    assert resolve_rungs("auto", H200_TRITON)[-11:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
+                                                        "fp8_fc", "fp8_dgrad", "adamw_kernel", "memset_fill", "cublaslt",
+                                                        "bias_in_wgrad", "tied_grad"]
     assert [n for n in resolve_rungs("best", H200_TRITON) if n in opt_in] == opt_in  # measured; kept if they pay
     assert [n for n in resolve_rungs("all", H200_TRITON) if n in opt_in] == opt_in
     assert "fp8_mlp" not in resolve_rungs("best", A100)  # and only where float8 exists
-    for caps in (T4, A100, H200_TRITON):  # cublaslt, the last rung of auto on any CUDA GPU
-        assert resolve_rungs("auto", caps)[-2:] == ["memset_fill", "cublaslt"]
+    for caps in (T4, A100):  # cublaslt, then tied_grad, the last rungs of auto on a CUDA GPU without bias_in_wgrad
+        assert resolve_rungs("auto", caps)[-3:] == ["memset_fill", "cublaslt", "tied_grad"]
     assert "cublaslt" not in resolve_rungs("auto", CPU_CAPS)
+    assert resolve_rungs("auto", CPU_CAPS)[-2:] == ["fused_loss", "tied_grad"]  # wherever the model compiles
 
 
 def test_a_gpu_whose_float8_products_cannot_scale_rows_keeps_the_tensor_scaled_head_only():
@@ -195,7 +197,7 @@ def test_a_gpu_whose_float8_products_cannot_scale_rows_keeps_the_tensor_scaled_h
         reason = why_unavailable(rung, caps)
         assert "scale per row" in reason and "CUBLAS_STATUS_NOT_SUPPORTED" in reason and "RTX 5070" in reason
         assert len(reason.splitlines()) == 1
-    assert resolve_rungs("auto", H200_TRITON)[-5:-2] == ["fp8_fc", "fp8_dgrad", "adamw_kernel"]  # fp8_rowwise None
+    assert resolve_rungs("auto", H200_TRITON)[-7:-4] == ["fp8_fc", "fp8_dgrad", "adamw_kernel"]  # fp8_rowwise None
 
 
 def test_memset_fill_needs_a_graph_it_can_edit():
@@ -203,7 +205,7 @@ def test_memset_fill_needs_a_graph_it_can_edit():
     assert "CUDA GPU" in why_unavailable("memset_fill", CPU_CAPS)
     old_torch = Capabilities("cuda", "NVIDIA H200", (9, 0), graph_edits="needs a PyTorch that keeps it")
     assert why_unavailable("memset_fill", old_torch) == "needs a PyTorch that keeps it"
-    assert resolve_rungs("auto", old_torch)[-2:] == ["fp8_dgrad", "cublaslt"]  # cublaslt last without it too
+    assert resolve_rungs("auto", old_torch)[-3:] == ["fp8_dgrad", "cublaslt", "tied_grad"]  # the rest without it
     assert "FSDP2" in why_unavailable("memset_fill", H200_TRITON, "fsdp")
 
 

@@ -120,10 +120,11 @@ def test_in_a_ladder_that_climbed_qkv_grad_and_fp8_forward_the_rung_takes_their_
     assert [b.attn_ones for b in model.transformer.h] == [ONES] * PRESETS["tiny"].n_layer
 
 
-def test_the_rung_needs_the_norm_kernels_and_stays_out_of_auto_until_timed():
+def test_the_rung_needs_the_norm_kernels_and_is_in_auto_where_they_run():
     h200 = Capabilities("cuda", "NVIDIA H200", (9, 0), triton_version="3.6.0")
     assert why_unavailable("bias_in_wgrad", h200) is None
     assert "CUDA" in why_unavailable("bias_in_wgrad", Capabilities("cpu", "cpu", (0, 0)))
-    assert "bias_in_wgrad" not in resolve_rungs("auto", h200) and "bias_in_wgrad" in resolve_rungs("best", h200)
-    setup = setup_for(resolve_rungs("auto", h200) + ["bias_in_wgrad"])
+    assert "bias_in_wgrad" in resolve_rungs("auto", h200)
+    assert "bias_in_wgrad" not in resolve_rungs("auto", Capabilities("cpu", "cpu", (0, 0)))
+    setup = setup_for(resolve_rungs("auto", h200))
     assert setup.bias_in_wgrad and setup.norm_kernel and setup.fp32_wgrad

@@ -67,7 +67,7 @@ def test_rocm_and_windows_keep_their_own_library():
     from gpt2ladder.runtime.hardware import Capabilities
 
     gpu = Capabilities("cuda", "NVIDIA H200", (9, 0), triton_version="3.6.0")
-    assert why_unavailable("cublaslt", gpu) is None and resolve_rungs("auto", gpu)[-1] == "cublaslt"
+    assert why_unavailable("cublaslt", gpu) is None and "cublaslt" in resolve_rungs("auto", gpu)
     assert "Windows" in why_unavailable("cublaslt", Capabilities("cuda", "NVIDIA RTX 5070", (12, 0), os="Windows"))
     rocm = dataclasses.replace(gpu, name="AMD Instinct MI300X", hip_version="6.4.0")
     assert "ROCm" in why_unavailable("cublaslt", rocm) and "cublaslt" not in resolve_rungs("auto", rocm)
