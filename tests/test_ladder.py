@@ -213,7 +213,7 @@ def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
     from gpt2ladder.ladder import left_out_of_auto
 
     graph_only = ["bf16_residual", "gelu_kernel", "fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
-                  "qkv_grad", "fp8_fc", "fp8_proj", "fp8_dgrad", "fp8_forward", "adamw_kernel"]
+                  "qkv_grad", "fp8_fc", "fp8_proj", "fp8_dgrad", "fp8_forward", "adamw_kernel", "bias_in_wgrad"]
     assert left_out_of_auto(H200_TRITON) == {} and left_out_of_auto(H200_TRITON, "ddp") == {}
     left = left_out_of_auto(H200_TRITON, "fsdp")
     # weight_cast cannot run under FSDP2 at all (its copies would be of the shards), nor proj_bias (a Block's

@@ -277,7 +277,7 @@ LADDER: tuple[Rung, ...] = (
                     "autocast": "bfloat16", "qkv_grad": False, "fp8_forward": False},
          lambda caps: (_needs_triton_gpu("the bias_in_wgrad rung")(caps) or _needs_ampere("a bfloat16 residual "
                                                                                      "stream")(caps)
-                       or _needs_mm_out_dtype(caps))),
+                       or _needs_mm_out_dtype(caps)), pays_with_graph=True),
     Rung("tied_grad", "The token embedding's gradient rows are added into the tied classifier's gradient, not into a "
          "zeroed copy of the 50304 x 768 weight that is then added to it, saving a write and a pass over 154 MB a "
          "step where the model compiles as one graph (not under DDP's graph per bucket). Alone within noise of the "
