@@ -136,8 +136,8 @@ out.append({"bf16_bits_equal": torch.equal(bits[~nan], expected[~nan]) and nan.a
 print(json.dumps(out))
 """
 
-ODD = [[37, 5], [3], [], [1], [0], [300], [64, 65], [128], [129]]  # chunks of 128: partial, smaller, exact, empty
-ALIGNED = [[8, 4], [64], [4], [256, 12], [48]]  # every size a multiple of 4: the kernel's four-at-a-time path
+ODD = [[37, 5], [3], [], [1], [0], [300], [8, 65], [128], [129]]  # chunks of 128: partial, smaller, exact, empty
+ALIGNED = [[8, 4], [64], [4], [32, 12], [48]]  # every size a multiple of 4: the kernel's four-at-a-time path
 CASES = [
     # tile, shapes, per step: the gradient scale (None: none) and found_inf (None: not given)
     {"tile": [64, 2, 4], "shapes": ODD, "scales": [None, 3.0, None, 0.5, 2.0], "found_inf": [None] * 5},

@@ -92,7 +92,7 @@ from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.runtime.engine import Engine, OptimConfig
 
-config = dataclasses.replace(PRESETS["tiny"], vocab_size=501)  # a small embedding: the interpreter is slow
+config = dataclasses.replace(PRESETS["tiny"], vocab_size=501, n_embd=64)  # small: the interpreter is slow
 gen = torch.Generator().manual_seed(0)
 x, y = (torch.randint(0, 501, (2, 2, 32), generator=gen) for _ in range(2))  # one batch, so the loss must fall
 losses, weights = {}, {}
@@ -117,7 +117,7 @@ def test_the_engine_trains_with_the_kernel_as_with_fused_adamw(triton_interpret)
     assert result["worst"] <= 1
 
 
-# What the engine scripts below share, run with TRITON_INTERPRET=1: the kernel's path on CPU tensors, a tiny model with a
+# What the engine scripts below share, run with TRITON_INTERPRET=1: the kernel's path on CPU tensors, a narrower tiny model with a
 # small vocabulary (the interpreter is slow), one batch, and an engine that clips (so the kernel gets a grad_scale).
 ENGINE_PRELUDE = r"""
 import dataclasses, json, sys, torch
@@ -128,7 +128,7 @@ from gpt2ladder.model.config import PRESETS
 from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.speedups import kernel_adamw
 
-config = dataclasses.replace(PRESETS["tiny"], vocab_size=501)
+config = dataclasses.replace(PRESETS["tiny"], vocab_size=501, n_embd=64)
 gen = torch.Generator().manual_seed(0)
 x, y = (torch.randint(0, 501, (2, 2, 32), generator=gen) for _ in range(2))
 
