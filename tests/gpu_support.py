@@ -1,5 +1,6 @@
-"""What the GPU tests share: the device, the tiny preset, random batches on the GPU, and the losses of a
-few steps of one setup. Imported by the tests/*/*_gpu.py test files (tests/ is on sys.path through its conftest)."""
+"""What the GPU tests share: the device, the tiny preset, the top of `auto` without one rung, random batches on
+the GPU, and the losses of a few steps of one setup. Imported by the tests/*/*_gpu.py test files (tests/ is on
+sys.path through its conftest)."""
 
 import importlib.util
 import subprocess
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt2ladder.ladder import setup_for
+from gpt2ladder.ladder import resolve_rungs, setup_for
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.hardware import detect
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
@@ -23,6 +25,14 @@ TINY = PRESETS["tiny"]
 # that differ in nothing the update reads (the AdamW kernel leaving the gradients as given) ended up to 2.0e-4
 # apart on an H200 (benchmarks/results/2026-12-03-h200-tied-grad/logs/gpu-tests.log); this allows five times that.
 LOSS_ROUNDING = 1e-3
+
+
+def auto_without(rung: str) -> list[str]:
+    """The rungs of `auto` on this GPU but `rung`, which must be one of them: the top of `auto` without it, to
+    compare with the top as it is (these rungs and `rung`)."""
+    auto = resolve_rungs("auto", detect(GPU))
+    assert rung in auto, (rung, auto)
+    return [n for n in auto if n != rung]
 
 
 def random_batches(n, b=8, t=256):

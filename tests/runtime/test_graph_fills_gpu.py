@@ -5,12 +5,11 @@ import ctypes
 
 import pytest
 import torch
-from gpu_support import GPU, LOSS_ROUNDING, TINY, needs_cuda, random_batches
+from gpu_support import GPU, LOSS_ROUNDING, TINY, auto_without, needs_cuda, random_batches
 
-from gpt2ladder.ladder import resolve_rungs, setup_for
+from gpt2ladder.ladder import setup_for
 from gpt2ladder.runtime import graph_fills
 from gpt2ladder.runtime.engine import Engine
-from gpt2ladder.runtime.hardware import detect
 
 pytestmark = pytest.mark.gpu
 
@@ -95,7 +94,7 @@ def test_a_step_with_its_memsets_filled_computes_the_same_losses(monkeypatch, be
     on an H200 the fifth losses once differed by 1.1e-4, a relative 1.03e-5), the capture
     rewrote memsets (cuBLAS's, before its matmuls), and none that it could rewrite is left."""
     monkeypatch.setattr(graph_fills, "BESIDE", beside)
-    names = [n for n in resolve_rungs("auto", detect(GPU)) if n != "memset_fill"]
+    names = auto_without("memset_fill")
     batches = random_batches(5)
     plain = Engine(TINY, setup_for(names), GPU, seed=0)
     filled = Engine(TINY, setup_for(names + ["memset_fill"]), GPU, seed=0)

@@ -4,11 +4,10 @@ the top of `auto` with the rung computes the gradients and losses it computes wi
 
 import pytest
 import torch
-from gpu_support import GPU, LOSS_ROUNDING, TINY, grad_gaps, needs_cuda, needs_triton, random_batches
+from gpu_support import GPU, LOSS_ROUNDING, TINY, auto_without, grad_gaps, needs_cuda, needs_triton, random_batches
 
-from gpt2ladder.ladder import resolve_rungs, setup_for
+from gpt2ladder.ladder import setup_for
 from gpt2ladder.runtime.engine import Engine
-from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.speedups.fp32_wgrad import ONES, weight_grad
 
 pytestmark = pytest.mark.gpu
@@ -55,9 +54,7 @@ def test_the_product_over_the_ones_sums_the_bias_gradient_as_fp32_sums_do():
 @needs_cuda
 @needs_triton
 def test_the_top_of_auto_with_the_rung_keeps_its_gradients_and_losses():
-    auto = resolve_rungs("auto", detect(GPU))
-    assert "bias_in_wgrad" in auto
-    names = [n for n in auto if n != "bias_in_wgrad"]  # the top of auto without the rung, then with it
+    names = auto_without("bias_in_wgrad")
     batches = random_batches(8)
     engines = [Engine(TINY, setup_for(rungs), GPU, seed=0) for rungs in (names, names + ["bias_in_wgrad"])]
     blocks = [b for b in engines[1].raw_model.transformer.h]

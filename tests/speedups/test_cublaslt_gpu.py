@@ -7,11 +7,10 @@ import types
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
-from gpu_support import GPU, LOSS_ROUNDING, TINY, grad_gaps, needs_cuda, random_batches
+from gpu_support import GPU, LOSS_ROUNDING, TINY, auto_without, grad_gaps, needs_cuda, random_batches
 
-from gpt2ladder.ladder import resolve_rungs, setup_for
+from gpt2ladder.ladder import setup_for
 from gpt2ladder.runtime.engine import Engine
-from gpt2ladder.runtime.hardware import detect
 
 pytestmark = pytest.mark.gpu
 
@@ -38,7 +37,7 @@ def test_the_weight_gradients_product_through_cublaslt_is_cublas_sum(out_feature
 
 @needs_cuda
 def test_the_top_of_auto_through_cublaslt_keeps_its_gradients_and_losses():
-    names = [n for n in resolve_rungs("auto", detect(GPU)) if n != "cublaslt"]  # auto's own last rung
+    names = auto_without("cublaslt")
     batches = random_batches(8)
     before = torch.backends.cuda.preferred_blas_library()
     engines = [Engine(TINY, setup_for(rungs), GPU, seed=0) for rungs in (names, names + ["cublaslt"])]
@@ -64,7 +63,7 @@ def test_with_the_rung_the_step_takes_cublaslts_weight_gradient_without_split_k(
     g = torch.Generator(device="cuda").manual_seed(0)
     dy = torch.randn(16384, 768, device="cuda", dtype=torch.bfloat16, generator=g)
     x = torch.randn(16384, 3072, device="cuda", dtype=torch.bfloat16, generator=g)
-    names = [n for n in resolve_rungs("auto", detect(GPU)) if n != "cublaslt"]
+    names = auto_without("cublaslt")
     kernels = {}
     for rungs in (names, names + ["cublaslt"]):
         engine = types.SimpleNamespace(setup=setup_for(rungs), device=GPU)

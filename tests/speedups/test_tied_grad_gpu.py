@@ -7,20 +7,17 @@ import pytest
 import torch
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
-from gpu_support import GPU, LOSS_ROUNDING, TINY, grad_gaps, needs_cuda, random_batches
+from gpu_support import GPU, LOSS_ROUNDING, TINY, auto_without, grad_gaps, needs_cuda, random_batches
 
-from gpt2ladder.ladder import resolve_rungs, setup_for
+from gpt2ladder.ladder import setup_for
 from gpt2ladder.runtime.engine import Engine
-from gpt2ladder.runtime.hardware import detect
 
 pytestmark = pytest.mark.gpu
 
 
 @needs_cuda
 def test_the_top_of_auto_with_tied_grad_folds_one_add_and_keeps_its_gradients_and_losses():
-    auto = resolve_rungs("auto", detect(GPU))
-    assert "tied_grad" in auto
-    names = [n for n in auto if n != "tied_grad"]  # the top of auto without the rung, then with it
+    names = auto_without("tied_grad")
     batches = random_batches(8)
     engines, losses = [], []
     with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
