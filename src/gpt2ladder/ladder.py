@@ -15,6 +15,7 @@ from typing import Callable
 
 from gpt2ladder.errors import UsageError
 from gpt2ladder.runtime.hardware import Capabilities
+from gpt2ladder.model.recipe import GPT2, Recipe
 from gpt2ladder.model.setup import Setup
 
 
@@ -39,6 +40,8 @@ class Rung:
     pays_with_graph: bool = False
     # Data-parallel strategies ("ddp", "fsdp") the rung cannot run under, each with the reason.
     refused_under: dict = field(default_factory=dict)
+    # Returns None when the rung applies to this recipe's model and optimizer, else why it does not.
+    declines: Callable[[Recipe], str | None] = field(repr=False, default=lambda recipe: None)
 
     def apply(self, setup: Setup) -> Setup:
         return dataclasses.replace(setup, **self.changes)
@@ -149,6 +152,24 @@ def _needs_graph_edits(caps: Capabilities) -> str | None:
     return _needs_cuda("editing a captured CUDA graph")(caps) or caps.graph_edits
 
 
+def _gpt2_blocks(what: str) -> Callable[[Recipe], str | None]:
+    """A rewrite written for GPT-2's own Blocks (biased Linears, LayerNorm, GELU, learned positions)."""
+    def check(recipe: Recipe) -> str | None:
+        if recipe.family == "gpt2":
+            return None
+        return f"{what} is written for GPT-2's own Blocks; recipe {recipe.name} changes them"
+
+    return check
+
+
+def _adamw_only(recipe: Recipe) -> str | None:
+    return None if recipe.optimizer == "adamw" else "the adamw_kernel rung updates by AdamW alone; this recipe uses Muon"
+
+
+def _no_softcap(recipe: Recipe) -> str | None:
+    return "the loss kernels have no soft-capped form yet" if recipe.has("softcap") else None
+
+
 LADDER: tuple[Rung, ...] = (
     Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
          "precision", {}, writeup=True),
@@ -175,7 +196,8 @@ LADDER: tuple[Rung, ...] = (
     Rung("loss_kernel", "The fused loss's pass over the logits runs as hand-written Triton kernels (row "
          "log-sum-exp, then the gradient tiles, then for float8 a transpose of their bytes), which read the logits "
          "twice instead of three times and store the transposed float8 copy contiguously.",
-         "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel),
+         "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel,
+         declines=_no_softcap),
     # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not. (Under
     # DDP the graph captures the all-reduces too: runtime/engine.py.)
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",
@@ -191,10 +213,12 @@ LADDER: tuple[Rung, ...] = (
     Rung("gelu_kernel", "The MLP's GELU runs as two Triton kernels: forward as h / (1 + exp(-2z)), one exp2 and a "
          "division where compile's kernel evaluates a long tanh and was bound by that arithmetic, not by memory; "
          "backward writes the input gradient and c_fc's bias gradient in one pass.",
-         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the gelu_kernel rung"), pays_with_graph=True),
+         "memory", {"gelu_kernel": True}, _needs_triton_gpu("the gelu_kernel rung"), pays_with_graph=True,
+         declines=_gpt2_blocks("the gelu_kernel rung")),
     Rung("fp32_wgrad", "Each Block's weight gradients leave their bf16 matmul in fp32 (cuBLAS's out_dtype), "
          "instead of being rounded to bf16 and cast to fp32 by 48 extra kernels; more precise as well.",
-         "memory", {"fp32_wgrad": True}, _needs_mm_out_dtype, pays_with_graph=True),
+         "memory", {"fp32_wgrad": True}, _needs_mm_out_dtype, pays_with_graph=True,
+         declines=_gpt2_blocks("the fp32_wgrad rung")),
     Rung("weight_cast", "The Blocks' weights and biases are kept in bfloat16 copies between steps, where autocast "
          "cast each one beside its matmul in 72 small kernels (the same rounding, so the same numbers): one "
          "multi-tensor copy at the start of the step makes them, within noise of the rung before, and with "
@@ -203,43 +227,50 @@ LADDER: tuple[Rung, ...] = (
          "overhead", {"weight_cast": True, "fp32_wgrad": True, "autocast": "bfloat16"}, _needs_mm_out_dtype,
          pays_with_graph=True, refused_under={
              "fsdp": "FSDP2 replaces every parameter by its shard and gathers it inside the step, after the copies "
-                     "are made"}),
+                     "are made"},
+         declines=_gpt2_blocks("the weight_cast rung")),
     Rung("norm_kernel", "Each residual add and the layer norm after it run as Triton kernels whose backward ends "
          "the norm's weight and bias gradients in one small launch, where compile's ended them in two aten sums "
          "with a memset before each (92 launches per step).",
          "overhead", {"norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_norm_kernel, pays_with_graph=True),
+         _needs_norm_kernel, pays_with_graph=True,
+         declines=_gpt2_blocks("the norm_kernel rung")),
     Rung("proj_bias", "The attention's and MLP's output projections leave their biases to the norm kernels, which "
          "add them with the residual and sum their gradients with the norm's own, where compile summed each in two "
          "more reductions (48 launches per step).",
          "overhead", {"proj_bias": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
          _needs_norm_kernel, pays_with_graph=True, refused_under={
              "fsdp": "the MLP's output bias is read by the next Block's norm, after FSDP2 has freed the gathered "
-                     "parameters of the Block it belongs to"}),
+                     "parameters of the Block it belongs to"},
+         declines=_gpt2_blocks("the proj_bias rung")),
     Rung("qkv_grad", "The attention's q, k and v gradients are written side by side into c_attn's output gradient "
          "by one Triton kernel that also sums c_attn's bias gradient from the same values, where compile assembled "
          "them in one pass and summed the bias in a second. Opt-in: in the step on an H200 within noise of the "
          "rung before, compile having fused both passes into their neighbours (docs/experiments.md).",
-         "memory", {"qkv_grad": True}, _needs_triton_gpu("the qkv_grad rung"), opt_in=True, pays_with_graph=True),
+         "memory", {"qkv_grad": True}, _needs_triton_gpu("the qkv_grad rung"), opt_in=True, pays_with_graph=True,
+         declines=_gpt2_blocks("the qkv_grad rung")),
     Rung("fp8_fc", "The MLP's input projection (c_fc) alone multiplies in float8 in the forward pass, from the norm "
          "kernel's float8 copy of its input (as fp8_forward, without c_attn, whose rounding reaches the attention "
          "scores); the gradients stay bf16 matmuls. Its loss stays beside the fp32 baseline's, as the rungs' "
          "before it do.",
          "precision", {"fp8_fc": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_fp8_forward, pays_with_graph=True),
+         _needs_fp8_forward, pays_with_graph=True,
+         declines=_gpt2_blocks("the fp8_fc rung")),
     Rung("fp8_proj", "The MLP's output projection (c_proj) multiplies in float8 in the forward pass as well, from a "
          "float8 copy of the GELU's output with one scale per row that the GELU kernel writes beside it; the "
          "gradients stay bf16 matmuls. Opt-in: within the parity rule, but slower a step on an H200, the GELU kernel "
          "holding whole rows to scale them costing more than the float8 product saves (docs/results.md).",
          "precision", {"fp8_proj": True, "gelu_kernel": True, "norm_kernel": True,
                        "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_fp8_forward, opt_in=True, pays_with_graph=True),
+         _needs_fp8_forward, opt_in=True, pays_with_graph=True,
+         declines=_gpt2_blocks("the fp8_proj rung")),
     Rung("fp8_dgrad", "The input gradients of the attention's input projection (c_attn) and the MLP's output "
          "projection (c_proj) multiply in float8, at twice the bf16 tensor-core rate: the output gradient cast with "
          "one scale per token, the weight with one per input feature; the weight gradients stay bf16 matmuls "
          "written in fp32. 0.33 ms faster a step on an H200, its loss beside the fp32 baseline's (docs/results.md).",
          "precision", {"fp8_dgrad": True, "fp32_wgrad": True, "autocast": "bfloat16"},
-         lambda caps: _needs_fp8_rows(caps) or _needs_mm_out_dtype(caps), pays_with_graph=True),
+         lambda caps: _needs_fp8_rows(caps) or _needs_mm_out_dtype(caps), pays_with_graph=True,
+         declines=_gpt2_blocks("the fp8_dgrad rung")),
     Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
          "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
          "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "
@@ -247,14 +278,16 @@ LADDER: tuple[Rung, ...] = (
          "above the fp32 baseline's where the other rungs' do not, and to a given loss it took as many steps as "
          "without it, so no less time (docs/results.md).",
          "precision", {"fp8_forward": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_fp8_forward, opt_in=True, pays_with_graph=True),
+         _needs_fp8_forward, opt_in=True, pays_with_graph=True,
+         declines=_gpt2_blocks("the fp8_forward rung")),
     Rung("adamw_kernel", "AdamW updates every parameter in one Triton launch that finds each tensor in a table of "
          "addresses, with the same arithmetic and optimizer state: alone 0.86 ms a step of GPT-2 124M on an H200 "
          "where fused AdamW's 9 multi-tensor launches took 1.01, and 0.16 ms faster in the whole step "
          "(docs/results.md).",
          "memory", {"adamw_kernel": True, "fused_adamw": True}, _needs_triton_gpu("the adamw_kernel rung"),
          pays_with_graph=True, refused_under={
-             "fsdp": "FSDP2's parameters are sharded DTensors, which the kernel's table of addresses cannot hold"}),
+             "fsdp": "FSDP2's parameters are sharded DTensors, which the kernel's table of addresses cannot hold"},
+         declines=_adamw_only),
     Rung("memset_fill", "The CUDA graph's small memset nodes (cuBLAS zeroes 4 bytes of its workspace before most "
          "matmuls, 128 times a step of GPT-2 124M) become kernels that store the same bytes, since a kernel after a "
          "kernel starts sooner than one after a memset: 0.14 and 0.18 ms faster a step on two H200s "
@@ -277,21 +310,25 @@ LADDER: tuple[Rung, ...] = (
                     "autocast": "bfloat16", "qkv_grad": False, "fp8_forward": False},
          lambda caps: (_needs_triton_gpu("the bias_in_wgrad rung")(caps) or _needs_ampere("a bfloat16 residual "
                                                                                      "stream")(caps)
-                       or _needs_mm_out_dtype(caps)), pays_with_graph=True),
+                       or _needs_mm_out_dtype(caps)), pays_with_graph=True,
+         declines=_gpt2_blocks("the bias_in_wgrad rung")),
     Rung("tied_grad", "The token embedding's gradient rows are added into the tied classifier's gradient, not into a "
          "zeroed copy of the 50304 x 768 weight that is then added to it, saving a write and a pass over 154 MB a "
          "step where the model compiles as one graph (not under DDP's graph per bucket). Alone within noise of the "
          "step without it on an H200; with bias_in_wgrad, 0.20 ms faster a step (docs/results.md).",
-         "memory", {"tied_grad": True}, _needs_compile),
+         "memory", {"tied_grad": True}, _needs_compile,
+         declines=_gpt2_blocks("the tied_grad rung's graph pass")),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",
          "precision", {"fp8_mlp": True}, _needs_fp8, opt_in=True,
          parity_failure="val loss 0.99% below the fp32 baseline's after 300 steps of GPT-2 124M on an H200, "
-                        "where 0.50% is allowed (docs/experiments.md, parity)"),
+                        "where 0.50% is allowed (docs/experiments.md, parity)",
+         declines=_gpt2_blocks("the fp8_mlp rung")),
     Rung("fp8_attn", "The attention's input and output projections run in float8 as well (the attention itself "
          "stays bf16); smaller matmuls, so the casts weigh even more (opt-in).",
-         "precision", {"fp8_attn": True}, _needs_fp8, opt_in=True),
+         "precision", {"fp8_attn": True}, _needs_fp8, opt_in=True,
+         declines=_gpt2_blocks("the fp8_attn rung")),
 )
 
 RUNGS_BY_NAME = {r.name: r for r in LADDER}
@@ -322,9 +359,10 @@ def setup_for(names: list[str]) -> Setup:
     return setup
 
 
-def why_unavailable(name: str, caps: Capabilities, strategy: str | None = None) -> str | None:
-    """Why a rung cannot run on this machine or, under torchrun, with this data-parallel strategy."""
-    return RUNGS_BY_NAME[name].unavailable(caps) or strategy_problem(name, strategy)
+def why_unavailable(name: str, caps: Capabilities, strategy: str | None = None, recipe: Recipe = GPT2) -> str | None:
+    """Why a rung cannot run on this machine, under torchrun with this data-parallel strategy, or for this recipe."""
+    rung = RUNGS_BY_NAME[name]
+    return rung.unavailable(caps) or strategy_problem(name, strategy) or rung.declines(recipe)
 
 
 def strategy_problem(name: str, strategy: str | None) -> str | None:
@@ -337,30 +375,32 @@ GRAPH_ONLY_REASON = ("it pays only inside a CUDA graph, which cannot be captured
                      "against 34.5 without them (docs/experiments.md)")
 
 
-def left_out_of_auto(caps: Capabilities, strategy: str | None = None) -> dict[str, str]:
+def left_out_of_auto(caps: Capabilities, strategy: str | None = None, recipe: Recipe = GPT2) -> dict[str, str]:
     """The rungs this machine can run that `auto` leaves out, and why (opt-in ones are not listed)."""
     if why_unavailable("cuda_graph", caps, strategy) is None:
         return {}
     return {r.name: GRAPH_ONLY_REASON for r in LADDER
-            if r.pays_with_graph and why_unavailable(r.name, caps, strategy) is None}
+            if r.pays_with_graph and why_unavailable(r.name, caps, strategy, recipe) is None}
 
 
-def available_rungs(caps: Capabilities, opt_in: bool = False, strategy: str | None = None) -> list[str]:
+def available_rungs(caps: Capabilities, opt_in: bool = False, strategy: str | None = None,
+                    recipe: Recipe = GPT2) -> list[str]:
     """Every rung this machine can run, in ladder order: what `--rungs auto` climbs and `doctor` recommends.
 
     With `opt_in` also the rungs that did not pay where they were measured (`--rungs best` tries them,
     and measures which pay); without it, also not those that pay only inside a CUDA graph where none
     can be captured.
     """
-    names = [r.name for r in LADDER if why_unavailable(r.name, caps, strategy) is None and (opt_in or not r.opt_in)]
-    return names if opt_in else [n for n in names if n not in left_out_of_auto(caps, strategy)]
+    names = [r.name for r in LADDER
+             if why_unavailable(r.name, caps, strategy, recipe) is None and (opt_in or not r.opt_in)]
+    return names if opt_in else [n for n in names if n not in left_out_of_auto(caps, strategy, recipe)]
 
 
-def resolve_rungs(spec: str, caps: Capabilities, strategy: str | None = None) -> list[str]:
+def resolve_rungs(spec: str, caps: Capabilities, strategy: str | None = None, recipe: Recipe = GPT2) -> list[str]:
     """`auto` = every rung this machine supports but the opt-in ones; `best` = all it supports (to be
     measured and decided); the others are parsed by `parse_rungs`."""
     if spec == "auto":
-        return available_rungs(caps, strategy=strategy)  # the same list `gpt2ladder doctor` recommends
-    if spec == "best":
-        return available_rungs(caps, opt_in=True, strategy=strategy)  # the candidates; best keeps those that pay
+        return available_rungs(caps, strategy=strategy, recipe=recipe)  # the list `gpt2ladder doctor` recommends
+    if spec == "best":  # the candidates; best keeps those that pay
+        return available_rungs(caps, opt_in=True, strategy=strategy, recipe=recipe)
     return parse_rungs(spec)

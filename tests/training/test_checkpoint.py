@@ -357,7 +357,7 @@ def test_a_model_config_larger_than_its_tensors_is_refused_before_it_is_built(mo
     cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16)
     state = {"model": GPT(cfg).state_dict(), "model_config": {**cfg.to_dict(), "n_layer": 10_000}}
     built = []
-    monkeypatch.setattr(checkpoint, "GPT", lambda c: built.append(c) or GPT(c))
+    monkeypatch.setattr(checkpoint.family, "build", lambda c: built.append(c) or GPT(c))
     with pytest.raises(LadderError, match="n_layer 10000 in model_config, 1 in the tensors") as err:
         model_from_checkpoint(state, torch.device("cpu"), "x.pt")
     assert _one_line(err.value) and built == []

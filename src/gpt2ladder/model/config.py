@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from gpt2ladder.errors import UsageError
+from gpt2ladder.model.recipe import MODEL_PARTS
 
 GPT2_VOCAB_SIZE = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
 
@@ -31,8 +32,15 @@ class ModelConfig:
     # Under autocast, keep the residual stream between Blocks in autocast's dtype instead of fp32. Off
     # autocast it changes nothing, so the same weights evaluate and sample anywhere.
     low_precision_residual: bool = False
+    # The modern family's parts that are on (`model/recipe.py`, MODEL_PARTS); none: GPT-2 itself.
+    parts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple(self.parts))  # a list, as JSON gives it back, is the same parts
+        if unknown := [p for p in self.parts if p not in MODEL_PARTS]:
+            raise UsageError(f"unknown model part {', '.join(unknown)}; choose from: {', '.join(MODEL_PARTS)}")
+        if "rope" in self.parts and self.head_size % 2:
+            raise UsageError(f"rotary positions need an even head size; {self.n_embd} / {self.n_head} is odd")
         if self.n_embd % self.n_head:
             raise UsageError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.attention not in ("manual", "sdpa"):
@@ -51,8 +59,22 @@ class ModelConfig:
     def head_size(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def family(self) -> str:
+        """"gpt2", or "modern" when any of the modern family's parts is on (`model/modern.py`)."""
+        return "modern" if self.parts else "gpt2"
+
+    def has(self, part: str) -> bool:
+        return part in self.parts
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields; `parts` only when there are any, so GPT-2's records read as they always have."""
+        d = dataclasses.asdict(self)
+        if not self.parts:
+            del d["parts"]
+        else:
+            d["parts"] = list(self.parts)
+        return d
 
 
 PRESETS: dict[str, ModelConfig] = {

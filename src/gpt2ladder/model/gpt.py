@@ -133,6 +133,12 @@ class Classifier(nn.Linear):
     """
 
     fused = False
+    # Set by the softcap part (`model/modern.py`): logits become softcap * tanh(z / softcap). None: plain logits.
+    softcap: float | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)
+        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
 
     def loss(self, x: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
         return cross_entropy(self(x), targets, vocab_size)
@@ -158,8 +164,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.embed(idx)  # (B, T, C)
         device = idx.device.type
         if self.config.low_precision_residual and torch.is_autocast_enabled(device):
             # From here on every residual add, layer-norm input and their gradients are bf16: half the
@@ -168,6 +173,11 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         return self.transformer.ln_f(x)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """The token and position embeddings' sum, (B, T, C)."""
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.transformer.wte(idx) + self.transformer.wpe(pos)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """Returns (logits over the padded vocabulary, mean cross-entropy over the real one)."""

@@ -27,10 +27,12 @@ import torch
 
 from gpt2ladder import speedups
 from gpt2ladder.model.config import ModelConfig
-from gpt2ladder.model.gpt import GPT, init_weights
+from gpt2ladder.model import family
+from gpt2ladder.model.gpt import GPT
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime import graph_fills
+from gpt2ladder.runtime import optim
 from gpt2ladder.speedups.weight_cast import weight_casts
 
 WARMUP_STEPS = 3  # eager steps before a CUDA graph capture: compile, autotuning, optimizer state
@@ -45,6 +47,13 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 0.0  # 0 disables clipping (the write-up's step does not clip)
+    name: str = "adamw"  # or "muon" (`runtime/optim.py`)
+    # muon only: the Blocks' matrices' peak rate and momentum; the embeddings' and an untied head's AdamW rates
+    # (None: lr). The schedule scales every rate alike.
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    embed_lr: float | None = None
+    head_lr: float | None = None
 
 
 def built_model_config(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
@@ -56,20 +65,17 @@ def built_model_config(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
 
 def build_model(model_cfg: ModelConfig, setup: Setup, device: torch.device, seed: int) -> GPT:
     """A freshly initialised GPT for this setup, its rewrites applied; the weights depend on the seed only."""
-    model = GPT(built_model_config(model_cfg, setup))
-    init_weights(model, seed)
+    model = family.built(built_model_config(model_cfg, setup), seed)
     model.to(device)
     speedups.apply(model, setup)
     return model
 
 
 def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, device: torch.device):
-    """AdamW with weight decay on matrices only (biases and layer-norm gains are not shrunk)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    """The named optimizer over the model's groups (`optim.param_groups`); AdamW decays matrices only (biases and
+    layer-norm gains are not shrunk)."""
+    groups = optim.param_groups(model, cfg.name, lr=cfg.lr, weight_decay=cfg.weight_decay, muon_lr=cfg.muon_lr,
+                                embed_lr=cfg.embed_lr, head_lr=cfg.head_lr)
     extra = {}
     # Under graph capture a GradScaler (fp16) may not read its inf check back to the CPU; the fused
     # optimizer takes the check on the GPU instead.
@@ -77,15 +83,20 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
         extra["fused"] = True
     if setup.cuda_graph:
         extra["capturable"] = True  # the step counter stays on the GPU, so the step can be replayed
-    # A tensor learning rate can change between graph replays without a new capture.
-    lr = torch.tensor(cfg.lr, device=device) if setup.cuda_graph else cfg.lr
+    for group in groups:  # a tensor learning rate can change between graph replays without a new capture
+        rate = cfg.lr * group["lr_scale"]
+        group["lr"] = torch.tensor(rate, device=device) if setup.cuda_graph else rate
+    lr = groups[0]["lr"]
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.name == "muon":
+        return optim.MuonAdamW(groups, lr=lr, momentum=cfg.muon_momentum, betas=betas, eps=cfg.eps, **extra)
     if setup.adamw_kernel:  # the same AdamW, its CUDA step one Triton launch
         from gpt2ladder.speedups import kernel_adamw
 
         extra["casts"] = weight_casts(model) if kernel_adamw.WRITES_WEIGHT_CASTS else None
         extra["unscaled_grads"] = kernel_adamw.STORES_UNSCALED_GRADS  # no gradient is read after the step
-        return kernel_adamw.KernelAdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
-    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
+        return kernel_adamw.KernelAdamW(groups, lr=lr, betas=betas, eps=cfg.eps, **extra)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=cfg.eps, **extra)
 
 
 class Engine:
@@ -201,11 +212,13 @@ class Engine:
             casts.refresh()
 
     def set_lr(self, lr: float) -> None:
+        """The schedule's rate now: each group's is its `lr_scale` times it."""
         for group in self.optimizer.param_groups:
+            rate = lr * group.get("lr_scale", 1.0)
             if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(lr)
+                group["lr"].fill_(rate)
             else:
-                group["lr"] = lr
+                group["lr"] = rate
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step over micro-batches x, y of shape (accum, B, T) or (B, T).

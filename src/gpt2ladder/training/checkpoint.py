@@ -26,6 +26,7 @@ import torch
 from gpt2ladder.data.files import new_temp
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.model import family
 from gpt2ladder.model.gpt import GPT
 
 FORMAT = "gpt2ladder-checkpoint"
@@ -254,7 +255,7 @@ def model_from_checkpoint(state: dict, device: torch.device, source: str | Path 
     try:
         cfg = ModelConfig(**state["model_config"])
         _check_sizes(cfg, state["model"])  # before a GPT of that size is allocated
-        model = GPT(cfg)
+        model = family.build(cfg)
         model.load_state_dict(state["model"])
     except (TypeError, ValueError, KeyError, RuntimeError, UsageError) as err:  # a shape or field GPT lacks
         raise LadderError(f"{source} does not hold a GPT that gpt2ladder can build: {type(err).__name__}: "
@@ -271,7 +272,7 @@ def _check_sizes(cfg: ModelConfig, tensors: dict) -> None:
     layers = {k.split(".")[2] for k in tensors if isinstance(k, str) and k.startswith("transformer.h.")}
     sizes = {"n_layer": (cfg.n_layer, len(layers)),
              "vocabulary rows x n_embd": ((cfg.padded_vocab_size, cfg.n_embd), _shape(wte)),
-             "block_size x n_embd": ((cfg.block_size, cfg.n_embd), _shape(wpe))}
+             "block_size x n_embd": (None if cfg.has("rope") else (cfg.block_size, cfg.n_embd), _shape(wpe))}
     wrong = [f"{name} {said} in model_config, {held} in the tensors" for name, (said, held) in sizes.items()
              if said != held]
     if wrong:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.config import ModelConfig, preset
+from gpt2ladder.model.recipe import Recipe, parse_recipe
 
 # Validation batches are made once and held for the run: a number meant for --steps would fill the memory
 # before the first step instead of failing in one line.
@@ -42,13 +43,22 @@ class TrainConfig:
     data: str | None = None  # a text file; None = Tiny Shakespeare (never random tokens)
     init_from: str | None = None  # local Hugging Face GPT-2 weights: a folder, or its model.safetensors
     compile_backend: str = "inductor"
+    # What is trained (`model/recipe.py`): "gpt2", or the canonical list of parts on top of it. Its model parts
+    # are set on `model`; its optimizer and schedule are read by the trainer.
+    recipe: str = "gpt2"
+    muon_lr: float = 0.02  # the muon part's peak rate for the Blocks' matrices
+    embed_lr: float | None = None  # the muon part's AdamW rate for the embeddings; None: lr
+    head_lr: float | None = None  # the muon part's AdamW rate for an untied head; None: lr
     # The shape (layers, heads, width, positions), before any rung pads or rewires it; None: the preset's.
     # Saved beside the settings, as built, under `model_config` (to_dict leaves it out).
     model: ModelConfig | None = None
 
     def __post_init__(self) -> None:
+        recipe = parse_recipe(self.recipe)
+        object.__setattr__(self, "recipe", recipe.name)  # frozen: set once, here, as are the next two
         if self.model is None:
-            object.__setattr__(self, "model", preset(self.preset))  # frozen: set once, here
+            object.__setattr__(self, "model", preset(self.preset))
+        object.__setattr__(self, "model", dataclasses.replace(self.model, parts=recipe.model_parts))
         for name in ("batch_size", "seq_len", "tokens_per_step", "steps", "eval_batches"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"{_flag(name)} must be a positive integer, got {getattr(self, name)}")
@@ -58,7 +68,9 @@ class TrainConfig:
         for name in ("warmup_steps", "eval_every", "ckpt_every", "hellaswag_every", "seed"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{_flag(name)} must be zero or more, got {getattr(self, name)}")
-        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "muon_lr", "embed_lr", "head_lr"):
+            if getattr(self, name) is None:
+                continue
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise UsageError(f"{_flag(name)} must be a finite number >= 0, got {getattr(self, name)}")
         self._check_targets()
@@ -87,6 +99,10 @@ class TrainConfig:
             raise UsageError(f"--tokens-per-step {self.tokens_per_step} is not a multiple of batch size x "
                              f"seq len x processes = {self.batch_size} x {self.seq_len} x {world_size} = {per_pass}")
         return self.tokens_per_step // per_pass
+
+    @property
+    def parsed_recipe(self) -> Recipe:
+        return parse_recipe(self.recipe)
 
     def to_dict(self) -> dict:
         """The settings as config.json and every checkpoint hold them (the shape is kept beside them)."""

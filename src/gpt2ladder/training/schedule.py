@@ -1,16 +1,25 @@
-"""The learning-rate schedule every training run uses (`train` and each run of `parity`): linear
-warm-up to the peak, then a cosine decay to the floor at the last step."""
+"""The learning-rate schedules (`train`, each run of `parity`, each rung of the race): linear warm-up to the peak,
+then `cosine` decays to the floor over the remaining steps, or `wsd` (the wsd recipe part) stays at the peak and
+decays linearly to the floor over the last WSD_DECAY_FRACTION of the steps."""
 
 from __future__ import annotations
 
 import math
 
+from gpt2ladder.model.recipe import WSD_DECAY_FRACTION
 
-def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, steps: int) -> float:
-    """Learning rate of optimizer step `step` (0-based): linear warm-up to lr, then cosine to min_lr."""
+
+def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, steps: int, schedule: str = "cosine") -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warm-up to lr, then the schedule down to min_lr."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     if step >= steps:
         return min_lr
+    if schedule == "wsd":
+        decay_start = max(warmup_steps, steps - int(WSD_DECAY_FRACTION * steps))
+        if step < decay_start:
+            return lr
+        progress = (step - decay_start) / max(1, steps - decay_start)
+        return lr + progress * (min_lr - lr)
     progress = (step - warmup_steps) / max(1, steps - warmup_steps)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)

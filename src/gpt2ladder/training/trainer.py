@@ -82,9 +82,16 @@ def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, paralleli
 
         model = build_model(cfg.model, setup, device, cfg.seed)
         load_hf_gpt2(cfg.init_from, model)
-    optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
+    optim = optim_config(cfg)
     return Engine(cfg.model, setup, device, seed=cfg.seed, optim=optim,
                   compile_backend=cfg.compile_backend, model=model, parallelize=parallelize)
+
+
+def optim_config(cfg: TrainConfig) -> OptimConfig:
+    """The recipe's optimizer with the run's rates."""
+    return OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                       name=cfg.parsed_recipe.optimizer, muon_lr=cfg.muon_lr, embed_lr=cfg.embed_lr,
+                       head_lr=cfg.head_lr)
 
 
 def training_batches(cfg: TrainConfig, tokens: data_mod.TokenData, dist=distributed.SINGLE):
@@ -131,6 +138,7 @@ class Trainer:
                  dist=distributed.SINGLE, strategy: str | None = None, caps: Capabilities | None = None,
                  resuming: bool = False, hellaswag: runner.Prepared | None = None):
         self.cfg, self.device, self.out, self.tokens, self.dist = cfg, device, out, tokens, dist
+        self.schedule = cfg.parsed_recipe.schedule
         self.clock = RunClock()  # from now: the wall time counts the model's building too
         self.strategy = strategy  # "ddp" or "fsdp" under torchrun, None for one process
         self.caps = detect(device) if caps is None else caps  # what validation plans its memory against
@@ -212,6 +220,10 @@ class Trainer:
     def resume(self, state: dict, path: Path, allow_data_change: bool = False) -> list[str]:
         """Continue from a checkpoint (`state`, read from `path`); returns the train-config fields that
         differ from the saved ones."""
+        saved_recipe = (state.get("train_config") or {}).get("recipe", "gpt2")
+        if saved_recipe != self.cfg.recipe:
+            raise UsageError(f"--resume: {path} trains recipe {saved_recipe}, not {self.cfg.recipe}; give the run's "
+                             "own --recipe (or none), or another --out")
         # attention ("manual" or "sdpa") changes no tensor, so a run may resume on another kernel
         diffs = config_differences(state["model_config"], self.engine.raw_model.config.to_dict(), ignore=("attention",))
         if diffs:
@@ -255,7 +267,7 @@ class Trainer:
         self.inflight.start()  # the time covers the batch's copy, the step and the loss's reduction
         x, y = self.feed.next()  # (accum * B, T) rows of this rank, on the device
         shape = (self.accum, cfg.batch_size, cfg.seq_len)
-        lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
+        lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps, self.schedule)
         self.engine.set_lr(lr)
         loss = self.engine.step(x.view(shape), y.view(shape))
         self.step += 1

@@ -1,0 +1,115 @@
+"""What is trained, apart from how a step runs: a recipe is a model family with its parts, an optimizer and a
+learning-rate schedule.
+
+`--recipe gpt2` (the default) is GPT-2 with AdamW and warm-up + cosine, the write-up's recipe. A recipe is
+otherwise a comma list of parts, each switching one thing on top of GPT-2 (`--recipe muon,rope,relu2`);
+`speedrun` names the list at the top of the race. The step ladder's rungs (`ladder.py`) say how a step of
+whichever recipe runs; the race (`measure/race.py`) climbs these parts one at a time, judged by the time to a
+target validation loss.
+
+A recipe resolves into three plain settings that travel down apart: the model's `family` and `parts`
+(`ModelConfig`), the optimizer's name (`runtime/optim.py`) and the schedule's name (`training/schedule.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpt2ladder.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    kind: str  # "model", "optimizer" or "schedule": which of the three settings it changes
+    summary: str  # one sentence: what it changes
+
+
+# In the race's order: rung k of the race is parts 0..k on top of GPT-2 (`gpt2`, the race's first rung).
+PARTS: tuple[Part, ...] = (
+    Part("muon", "optimizer", "The Blocks' matrices are updated by Muon (momentum, then orthogonalised by a "
+         "Newton-Schulz iteration, c_attn's q, k and v apart); embeddings, head, biases and gains by AdamW, "
+         "each group at its own learning rate."),
+    Part("rope", "model", "Rotary position embeddings rotate each head's queries and keys by their position; the "
+         "learned position table goes."),
+    Part("qk_norm", "model", "Queries and keys are RMS-normalised per head before attention, which bounds the "
+         "attention logits."),
+    Part("relu2", "model", "The MLP's GELU becomes ReLU squared."),
+    Part("rmsnorm", "model", "Every layer norm becomes an RMS norm without gains, and no Linear has a bias."),
+    Part("zero_init", "model", "The attention's and MLP's output projections start at zero, so every Block starts "
+         "as the identity."),
+    Part("untied_head", "model", "The classifier gets its own weight (initialised at zero) instead of sharing the "
+         "token embedding's."),
+    Part("softcap", "model", "The logits are soft-capped, 15 tanh(z / 15), which keeps them bounded."),
+    Part("wsd", "schedule", "The learning rate stays at its peak after warm-up and decays linearly to the floor "
+         "over the last 40% of the steps (stable, then decay), where cosine decays all along."),
+)
+
+PARTS_BY_NAME = {p.name: p for p in PARTS}
+MODEL_PARTS = tuple(p.name for p in PARTS if p.kind == "model")
+SOFTCAP = 15.0  # the softcap part's cap on the logits
+WSD_DECAY_FRACTION = 0.4  # the wsd part's share of the steps spent decaying
+# The race's top: every part that beat the rung before it by more than the seeds' spread. Until the race
+# has shown which do, the full modern recipe.
+SPEEDRUN = tuple(p.name for p in PARTS)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model family with its parts, an optimizer and a schedule. `parts` are in `PARTS` order."""
+
+    parts: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The canonical spelling `--recipe` takes back: gpt2, or the parts in order."""
+        return ",".join(self.parts) if self.parts else "gpt2"
+
+    @property
+    def family(self) -> str:
+        """"gpt2" when no model part is on (the model is GPT-2 itself), else "modern"."""
+        return "modern" if self.model_parts else "gpt2"
+
+    @property
+    def model_parts(self) -> tuple[str, ...]:
+        return tuple(p for p in self.parts if p in MODEL_PARTS)
+
+    @property
+    def optimizer(self) -> str:
+        return "muon" if "muon" in self.parts else "adamw"
+
+    @property
+    def schedule(self) -> str:
+        return "wsd" if "wsd" in self.parts else "cosine"
+
+    def has(self, part: str) -> bool:
+        return part in self.parts
+
+
+GPT2 = Recipe()
+
+
+def parse_recipe(spec: str | None) -> Recipe:
+    """`gpt2` (or None), `speedrun`, or a comma list of parts; the parts are put in `PARTS` order."""
+    if spec is None or spec.strip() == "gpt2":
+        return GPT2
+    if spec.strip() == "speedrun":
+        return Recipe(SPEEDRUN)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    names = [n for n in names if n != "gpt2"]  # "gpt2,muon" reads as muon on top of GPT-2
+    unknown = [n for n in names if n not in PARTS_BY_NAME]
+    if unknown or not names:
+        valid = ", ".join(["gpt2", "speedrun", *PARTS_BY_NAME])
+        raise UsageError(f"unknown recipe part {', '.join(unknown) or repr(spec)}; choose from: {valid}")
+    order = {p.name: i for i, p in enumerate(PARTS)}
+    return Recipe(tuple(sorted(dict.fromkeys(names), key=order.__getitem__)))
+
+
+def race_recipes(names: list[str]) -> list[Recipe]:
+    """Rung k of the race: GPT-2 with the first k of `names` (which start with "gpt2") switched on."""
+    recipes, parts = [], []
+    for name in names:
+        if name != "gpt2":
+            parts.append(name)
+        recipes.append(parse_recipe(",".join(parts) or "gpt2"))
+    return recipes

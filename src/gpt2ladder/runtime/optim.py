@@ -1,0 +1,135 @@
+"""Optimizers by name, built from the model's parameter groups: `adamw` (GPT-2's) and `muon` (the muon part).
+
+`muon`: the Blocks' matrices take Muon's update (momentum, then an approximate orthogonalisation by a
+Newton-Schulz iteration); every other parameter (embeddings, an untied head, biases and gains) takes AdamW's,
+each group at its own learning rate. Every group's learning rate is its `lr_scale` times the schedule's, so one
+schedule drives them all; under a CUDA graph each group's rate is a device tensor the replayed step reads.
+
+Muon is written here rather than taken from `torch.optim.Muon` (PyTorch 2.9+, and tested against it there)
+because the step needs what that class does not do: run inside a captured CUDA graph with a tensor learning
+rate, orthogonalise same-shape matrices together as one batched product instead of one at a time, treat
+c_attn's weight as its q, k and v matrices, and share one optimizer (one state dict, one `step`) with AdamW.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+# Newton-Schulz's quintic coefficients and step count, as published with Muon (K. Jordan, 2024) and used by
+# torch.optim.Muon: they maximise the slope at zero, so 5 steps take every singular value near 1.
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+NS_EPS = 1e-7
+
+
+def orthogonalise(g: torch.Tensor, steps: int = NS_STEPS, eps: float = NS_EPS) -> torch.Tensor:
+    """An approximation of U V^T for each matrix of g = U S V^T, (n, rows, cols), in bfloat16: the Newton-Schulz
+    iteration X <- a X + (b A + c A^2) X with A = X X^T, from X = g / ||g||_F (so every singular value <= 1)."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:  # iterate on the wide side: A is then the smaller square
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
+def shape_scale(rows: int, cols: int) -> float:
+    """Muon's learning-rate factor for a (rows x cols) matrix, sqrt(max(1, rows / cols)): the update's RMS then
+    does not depend on the matrix's aspect (torch.optim.Muon's "original" adjustment)."""
+    return math.sqrt(max(1.0, rows / cols))
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for the groups marked `muon`, AdamW (torch's, fused where asked) for the rest, as one optimizer.
+
+    A parameter's `muon_blocks` (default 1) splits its rows into that many matrices orthogonalised apart
+    (c_attn's weight holds q, k and v). AdamW's groups and state are this optimizer's own dicts, so its state
+    dict, its learning rates and the CUDA graph's snapshot see one optimizer.
+    """
+
+    def __init__(self, groups: list[dict], *, lr, momentum: float = 0.95, nesterov: bool = True,
+                 betas=(0.9, 0.95), eps: float = 1e-8, **adamw_options):
+        super().__init__(groups, dict(lr=lr, weight_decay=0.0, muon=False, momentum=momentum, nesterov=nesterov))
+        self._adamw_args = dict(lr=lr, betas=betas, eps=eps, **adamw_options)
+        self._link_adamw()
+
+    def _link_adamw(self) -> None:
+        adam_groups = [g for g in self.param_groups if not g["muon"]]
+        self.adamw = torch.optim.AdamW(adam_groups, **self._adamw_args) if adam_groups else None
+        if self.adamw is not None:
+            self.adamw.state = self.state  # one state: AdamW's moments beside Muon's momentum
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # new group dicts and a new state: AdamW follows them
+        adam_groups = [g for g in self.param_groups if not g["muon"]]
+        if self.adamw is not None:
+            self.adamw.param_groups = adam_groups
+            self.adamw.state = self.state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        for group in self.param_groups:
+            if group["muon"]:
+                self._muon_step(group)
+        if self.adamw is not None:
+            self.adamw.step()
+
+    def _muon_step(self, group: dict) -> None:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        grads = [p.grad for p in params]
+        bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+        mu = group["momentum"]
+        torch._foreach_mul_(bufs, mu)
+        torch._foreach_add_(bufs, grads)  # B <- mu B + g
+        updates = torch._foreach_add(grads, bufs, alpha=mu) if group["nesterov"] else bufs  # g + mu B
+        lr = group["lr"]
+        if group["weight_decay"]:
+            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])  # decoupled, before the update
+        buckets: dict[tuple, list[int]] = defaultdict(list)
+        for i, p in enumerate(params):
+            buckets[(tuple(p.shape), getattr(p, "muon_blocks", 1))].append(i)
+        for (shape, blocks), index in buckets.items():
+            rows, cols = shape[0] // blocks, shape[1]
+            stacked = torch.stack([updates[i] for i in index]).view(len(index) * blocks, rows, cols)
+            ortho = orthogonalise(stacked).view(len(index), *shape).to(params[index[0]].dtype)
+            ortho.mul_(lr * shape_scale(rows, cols))
+            torch._foreach_sub_([params[i] for i in index], list(ortho.unbind(0)))
+
+
+def param_groups(model: torch.nn.Module, optimizer: str, *, lr: float, weight_decay: float, muon_lr: float,
+                 embed_lr: float | None = None, head_lr: float | None = None) -> list[dict]:
+    """The optimizer's groups, each with `lr_scale`: its peak learning rate over `lr`, the one the schedule sets.
+
+    adamw: matrices with weight decay, vectors (biases, gains) without, all at lr.
+    muon: the Blocks' matrices (Muon, at muon_lr, no decay); the token embedding and position table (AdamW at
+    embed_lr), an untied head (at head_lr) and the vectors (at lr), none decayed.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer == "adamw":
+        return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay, "lr_scale": 1.0},
+                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0}]
+    blocks = {id(p) for block in model.transformer.h for p in block.parameters() if p.dim() == 2}
+    for block in model.transformer.h:
+        block.attn.c_attn.weight.muon_blocks = 3  # q, k and v, each its own matrix
+    tables = [p for p in params if p.dim() == 2 and id(p) not in blocks]
+    head = model.lm_head.weight
+    untied_head = head is not model.transformer.wte.weight
+    groups = [
+        {"params": [p for p in params if id(p) in blocks], "muon": True, "lr_scale": muon_lr / lr, "weight_decay": 0.0},
+        {"params": [p for p in tables if p is not head or not untied_head], "lr_scale": (embed_lr or lr) / lr},
+        {"params": [head] if untied_head else [], "lr_scale": (head_lr or lr) / lr},
+        {"params": [p for p in params if p.dim() < 2], "lr_scale": 1.0},
+    ]
+    return [{"weight_decay": 0.0, **g} for g in groups if g["params"]]
