@@ -8,6 +8,7 @@ import torch
 from gpt2ladder.errors import UsageError
 from gpt2ladder.ladder import (
     LADDER,
+    available_rungs,
     WRITEUP_RUNGS,
     parse_rungs,
     resolve_rungs,
@@ -229,3 +230,23 @@ def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
     assert "cuda_graph" not in fsdp_auto and not set(graph_only) & set(fsdp_auto)
     assert resolve_rungs("auto", H200_TRITON, "ddp") == resolve_rungs("auto", H200_TRITON)  # graphed under DDP too
     assert set(graph_only) <= set(resolve_rungs("best", H200_TRITON, "fsdp"))  # best measures them anyway
+
+
+def test_a_recipe_that_changes_gpt2s_blocks_keeps_the_generic_rungs_and_says_why_for_the_others():
+    from gpt2ladder.model.recipe import parse_recipe
+
+    modern = parse_recipe("muon,rope,qk_norm,relu2,rmsnorm,softcap")
+    gpt2_top = set(available_rungs(H200_TRITON))
+    top = available_rungs(H200_TRITON, recipe=modern)
+    for name in ("compile", "flash", "vocab", "fused_adamw", "fused_loss", "fp8_head", "cuda_graph", "bf16_residual",
+                 "memset_fill", "cublaslt"):
+        assert (name in top) == (name in gpt2_top), name
+    declined = gpt2_top - set(top)
+    assert declined >= {"gelu_kernel", "norm_kernel", "fp32_wgrad", "bias_in_wgrad", "tied_grad", "adamw_kernel",
+                        "loss_kernel"}
+    for name in declined:
+        reason = why_unavailable(name, H200_TRITON, recipe=modern)
+        assert reason and "\n" not in reason and len(reason) < 200, name
+    assert "Muon" in why_unavailable("adamw_kernel", H200_TRITON, recipe=parse_recipe("muon"))
+    assert why_unavailable("norm_kernel", H200_TRITON, recipe=parse_recipe("muon")) is None  # GPT-2's own Blocks
+    assert "soft-capped" in why_unavailable("loss_kernel", H200_TRITON, recipe=parse_recipe("softcap"))

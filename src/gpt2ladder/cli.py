@@ -94,11 +94,22 @@ def _no_progress(p: argparse.ArgumentParser) -> None:
                    "drawn on a terminal, never into a file or pipe)")
 
 
+def _recipe(p: argparse.ArgumentParser, resumable: bool = False) -> None:
+    from gpt2ladder.model.recipe import PARTS
+
+    kept = "; a resumed run keeps its own" if resumable else ""
+    p.add_argument("--recipe", default=None if resumable else "gpt2",
+                   help="what is trained: 'gpt2' (GPT-2, AdamW, warm-up + cosine), 'speedrun' (every part below), or "
+                   f"a comma list of parts switched on top of GPT-2: {', '.join(p.name for p in PARTS)} "
+                   f"(default: gpt2{kept})")
+
+
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="climb the speed ladder and time every rung",
                        description="Time one training step per rung of the ladder, each rung on a fresh "
                        "model from the same seed and the same batches; write ladder.json, ladder.md and ladder.png.")
     _common(p)
+    _recipe(p)
     p.add_argument("--rungs", default="seed",
                    help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports but the opt-in "
                    "ones), 'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed)")
@@ -151,6 +162,7 @@ def _add_train(sub) -> None:
                        "every setting keeps the run's own value unless its flag is given; the defaults below are a "
                        "new run's.")
     _common(p)
+    _recipe(p, resumable=True)
     p.add_argument("--rungs", help="'auto' (everything this machine supports but the opt-in rungs), 'seed', 'all' "
                    f"or names (default: {D('train', 'rungs')})")
     p.add_argument("--data", help=DATA_HELP)
@@ -167,7 +179,13 @@ def _add_train(sub) -> None:
                    f"{gpu['batch_size']} sequences of the block size on a GPU, {cpu['batch_size']} of "
                    f"{cpu['seq_len']} tokens on CPU)")
     p.add_argument("--lr", type=float, help=f"peak learning rate (default: {D('train', 'lr')})")
-    p.add_argument("--min-lr", type=float, help="final learning rate of the cosine decay (default: a tenth of --lr)")
+    p.add_argument("--min-lr", type=float, help="final learning rate of the decay (default: a tenth of --lr)")
+    p.add_argument("--muon-lr", type=float, help="with the muon recipe part: the peak learning rate of the Blocks' "
+                   f"matrices, scaled by the schedule as --lr is (default: {D('train', 'muon_lr')})")
+    p.add_argument("--embed-lr", type=float, help="with the muon recipe part: AdamW's peak rate for the embeddings "
+                   "(default: --lr)")
+    p.add_argument("--head-lr", type=float, help="with the muon and untied_head recipe parts: AdamW's peak rate for "
+                   "the head (default: --lr)")
     p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 5%% of --steps)")
     p.add_argument("--weight-decay", type=float, help="AdamW's weight decay on the matrices "
                    f"(default: {D('train', 'weight_decay')})")
@@ -308,6 +326,7 @@ def _add_parity(sub) -> None:
                        "compare train and validation loss with the fp32 baseline's seed-to-seed spread. "
                        "Writes parity.json, parity.md and parity.png; exits 1 when a rung fails.")
     _common(p)
+    _recipe(p)
     p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
                    "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
     p.add_argument("--steps", type=_positive_int, help=f"steps per rung (default: {D('parity', 'steps')})")
@@ -344,6 +363,7 @@ def _add_profile(sub) -> None:
                        "the step time into matmul, attention, elementwise & norms, loss, optimizer, copies, "
                        "other and idle; write profile.json, profile.md and profile.png.")
     _common(p)
+    _recipe(p)
     p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
                    "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
     p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: on a GPU the largest up "

@@ -156,3 +156,35 @@ def test_eager_loss_pass_in_row_pieces_gives_the_same_numbers(monkeypatch):
             assert torch.equal(pieces[2].view(torch.uint8), whole[1].t().contiguous().view(torch.uint8))
         else:
             assert pieces[2] is None and whole[2] is None
+
+
+def _modern_loss_and_grads(names, x, y, parts=("softcap", "untied_head", "relu2")):
+    import dataclasses
+
+    model = build_model(dataclasses.replace(TINY, parts=parts), setup_for(names), CPU, seed=0)
+    model.lm_head.weight.data.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))  # logits that reach the cap
+    _, loss = model(x, y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_the_fused_loss_with_a_soft_cap_is_the_capped_models_loss_and_gradients():
+    """softcap * tanh(z / softcap) before the cross-entropy: the fused pass's gradient goes on through the cap's
+    derivative, and padded columns still get none."""
+    x, y = _batch(3)
+    ref_loss, ref = _modern_loss_and_grads(["baseline", "vocab"], x, y)
+    loss, grads = _modern_loss_and_grads(["baseline", "vocab", "fused_loss"], x, y)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    for name in ref:
+        assert _rel(grads[name], ref[name]) < 1e-5, name
+    assert grads["lm_head.weight"][50257:].abs().max() == 0
+    uncapped, _ = _modern_loss_and_grads(["baseline", "vocab"], x, y, parts=("untied_head", "relu2"))
+    assert abs(uncapped.item() - ref_loss.item()) > 0.1  # the cap is in force at these logits
+
+
+def test_the_float8_head_with_a_soft_cap_stays_within_float8s_precision():
+    x, y = _batch(4)
+    ref_loss, ref = _modern_loss_and_grads(["baseline", "vocab"], x, y)
+    loss, grads = _modern_loss_and_grads(["baseline", "vocab", "fused_loss", "fp8_head"], x, y)
+    assert abs(loss.item() - ref_loss.item()) < 2e-2
+    assert _rel(grads["lm_head.weight"], ref["lm_head.weight"]) < 0.06

@@ -24,6 +24,7 @@ from gpt2ladder.measure.harness import climb, tokens_for
 from gpt2ladder.measure.scaling import add_scaling, check_baseline, load_baseline
 from gpt2ladder.measure.timing import StepRule
 from gpt2ladder.model.config import preset
+from gpt2ladder.model.recipe import parse_recipe
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.bench import (
     format_markdown,
@@ -129,7 +130,7 @@ def _choose_batch(args, cfg: BenchConfig, device, caps: Capabilities, dist: dist
 def _rungs_run(cfg: BenchConfig, caps: Capabilities) -> list[tuple[str, Setup]]:
     """(name, setup) of every row the climb times here; a rung this machine skips holds no memory."""
     return [(r.name, setup_for(list(r.applied)))
-            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, cfg.strategy), cfg.last_only, cfg.start)
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, cfg.strategy, parse_recipe(cfg.recipe)), cfg.last_only, cfg.start)
             if r.reason is None]
 
 
@@ -144,7 +145,7 @@ def _announce(args, cfg: BenchConfig, caps: Capabilities, device, dist: distribu
         say(f"{dist.world_size} processes ({dist.backend}, {cfg.strategy}):"
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
     if args.rungs == "auto":
-        for name, why in left_out_of_auto(caps, cfg.strategy).items():
+        for name, why in left_out_of_auto(caps, cfg.strategy, parse_recipe(cfg.recipe)).items():
             say(f"notice: auto leaves out rung {name}: {why}", flush=True)
     if device.type == "cpu" and cfg.preset != "tiny":
         say(cpu_warning(cfg.model, cfg, len(cfg.rungs)), flush=True)
@@ -193,11 +194,11 @@ def bench_config(args, device: torch.device, caps: Capabilities, dist: distribut
     if args.rungs == "best" and (args.start is not None or args.last_only):
         raise UsageError(f"--rungs best keeps the rungs that pay over the rung before each, so it times every "
                          f"rung: drop {'--from' if args.start is not None else '--last-only'}")
-    rungs = tuple(resolve_rungs(args.rungs, caps, strategy))
+    rungs = tuple(resolve_rungs(args.rungs, caps, strategy, parse_recipe(args.recipe)))
     if args.start is not None and args.start not in rungs:
         raise UsageError(f"--from {args.start}: not one of the rungs climbed ({', '.join(rungs)})")
     return BenchConfig(
-        preset=name, model=shape, rungs=rungs,
+        preset=name, model=shape, rungs=rungs, recipe=args.recipe,
         batch_size=args.batch_size if isinstance(args.batch_size, int) else d["batch_size"],
         seq_len=args.seq_len or d["seq_len"] or shape.block_size,
         steps=args.steps or d["steps"], warmup=d["warmup"] if args.warmup is None else args.warmup,

@@ -23,7 +23,7 @@ DEFAULTS: dict[str, dict[str, dict]] = {
               "cpu": {"preset": "tiny", "batch_size": 8, "seq_len": 128, "steps": 200},
               # The same on every device. A resumed run keeps its own values instead (commands/train.py).
               "any": {"rungs": "auto", "lr": 6e-4, "weight_decay": 0.1, "grad_clip": 1.0, "eval_batches": 20,
-                      "seed": 0}},
+                      "seed": 0, "muon_lr": 0.02}},
     "parity": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 300},
                "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60}},
     "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None},

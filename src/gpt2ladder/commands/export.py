@@ -29,7 +29,7 @@ from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.evals import hellaswag
 from gpt2ladder.model import hub
 from gpt2ladder.model.gpt import describe_shape
-from gpt2ladder.model.hf import save_hf_gpt2
+from gpt2ladder.model.hf import check_exportable, save_hf_gpt2
 from gpt2ladder.report.model_card import finite, model_card
 from gpt2ladder.report.records import check_new_folder, folder_written_whole, remove_stale_folders
 from gpt2ladder.training import lock
@@ -48,6 +48,7 @@ def export_command(args) -> int:
     _check_target(args.run, out, args.force)
     loaded = load_model(args.run, torch.device("cpu"))  # one-line errors for a missing, corrupt or foreign source
     model = loaded.model
+    check_exportable(model.config)  # before anything is written
     facts = {**source_facts(loaded), "license": args.license}
     with _disk_errors(out), _destination(out, args.force) as tmp:
         save_hf_gpt2(model, tmp, dtype)

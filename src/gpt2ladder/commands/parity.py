@@ -18,6 +18,7 @@ from gpt2ladder.measure.batch import check_sizes, plan_batch
 from gpt2ladder.measure.harness import climb
 from gpt2ladder.measure.parity import ParityConfig, merge_shards, parity_tokens, run_parity
 from gpt2ladder.model.config import preset
+from gpt2ladder.model.recipe import parse_recipe
 from gpt2ladder.report.parity import format_table, write_outputs
 from gpt2ladder.report.records import output_dir, prepare_out_dir, write_json
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
@@ -29,7 +30,7 @@ def config_from_args(args, device: torch.device, caps) -> ParityConfig:
     name = args.preset or d["preset"]
     shape = preset(name)
     return ParityConfig(
-        preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps)),
+        preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps, recipe=parse_recipe(args.recipe))), recipe=args.recipe,
         batch_size=args.batch_size or d["batch_size"],
         seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps or d["steps"],
         seeds=args.seeds, tolerance=args.tolerance, lr=args.lr, eval_every=args.eval_every,
@@ -41,7 +42,7 @@ def config_from_args(args, device: torch.device, caps) -> ParityConfig:
 def _runs(cfg: ParityConfig, caps) -> list[tuple[str, Setup]]:
     """(name, setup) of every training run parity makes here: the fp32 baseline and each rung that runs."""
     return [("baseline", Setup())] + [(r.name, setup_for(list(r.applied)))
-                                     for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps)) if r.reason is None]
+                                     for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, recipe=parse_recipe(cfg.recipe))) if r.reason is None]
 
 
 def check_size(cfg: ParityConfig, caps) -> None:

@@ -15,6 +15,7 @@ from gpt2ladder.measure.batch import check_sizes, plan_batch
 from gpt2ladder.measure.harness import climb, tokens_for
 from gpt2ladder.measure.profile import ProfileConfig, run_profile
 from gpt2ladder.model.config import preset
+from gpt2ladder.model.recipe import parse_recipe
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.notices import nothing_measured
 from gpt2ladder.report.profile import format_table, write_outputs
@@ -25,7 +26,7 @@ from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 def _rungs_run(cfg: ProfileConfig, caps) -> list[tuple[str, Setup]]:
     """(name, setup) of every row the climb profiles here; a rung this machine skips holds no memory."""
     return [(r.name, setup_for(list(r.applied)))
-            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps), cfg.last_only) if r.reason is None]
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, recipe=parse_recipe(cfg.recipe)), cfg.last_only) if r.reason is None]
 
 
 def _plan(cfg: ProfileConfig, args, device, caps):
@@ -50,7 +51,8 @@ def profile_command(args) -> int:
 
 def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
     shape = preset(name)
-    cfg = ProfileConfig(preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps)),
+    cfg = ProfileConfig(preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps, recipe=parse_recipe(args.recipe))),
+                        recipe=args.recipe,
                         batch_size=args.batch_size or d["batch_size"],
                         seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps,
                         warmup=args.warmup, seed=args.seed, data=args.data,

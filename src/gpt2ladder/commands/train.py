@@ -26,6 +26,7 @@ from gpt2ladder.ladder import (
 )
 from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.model.config import ModelConfig, preset
+from gpt2ladder.model.recipe import GPT2, Recipe, parse_recipe
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
@@ -39,7 +40,8 @@ from gpt2ladder.training.run import Saved, claimed, prepared_hellaswag, saved_ru
 # it changes how a step runs, not what it computes).
 SETTINGS = ("preset", "rungs", "batch_size", "seq_len", "tokens_per_step", "steps", "lr", "min_lr", "warmup_steps",
             "weight_decay", "grad_clip", "eval_every", "eval_batches", "ckpt_every", "seed", "data", "init_from",
-            "val_tokens", "hellaswag_every", "hellaswag_data", "target_val_loss")
+            "val_tokens", "hellaswag_every", "hellaswag_data", "target_val_loss", "recipe", "muon_lr", "embed_lr",
+            "head_lr")
 
 
 def train_command(args) -> int:
@@ -106,6 +108,13 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
     value = {**kept, **given}.get
     name = value("preset") or d["preset"]
     strategy = distributed.resolve_strategy(args.strategy, name, dist)
+    recipe = parse_recipe(value("recipe"))
+    if recipe.family != "gpt2" and value("init_from"):
+        raise UsageError(f"--init-from loads GPT-2's weights, and recipe {recipe.name} changes the model: start it "
+                         "from its seed, or train the gpt2 recipe")
+    if recipe.optimizer == "muon" and strategy == "fsdp":
+        raise UsageError("the muon recipe part orthogonalises whole matrices, which FSDP2 shards: train it under "
+                         "DDP (--strategy ddp) or on one GPU")
     if saved and not {"preset", "init_from"} & given.keys():
         shape = _saved_shape(saved)
     else:
@@ -115,7 +124,7 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
     batch = value("batch_size") or d["batch_size"]
     rungs = given.get("rungs") or (",".join(kept["rungs"]) if kept.get("rungs") else d["rungs"])
     cfg = TrainConfig(
-        preset=name, rungs=usable_rungs(rungs, caps, strategy, notify), batch_size=batch, seq_len=seq_len,
+        preset=name, rungs=usable_rungs(rungs, caps, strategy, notify, recipe), batch_size=batch, seq_len=seq_len,
         tokens_per_step=value("tokens_per_step") or batch * seq_len * dist.world_size, steps=steps, lr=lr,
         min_lr=value("min_lr", lr / 10), warmup_steps=value("warmup_steps", int(0.05 * steps)),
         weight_decay=value("weight_decay", d["weight_decay"]), grad_clip=value("grad_clip", d["grad_clip"]),
@@ -123,7 +132,8 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
         ckpt_every=value("ckpt_every", max(1, steps // 5)), seed=value("seed", d["seed"]), data=value("data"),
         init_from=value("init_from"), compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", model=shape,
         val_tokens=value("val_tokens"), hellaswag_every=value("hellaswag_every", 0),
-        hellaswag_data=value("hellaswag_data"), target_val_loss=value("target_val_loss"),
+        hellaswag_data=value("hellaswag_data"), target_val_loss=value("target_val_loss"), recipe=recipe.name,
+        muon_lr=value("muon_lr", d["muon_lr"]), embed_lr=value("embed_lr"), head_lr=value("head_lr"),
     )
     return cfg, strategy
 
@@ -150,15 +160,15 @@ def model_shape(preset_name: str, init_from: str | None) -> ModelConfig:
     return preset(preset_name)
 
 
-def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print) -> tuple[str, ...]:
+def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print, recipe: Recipe = GPT2) -> tuple[str, ...]:
     """The requested rungs less those this machine (or the data-parallel strategy) cannot run, each
     named with its reason."""
     usable = []
     if spec == "auto":
-        for name, why in left_out_of_auto(caps, strategy).items():
+        for name, why in left_out_of_auto(caps, strategy, recipe).items():
             notify(f"notice: auto leaves out rung {name}: {why}")
-    for name in resolve_rungs(spec, caps, strategy):
-        reason = why_unavailable(name, caps, strategy)
+    for name in resolve_rungs(spec, caps, strategy, recipe):
+        reason = why_unavailable(name, caps, strategy, recipe)
         if reason:
             notify(f"notice: leaving out rung {name}: {reason}")
         else:

@@ -26,11 +26,12 @@ from gpt2ladder import data as data_mod
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
 from gpt2ladder.measure.timing import StepRule
+from gpt2ladder.model.recipe import parse_recipe, with_recipe
 from gpt2ladder.model.config import ModelConfig, check_run_shape, preset
 from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime import distributed
-from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import Capabilities, detect, free_memory
 from gpt2ladder.runtime.metrics import TimingStats, flops_per_token, mfu, peak_flops
 
@@ -52,10 +53,13 @@ class BenchConfig:
     last_only: bool = False  # time only the top of the ladder: every named rung applied together
     start: str | None = None  # time the rungs from this one on; the ones before it are applied, not timed
     model: ModelConfig | None = None  # the preset's shape; None: looked up here, once (the record's "model")
+    recipe: str = "gpt2"  # what is trained (`model/recipe.py`); its model parts are set on `model`
 
     def __post_init__(self) -> None:
         if self.model is None:
             object.__setattr__(self, "model", preset(self.preset))  # frozen: set once, here
+        object.__setattr__(self, "recipe", parse_recipe(self.recipe).name)
+        object.__setattr__(self, "model", with_recipe(self.model, self.recipe))
         check_run_shape(self.model, self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
                         warmup=self.warmup)
 
@@ -77,7 +81,7 @@ def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = d
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     rule = rule or StepRule.fixed(cfg.steps)
     rows = []
-    for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, cfg.strategy), cfg.last_only, cfg.start):
+    for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, cfg.strategy, parse_recipe(cfg.recipe)), cfg.last_only, cfg.start):
         rows.append(measure_rung(row, cfg, tokens, device, caps, dist, progress, rule))
         add_speedups(rows)
         if on_row is not None:
@@ -124,7 +128,7 @@ def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
 def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist, progress: bool, label: str,
                 rule: StepRule) -> dict:
     engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
-                    parallelize=distributed.parallelize_for(dist, cfg.strategy))
+                    optim=OptimConfig(name=parse_recipe(cfg.recipe).optimizer), parallelize=distributed.parallelize_for(dist, cfg.strategy))
     # --batch-size is per GPU: this rank reads its share of a global batch W times larger.
     batches = data_mod.Batches(tokens.train, cfg.batch_size * dist.world_size, cfg.seq_len, seed=cfg.seed,
                                rank=dist.rank, world_size=dist.world_size)

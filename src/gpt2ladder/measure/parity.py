@@ -29,6 +29,7 @@ from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded
+from gpt2ladder.model.recipe import parse_recipe, with_recipe
 from gpt2ladder.model.config import ModelConfig, preset
 from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
@@ -62,10 +63,13 @@ class ParityConfig:
     data: str | None = None  # a text file; None = Tiny Shakespeare
     compile_backend: str = "inductor"
     model: ModelConfig | None = None  # the preset's shape; None: looked up here, once (the record's "model")
+    recipe: str = "gpt2"  # what is trained (`model/recipe.py`); its model parts are set on `model`
 
     def __post_init__(self) -> None:
         if self.model is None:
             object.__setattr__(self, "model", preset(self.preset))  # frozen: set once, here
+        object.__setattr__(self, "recipe", parse_recipe(self.recipe).name)
+        object.__setattr__(self, "model", with_recipe(self.model, self.recipe))
         if self.micro_batch is not None and (self.micro_batch <= 0 or self.batch_size % self.micro_batch):
             raise UsageError(f"the micro-batch {self.micro_batch} must divide --batch-size {self.batch_size}")
         for name in ("batch_size", "seq_len", "steps", "eval_batches"):
@@ -163,13 +167,14 @@ def train_run(setup: Setup, seed: int, ctx: _Context, label: str) -> dict:
     """Train one setup from `seed`'s weights on `seed`'s batches; the losses as plain floats."""
     cfg = ctx.cfg
     engine = Engine(cfg.model, setup, ctx.device, seed=seed, compile_backend=cfg.compile_backend,
-                    optim=OptimConfig(lr=cfg.lr, grad_clip=GRAD_CLIP))
+                    optim=_optim(cfg))
     batches = data_mod.Batches(ctx.tokens.train, cfg.batch_size, cfg.seq_len, seed=seed)
     val = [[0, evaluate(engine, ctx.evals)]]
     losses = []  # device tensors: read back once at the end, not one host sync per step
     bar = progress_bar(cfg.steps, label, ctx.progress)
     for step in range(cfg.steps):
-        engine.set_lr(lr_at(step, cfg.lr, cfg.lr * MIN_LR_FRACTION, cfg.n_warmup, cfg.steps))
+        engine.set_lr(lr_at(step, cfg.lr, cfg.lr * MIN_LR_FRACTION, cfg.n_warmup, cfg.steps,
+                            parse_recipe(cfg.recipe).schedule))
         x, y = batches.next()
         if cfg.micro != cfg.batch_size:  # (accumulation steps, micro-batch, T): one optimizer step
             x, y = (t.view(-1, cfg.micro, cfg.seq_len) for t in (x, y))
@@ -210,7 +215,7 @@ def work_units(cfg: ParityConfig, caps) -> tuple[list[dict], dict[str, str]]:
     (rung k = every runnable rung up to k). Each unit is independent, so `--shard K/N` can spread them
     over several GPUs.
     """
-    rows = _rows(cfg, lambda name: why_unavailable(name, caps))
+    rows = _rows(cfg, lambda name: why_unavailable(name, caps, recipe=parse_recipe(cfg.recipe)))
     units = [{"id": f"baseline-seed{cfg.seed + i}", "setup": Setup(), "seed": cfg.seed + i,
               "label": f"fp32 seed {cfg.seed + i}"} for i in range(cfg.seeds)]
     units += [{"id": r.name, "setup": setup_for(list(r.applied)), "seed": cfg.seed, "label": r.name}
@@ -358,8 +363,12 @@ def _merged_path(shards: list[dict]) -> list[str]:
     return longest
 
 
+def _optim(cfg: ParityConfig) -> OptimConfig:
+    return OptimConfig(lr=cfg.lr, grad_clip=GRAD_CLIP, name=parse_recipe(cfg.recipe).optimizer)
+
+
 def _schedule(cfg: ParityConfig) -> dict:
-    return {"optimizer": dataclasses.asdict(OptimConfig(lr=cfg.lr, grad_clip=GRAD_CLIP)),
+    return {"optimizer": dataclasses.asdict(_optim(cfg)),
             "warmup_steps": cfg.n_warmup, "decay": f"cosine to {MIN_LR_FRACTION:g} x lr at the last step",
             "eval_every": cfg.eval_interval, "eval_batches": cfg.eval_batches,
             "final_train_loss": "mean of the last 10% of steps"}

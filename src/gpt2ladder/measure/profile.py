@@ -42,11 +42,12 @@ from gpt2ladder.data.files import atomic_path
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
+from gpt2ladder.model.recipe import parse_recipe, with_recipe
 from gpt2ladder.model.config import ModelConfig, check_run_shape, preset
 from gpt2ladder.report.fd_filter import lines_dropped
 from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
-from gpt2ladder.runtime.engine import Engine, compilations
+from gpt2ladder.runtime.engine import Engine, OptimConfig, compilations
 from gpt2ladder.runtime.hardware import detect
 
 CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "copies", "other", "idle")
@@ -107,10 +108,13 @@ class ProfileConfig:
     trace_dir: str | None = None  # write a Chrome trace per rung here (trace-<rung>.json)
     last_only: bool = False  # profile only the top of the ladder: every named rung applied together
     model: ModelConfig | None = None  # the preset's shape; None: looked up here, once (the record's "model")
+    recipe: str = "gpt2"  # what is trained (`model/recipe.py`); its model parts are set on `model`
 
     def __post_init__(self) -> None:
         if self.model is None:
             object.__setattr__(self, "model", preset(self.preset))  # frozen: set once, here
+        object.__setattr__(self, "recipe", parse_recipe(self.recipe).name)
+        object.__setattr__(self, "model", with_recipe(self.model, self.recipe))
         check_run_shape(self.model, self.preset, batch_size=self.batch_size, seq_len=self.seq_len, steps=self.steps,
                         warmup=self.warmup)
 
@@ -264,7 +268,8 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
     """Warm up, then profile `cfg.steps` steps of one setup; the attribution of their time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend)
+    engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
+                    optim=OptimConfig(name=parse_recipe(cfg.recipe).optimizer))
     batches = data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
     bar = progress_bar(cfg.warmup + cfg.steps, label, progress)
     warmup = warm_up(engine, batches, device, cfg.warmup, bar)
@@ -306,7 +311,8 @@ def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True,
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # one line now, not a failed row per rung
     rows = [profile_rung(row, cfg, tokens, device, progress)
-            for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps), cfg.last_only)]
+            for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, recipe=parse_recipe(cfg.recipe)),
+                                    cfg.last_only)]
     return {**record_header(caps, device), "command": "profile", "config": cfg.to_dict(),
             "model": cfg.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
             "categories": {c: CATEGORY_LABELS[c] for c in CATEGORIES}, "rules": [list(r) for r in RULES],

@@ -368,9 +368,19 @@ def hf_tensors(model, dtype: torch.dtype = torch.float32) -> dict[str, torch.Ten
     return out
 
 
+def check_exportable(cfg: ModelConfig) -> None:
+    """A UsageError unless the model is GPT-2 itself: Hugging Face's GPT-2 computes no other family's function."""
+    if cfg.family != "gpt2":
+        raise UsageError(f"this model is GPT-2 with the recipe parts {', '.join(cfg.parts)}, which Hugging Face's "
+                         "GPT-2 does not compute: only a model of the gpt2 recipe exports (sample and eval read the "
+                         "run itself)")
+
+
 def save_hf_gpt2(model, folder: str | Path, dtype: torch.dtype = torch.float32) -> list[Path]:
     """Write config.json, generation_config.json and model.safetensors of `model` into `folder`."""
     from safetensors.torch import save_file
+
+    check_exportable(model.config)
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

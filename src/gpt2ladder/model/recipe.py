@@ -105,6 +105,14 @@ def parse_recipe(spec: str | None) -> Recipe:
     return Recipe(tuple(sorted(dict.fromkeys(names), key=order.__getitem__)))
 
 
+def with_recipe(model: "ModelConfig", recipe: str | Recipe) -> "ModelConfig":
+    """The shape with the recipe's model parts on (and no others)."""
+    import dataclasses
+
+    recipe = parse_recipe(recipe) if isinstance(recipe, str) else recipe
+    return dataclasses.replace(model, parts=recipe.model_parts)
+
+
 def race_recipes(names: list[str]) -> list[Recipe]:
     """Rung k of the race: GPT-2 with the first k of `names` (which start with "gpt2") switched on."""
     recipes, parts = [], []

@@ -40,11 +40,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from gpt2ladder.model import family
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.setup import Setup
 
 GiB = 2**30
-OPTIMIZER_BYTES_PER_PARAM = 16  # fp32 weight, gradient, AdamW's exp_avg and exp_avg_sq
+# fp32 weight, gradient, AdamW's exp_avg and exp_avg_sq. Muon's matrices hold one moment (12 bytes): the estimate
+# keeps 16 for them too, an upper bound.
+OPTIMIZER_BYTES_PER_PARAM = 16
 GRADIENT_BYTES_PER_PARAM = 4  # fp32
 CAST_BYTES_PER_PARAM = 1  # the weight_cast rung's bf16 copies, less the casts they replace (fitted)
 GRAPH_BYTES = GiB // 10
@@ -52,8 +55,8 @@ HEADROOM = 0.92  # plan to use at most this share of the memory: the allocator f
 
 
 def parameters(cfg: ModelConfig, setup: Setup) -> int:
-    """Parameters of the model this setup trains (the tied classifier counted once)."""
-    return _vocab(cfg, setup) * cfg.n_embd + cfg.block_size * cfg.n_embd + block_parameters(cfg) + 2 * cfg.n_embd
+    """Parameters of the model this setup trains (the tied classifier counted once), of whichever family."""
+    return family.parameters(dataclasses.replace(cfg, vocab_multiple=setup.vocab_multiple))
 
 
 def block_parameters(cfg: ModelConfig) -> int:

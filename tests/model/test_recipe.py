@@ -1,0 +1,43 @@
+"""Recipes: parsed into parts in race order; each part's kind decides the family, optimizer and schedule."""
+
+import pytest
+
+from gpt2ladder.errors import UsageError
+from gpt2ladder.model.recipe import GPT2, PARTS, SPEEDRUN, Recipe, parse_recipe, race_recipes
+from gpt2ladder.training.schedule import lr_at
+
+
+def test_gpt2_is_the_default_and_its_own_name():
+    assert parse_recipe(None) == parse_recipe("gpt2") == GPT2
+    assert (GPT2.family, GPT2.optimizer, GPT2.schedule, GPT2.name) == ("gpt2", "adamw", "cosine", "gpt2")
+
+
+def test_parts_are_put_in_race_order_and_decide_the_three_settings():
+    recipe = parse_recipe("wsd, relu2,muon,relu2")
+    assert recipe.parts == ("muon", "relu2", "wsd") and recipe.name == "muon,relu2,wsd"
+    assert (recipe.family, recipe.optimizer, recipe.schedule, recipe.model_parts) == ("modern", "muon", "wsd",
+                                                                                      ("relu2",))
+    assert parse_recipe("muon").family == "gpt2"  # an optimizer alone keeps GPT-2's model
+    assert parse_recipe("speedrun") == Recipe(SPEEDRUN) and parse_recipe("gpt2,rope") == parse_recipe("rope")
+
+
+@pytest.mark.parametrize("spec", ["nope", "muon,nope", ",", ""])
+def test_an_unknown_part_is_one_line_naming_the_choices(spec):
+    with pytest.raises(UsageError, match="choose from: gpt2, speedrun, muon") as err:
+        parse_recipe(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_race_rung_k_is_the_first_k_parts_on_gpt2():
+    names = ["gpt2"] + [p.name for p in PARTS[:3]]
+    recipes = race_recipes(names)
+    assert [r.name for r in recipes] == ["gpt2", "muon", "muon,rope", "muon,rope,qk_norm"]
+
+
+def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
+    rates = [lr_at(s, 1.0, 0.1, 10, 100, "wsd") for s in range(100)]
+    assert rates[9] == 1.0 and rates[10:60] == [1.0] * 50  # stable until the last 40%
+    assert rates[60] == 1.0 and rates[80] == pytest.approx(0.55) and rates[99] == pytest.approx(0.1225)
+    assert lr_at(100, 1.0, 0.1, 10, 100, "wsd") == 0.1
+    assert all(a >= b for a, b in zip(rates[10:], rates[11:]))
+    assert lr_at(50, 1.0, 0.1, 10, 100) < 1.0  # cosine decays all along

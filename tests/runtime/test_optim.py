@@ -1,0 +1,137 @@
+"""Muon beside AdamW (runtime/optim.py), against torch's own Muon and AdamW and the Newton-Schulz expression."""
+
+import copy
+
+import pytest
+import torch
+
+from gpt2ladder.model import family
+from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.model.setup import Setup
+from gpt2ladder.runtime import optim
+from gpt2ladder.runtime.engine import Engine, OptimConfig
+
+SHAPE = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
+HAS_TORCH_MUON = hasattr(torch.optim, "Muon")
+# bfloat16's 5 iterations land about 1.5% (in norm) from the fp32 expression's, two bfloat16 runs that round in
+# another order about 3% apart; a wrong coefficient or one step fewer is 30% off.
+BF16_REL = 0.05
+
+
+def _assert_near(a: torch.Tensor, b: torch.Tensor, rel: float = BF16_REL) -> None:
+    """Equal up to bfloat16 rounding: the difference's norm within `rel` of b's."""
+    a, b = a.detach().float(), b.detach().float()
+    assert (a - b).norm() <= rel * b.norm(), f"{(a - b).norm() / b.norm():.4f} relative"
+
+
+def _newton_schulz(g: torch.Tensor) -> torch.Tensor:
+    """The iteration for one matrix, written out in fp32: X <- aX + bAX + cA^2X, A = XX^T (on the wide side)."""
+    a, b, c = optim.NS_COEFFICIENTS
+    x = g.float()
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    x = x / x.norm().clamp(min=optim.NS_EPS)
+    for _ in range(optim.NS_STEPS):
+        A = x @ x.T
+        x = a * x + (b * A + c * A @ A) @ x
+    return x.T if tall else x
+
+
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48), (32, 32)])
+def test_orthogonalise_is_newton_schulz_and_takes_singular_values_near_one(shape):
+    g = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
+    batched = optim.orthogonalise(g)
+    for i in range(3):
+        _assert_near(batched[i], _newton_schulz(g[i]))
+        assert torch.equal(optim.orthogonalise(g[i:i + 1])[0], batched[i])  # batching changes no number
+    s = torch.linalg.svdvals(batched.float())
+    assert s.min() > 0.5 and s.max() < 1.3  # U S' V^T with S' about 1: what Muon asks of the iteration
+
+
+def _pair():
+    """A model whose Muon group holds one same-shape matrix pair and one matrix of its own."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(24, 8)), torch.nn.Parameter(torch.randn(24, 8)),
+              torch.nn.Parameter(torch.randn(8, 40))]
+    grads = [torch.randn_like(p) for p in params]
+    return params, grads
+
+
+@pytest.mark.skipif(not HAS_TORCH_MUON, reason="torch.optim.Muon needs PyTorch 2.9+")
+def test_its_muon_steps_as_torch_optim_muon_does():
+    params, grads = _pair()
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    start = [p.detach().clone() for p in params]
+    ours = optim.MuonAdamW([{"params": params, "muon": True, "weight_decay": 0.1}], lr=0.05, momentum=0.9)
+    theirs = torch.optim.Muon(ref, lr=0.05, weight_decay=0.1, momentum=0.9)
+    for step in range(3):
+        for p, r, g in zip(params, ref, grads):
+            p.grad, r.grad = g * (step + 1), g * (step + 1)
+        ours.step()
+        theirs.step()
+    for p, r, p0 in zip(params, ref, start):
+        _assert_near(p - p0, r - p0)  # the updates agree
+
+
+def test_a_split_matrix_is_orthogonalised_block_by_block():
+    w = torch.nn.Parameter(torch.zeros(3 * 8, 8))
+    w.muon_blocks = 3
+    g = torch.randn(24, 8)
+    w.grad = g.clone()
+    opt = optim.MuonAdamW([{"params": [w], "muon": True}], lr=1.0, momentum=0.0, nesterov=False)
+    opt.step()
+    expected = torch.cat([-_newton_schulz(block).float() for block in g.split(8)])
+    _assert_near(w, expected)
+
+
+def test_its_adamw_groups_step_as_torch_adamw_with_one_state():
+    torch.manual_seed(1)
+    emb, gain = torch.nn.Parameter(torch.randn(10, 4)), torch.nn.Parameter(torch.ones(4))
+    ref = [torch.nn.Parameter(emb.detach().clone()), torch.nn.Parameter(gain.detach().clone())]
+    ours = optim.MuonAdamW([{"params": [emb], "lr": 0.1, "weight_decay": 0.0},
+                            {"params": [gain], "lr": 0.01, "weight_decay": 0.0}], lr=0.1, betas=(0.8, 0.95))
+    theirs = torch.optim.AdamW([{"params": [ref[0]], "lr": 0.1}, {"params": [ref[1]], "lr": 0.01}],
+                               betas=(0.8, 0.95), weight_decay=0.0)
+    for _ in range(3):
+        g = torch.randn(10, 4), torch.randn(4)
+        emb.grad, gain.grad, ref[0].grad, ref[1].grad = g[0], g[1], g[0].clone(), g[1].clone()
+        ours.step()
+        theirs.step()
+    torch.testing.assert_close(emb, ref[0]) and torch.testing.assert_close(gain, ref[1])
+    assert set(ours.state) == {emb, gain} and "exp_avg" in ours.state[emb]
+
+
+def test_groups_of_the_muon_recipe_and_their_rates():
+    model = family.built(ModelConfig(**{**SHAPE.to_dict(), "parts": ("untied_head",)}), 0)
+    groups = optim.param_groups(model, "muon", lr=1e-3, weight_decay=0.1, muon_lr=0.02, embed_lr=0.3, head_lr=0.004)
+    by_scale = {round(g["lr_scale"], 6): g for g in groups}
+    muon = by_scale[20.0]
+    assert muon["muon"] and len(muon["params"]) == 2 * 4 and all(p.dim() == 2 for p in muon["params"])
+    assert model.transformer.h[0].attn.c_attn.weight.muon_blocks == 3
+    assert by_scale[300.0]["params"][0] is model.transformer.wte.weight
+    assert by_scale[4.0]["params"] == [model.lm_head.weight]
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    adamw = optim.param_groups(model, "adamw", lr=1e-3, weight_decay=0.1, muon_lr=0.02)
+    assert [g["weight_decay"] for g in adamw] == [0.1, 0.0] and all(g["lr_scale"] == 1.0 for g in adamw)
+
+
+def _engine(**optim_fields):
+    cfg = ModelConfig(**{**SHAPE.to_dict(), "parts": ("rope", "relu2", "untied_head")})
+    return Engine(cfg, Setup(), torch.device("cpu"), seed=0,
+                  optim=OptimConfig(name="muon", lr=1e-3, muon_lr=0.02, grad_clip=1.0, **optim_fields))
+
+
+def test_the_engine_trains_the_muon_recipe_and_resumes_it_exactly():
+    x = torch.randint(0, 300, (2, 16))
+    a = _engine()
+    a.set_lr(5e-4)
+    assert {round(float(g["lr"]), 8) for g in a.optimizer.param_groups} == {5e-4, 1e-2}
+    losses = [a.step(x, x).item() for _ in range(4)]
+    assert losses[-1] < losses[0]
+    saved = copy.deepcopy(a.state_dict())
+    after = [a.step(x, x).item() for _ in range(2)]
+    b = _engine()
+    b.load_state_dict(saved)
+    b.set_lr(5e-4)
+    assert [b.step(x, x).item() for _ in range(2)] == after
+    assert b.optimizer.adamw.state is b.optimizer.state  # AdamW keeps reading the one state after a load

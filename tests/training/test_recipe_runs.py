@@ -1,0 +1,96 @@
+"""A run of a recipe other than GPT-2's, end to end on CPU: trained, recorded, resumed, sampled, refused where it
+cannot go (another recipe on --resume, export to Hugging Face's GPT-2, GPT-2 weights as its start)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from gpt2ladder import cli
+from gpt2ladder.training.checkpoint import load_checkpoint
+from gpt2ladder.training.runlog import read_log
+
+from training_support import real_text_offline  # noqa: F401  (the real text, offline)
+
+RECIPE = "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,wsd"
+
+
+def _args(out, *extra):
+    return ["train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline", "--batch-size", "2",
+            "--seq-len", "32", "--steps", "6", "--ckpt-every", "3", "--eval-every", "3", "--eval-batches", "1",
+            "--no-progress", "--recipe", RECIPE, "--out", str(out), *extra]
+
+
+def _cli(capsys, args):
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(err: str) -> bool:
+    return err.startswith("gpt2ladder: error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def modern_run(tmp_path_factory, shakespeare_cache):
+    out = tmp_path_factory.mktemp("modern") / "run"
+    assert cli.main(_args(out, "--muon-lr", "0.01")) == 0
+    return out
+
+
+def test_the_run_records_its_recipe_and_trains(modern_run):
+    config = json.loads((modern_run / "config.json").read_text())
+    assert config["train_config"]["recipe"] == RECIPE and config["train_config"]["muon_lr"] == 0.01
+    state = load_checkpoint(modern_run)
+    assert state["model_config"]["parts"] == ["rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head",
+                                              "softcap"]
+    assert "transformer.wpe.weight" not in state["model"] and "lm_head.weight" in state["model"]
+    log = read_log(modern_run / "log.jsonl")
+    assert log[-1]["step"] == 6 and log[-1]["val_loss"] < log[2]["val_loss"] < 10.9
+
+
+def test_resume_keeps_the_recipe_and_refuses_another(modern_run, tmp_path, capsys):
+    run = shutil.copytree(modern_run, tmp_path / "run")
+    before = (run / "ckpt.pt").read_bytes()
+    code, _, err = _cli(capsys, ["train", "--device", "cpu", "--resume", "--recipe", "gpt2", "--out", str(run)])
+    assert code == 2 and _one_line_error(err) and RECIPE in err
+    assert (run / "ckpt.pt").read_bytes() == before
+    code, out, _ = _cli(capsys, ["train", "--device", "cpu", "--resume", "--steps", "7", "--no-progress",
+                                 "--out", str(run)])
+    assert code == 0 and "resuming from step 6" in out
+    assert load_checkpoint(run)["train_config"]["recipe"] == RECIPE
+
+
+def test_sample_and_the_api_load_the_modern_model(modern_run, capsys):
+    import gpt2ladder
+
+    model = gpt2ladder.load(str(modern_run))
+    assert model.config.parts and type(model).__name__ == "ModernGPT"
+    text = gpt2ladder.generate(model, "ROMEO:", max_new_tokens=5, seed=0)
+    assert text.startswith("ROMEO:")
+    code, out, _ = _cli(capsys, ["sample", str(modern_run), "--prompt", "ROMEO:", "--num-tokens", "5",
+                                 "--device", "cpu"])
+    assert code == 0 and "ROMEO:" in out
+
+
+def test_export_to_hugging_faces_gpt2_is_refused_in_one_line(modern_run, tmp_path, capsys):
+    code, _, err = _cli(capsys, ["export", str(modern_run), str(tmp_path / "hf")])
+    assert code == 2 and _one_line_error(err) and "recipe parts" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_gpt2_weights_cannot_start_a_modern_model(tmp_path, capsys):
+    code, _, err = _cli(capsys, _args(tmp_path / "x", "--init-from", str(tmp_path)))
+    assert code == 2 and _one_line_error(err) and "--init-from" in err
+
+
+def test_bench_times_a_recipe_and_records_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
+    code, out, err = _cli(capsys, ["bench", "--device", "cpu", "--recipe", "relu2,softcap", "--rungs", "baseline,flash,fused_loss",
+                                   "--steps", "2", "--warmup", "1", "--batch-size", "1", "--seq-len", "16",
+                                   "--no-progress", "--out", str(tmp_path / "b")])
+    assert code == 0, err
+    record = json.loads((tmp_path / "b" / "ladder.json").read_text())
+    assert record["config"]["recipe"] == "relu2,softcap" and record["model"]["parts"] == ["relu2", "softcap"]
+    assert all(r["status"] == "ok" for r in record["rungs"])
