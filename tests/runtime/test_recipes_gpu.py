@@ -1,0 +1,37 @@
+"""A modern recipe at the top of `auto` on a GPU: the rungs that apply to it (compile, SDPA, the soft-capped fused
+loss and float8 head, the CUDA graph with Muon inside it, the bf16 residual) train as its eager fp32 step does."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpu_support import GPU, LOSS_ROUNDING, TINY, needs_cuda, random_batches
+from gpt2ladder.ladder import resolve_rungs, setup_for
+from gpt2ladder.model.recipe import parse_recipe
+from gpt2ladder.runtime.engine import Engine, OptimConfig
+from gpt2ladder.runtime.hardware import detect
+
+pytestmark = [pytest.mark.gpu, needs_cuda]
+RECIPE = parse_recipe("muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap")
+SHAPE = dataclasses.replace(TINY, parts=RECIPE.model_parts)
+
+
+def _losses(setup, batches):
+    engine = Engine(SHAPE, setup, GPU, seed=0, optim=OptimConfig(name="muon", lr=3e-3, muon_lr=0.02))
+    return [engine.step(x, y).item() for x, y in batches], engine
+
+
+def test_the_top_of_auto_for_a_modern_recipe_trains_as_its_fp32_step_does():
+    names = resolve_rungs("auto", detect(GPU), recipe=RECIPE)
+    assert {"compile", "flash", "fused_loss", "cuda_graph", "bf16_residual"} <= set(names)
+    assert "norm_kernel" not in names and "adamw_kernel" not in names
+    batches = random_batches(8)
+    top, engine = _losses(setup_for(names), batches)
+    assert engine.captures == 1  # one graph, Muon's update inside it
+    ungraphed, _ = _losses(dataclasses.replace(setup_for(names), cuda_graph=False), batches)
+    fp32, _ = _losses(setup_for(["baseline"]), batches)
+    assert top[-1] < top[0] - 0.5  # it learns
+    for a, b in zip(top, ungraphed):
+        assert abs(a - b) <= 0.02 * abs(b)  # the same step replayed: bf16 and float8 rounding apart
+    assert abs(top[-1] - fp32[-1]) <= 0.05 * fp32[-1]
