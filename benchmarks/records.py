@@ -73,6 +73,9 @@ def problems(name: str, record: dict, folder: Path | None = None) -> list[str]:
         found.append(f"date {record['date']!r} is not YYYY-MM-DD")
     if not name.startswith(record["date"] + "_"):
         found.append(f"folder {name} does not start with its date {record['date']}_")
+    jobs_file = record.get("jobs_file")
+    if jobs_file is not None and not (HERE.parent / jobs_file).is_file():
+        found.append(f"jobs_file {jobs_file} does not exist")
     if folder is not None:
         found += [f"lists {f}, which is not in its folder" for f in record.get("files", {}) if not (folder / f).is_file()]
     return found
