@@ -2,11 +2,11 @@
 
 Checked: markdown links, images and reference definitions (the relative ones; a `#heading` must be a
 heading of its page) and paths in backticks. A backticked path whose first part is a top-level entry
-of the repository (`benchmarks/results/...`, `src/...`) is read from the root in every document; in
+of the repository (`benchmarks/records/...`, `src/...`) is read from the root in every document; in
 the benchmarks READMEs, which describe their own folders, any backticked path with a `/` is read from
 the README's folder. Braces (`ladder.{json,md}`) and wildcards (`logs/*.log`) must each match a file.
 Fenced code blocks are commands, not citations, and are skipped; so are the local folders .gitignore
-names at the root (`runs/`, `.whl/`, `benchmarks/results/`).
+names at the root (`runs/`, `.whl/`, the benchmarks' results folder).
 """
 
 import itertools
@@ -139,8 +139,8 @@ RECORD_PATH = re.compile(r"benchmarks/records/(\d{4}-\d\d-\d\d_[\w.-]*\w)")
 
 
 def cited_records(doc: Path) -> set[Path]:
-    """The record folders a document cites: by a link or image into benchmarks/records/NAME/..., or by a path in
-    backticks or plain text that names benchmarks/records/NAME."""
+    """The record folders a document cites: by a link or image into a folder under benchmarks/records/, or by a
+    path in backticks or plain text that names one."""
     found = {path.resolve() for _, path, _ in links(doc)} if doc.suffix == ".md" else set()
     folders = set()
     for path in found:
