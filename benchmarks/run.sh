@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the jobs of a results folder and keep everything they print and write.
 #
-#   bash benchmarks/run.sh benchmarks/results/NAME/jobs.txt [RESULTS_DIR]
+#   bash benchmarks/run.sh benchmarks/jobs/NAME.txt [RESULTS_DIR]   (benchmarks/results/ is ignored by git)
 #
 # From the repository root, on the machine to measure. jobs.txt has one job per line:
 #   NAME  GPUS  LIMIT_S  COMMAND...

@@ -23,7 +23,7 @@ TINY = PRESETS["tiny"]
 # atomic sums (the embedding's gradient) round in whatever order they land, and AdamW's first updates, each about
 # the learning rate times the gradient's sign, carry a gradient near zero's rounding into the weights. Two runs
 # that differ in nothing the update reads (the AdamW kernel leaving the gradients as given) ended up to 2.0e-4
-# apart on an H200 (benchmarks/results/2026-12-03-h200-tied-grad/logs/gpu-tests.log); this allows five times that.
+# apart on an H200 (benchmarks/records/2026-12-03_tied-grad); this allows five times that.
 LOSS_ROUNDING = 1e-3
 
 

@@ -33,3 +33,12 @@ def test_the_readme_examples_write_only_where_git_does_not_look():
         written = f"{out}/ladder.json"  # a file inside: git ignores a folder pattern for what is under it
         check = subprocess.run(["git", "check-ignore", "--no-index", "-q", written], cwd=ROOT)
         assert check.returncode == 0, f"{out}/ is not ignored by git"
+
+
+def test_benchmark_runs_land_where_git_does_not_look():
+    """benchmarks/run.sh's results folders hold raw logs and dumps; only benchmarks/records/ is committed."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "-q", "benchmarks/results/NAME/logs/bench.log"], cwd=ROOT)
+    kept = subprocess.run(["git", "check-ignore", "--no-index", "-q", "benchmarks/records/NAME/record.json"], cwd=ROOT)
+    assert ignored.returncode == 0 and kept.returncode == 1

@@ -5,6 +5,7 @@ so a violation fails here before it can become an import cycle.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -63,4 +64,22 @@ def test_no_source_file_cites_a_dated_results_folder():
     import re
 
     for path in MODULES:
-        assert not re.search(r"results/20\d\d-", path.read_text()), f"{path.relative_to(PACKAGE)} cites a dated record"
+        assert not re.search(r"(results|records)/20\d\d-", path.read_text()), f"{path.relative_to(PACKAGE)} cites a dated record"
+
+
+# What a measurement looks like in prose: a time in ms or us, a GPU named as where it ran, the results pages.
+MEASURED = re.compile(r"\b\d+(\.\d+)? ?(ms|us|µs)\b|\bon (an|the|two|one) H\d00s?\b|H\d00's|docs/(results|experiments|diary)\.md")
+
+
+def measured_figures(text: str) -> list[str]:
+    """The measurements a source text states (a peak-FLOPs table or a device name example is not one)."""
+    return [m.group(0) for m in MEASURED.finditer(text)]
+
+
+def test_no_source_file_states_a_measured_figure():
+    """How much a rung or kernel gained lives in its record (benchmarks/RECORDS.md), not in the code."""
+    stated = {str(path.relative_to(PACKAGE)): measured_figures(path.read_text()) for path in MODULES}
+    assert not {path: found for path, found in stated.items() if found}
+    assert measured_figures("0.19 ms faster a step on an H200 (docs/results.md); 4 us each") == [
+        "0.19 ms", "on an H200", "docs/results.md", "4 us"]
+    assert measured_figures('PEAK = {"H200": 989e12}  # e.g. "NVIDIA H200"; 128 memsets a step') == []

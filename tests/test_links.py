@@ -2,11 +2,11 @@
 
 Checked: markdown links, images and reference definitions (the relative ones; a `#heading` must be a
 heading of its page) and paths in backticks. A backticked path whose first part is a top-level entry
-of the repository (`benchmarks/results/...`, `src/...`) is read from the root in every document; in
+of the repository (`benchmarks/records/...`, `src/...`) is read from the root in every document; in
 the benchmarks READMEs, which describe their own folders, any backticked path with a `/` is read from
 the README's folder. Braces (`ladder.{json,md}`) and wildcards (`logs/*.log`) must each match a file.
 Fenced code blocks are commands, not citations, and are skipped; so are the local folders .gitignore
-names at the root (`runs/`, `.whl/`).
+names at the root (`runs/`, `.whl/`, the benchmarks' results folder).
 """
 
 import itertools
@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").rglob("README.md")])
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").rglob("README.md"),
+               ROOT / "benchmarks" / "RECORDS.md"])
+RECORDS = ROOT / "benchmarks" / "records"
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -90,7 +92,7 @@ def code_paths(doc: Path) -> list[tuple[str, Path]]:
         if not PATHLIKE.fullmatch(span) or "/" not in span or span.startswith("/"):
             continue
         first = span.split("/")[0]
-        if first in LOCAL:
+        if any(span == local or span.startswith(local + "/") for local in LOCAL):
             continue
         if first in TOP:
             found.append((span, ROOT))
@@ -117,16 +119,49 @@ def test_a_broken_link_heading_or_path_is_reported(tmp_path):
     (tmp_path / "other.md").write_text("# A heading\n\n## A heading\n")
     doc = tmp_path / "page.md"
     doc.write_text("[ok](other.md#a-heading-1) ![gone](gone.png) [bad](other.md#no-such-heading)\n"
-                   "[ref]: missing.md\n`src/gpt2ladder/` `benchmarks/results/no-such-folder/ladder.{json,md}`\n"
+                   "[ref]: missing.md\n`src/gpt2ladder/` `benchmarks/records/no-such-folder/ladder.{json,md}`\n"
                    "`runs/bench` (a local folder)\n```\n[in a command](not-checked.md)\n```\n")
     assert problems(doc) == ["link gone.png", "link missing.md", "heading other.md#no-such-heading",
-                             "path `benchmarks/results/no-such-folder/ladder.{json,md}`"]
+                             "path `benchmarks/records/no-such-folder/ladder.{json,md}`"]
 
 
 def test_the_documents_links_and_paths_are_found():
     """The patterns find what the README cites, so a pass above is not a pass over nothing."""
     readme = ROOT / "README.md"
     targets = [target for target, _, _ in links(readme)]
-    assert "docs/results.md" in targets and any(t.endswith("/ladder.png") for t in targets)
+    assert "docs/results.md" in targets and any(t.endswith(".png") and "records/" in t for t in targets)
     assert ("src/gpt2ladder/", ROOT) in code_paths(readme)
-    assert len(DOCS) > 10 and all(links(doc) or code_paths(doc) for doc in DOCS)
+    assert {ROOT / "docs" / "results.md", ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "RECORDS.md"} <= set(DOCS)
+    assert all(links(doc) or code_paths(doc) for doc in DOCS)
+
+
+RECORD_PATH = re.compile(r"benchmarks/records/(\d{4}-\d\d-\d\d_[\w.-]*\w)")
+
+
+def cited_records(doc: Path) -> set[Path]:
+    """The record folders a document cites: by a link or image into a folder under benchmarks/records/, or by a
+    path in backticks or plain text that names one."""
+    found = {path.resolve() for _, path, _ in links(doc)} if doc.suffix == ".md" else set()
+    folders = set()
+    for path in found:
+        if path.is_relative_to(RECORDS) and path != RECORDS:
+            folders.add(RECORDS / path.relative_to(RECORDS).parts[0])
+    text = _prose(doc) if doc.suffix == ".md" else doc.read_text()
+    folders |= {RECORDS / name for name in RECORD_PATH.findall(text)}
+    return folders
+
+
+SOURCES = sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")])
+
+
+@pytest.mark.parametrize("doc", DOCS + SOURCES, ids=lambda d: str(d.relative_to(ROOT)))
+def test_every_record_a_document_or_source_cites_holds_a_record(doc):
+    missing = sorted(f.name for f in cited_records(doc) if not (f / "record.json").is_file())
+    assert not missing, f"{doc.relative_to(ROOT)} cites record folders without a record.json: {missing}"
+
+
+def test_the_readme_and_the_results_page_cite_records(tmp_path):
+    assert cited_records(ROOT / "README.md") and cited_records(ROOT / "docs" / "results.md")
+    page = tmp_path / "page.md"
+    page.write_text(f"[a record]({RECORDS}/no-such-record/) and `benchmarks/records/{'2099-01-01'}_none`\n")
+    assert {f.name for f in cited_records(page)} == {"no-such-record", "2099-01-01_none"}

@@ -10,7 +10,7 @@ kernels). cuBLASLt can do both inside the matmuls around it:
     (dA = dY W_proj): the epilogue multiplies by gelu'(h), read from the aux matrix, and writes c_fc's
     bias gradient (the column sums of dh) as well.
 
-Measured on an H200 at GPT-2 124M's shape (benchmarks/results/2026-12-02-h200-epilogue) neither pays: the
+Measured on an H200 at GPT-2 124M's shape (benchmarks/records/2026-12-02_gelu-epilogue) neither pays: the
 forward epilogue is as fast as the matmul plus the Triton GELU kernel, the backward one twice as slow, and
 cuBLASLt refuses an fp32 bias or bias gradient beside a bf16 output. So no rung uses this; it stays here as
 the measurement's tool.

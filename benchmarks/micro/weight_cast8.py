@@ -19,7 +19,7 @@ SHAPES = {"gpt2 c_attn": (2304, 768), "gpt2 c_proj": (768, 3072), "medium c_attn
           "medium c_proj": (1024, 4096)}
 # (columns per program, rows per step, warps); the module's own first. Each compiles its row steps unrolled, about
 # 10 s a tile at c_attn's weight, so the list keeps to the neighbourhood of the fastest found there
-# (results/2026-12-03-h200-qkv-pairs) and a few with more programs.
+# (its sweep at c_attn's weight, benchmarks/records/2026-12-04_weight-cast-kernel) and a few with more programs.
 TILES = list(dict.fromkeys([wk.TILE, (8, 128, 4), (8, 256, 8), (16, 128, 8), (16, 512, 8), (32, 256, 8), (4, 256, 4),
                             (4, 512, 8)]))
 

@@ -28,9 +28,9 @@ class Rung:
     # Returns None when the rung can run here, else the reason it cannot.
     unavailable: Callable[[Capabilities], str | None] = field(repr=False, default=lambda caps: None)
     writeup: bool = False  # one of the write-up's five (and its baseline): what `--rungs seed` climbs
-    # Measured slower than the rung before it, or no faster (within noise), where it was tried (GPT-2 124M on
-    # an H200), or not yet measured on a GPU: climbed by `all` and tried by `--rungs best`, but not part of
-    # `auto`, which `train` uses and `doctor` recommends.
+    # Measured slower than the rung before it, or no faster (within noise), where it was tried (its record in
+    # benchmarks/RECORDS.md), or not yet measured on a GPU: climbed by `all` and tried by `--rungs best`, but
+    # not part of `auto`, which `train` uses and `doctor` recommends.
     opt_in: bool = False
     # Where `parity` found its loss off the fp32 baseline's by more than the rule allows: the rung is still
     # measured (`all`, `best`) and reported, but `best` never keeps it, however fast.
@@ -204,7 +204,7 @@ LADDER: tuple[Rung, ...] = (
          "overhead", {"cuda_graph": True}, _needs_cuda("capturing a CUDA graph"),
          refused_under={"fsdp": "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"}),
     # After the graph: rungs that cut GPU work, measured where launch gaps no longer hide it (ungraphed,
-    # bf16_residual measured slower on the H200; graphed it saves 1.2-1.4 ms).
+    # bf16_residual measured slower than without it).
     Rung("bf16_residual", "The residual stream between Blocks is kept in bfloat16 (autocast leaves it in fp32), so "
          "every residual add, layer norm and their gradients move half the bytes (the norms still compute in "
          "fp32, and the embeddings' gradients still add up in fp32).",
@@ -221,9 +221,8 @@ LADDER: tuple[Rung, ...] = (
          declines=_gpt2_blocks("the fp32_wgrad rung")),
     Rung("weight_cast", "The Blocks' weights and biases are kept in bfloat16 copies between steps, where autocast "
          "cast each one beside its matmul in 72 small kernels (the same rounding, so the same numbers): one "
-         "multi-tensor copy at the start of the step makes them, within noise of the rung before, and with "
-         "adamw_kernel the optimizer writes them beside its update: 0.19 ms faster a step on an H200 "
-         "(docs/results.md).",
+         "multi-tensor copy at the start of the step makes them or, with adamw_kernel, the optimizer writes them "
+         "beside its update.",
          "overhead", {"weight_cast": True, "fp32_wgrad": True, "autocast": "bfloat16"}, _needs_mm_out_dtype,
          pays_with_graph=True, refused_under={
              "fsdp": "FSDP2 replaces every parameter by its shard and gathers it inside the step, after the copies "
@@ -245,8 +244,8 @@ LADDER: tuple[Rung, ...] = (
          declines=_gpt2_blocks("the proj_bias rung")),
     Rung("qkv_grad", "The attention's q, k and v gradients are written side by side into c_attn's output gradient "
          "by one Triton kernel that also sums c_attn's bias gradient from the same values, where compile assembled "
-         "them in one pass and summed the bias in a second. Opt-in: in the step on an H200 within noise of the "
-         "rung before, compile having fused both passes into their neighbours (docs/experiments.md).",
+         "them in one pass and summed the bias in a second. Opt-in: compile fuses both passes into their "
+         "neighbours, and in the step the kernel did not pay.",
          "memory", {"qkv_grad": True}, _needs_triton_gpu("the qkv_grad rung"), opt_in=True, pays_with_graph=True,
          declines=_gpt2_blocks("the qkv_grad rung")),
     Rung("fp8_fc", "The MLP's input projection (c_fc) alone multiplies in float8 in the forward pass, from the norm "
@@ -258,8 +257,8 @@ LADDER: tuple[Rung, ...] = (
          declines=_gpt2_blocks("the fp8_fc rung")),
     Rung("fp8_proj", "The MLP's output projection (c_proj) multiplies in float8 in the forward pass as well, from a "
          "float8 copy of the GELU's output with one scale per row that the GELU kernel writes beside it; the "
-         "gradients stay bf16 matmuls. Opt-in: within the parity rule, but slower a step on an H200, the GELU kernel "
-         "holding whole rows to scale them costing more than the float8 product saves (docs/results.md).",
+         "gradients stay bf16 matmuls. Opt-in: within the parity rule, but slower a step, the GELU kernel holding "
+         "whole rows to scale them costing more than the float8 product saves.",
          "precision", {"fp8_proj": True, "gelu_kernel": True, "norm_kernel": True,
                        "bf16_residual": True, "autocast": "bfloat16"},
          _needs_fp8_forward, opt_in=True, pays_with_graph=True,
@@ -267,45 +266,40 @@ LADDER: tuple[Rung, ...] = (
     Rung("fp8_dgrad", "The input gradients of the attention's input projection (c_attn) and the MLP's output "
          "projection (c_proj) multiply in float8, at twice the bf16 tensor-core rate: the output gradient cast with "
          "one scale per token, the weight with one per input feature; the weight gradients stay bf16 matmuls "
-         "written in fp32. 0.33 ms faster a step on an H200, its loss beside the fp32 baseline's (docs/results.md).",
+         "written in fp32.",
          "precision", {"fp8_dgrad": True, "fp32_wgrad": True, "autocast": "bfloat16"},
          lambda caps: _needs_fp8_rows(caps) or _needs_mm_out_dtype(caps), pays_with_graph=True,
          declines=_gpt2_blocks("the fp8_dgrad rung")),
     Rung("fp8_forward", "The attention's and MLP's input projections (c_attn, c_fc) multiply in float8 in the "
          "forward pass, at twice the bf16 tensor-core rate: the norm kernels write their output in float8 with one "
          "scale per row beside the bf16 one, and each weight is cast per output feature; the gradients stay bf16 "
-         "matmuls. Opt-in: 0.55 ms faster a step on an H200 and within the parity rule, but its training loss runs "
-         "above the fp32 baseline's where the other rungs' do not, and to a given loss it took as many steps as "
-         "without it, so no less time (docs/results.md).",
+         "matmuls. Opt-in: faster a step and within the parity rule, but its training loss runs above the fp32 "
+         "baseline's where the other rungs' do not, and to a given loss it took as many steps as without it, so "
+         "no less time.",
          "precision", {"fp8_forward": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
          _needs_fp8_forward, opt_in=True, pays_with_graph=True,
          declines=_gpt2_blocks("the fp8_forward rung")),
     Rung("adamw_kernel", "AdamW updates every parameter in one Triton launch that finds each tensor in a table of "
-         "addresses, with the same arithmetic and optimizer state: alone 0.86 ms a step of GPT-2 124M on an H200 "
-         "where fused AdamW's 9 multi-tensor launches took 1.01, and 0.16 ms faster in the whole step "
-         "(docs/results.md).",
+         "addresses, with the same arithmetic and optimizer state, where fused AdamW makes 9 multi-tensor launches.",
          "memory", {"adamw_kernel": True, "fused_adamw": True}, _needs_triton_gpu("the adamw_kernel rung"),
          pays_with_graph=True, refused_under={
              "fsdp": "FSDP2's parameters are sharded DTensors, which the kernel's table of addresses cannot hold"},
          declines=_adamw_only),
     Rung("memset_fill", "The CUDA graph's small memset nodes (cuBLAS zeroes 4 bytes of its workspace before most "
          "matmuls, 128 times a step of GPT-2 124M) become kernels that store the same bytes, since a kernel after a "
-         "kernel starts sooner than one after a memset: 0.14 and 0.18 ms faster a step on two H200s "
-         "(docs/results.md).",
+         "kernel starts sooner than one after a memset.",
          "overhead", {"memset_fill": True}, _needs_graph_edits,
          pays_with_graph=True, refused_under={
              "fsdp": "a captured CUDA graph cannot replay FSDP2's per-step parameter gathering"}),
     Rung("cublaslt", "PyTorch's matmuls go through cuBLASLt, taking its heuristic's first algorithm, instead of "
          "cuBLAS, whose choice for three of a Block's four weight gradients is a split-K product with a reduction "
-         "kernel after it: in profiles of GPT-2 124M on two H200s, 0.13 ms less kernel time a step; timed, 0.19 ms "
-         "faster in one A B B A and within noise in two others (docs/results.md).",
+         "kernel after it, where cuBLASLt's runs without one.",
          "overhead", {"cublaslt": True}, _needs_cublaslt),
     Rung("bias_in_wgrad", "The norm kernel before each attention writes its output with 8 columns of ones after "
          "every row, and c_attn's weight-gradient product runs over them too, so that one of its output columns is "
          "the bias gradient: the pass that summed that gradient apart, over c_attn's (tokens x 3C) output gradient, "
          "goes, for a product 1% wider and a copy of the weight gradient. It takes the place of qkv_grad's kernel "
-         "and of fp8_forward's float8 c_attn, which sum that bias their own way, where a ladder climbed them. "
-         "Alone within noise on an H200; with tied_grad, 0.20 ms faster a step (docs/results.md).",
+         "and of fp8_forward's float8 c_attn, which sum that bias their own way, where a ladder climbed them.",
          "memory", {"bias_in_wgrad": True, "norm_kernel": True, "bf16_residual": True, "fp32_wgrad": True,
                     "autocast": "bfloat16", "qkv_grad": False, "fp8_forward": False},
          lambda caps: (_needs_triton_gpu("the bias_in_wgrad rung")(caps) or _needs_ampere("a bfloat16 residual "
@@ -314,16 +308,15 @@ LADDER: tuple[Rung, ...] = (
          declines=_gpt2_blocks("the bias_in_wgrad rung")),
     Rung("tied_grad", "The token embedding's gradient rows are added into the tied classifier's gradient, not into a "
          "zeroed copy of the 50304 x 768 weight that is then added to it, saving a write and a pass over 154 MB a "
-         "step where the model compiles as one graph (not under DDP's graph per bucket). Alone within noise of the "
-         "step without it on an H200; with bias_in_wgrad, 0.20 ms faster a step (docs/results.md).",
+         "step where the model compiles as one graph (not under DDP's graph per bucket).",
          "memory", {"tied_grad": True}, _needs_compile,
          declines=_gpt2_blocks("the tied_grad rung's graph pass")),
     Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
          "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
          "fp32 baseline's (opt-in; never kept by best).",
          "precision", {"fp8_mlp": True}, _needs_fp8, opt_in=True,
-         parity_failure="val loss 0.99% below the fp32 baseline's after 300 steps of GPT-2 124M on an H200, "
-                        "where 0.50% is allowed (docs/experiments.md, parity)",
+         parity_failure="its val loss after 300 steps of GPT-2 124M ended further below the fp32 baseline's "
+                        "than the parity rule allows",
          declines=_gpt2_blocks("the fp8_mlp rung")),
     Rung("fp8_attn", "The attention's input and output projections run in float8 as well (the attention itself "
          "stays bf16); smaller matmuls, so the casts weigh even more (opt-in).",
@@ -371,8 +364,8 @@ def strategy_problem(name: str, strategy: str | None) -> str | None:
 
 
 GRAPH_ONLY_REASON = ("it pays only inside a CUDA graph, which cannot be captured here: ungraphed, bf16_residual "
-                     "measured 1.6 ms slower on one H200, and the DDP step with the rungs after cuda_graph 36.3 ms "
-                     "against 34.5 without them (docs/experiments.md)")
+                     "measured slower than without it, and the DDP step slower with the rungs after cuda_graph "
+                     "than without them")
 
 
 def left_out_of_auto(caps: Capabilities, strategy: str | None = None, recipe: Recipe = GPT2) -> dict[str, str]:

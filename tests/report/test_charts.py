@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpt2ladder.report.parity import parity_figure
-from gpt2ladder.report.plots import ladder_figure, pyplot
+from gpt2ladder.report.plots import ladder_bars_chart, ladder_bars_figure, ladder_figure, pyplot
 from gpt2ladder.report.profile import profile_figure
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -66,6 +66,25 @@ def test_no_two_words_of_the_ladder_overlap(figures, n):
     fig = ladder_figure(ladder_record(source="random", note=NOTE, n=n))
     figures(fig)
     assert overlaps(fig) == []
+
+
+@pytest.mark.parametrize("n", [3, 14])
+def test_the_compact_ladder_has_a_bar_per_rung_that_ran_and_no_overlapping_words(figures, n):
+    record = ladder_record(n=n)
+    fig = ladder_bars_figure(record)
+    figures(fig)
+    ran = [r for r in record["rungs"] if r["status"] == "ok"]
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels[0] == "baseline" and labels[1:-1] == [f"+ rung{i}" for i in range(1, n)] and labels[-1] == "best"
+    assert len(fig.axes[0].patches) == len(ran)  # the skipped tf32 has no bar
+    assert overlaps(fig) == []
+
+
+def test_the_compact_ladder_is_saved_at_the_width_asked(tmp_path):
+    from PIL import Image
+
+    path = ladder_bars_chart(ladder_record(n=14), tmp_path / "ladder-bars.png", width_px=1000)
+    assert Image.open(path).size[0] == 1000
 
 
 def parity_record(identical=True, steps=40):

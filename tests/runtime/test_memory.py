@@ -12,17 +12,17 @@ from gpt2ladder.model.config import preset
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime.memory import GRAPH_BYTES, GiB, eval_bytes_per_sequence, parameters, step_memory
 
-RECORDS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-12-01-h200-layout"
+RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "records" / "2026-12-01_ladder-layout"
 
 
 def _measured(name: str) -> list[tuple[str, list[str], int, int]]:
-    record = json.loads((RECORDS / name / "ladder.json").read_text())
+    record = json.loads((RECORD / name).read_text())
     names = [r["name"] for r in record["rungs"]]
     return [(r["name"], names[:i + 1], record["config"]["batch_size"], r["peak_mem_bytes"])
             for i, r in enumerate(record["rungs"]) if r["status"] == "ok"]
 
 
-@pytest.mark.parametrize("rung, applied, batch, peak", _measured("bench-auto") + _measured("bench-b4"),
+@pytest.mark.parametrize("rung, applied, batch, peak", _measured("ladder.json") + _measured("ladder-b4.json"),
                          ids=lambda v: v if isinstance(v, str) else None)
 def test_the_estimate_covers_what_the_h200_measured(rung, applied, batch, peak):
     setup = setup_for(applied)

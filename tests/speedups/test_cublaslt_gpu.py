@@ -58,7 +58,7 @@ def test_the_top_of_auto_through_cublaslt_keeps_its_gradients_and_losses():
                     reason="the kernels cuBLAS and cuBLASLt pick were read on Hopper (an H200)")
 def test_with_the_rung_the_step_takes_cublaslts_weight_gradient_without_split_k():
     """The MLP's c_proj weight gradient at GPT-2 124M's batch 16 x 1024: cuBLAS runs split-K with a reduction kernel
-    after it on an H200, cuBLASLt one kernel (benchmarks/results/2026-12-03-h200-cublaslt/logs/blas.log); inside the
+    after it on an H200, cuBLASLt one kernel (benchmarks/records/2026-12-03_cublaslt); inside the
     engine's step context the rung's choice is the one that runs."""
     g = torch.Generator(device="cuda").manual_seed(0)
     dy = torch.randn(16384, 768, device="cuda", dtype=torch.bfloat16, generator=g)

@@ -1,8 +1,8 @@
 """AdamW over every parameter tensor in one Triton launch, behind the `adamw_kernel` rung.
 
-PyTorch's fused AdamW updates GPT-2 124M's parameters in 9 multi-tensor launches, 1.0 ms a step on an H200
-(docs/experiments.md): fp32 parameters, gradients and both moments, 28 bytes read or written per parameter,
-about 3.4 TB/s where the card copies at about 4.3. Here one launch covers them all. The tensors are not kernel
+PyTorch's fused AdamW updates GPT-2 124M's parameters in 9 multi-tensor launches: fp32 parameters, gradients and
+both moments, 28 bytes read or written per parameter, below the rate the card copies at. Here one launch covers
+them all. The tensors are not kernel
 arguments but rows of tables in device memory, built on the host and kept between steps:
   - the tensor table (int64, one row per tensor): the addresses of its parameter, gradient, exp_avg,
     exp_avg_sq and step count, of its group's learning rate where that is a tensor (0 where it is a float),
@@ -52,8 +52,7 @@ except ImportError:  # CPU-only installs: torch.optim.AdamW runs instead
     triton = None
 
 # (elements per block, blocks per program, warps): a program updates BLOCK x ITERS elements of one tensor.
-# From benchmarks/micro/adamw.py on an H200 at GPT-2 124M's 148 tensors: 0.858 ms a step at this tile (4.06 TB/s
-# of the 28 bytes per parameter), 0.86-0.98 ms at the eight others, where fused AdamW took 1.013 ms.
+# The fastest of nine benchmarks/micro/adamw.py tried at GPT-2 124M's 148 tensors on a Hopper GPU.
 TILE = (1024, 4, 4)
 TENSOR_FIELDS = ("param", "grad", "exp_avg", "exp_avg_sq", "step", "lr", "numel", "group", "programs", "cast")
 GROUP_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps")

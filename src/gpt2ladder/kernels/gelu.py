@@ -2,9 +2,8 @@
 
 GPT-2's GELU is 0.5 h (1 + tanh(z)), z = sqrt(2/pi) (h + 0.044715 h^3). Compiled, its forward kernel
 evaluates tanh with a long libdevice sequence, and at GPT-2 124M's 16384 x 3072 (B=16 x 1024) that
-arithmetic, not memory, bounds it: 0.070 ms per layer on an H200, 2.9 TB/s. Its backward is two
-kernels: a pointwise one writing the gradient dh and a column sum over (N, 4C) again for c_fc's bias
-(0.079 + 0.033 ms per layer, profile of the `cuda_graph` rung; docs/experiments.md).
+arithmetic, not memory, bounds it. Its backward is two kernels: a pointwise one writing the gradient dh
+and a column sum over (N, 4C) again for c_fc's bias.
 
 Here 0.5 (1 + tanh z) is written as sigmoid(2z) = 1 / (1 + e), e = exp(-2z): one exp2 and one division,
 exact in value (more exact, in fact, in the negative tail, where 1 + tanh z cancels in fp32):
@@ -12,17 +11,15 @@ exact in value (more exact, in fact, in the negative tail, where 1 + tanh z canc
     forward saves h0 = c_fc(x) without the bias;
   - `_gelu_grad_kernel`: one (rows x columns) tile per program writes dh = g gelu'(h0 + bias) and adds
     the tile's column sums of dh (fp32) into the bias gradient, one atomic per column.
-Measured on the H200 (benchmarks/micro/gelu_kernel.py; docs/experiments.md): forward
-0.053 ms (3.8 TB/s), backward with the bias gradient 0.089 ms (3.4 TB/s); in the step, 0.5-0.6 ms
-faster (27.9 -> 27.3 and 27.4 ms, same GPU, A/B/C order A B C C B A).
+Both then run near the card's memory bandwidth (benchmarks/micro/gelu_kernel.py times them against compile's).
 
 With `fp8` (the `fp8_proj` rung) the forward also writes its output in float8 (e4m3) with one fp32 scale per row,
 each row's amax mapped to e4m3's largest value, for c_proj's forward product to read (`speedups/fp8_forward.py`):
 one program then holds whole rows (`FP8_FWD_TILE`), and the copy is made from the values before their rounding to
-the output dtype, as the norm kernel's is (`kernels/norm.py`, `rows_to_fp8`). Holding whole rows costs: 0.059 ms
-more per Block than the plain forward on the H200. `launch_fwd_fp8_blocks` writes the copy with one scale per block
+the output dtype, as the norm kernel's is (`kernels/norm.py`, `rows_to_fp8`). Holding whole rows costs time over
+the plain forward. `launch_fwd_fp8_blocks` writes the copy with one scale per block
 of `FP8_BLOCK` columns of a row instead (the 1 x 128 blocks of cuBLAS's block-wise scaling), so each program keeps
-the plain forward's tile: 0.022 ms more per Block than the plain forward on the H200. fp8_proj reads it with
+the plain forward's tile, at a smaller cost. fp8_proj reads it with
 `PROJ_BLOCKS` on (benchmarks/micro/fp8_blockwise.py times it and the block-scaled products).
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
@@ -51,18 +48,18 @@ SQRT_2_OVER_PI = 0.7978845608028654
 GELU_CUBIC = 0.044715  # GPT-2's tanh approximation: 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))
 LOG2_E = 1.4426950408889634
 # Tile shapes (rows, columns, warps; the backward also row blocks per program), from
-# benchmarks/micro/gelu_kernel.py on the H200: the forward took 0.053 ms at every tile tried; the
-# backward 0.089 ms at 32 x 64, 2 warps (0.090-0.111 ms at the others; looping over more row blocks
-# per program, to make fewer atomics, was slower at every setting tried).
+# benchmarks/micro/gelu_kernel.py on a Hopper GPU: the forward took the same time at every tile tried; the
+# backward is the fastest tried (looping over more row blocks per program, to make fewer atomics, was slower
+# at every setting tried).
 FWD_TILE = (8, 256, 4)
 BWD_TILE = (32, 64, 2, 1)
 # The forward with its float8 copy (rows per program, warps): whole rows, so each program knows its rows' amax.
-# On the H200 0.111 ms at 4 rows, 8 warps (0.118-0.184 ms at the six others tried), 0.059 ms more than the
-# plain forward: 0.71 ms a step over 12 Blocks, more than c_proj's float8 product saved in the step (about 0.5).
+# The fastest of seven tried on a Hopper GPU; over 12 Blocks its cost above the plain forward is more than c_proj's
+# float8 product saves in the step.
 FP8_FWD_TILE = (4, 8)
 # The float8 copy with one scale per FP8_BLOCK columns of a row (kernels/norm.py): (rows, columns, warps), columns a
-# power of two and a multiple of FP8_BLOCK. On the H200 0.072 ms at 32 x 128, 4 warps (0.075-0.088 ms at the 14
-# others tried, 1 to 8 warps; benchmarks/micro/fp8_blockwise.py), 0.020 ms more than the plain forward.
+# power of two and a multiple of FP8_BLOCK. The fastest of 15 tried, 1 to 8 warps, on a Hopper GPU
+# (benchmarks/micro/fp8_blockwise.py).
 FP8_BLOCKS_TILE = (32, 128, 4)
 
 

@@ -4,8 +4,8 @@ The fused loss (`speedups/fused_loss.py`) needs, from the (N, Vp) bf16 logits, e
 vocabulary, the loss lse - logit[target], and the gradient (softmax - onehot) x scale at its final
 width: bf16, or e5m2 for float8, where the weight-gradient matmul needs it transposed as well.
 Compiled, those expressions become one Triton reduction that reads the logits three times (max, sum,
-gradient) and writes the transposed copy with scattered one-byte stores: 2.65 ms at GPT-2's B=16 x
-1024 on an H200, a third of what the memory system can do.
+gradient) and writes the transposed copy with scattered one-byte stores, far below what the memory system
+can do.
 
 Here the work is split at the one true dependency, the log-sum-exp:
   1. `_loss_stats_kernel`: a few rows per program, one read of the logits with a running max and a
@@ -17,11 +17,8 @@ Here the work is split at the one true dependency, the log-sum-exp:
      contiguous along their rows).
 Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 0.83 GB written in float8 (1.65 GB in bf16), and for
 float8 0.83 + 0.83 GB more by the transpose. The gradient kernel can also write the transposed tile itself
-(`WRITE_T`): fewer bytes, but its two stores ran at 2.6 TB/s together (1.28 ms) where the gradient pass
-alone reaches 3.8 TB/s and the transpose 3.9 (0.65 + 0.42 ms; benchmarks/micro/loss_transpose.py,
-docs/experiments.md). Measured on the H200 with the
-tiles below: statistics 0.52 ms (3.2 TB/s, where a plain copy of the logits reaches 4.3 TB/s), against
-2.65 ms for the compiled expressions of all three. Offsets are 32-bit below 2^31 elements (as at GPT-2's
+(`WRITE_T`): fewer bytes, but its two stores together ran slower than the gradient pass and the transpose
+apart, each near the card's copy rate (benchmarks/micro/loss_transpose.py). Offsets are 32-bit below 2^31 elements (as at GPT-2's
 shape): fewer integer instructions per element.
 
 `logit_grad` is a custom op, so torch.compile and CUDA graphs treat it as one opaque call. Off CUDA, or
@@ -42,8 +39,8 @@ except ImportError:  # CPU-only installs: the fused loss uses its PyTorch expres
 
 # Tile shapes: statistics pass (rows per program, columns per step, warps, pipeline stages); gradient
 # pass (rows, columns, warps, whether neighbouring programs take neighbouring row blocks); the transpose
-# (rows, columns, warps). Chosen by benchmarks/micro/loss_kernel.py and benchmarks/micro/loss_transpose.py on the H200
-# (docs/experiments.md): GRAD for the float8 gradient's row-major pass before the transpose; GRAD_BOTH when the
+# (rows, columns, warps). Chosen by benchmarks/micro/loss_kernel.py and benchmarks/micro/loss_transpose.py on a
+# Hopper GPU: GRAD for the float8 gradient's row-major pass before the transpose; GRAD_BOTH when the
 # kernel writes both layouts itself, and for a bf16 gradient (the tile it ran at before the split; the new one
 # was measured for float8 only).
 STATS = (1, 2048, 2, 1)

@@ -4,8 +4,7 @@ In GPT-2 every layer norm but the first reads the residual stream right after an
 y = LN(s). Compiled, the add and the norm are one fused kernel each way, but the norm's weight and bias
 gradients (column sums over all N rows) end, after Inductor's split ("mix-order") reduction, in two aten
 sums over the (splits x C) partial sums, each with a memset before it: for GPT-2 124M, 46 sums and 46
-memsets per step, 0.37 ms of kernels plus a launch gap before each (profile and trace of 2026-12-02,
-docs/experiments.md).
+memsets per step, each with a launch gap before it.
 
 Here:
   - `_add_norm_fwd_kernel`: a few rows per program; s = h + p rounded to the stream's dtype (stored), then
@@ -23,8 +22,6 @@ third row of the same parts, in the same two launches.
 With `fp8` (the `fp8_forward` rung) the forward also writes y in float8 (e4m3) with one fp32 scale per row, the
 row's amax mapped to e4m3's largest value, for the next matmul to read instead of y: the kernel has the whole
 row in registers, so the scale costs no pass of its own.
-In the step of GPT-2 124M at B=16 x 1024 on an H200 that made the top rung 0.25 ms faster (two A/B pairs;
-docs/experiments.md).
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA, or without Triton,
 `add_norm_reference` / `add_norm_grad_reference` run instead: the PyTorch expressions the kernels
@@ -42,18 +39,15 @@ try:
 except ImportError:  # CPU-only installs: the reference expressions run instead
     triton = None
 
-# Tile shapes: forward (rows per program, warps); backward (rows per step, warps, programs per SM). From
-# benchmarks/micro/norm_kernel.py on the H200 at GPT-2's 16384 x 768: forward 0.027 ms at 2-8 rows (as
-# compile's); backward 0.044 ms at 8 rows, 4 warps, 2 programs per SM (0.050-0.135 ms at the others tried),
-# where compile's backward, its memsets and sums included, took about 0.050 ms. The column sums (parts
-# per step, columns per program, warps): 0.0025 ms at 256 x 16 (96 programs), 0.0088 ms at 32 x 128 (12),
-# which brings the whole backward to 0.037 ms.
+# Tile shapes: forward (rows per program, warps); backward (rows per step, warps, programs per SM); the column
+# sums (parts per step, columns per program, warps: 96 programs at GPT-2's width, where 12 left the GPU idle).
+# The fastest benchmarks/micro/norm_kernel.py found on a Hopper GPU at GPT-2's 16384 x 768.
 FWD_TILE = (4, 4)
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
-# The backward's loop loads its next row block ahead (the kernel's PREFETCH): alone 0.0330 ms at (4, 4, 2) against
-# 0.0392 without it at its best tile, (8, 4, 2) (benchmarks/micro/norm_kernel.py --variants); in the whole step
-# 0.14 ms faster (A B B A on one H200, docs/results.md).
+# The backward's loop loads its next row block ahead (the kernel's PREFETCH), faster alone and in the whole step
+# than the loop without it at its own best tile, (8, 4, 2) (benchmarks/micro/norm_kernel.py --variants; the record
+# is in benchmarks/RECORDS.md).
 BWD_TILE = (4, 4, 2)
 BWD_PREFETCH = True
 COLSUM_TILE = (256, 16, 4)

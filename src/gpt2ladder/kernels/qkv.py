@@ -3,8 +3,7 @@ behind the `qkv_grad` rung.
 
 c_attn writes q, k and v side by side, (B, T, 3C); the attention reads them as three (B, nh, T, hs) views of it.
 Backward, SDPA returns three separate gradients, and compiled they became c_attn's output gradient in two passes:
-a copy that assembled the three into (B, T, 3C) and a reduction over the same values for c_attn's bias gradient
-(0.42 and 0.23 ms a step for GPT-2 124M at B=16 x 1024 on an H200; docs/experiments.md).
+a copy that assembled the three into (B, T, 3C) and a reduction over the same values for c_attn's bias gradient.
 
 Here `_qkv_grad_kernel` does both in one pass: a program takes one head's (rows x hs) tile of one of the three
 gradients, stores it in its place in the (B*T, 3C) output, and adds its column sums (fp32) into the bias
@@ -40,16 +39,14 @@ try:
 except ImportError:  # CPU-only installs: the reference expressions run instead
     triton = None
 
-# (rows per tile, row tiles per program, warps): a program walks ROW_TILES tiles of one head before its atomics. From
-# benchmarks/micro/qkv_grad.py on the H200 at GPT-2's shape: 0.046 ms (3.3 TB/s) at 128 x 2, 4 warps; 0.047-0.061 at
-# the others tried; compile's copy and sum of the same values, alone, 0.195 ms (in the step, where they fuse with
-# their neighbours, about 0.054 ms a layer).
+# (rows per tile, row tiles per program, warps): a program walks ROW_TILES tiles of one head before its atomics. The
+# fastest benchmarks/micro/qkv_grad.py found at GPT-2's shape on a Hopper GPU, faster than compile's copy and sum
+# of the same values alone (in the step, compile fuses those with their neighbours).
 TILE = (128, 2, 4)
-# (tokens per step, steps per program, warps) of the kernel with the float8 copy. On the H200 at GPT-2's shape
-# (benchmarks/micro/qkv_grad.py --fp8), loading each step's next token ahead: 0.127 ms at 1 x 16, 16 warps,
-# 0.128-0.268 ms at the 13 other tiles, where the step's compiled passes take about 0.084 ms a layer. A variant that
-# read the bf16 gradients as int32 pairs reached 0.105 ms and the step was still 0.33 ms slower with it (its code is
-# at commit f5d7c0c; docs/experiments.md), so the step does not call the kernel (speedups/qkv_grad.py, FLOAT8_COPY).
+# (tokens per step, steps per program, warps) of the kernel with the float8 copy, loading each step's next token
+# ahead: the fastest of 14 tiles (benchmarks/micro/qkv_grad.py --fp8) at GPT-2's shape on a Hopper GPU, still slower
+# than the step's compiled passes. A variant that read the bf16 gradients as int32 pairs (its code is at commit
+# f5d7c0c) left the step slower too, so the step does not call the kernel (speedups/qkv_grad.py, FLOAT8_COPY).
 TILE8 = (1, 16, 16)
 
 

@@ -3,8 +3,7 @@
 The `fp8_dgrad` rung forms a Linear's input gradient g @ w in float8 (speedups/fp32_wgrad.py, `fp8_input_grad`):
 the bf16 weight w (out, in) is cast with one scale per input feature (a column of w), transposed to (in, out)
 row-major, as `_scaled_mm`'s second operand wants it: `rows_to_fp8(w.t())`. Compiled, that is two kernels per
-Linear, a column amax and a transposing cast: 48 launches a step for GPT-2 124M's 24 marked Linears, 0.166 ms in all
-on an H200 (about 4 and 3 us each).
+Linear, a column amax and a transposing cast: 48 launches a step for GPT-2 124M's 24 marked Linears.
 
 Here `_weight8_kernel` does both. A weight is small (3.5-4.7 MB at GPT-2's shapes), so a program owns a block of
 input features (BLOCK_C columns of w) and walks all `out` rows twice: first their amax per column (fp32), from which
@@ -31,11 +30,10 @@ try:
 except ImportError:  # CPU-only installs: the reference expression runs instead
     triton = None
 
-# (columns of w per program, rows per step, warps). On the H200 at c_attn's weight (2304 x 768), each call alone
-# from a cold L2 (benchmarks/micro/weight_cast8.py): 0.0156 ms at this tile, 0.016-0.089 ms at the 8 others it
-# reached, against 0.0267 ms for compile's two kernels, which take about 7 us together in the step, so these
-# figures do not say what the step gains; the sweep stopped there (each tile, its row steps unrolled, takes about
-# 10 s to compile), so the MLP c_proj's weight was not timed, nor was the step with the kernel.
+# (columns of w per program, rows per step, warps): the fastest of the 9 tiles benchmarks/micro/weight_cast8.py
+# reached at c_attn's weight (2304 x 768) on a Hopper GPU, each call alone from a cold L2, which does not say what
+# the step gains (in the step compile's two kernels are short, mostly launch and latency). Each tile, its row
+# steps unrolled, takes seconds to compile, so the sweep stopped there.
 TILE = (16, 256, 8)
 
 

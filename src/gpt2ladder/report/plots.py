@@ -73,6 +73,49 @@ def ladder_figure(record: dict):
     return fig
 
 
+def ladder_bars_chart(record: dict, path: Path, width_px: int = 1000) -> Path:
+    """A compact ladder.png for a page of text: `ladder_bars_figure` saved `width_px` wide."""
+    plt = pyplot()
+    fig = ladder_bars_figure(record, width_px / BARS_DPI)
+    with atomic_file(path) as f:  # a new file renamed over path: never written through a link there
+        fig.savefig(f, format="png", dpi=BARS_DPI)
+    plt.close(fig)
+    return path
+
+
+BARS_DPI = 130
+
+
+def ladder_bars_figure(record: dict, width_in: float = 1000 / BARS_DPI):
+    """One horizontal bar per rung, top to bottom in ladder order: the median ms/step with its p10-p90
+    whisker and value, coloured by kind, readable at a page's width however many rungs there are."""
+    plt = pyplot()
+    rungs = [r for r in record["rungs"] if r["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(width_in, 0.9 + 0.24 * max(len(rungs), 1)))
+    top = max([r["ms_p90"] for r in rungs] + [1.0])
+    for i, r in enumerate(rungs):
+        err = [[r["ms_per_step"] - r["ms_p10"]], [r["ms_p90"] - r["ms_per_step"]]]
+        ax.barh(i, r["ms_per_step"], height=0.7, color=KIND_COLOURS[_kind(r)], xerr=err,
+                error_kw={"elinewidth": 0.7, "ecolor": "#333333", "capsize": 1.5})
+        ax.text(r["ms_p90"] + top * 0.01, i, f"{r['ms_per_step']:.1f}", va="center", fontsize=7)
+    ax.set_yticks(range(len(rungs)), ladder_labels(rungs), fontsize=7)
+    ax.invert_yaxis()  # the ladder reads downwards, from the baseline
+    ax.set_xlim(0, top * 1.1)
+    ax.set_xlabel("ms per training step (median, p10-p90)", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    writeup = [i for i, r in enumerate(rungs) if r["name"] in WRITEUP_RUNGS]
+    if writeup and max(writeup) + 1 < len(rungs):
+        ax.axhline(max(writeup) + 0.5, color="#999999", linestyle="--", linewidth=0.8)
+    ax.set_title(ladder_title(record), fontsize=8)
+    kinds = dict.fromkeys(_kind(r) for r in rungs)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLOURS[k]) for k in kinds]
+    ax.legend(handles, [KIND_LABELS[k] for k in kinds], frameon=False, fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0))  # beside the bars, where no bar or value can be
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
 def ladder_title(record: dict) -> str:
     """Preset, batch and device; and, when no text could be had, that the tokens were random."""
     cfg = record["config"]

@@ -165,9 +165,8 @@ def resolve_strategy(strategy: str, preset_name: str, dist: Dist) -> str | None:
 
 # Compiled, dynamo cuts the backward graph at every DDP bucket so all-reduces overlap it (see engine.py).
 # DDP's default 25 MB buckets cut GPT-2 124M's fp32 gradients (~500 MB) into ~20 graphs, losing fusion
-# and adding launches. On 2 H200s (B=16 per GPU, rungs to fp8_head) the scaling efficiency was 73%
-# with 25 MB buckets, 92% and 95% in two runs with 200 MB, 94% with one uncut graph (no overlap at
-# all; docs/experiments.md). 200 MB keeps some overlap for the larger presets.
+# and adding launches: on two GPUs 25 MB buckets scaled far worse than 200 MB or one uncut graph (no
+# overlap at all; the record is in benchmarks/RECORDS.md). 200 MB keeps some overlap for the larger presets.
 DDP_BUCKET_MB = 200
 
 

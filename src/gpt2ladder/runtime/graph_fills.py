@@ -1,9 +1,9 @@
 """A captured CUDA graph's small memset nodes rewritten as kernels that store the same bytes.
 
 cuBLAS zeroes a few bytes of its workspace before most of its matmuls (a `cudaMemsetAsync` of 4 bytes), and a
-captured step keeps each as a memset node: 128 of them in a step of GPT-2 124M at the top of `auto`. In the H200's
-traces the matmul after such a node started 2-3 us after it, where a kernel after a kernel starts within 0.3-0.6 us
-(docs/experiments.md). A kernel node that stores the same pattern to the same bytes, with the same dependencies,
+captured step keeps each as a memset node: 128 of them in a step of GPT-2 124M at the top of `auto`. In a trace
+the matmul after such a node starts later than a kernel after a kernel does (the rung's record is in
+benchmarks/RECORDS.md). A kernel node that stores the same pattern to the same bytes, with the same dependencies,
 is the same operation in the graph; this module makes that swap between capture and instantiation, through the CUDA
 driver's graph API (libcuda, by ctypes: nothing to install).
 

@@ -11,8 +11,8 @@ bytes, with per-element byte counts that depend on how the step runs:
   6 under eager autocast (that fp32 output and its bf16 copy for the matmul), 4 compiled;
 - head, the classifier's logits and their gradient: 12 bytes eager (logits, log-softmax, gradient),
   8 compiled, 4 with the fused loss (one 16-bit gradient, written once).
-These byte counts are fitted: to the peak memory of every rung of GPT-2 124M at B=16 x 1024 on an H200
-and of the three eager seed rungs at B=4 (docs/experiments.md, "Memory"). Against those records the
+These byte counts are fitted: to the measured peak memory of every rung of GPT-2 124M at B=16 x 1024
+and of the three eager seed rungs at B=4 (the memory runs are among benchmarks/RECORDS.md). Against those the
 estimate is over, never under, by at most 0.15 GiB for the eager rungs that set the batch (0.3 GiB at
 B=4) and 1.6 GiB for the others; a test checks that it stays so.
 
@@ -23,11 +23,10 @@ The fixed part:
   all of them at once, 4 bytes per parameter; an eager one returns them one by one, so only the
   largest, the tied embedding's, is held twice (derived);
 - the weight_cast rung, a bfloat16 copy of each Block linear's weight and bias kept between steps: 1 byte per
-  Block parameter (fitted: the top of auto peaked 0.060 GiB higher with it at B=16 on an H200, 0.76 byte per
-  Block parameter; the casts autocast makes without it are held for the backward too, so not all 2 bytes add);
-- a CUDA graph: 0.1 GiB (fitted: the graphed rung peaked 0.56 GiB above the rung before it at
-  B=16, of which 0.46 GiB was a copy of the weights the capture kept on the GPU then and keeps in host
-  memory now). Its memory pool holds the step's activations between steps and lends nothing to
+  Block parameter (fitted to the top of auto's peak with and without it, a little under a byte per Block
+  parameter; the casts autocast makes without it are held for the backward too, so not all 2 bytes add);
+- a CUDA graph: 0.1 GiB (fitted to the graphed rung's peak above the rung before it, less a copy
+  of the weights the capture once kept on the GPU and keeps in host memory now). Its memory pool holds the step's activations between steps and lends nothing to
   anything else, so validation beside it needs room of its own for at least one sequence
   (`eval_bytes_per_sequence`, derived).
 

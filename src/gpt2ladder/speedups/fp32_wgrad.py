@@ -2,8 +2,7 @@
 
 Under bf16 autocast a Linear's weight gradient is a bf16 matmul (the (N, out) gradient transposed
 times the (N, in) input), rounded to bf16 on the way out, then cast to fp32 by a separate kernel,
-because the parameter and its `.grad` are fp32. For GPT-2 124M that is 48 such casts per step,
-0.26 ms on an H200 (profile of the `bf16_residual` rung, docs/experiments.md).
+because the parameter and its `.grad` are fp32. For GPT-2 124M that is 48 such casts per step.
 
 Here the matmul writes fp32 itself (`torch.mm(..., out_dtype=torch.float32)`, cuBLAS accumulating in
 fp32 as always): no cast kernel, no rounding to bf16 in between. The gradient is the same sum, only
@@ -23,8 +22,8 @@ is one Triton kernel (`kernels/weight8.py`) instead of compile's two.
 The `bias_in_wgrad` rung (`OnesColumns`, `OnesWgradMatmul`) has the norm kernel before c_attn write its output with
 `ONES` columns of 1.0 after each row; c_attn's forward reads the first C columns, and its backward multiplies the
 output gradient by all C + ONES, so that column C of the fp32 product is the bias gradient (the output gradient's
-column sums, accumulated in fp32 by the same tensor-core product), and the separate pass that summed it, 0.23 ms a
-step of GPT-2 124M on an H200 (docs/experiments.md), goes. The product is 1% wider; the weight gradient is its first
+column sums, accumulated in fp32 by the same tensor-core product), and the separate pass that summed it, over
+c_attn's whole output gradient, goes. The product is 1% wider; the weight gradient is its first
 C columns, which autograd copies into a contiguous tensor (7 MB for c_attn).
 """
 
@@ -49,10 +48,10 @@ from gpt2ladder.speedups.common import (
 # The Linears (by name within a Block) whose input gradient `fp8_dgrad` forms in float8.
 DGRAD_LINEARS = ("attn.c_attn", "mlp.c_proj")
 # Whether fp8_input_grad casts the weight by one Triton kernel (`kernels/weight8.py`: the column amax and the
-# transposed float8 copy in one launch, where compile made two per Linear, 48 launches and 0.166 ms a step for GPT-2
-# 124M on an H200) instead of `rows_to_fp8`'s expression. The kernel divides as eager PyTorch does (IEEE), where
+# transposed float8 copy in one launch, where compile made two per Linear, 48 launches a step for GPT-2 124M)
+# instead of `rows_to_fp8`'s expression. The kernel divides as eager PyTorch does (IEEE), where
 # compiled code divides approximately (Triton's `/`), so a value can round to its neighbouring float8 value.
-# Off: in the step of GPT-2 124M on an H200 it was within noise of compile's two kernels (docs/experiments.md).
+# Off: in the step of GPT-2 124M it was within noise of compile's two kernels (its record: benchmarks/RECORDS.md).
 WEIGHT_CAST_KERNEL = False
 # The columns of ones after a norm's output for `bias_in_wgrad`: 8 keep a bf16 row a multiple of 16 bytes long, as
 # the matmuls' leading dimensions want.

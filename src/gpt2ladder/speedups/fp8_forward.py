@@ -6,8 +6,7 @@ kernel which holds each row in registers, so it can also write the row in float8
 row at the cost of one more store (`kernels/norm.py`, `fp8`); the first Block's ln_1, which compile runs, gets
 its copy from the same expressions (`rows_to_fp8`). The weight is cast per output feature at every step (a
 small reduction compile fuses with its bf16 cast), and `torch._scaled_mm` multiplies the two with the scales and
-the bias in its epilogue. At GPT-2 124M's shapes on an H200 that matmul took 0.065 and 0.085 ms against bf16's
-0.101 and 0.130 (benchmarks/micro/fp8_forward.py).
+the bias in its epilogue (benchmarks/micro/fp8_forward.py times it against bf16 at GPT-2's shapes).
 
 Only the forward product is float8. The backward is fp32_wgrad's, from the bf16 input the norm also wrote and
 the weight in bf16: the gradients are bf16 matmuls, the weight's and bias's written in fp32. Only training
@@ -18,12 +17,11 @@ The MLP's output projection (c_proj) can read float8 the same way (the `fp8_proj
 output, and the GELU kernel holds whole rows too when asked for the copy (`kernels/gelu.py`, `gelu_fp8`). Or, with
 `PROJ_BLOCKS`, the copy has one scale per 128 columns of a row, which the kernel finds at its
 plain tile, and the weight one per 128 x 128 tile: block-wise scaling, which `torch._scaled_mm` multiplies on
-Hopper with cuBLAS 12.9 or newer. At c_proj's shape on an H200 that product took 0.070 ms, against 0.090 with
-1 x 128 scales on the weight as well and bf16's 0.114 (benchmarks/micro/fp8_blockwise.py).
+Hopper with cuBLAS 12.9 or newer (benchmarks/micro/fp8_blockwise.py times it against row scales and bf16).
 
-The step got 0.55 ms faster on an H200, and two 300-step parity runs ended within the rule, but its training loss
-runs above the fp32 baseline's where the other rungs' do not, and to a validation loss of 5.25 it took as many steps
-as the top of `auto` (docs/results.md): the rung is opt-in.
+The step gets faster, and two 300-step parity runs ended within the rule, but its training loss runs above the fp32
+baseline's where the other rungs' do not, and to a target validation loss it took as many steps as the top of
+`auto` (the records are in benchmarks/RECORDS.md): the rung is opt-in.
 """
 
 from __future__ import annotations

@@ -11,9 +11,8 @@ one function, `QkvProduct8`, whose backward takes the three gradients to the ker
 copy of c_attn's output gradient and its row scales (`kernels/qkv.py`), then forms c_attn's input gradient from
 that copy and its weight gradient from the bf16 one: the values fp8_dgrad's own backward multiplies, made in the
 pass that assembles them instead of a second pass over the assembled gradient. That path is off (`FLOAT8_COPY`):
-its kernel took 0.127 ms alone at its best (1.5 TB/s; an int32-pair variant, since taken out, 0.105 ms), where
-compile's passes take about 0.084 ms a layer, and the step was 0.33 ms slower with that variant on an H200
-(docs/experiments.md).
+its kernel alone is slower than the compiled passes it replaces, and the step was slower with it (its record is in
+benchmarks/RECORDS.md).
 """
 
 from __future__ import annotations

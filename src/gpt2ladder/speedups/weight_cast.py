@@ -1,8 +1,7 @@
 """Every Block's weights cast to the compute dtype by one multi-tensor kernel per step: the `weight_cast` rung.
 
 Under autocast each matmul casts its fp32 weight (and bias) to bf16 right before it runs: for GPT-2
-124M, 72 small cast kernels per step (0.26 ms of kernel time on an H200, plus a launch gap after each,
-in the profile of 2026-12-02, docs/experiments.md). Here each of the Blocks' Linears (the fp32_wgrad
+124M, 72 small cast kernels per step, each with a launch gap after it. Here each of the Blocks' Linears (the fp32_wgrad
 rung's `Fp32WgradLinear`) gets a bf16 copy of its weight and bias, made once; at the start of every
 step the engine refreshes all of them with one `torch._foreach_copy_` (a handful of multi-tensor
 launches on CUDA), and the matmuls read the copies. The rounding is the same (fp32 to bf16, to
@@ -26,7 +25,7 @@ another shape or device would need the rewrite run again: the copies are made fo
 The copies of Linears of one shape lie side by side in one tensor (a Block's c_attn weights, say), each Linear's
 copy a contiguous view of it. (Where the fp8_dgrad rung forms those Linears' input gradients in float8, each
 backward casts its weight to float8 itself: casting every weight of one shape at once at the step's start was timed
-within noise of that on an H200, docs/experiments.md.)
+no faster.)
 """
 
 from __future__ import annotations
