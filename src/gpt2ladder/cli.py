@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2ladder.commands.defaults import DEFAULTS
+from gpt2ladder.commands.defaults import DEFAULTS, MUON_RATES
 from gpt2ladder.commands.defaults import default_text as D
 from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory, out_of_memory_advice
 from gpt2ladder.measure.timing import BOUND, SPREAD
@@ -181,11 +181,11 @@ def _add_train(sub) -> None:
     p.add_argument("--lr", type=float, help=f"peak learning rate (default: {D('train', 'lr')})")
     p.add_argument("--min-lr", type=float, help="final learning rate of the decay (default: a tenth of --lr)")
     p.add_argument("--muon-lr", type=float, help="with the muon recipe part: the peak learning rate of the Blocks' "
-                   f"matrices, scaled by the schedule as --lr is (default: {D('train', 'muon_lr')})")
+                   f"matrices, scaled by the schedule as --lr is (default: {MUON_RATES['muon_lr']})")
     p.add_argument("--embed-lr", type=float, help="with the muon recipe part: AdamW's peak rate for the embeddings "
-                   "(default: --lr)")
+                   f"(default: {MUON_RATES['embed_lr']})")
     p.add_argument("--head-lr", type=float, help="with the muon and untied_head recipe parts: AdamW's peak rate for "
-                   "the head (default: --lr)")
+                   f"the head (default: {MUON_RATES['head_lr']})")
     p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 5%% of --steps)")
     p.add_argument("--weight-decay", type=float, help="AdamW's weight decay on the matrices "
                    f"(default: {D('train', 'weight_decay')})")

@@ -16,7 +16,7 @@ import os
 import torch
 
 from gpt2ladder import data as data_mod
-from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, MUON_RATES, defaults
 from gpt2ladder.errors import DeviceOutOfMemory, LadderError, UsageError
 from gpt2ladder.ladder import (
     left_out_of_auto,
@@ -133,7 +133,7 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
         init_from=value("init_from"), compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", model=shape,
         val_tokens=value("val_tokens"), hellaswag_every=value("hellaswag_every", 0),
         hellaswag_data=value("hellaswag_data"), target_val_loss=value("target_val_loss"), recipe=recipe.name,
-        muon_lr=value("muon_lr", d["muon_lr"]), embed_lr=value("embed_lr"), head_lr=value("head_lr"),
+        **{name: value(name, rate if recipe.optimizer == "muon" else None) for name, rate in MUON_RATES.items()},
     )
     return cfg, strategy
 

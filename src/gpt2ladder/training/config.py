@@ -46,7 +46,7 @@ class TrainConfig:
     # What is trained (`model/recipe.py`): "gpt2", or the canonical list of parts on top of it. Its model parts
     # are set on `model`; its optimizer and schedule are read by the trainer.
     recipe: str = "gpt2"
-    muon_lr: float = 0.02  # the muon part's peak rate for the Blocks' matrices
+    muon_lr: float | None = None  # the muon part's peak rate for the Blocks' matrices; None: OptimConfig's
     embed_lr: float | None = None  # the muon part's AdamW rate for the embeddings; None: lr
     head_lr: float | None = None  # the muon part's AdamW rate for an untied head; None: lr
     # The shape (layers, heads, width, positions), before any rung pads or rewires it; None: the preset's.

@@ -89,9 +89,9 @@ def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, paralleli
 
 def optim_config(cfg: TrainConfig) -> OptimConfig:
     """The recipe's optimizer with the run's rates."""
+    muon_lr = OptimConfig.muon_lr if cfg.muon_lr is None else cfg.muon_lr
     return OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-                       name=cfg.parsed_recipe.optimizer, muon_lr=cfg.muon_lr, embed_lr=cfg.embed_lr,
-                       head_lr=cfg.head_lr)
+                       name=cfg.parsed_recipe.optimizer, muon_lr=muon_lr, embed_lr=cfg.embed_lr, head_lr=cfg.head_lr)
 
 
 def training_batches(cfg: TrainConfig, tokens: data_mod.TokenData, dist=distributed.SINGLE):
