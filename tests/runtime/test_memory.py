@@ -183,3 +183,19 @@ def test_a_graph_beside_validation_leaves_room_for_one_sequence_of_it():
     padded = eval_bytes_per_sequence(dataclasses.replace(cfg, vocab_multiple=128), 1024)
     assert step_memory(cfg, graphed, 1024, validates=True).fixed == base + GRAPH_BYTES + padded
     assert padded == 1024 * 50304 * 10 + 4 * 1024 * 768 * 16
+
+
+def test_the_modern_familys_parts_add_to_a_steps_estimate_never_take_from_it():
+    import dataclasses
+
+    from gpt2ladder.ladder import setup_for
+    from gpt2ladder.model.config import PRESETS
+    from gpt2ladder.runtime.memory import step_memory
+
+    gpt2 = PRESETS["gpt2"]
+    for names in (["baseline"], ["baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_loss"]):
+        setup = setup_for(names)
+        plain = step_memory(gpt2, setup, 1024)
+        modern = step_memory(dataclasses.replace(gpt2, parts=("rope", "qk_norm", "relu2", "untied_head")), setup, 1024)
+        assert modern.per_sequence > plain.per_sequence
+        assert modern.fixed - plain.fixed >= 16 * 768 * (50257 - 1024)  # the head's own weight, less the position table

@@ -81,6 +81,19 @@ def _bytes_per_element(setup: Setup) -> tuple[int, int, int]:
     return block, attention, head
 
 
+# What the modern family's parts save for backward beyond GPT-2's Block, per channel element in 16 bits: rope's
+# rotated q and k (2 + 2), qk_norm's normalised q and k (2 + 2), relu2's ReLU output over the 4C-wide hidden (8). Not
+# fitted to a measurement: an allowance that errs high (an eager step keeps more of each part's temporaries than a
+# compiled one, and the batch planner's probe of an eager step must pass).
+MODERN_PART_BYTES = {"rope": 4, "qk_norm": 4, "relu2": 8}
+
+
+def _modern_block_bytes(cfg: ModelConfig, setup: Setup) -> int:
+    per_16_bit = sum(MODERN_PART_BYTES.get(part, 0) for part in cfg.parts)
+    scale = 1 if setup.autocast else 2  # fp32 activations take twice the bytes
+    return per_16_bit * scale * (1 if setup.compile else 2)
+
+
 @dataclass(frozen=True)
 class StepMemory:
     fixed: int  # bytes that do not depend on the batch
@@ -100,6 +113,7 @@ def step_memory(cfg: ModelConfig, setup: Setup, seq_len: int, accumulates: bool 
     over several micro-batches; `validates`: with validation between steps (train)."""
     T, C, L, H = seq_len, cfg.n_embd, cfg.n_layer, cfg.n_head
     block, attention, head = _bytes_per_element(setup)
+    block += _modern_block_bytes(cfg, setup)
     per_sequence = L * T * C * block + T * _vocab(cfg, setup) * head
     if setup.attention == "manual":
         per_sequence += L * H * T * T * attention
