@@ -191,3 +191,54 @@ def test_resident_memory_does_not_grow_with_the_corpus(tmp_path):
     validation_batches(td, 32, 256, 4)
     grew = _private_memory() - before
     assert 2 * td.n_tokens > 10 * budget and grew < budget, grew
+
+
+def _rot(path: Path, tokens: np.ndarray, at: int = 0) -> None:
+    """Write tokens over a shard's, from token `at`, in place: the same size, inode and modification time
+    (bit rot, or a copy that kept the times), so only the content says it changed."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(fmt.HEADER_BYTES + 2 * at)
+        f.write(tokens.astype(fmt.TOKEN).tobytes())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert [st.st_size, st.st_ino, st.st_mtime_ns] == [path.stat().st_size, path.stat().st_ino, path.stat().st_mtime_ns]
+
+
+def test_a_prepared_shard_rewritten_in_place_under_the_same_stamp_is_refused(tmp_path):
+    _prepared(tmp_path / "c")
+    load_tokens(tmp_path / "c", notify=lambda *_: None)  # checked and remembered
+    _rot(tmp_path / "c" / "c_train_000001.bin", _tokens(500, 42))
+    with pytest.raises(UsageError, match="c_train_000001.bin is not the one .*manifest.json records") as err:
+        load_tokens(tmp_path / "c", notify=lambda *_: None)
+    assert "\n" not in str(err.value)
+
+
+def test_foreign_shards_rewritten_in_place_are_checked_again_and_are_another_corpus(tmp_path):
+    arrays = llmc_folder(tmp_path / "c")
+    first = load_tokens(tmp_path / "c", notify=lambda *_: None).sha256
+    for i, a in enumerate(arrays[1:], start=1):  # every token rewritten, all inside the vocabulary
+        _rot(tmp_path / "c" / fmt.shard_name("fineweb", "train", i), _tokens(len(a), 100 + i))
+    said = []
+    assert load_tokens(tmp_path / "c", notify=said.append).sha256 != first  # so --resume refuses it
+    assert said and "checking the tokens" in said[0]
+    _rot(tmp_path / "c" / "fineweb_train_000002.bin", np.array([60000], np.uint16), at=123)
+    with pytest.raises(UsageError, match="holds token id 60000 at position 123"):
+        load_tokens(tmp_path / "c", notify=lambda *_: None)
+
+
+def test_a_remembered_check_is_done_again_after_a_while(tmp_path, monkeypatch):
+    import time
+
+    from gpt2ladder.data import corpus
+
+    _prepared(tmp_path / "c")
+    load_tokens(tmp_path / "c", notify=lambda *_: None)
+    scans = []
+    real = fmt.scan
+    monkeypatch.setattr(fmt, "scan", lambda *a, **k: scans.append(a[0].path.name) or real(*a, **k))
+    load_tokens(tmp_path / "c", notify=lambda *_: None)
+    assert scans == []
+    later = time.time() + corpus.RECHECK_S + 1
+    monkeypatch.setattr(corpus.time, "time", lambda: later)
+    load_tokens(tmp_path / "c", notify=lambda *_: None)
+    assert len(scans) == 4

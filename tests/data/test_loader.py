@@ -141,3 +141,29 @@ def test_a_corpus_without_validation_shards_says_so_in_its_terms(tmp_path):
     with pytest.raises(UsageError, match=r"the corpus has 331 tokens, and its validation split \(the validation "
                                          r"\(\*_val_\*\) shards\) 0: too few .*--eval-every 0"):
         check_splits(td, T, validate=True)
+
+
+def _rot(path, at: int, token: int) -> None:
+    """One token of a shard overwritten in place after the shard was opened (and checked)."""
+    with open(path, "r+b") as f:
+        f.seek(fmt.HEADER_BYTES + 2 * at)
+        f.write(np.array([token], dtype=fmt.TOKEN).tobytes())
+
+
+def test_a_token_outside_the_vocabulary_stops_the_batch_naming_its_shard_and_place(tmp_path):
+    td = corpus(tmp_path)
+    batches = OrderedBatches(td.train, 4, T, seed=0)
+    _rot(tmp_path / fmt.shard_name("c", "train", 3), 17, 50257)
+    with pytest.raises(LadderError, match=r"c_train_000003.bin holds token id 50257 at token 17 \(byte 1,058\), "
+                                          "outside GPT-2's vocabulary") as err:
+        for i in range(2 * batches.per_epoch):  # the damaged window comes up within an epoch
+            batches.batch(i)
+    assert "\n" not in str(err.value)
+    _rot(tmp_path / fmt.shard_name("c", "val", 0), 150, 65535)
+    with pytest.raises(LadderError, match="c_val_000000.bin holds token id 65535 at token 150"):
+        validation_batches(td, 4, T, 10)
+    text = np.arange(500, dtype=np.uint16)
+    text[321] = 50300
+    with pytest.raises(LadderError, match="the text's tokens hold id 50300 at position 321"):
+        for i in range(200):
+            Batches(text, 4, T, seed=0).batch(i)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpt2ladder.errors import UsageError
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.model.config import GPT2_VOCAB_SIZE
 
 
 def _check_batch_args(n_tokens: int, batch_size: int, seq_len: int,
@@ -68,6 +69,10 @@ class Batches:
         share = self.batch_size // self.world_size
         offsets = offsets[self.rank * share:(self.rank + 1) * share]
         windows = np.asarray(self.tokens[offsets[:, None] + np.arange(self.seq_len + 1)], dtype=np.int64)
+        if windows.max(initial=0) >= GPT2_VOCAB_SIZE:  # the memory-mapped tokens changed since their check
+            r, c = np.argwhere(windows >= GPT2_VOCAB_SIZE)[0]
+            raise LadderError(f"the text's tokens hold id {int(windows[r, c])} at position {int(offsets[r]) + c:,}, "
+                              f"outside GPT-2's vocabulary of {GPT2_VOCAB_SIZE:,}: damaged since they were checked")
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))  # (B/W, T)
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))  # (B/W, T)
         return x, y

@@ -8,7 +8,11 @@ gpt2ladder's); nanoGPT's `train.bin`/`val.bin` (or their folder); build-nanogpt'
 validation split is the shards named `*_val_*` (or `*_val.bin`, `val.bin`), training the rest.
 
 Every token is checked against the vocabulary once per shard file: the check is remembered in the cache
-(keyed by the file's path, size, inode and modification time), so later runs only read headers.
+(keyed by the file's path, size, inode and modification time, and a sampled hash of its content), so later
+runs read only headers and the samples. A file rewritten in place under the same stamp (bit rot, a copy that
+kept the times) no longer matches its samples and is checked again; a remembered check older than
+RECHECK_S is done again whatever the samples say, since a change between the samples escapes them. The
+loader checks every batch's tokens besides (`loader.py`), so a damaged token never reaches the model.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +36,9 @@ from gpt2ladder.errors import UsageError
 from gpt2ladder.model.config import GPT2_VOCAB_SIZE
 
 NANOGPT = ("train.bin", "val.bin")
+SAMPLES = 64  # blocks a shard's sampled hash reads, spread evenly over the file
+SAMPLE_BYTES = 4096
+RECHECK_S = 30 * 24 * 3600  # a remembered check this old is done again in full
 GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -140,14 +148,32 @@ def _stamp(path: Path) -> list[int]:
     return [st.st_size, st.st_ino, st.st_mtime_ns]
 
 
+def sampled_sha256(path: Path) -> str:
+    """sha256 of the file's size and SAMPLES blocks spread evenly from its start to its end (the header
+    and the last tokens among them): a few hundred KiB whatever the size, and a different value for a file
+    whose tokens were rewritten anywhere but between the samples."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        h.update(str(size).encode())
+        last = max(0, size - SAMPLE_BYTES)
+        for at in sorted({last * i // (SAMPLES - 1) for i in range(SAMPLES)}):
+            f.seek(at)
+            h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
 def _remembered(shard: fmt.Shard, digest: bool) -> dict | None:
-    """The cache's record of a scan of this very file (same path, size, inode and modification time)."""
+    """The cache's record of a scan of this very file (same path, size, inode, modification time and
+    sampled content), unless it is older than RECHECK_S."""
     try:
         known = json.loads(_memo_path(shard.path).read_text())
         if (known.get("stamp") == _stamp(shard.path) and known.get("vocab") == GPT2_VOCAB_SIZE
-                and (known.get("sha256") or not digest)):
+                and (known.get("sha256") or not digest)
+                and 0 <= time.time() - known.get("checked_at", 0) < RECHECK_S
+                and known.get("sample") == sampled_sha256(shard.path)):
             return known
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):
         pass
     return None
 
@@ -158,12 +184,12 @@ def checked_sha256(shard: fmt.Shard, digest: bool) -> str | None:
     known = _remembered(shard, digest)
     if known:
         return known.get("sha256")
-    stamp = _stamp(shard.path)
+    stamp, sample, now = _stamp(shard.path), sampled_sha256(shard.path), time.time()
     sha = fmt.scan(shard, GPT2_VOCAB_SIZE, digest)
     try:  # a read-only cache only costs the next run the same scan
         with atomic_file(_memo_path(shard.path)) as f:
             f.write(json.dumps({"path": os.fsdecode(shard.path), "stamp": stamp, "vocab": GPT2_VOCAB_SIZE,
-                                "sha256": sha}).encode())
+                                "sha256": sha, "sample": sample, "checked_at": now}).encode())
     except OSError:
         pass
     return sha
@@ -189,13 +215,12 @@ def _split(shards: list[fmt.Shard], source: str, identity: str) -> TokenData:
 
 
 def foreign_identity(shards: list[fmt.Shard]) -> str:
-    """A corpus without a manifest is known by its shards' names, sizes and first 1024 bytes (headers),
-    so a copy on another disk is the same corpus and a re-made one is not; the tokens are not hashed."""
+    """A corpus without a manifest is known by its shards' names, sizes and sampled content (headers
+    included), so a copy on another disk is the same corpus and a re-made or rewritten one is not; the
+    tokens between the samples are not hashed."""
     h = hashlib.sha256()
     for s in shards:
-        with open(s.path, "rb") as f:
-            head = f.read(fmt.HEADER_BYTES)
-        h.update(json.dumps([s.path.name, s.layout, s.path.stat().st_size, head.hex()]).encode())
+        h.update(json.dumps([s.path.name, s.layout, s.path.stat().st_size, sampled_sha256(s.path)]).encode())
     return h.hexdigest()
 
 

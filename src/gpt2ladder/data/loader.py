@@ -21,6 +21,7 @@ import torch
 from gpt2ladder.data.batches import Batches, _check_batch_args, eval_batches
 from gpt2ladder.data.corpus import ShardedTokens
 from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.model.config import GPT2_VOCAB_SIZE
 
 ORDER = "windows-v1"  # names this order in checkpoints; a loader of another order refuses them
 
@@ -85,6 +86,9 @@ class OrderedBatches:
         for shard in np.unique(shards):
             at = shards == shard
             rows[at] = self.tokens.arrays[shard][windows[at][:, None] * self.seq_len + span]
+        if rows.max(initial=0) >= GPT2_VOCAB_SIZE:  # a shard damaged since its check; cheap beside the gather
+            r, c = np.argwhere(rows >= GPT2_VOCAB_SIZE)[0]
+            damaged(self.tokens.shards[shards[r]], int(windows[r]) * self.seq_len + int(c), int(rows[r, c]))
         x = torch.from_numpy(np.ascontiguousarray(rows[:, :-1]))  # (B/W, T)
         y = torch.from_numpy(np.ascontiguousarray(rows[:, 1:]))  # (B/W, T)
         return x, y
@@ -115,6 +119,21 @@ class OrderedBatches:
             self._epoch, self._perms = None, {}
 
 
+def damaged(shard, position: int, token: int):
+    """Stop on a token outside the vocabulary that the shard's check did not see: the file changed since."""
+    raise LadderError(f"token shard {shard.path} holds token id {token} at token {position:,} (byte "
+                      f"{shard.offset + 2 * position:,}), outside GPT-2's vocabulary of {GPT2_VOCAB_SIZE:,}: "
+                      "damaged since it was checked; restore or prepare it again")
+
+
+def _check_stream(tokens: ShardedTokens, stream: np.ndarray) -> None:
+    """The validation tokens (the start of `tokens`) against the vocabulary, as a training batch's are."""
+    if stream.max(initial=0) >= GPT2_VOCAB_SIZE:
+        at = int(np.argmax(stream >= GPT2_VOCAB_SIZE))
+        s = int(np.searchsorted(tokens.starts, at, side="right")) - 1
+        damaged(tokens.shards[s], at - int(tokens.starts[s]), int(stream[at]))
+
+
 def training_batches(tokens, batch_size: int, seq_len: int, seed: int = 0, rank: int = 0,
                      world_size: int = 1) -> Batches | OrderedBatches:
     """The training stream of a TokenData: `Batches` for a text, `OrderedBatches` for a corpus of shards."""
@@ -142,6 +161,7 @@ def validation_batches(tokens, batch_size: int, seq_len: int, n_batches: int,
                          f"sequence of {seq_len + 1}; use a smaller --seq-len, or --eval-every 0")
     rows = n_windows if n_windows < batch_size else n_windows - n_windows % batch_size
     stream = np.asarray(tokens.val[0:rows * seq_len + 1], dtype=np.int64)
+    _check_stream(tokens.val, stream)
     batches = []
     for b in range(0, rows, batch_size):
         n = min(batch_size, rows - b)
