@@ -236,3 +236,75 @@ def test_a_finished_corpus_in_a_read_only_folder_still_answers(tmp_path, capsys,
     code, _, err = run(capsys, "prepare", tmp_path / "plays", inside, "--workers", "1", "--no-progress")
     one_line(code, err, 2, "inside the source folder")
     assert not inside.exists()
+
+
+def _workers_of(pid: int) -> set[int]:
+    """The spawned worker processes whose parent is pid (Linux's /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"spawn_main" in (stat.parent / "cmdline").read_bytes():
+                found.add(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _started_with_workers(tmp_path, shakespeare_cache):
+    text = (shakespeare_cache / "tinyshakespeare" / "input.txt").read_text()
+    source = tmp_path / "plays.jsonl"
+    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in text.split("\n\n")) * 6)  # ~2M tokens
+    argv, env = _cli("prepare", source, tmp_path / "out", "--val-tokens", "2K", "--shard-tokens", "50K",
+                     "--workers", "2", "--no-progress")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(workers := _workers_of(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert len(workers) == 2 and proc.poll() is None
+    return proc, workers
+
+
+def _gone(workers: set[int], within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(map(_alive, workers))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers in Linux's /proc")
+def test_the_workers_end_when_prepare_is_killed(tmp_path, shakespeare_cache):
+    proc, workers = _started_with_workers(tmp_path, shakespeare_cache)
+    try:
+        proc.kill()  # SIGKILL: the parent runs no cleanup at all
+        assert _gone(workers), [w for w in workers if _alive(w)]
+    finally:
+        _end(proc, workers)
+
+
+def _end(proc, workers: set[int]) -> str:
+    """Whatever is left of the workers killed; the parent's stderr."""
+    for w in workers:
+        if _alive(w):
+            os.kill(w, signal.SIGKILL)
+    return proc.communicate(timeout=30)[1]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers in Linux's /proc")
+def test_sigterm_stops_prepare_as_ctrl_c_does(tmp_path, shakespeare_cache):
+    proc, workers = _started_with_workers(tmp_path, shakespeare_cache)
+    try:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 143 and _gone(workers)
+    finally:
+        err = _end(proc, workers)
+    assert err.count("\n") == 1 and "terminated;" in err and "leaked" not in err, err
+    out = tmp_path / "out"
+    assert not out.exists() or not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary left

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,19 +73,44 @@ def _prepare(args, cfg: PrepareConfig, source: Source) -> int:
         bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):,.0f} tokens/s", refresh=False)
 
     try:
-        manifest = run(cfg, source, planned, progress)
-    except KeyboardInterrupt:
+        with _terminate_as_interrupt():
+            manifest = run(cfg, source, planned, progress)
+    except KeyboardInterrupt as err:
         bar.close()
         drop_temporaries(cfg)
-        print(f"gpt2ladder: interrupted; {_kept(cfg)} kept in {cfg.out}: run the same command to continue",
+        how = "terminated" if isinstance(err, _Terminated) else "interrupted"
+        print(f"gpt2ladder: {how}; {_kept(cfg)} kept in {cfg.out}: run the same command to continue",
               file=sys.stderr)
-        return 130
+        return 143 if isinstance(err, _Terminated) else 130
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
     print(f"wrote {cfg.out}: {_counts(manifest)}, in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s "
           f"on {cfg.workers} worker{'' if cfg.workers == 1 else 's'}); train on it with --data {cfg.out}")
     return 0
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM stops prepare as Ctrl-C does: the workers are stopped and joined, temporaries dropped, the
+    finished shards kept. Its default, ending the process where it stands, leaves the pool's semaphores to
+    the resource tracker, which warns of them. Outside the main thread (no handlers there) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum, frame):
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _banner(cfg: PrepareConfig, source: Source, planned: Plan) -> str:

@@ -23,6 +23,9 @@ import errno
 import multiprocessing
 import os
 import signal
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -96,8 +99,35 @@ def encode_pieces(pieces: list[Piece]) -> np.ndarray:
     return np.concatenate(parts).astype(fmt.TOKEN) if parts else np.zeros(0, dtype=fmt.TOKEN)
 
 
-def _worker_init() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: no worker tracebacks
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that made it ends
+
+
+def _end_with(parent: int) -> None:
+    """This worker ends when its parent does, however the parent ends (even SIGKILL, which runs no
+    cleanup): a worker waits on a queue whose write end it holds itself, so it would never see EOF. Linux
+    has the kernel kill it (PR_SET_PDEATHSIG); elsewhere a thread looks at the parent's pid every second."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != parent:  # the parent ended before the request was made
+                os._exit(1)
+            return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="gpt2ladder-parent-watch", daemon=True).start()
+
+
+def _worker_init(parent: int) -> None:
+    _end_with(parent)
+    # Ctrl-C and a SIGTERM to the whole group are the parent's to handle: it stops the pool, no tracebacks
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     get_tokenizer()
 
 
@@ -133,7 +163,8 @@ def tokenized(batches: Iterator[tuple[Meta, list[Piece]]], workers: int) -> Iter
         return
     # spawn: a fresh interpreter per worker, safe whatever threads the parent runs (a dataset's streaming)
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
+                                                initargs=(os.getpid(),)) as pool:
         pending: collections.deque = collections.deque()
         try:
             yield from _in_order(pool, batches, pending, workers)
