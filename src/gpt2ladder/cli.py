@@ -22,6 +22,14 @@ DATA_HELP = ("a UTF-8 text file, in which a literal <|endoftext|> is GPT-2's end
 # The largest integer a flag takes: numpy and torch hold counts and seeds in 64 bits, and a larger
 # number would surface as an overflow deep inside them instead of as this one line.
 INT_LIMIT = 2**63 - 1
+# Upper bounds of counts no later check bounds, so a typo (an extra zero, 2**63) is one line before any work
+# rather than a run of years, a list of a billion timings or an allocation the allocator refuses; each far
+# above any real use. (Batch sizes, sequence lengths and tokens per step are checked against memory later.)
+MAX_STEPS = 10**9  # optimizer steps of a run: step x tokens per step stays inside int64
+MAX_TIMED_STEPS = 10**6  # steps bench, profile and parity time or train per rung, and their warm-up
+MAX_WORKERS = 1024  # prepare's tokenizing processes
+MAX_EVAL_BATCH = 4096  # eval's examples per forward pass, four rows each
+MAX_SAMPLES = 10**6
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,6 +49,23 @@ def _positive_int(text: str) -> int:
     if value > INT_LIMIT:
         raise argparse.ArgumentTypeError(f"expected a positive integer up to 2**63 - 1, got {value}")
     return value
+
+
+def _count(limit: int, zero: bool = False):
+    """An argparse type: an integer from 1 (0 with `zero`) to `limit`."""
+    least = 0 if zero else 1
+    what = f"{'zero or more' if zero else 'a positive integer'}, at most {limit:,},"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} got {text!r}") from None
+        if not least <= value <= limit:
+            raise argparse.ArgumentTypeError(f"expected {what} got {value}")
+        return value
+
+    return parse
 
 
 def _seed(text: str) -> int:
@@ -122,10 +147,12 @@ def _add_bench(sub) -> None:
                    f"{D('bench', 'seq_len')}; on a card where not even one such sequence fits every rung, the "
                    "longest power of two that does)")
     gpu_steps, cpu_steps = DEFAULTS["bench"]["gpu"]["steps"], DEFAULTS["bench"]["cpu"]["steps"]
-    p.add_argument("--steps", type=_positive_int, help="timed steps per rung, exactly (default: on a GPU "
+    p.add_argument("--steps", type=_count(MAX_TIMED_STEPS), help="timed steps per rung, exactly (default: on a "
+                   "GPU "
                    f"{gpu_steps}, and more, up to {BOUND}, while a rung's p10-p90 range is over "
                    f"{SPREAD * 100:g}%% of its median; {cpu_steps} on CPU)")
-    p.add_argument("--warmup", type=int, help=f"untimed steps first (default: {D('bench', 'warmup')})")
+    p.add_argument("--warmup", type=_count(MAX_TIMED_STEPS, zero=True),
+                   help=f"untimed steps first (default: {D('bench', 'warmup')})")
     p.add_argument("--data", help=DATA_HELP)
     p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
     _out(p, "bench", "output directory for ladder.json, ladder.md and ladder.png")
@@ -167,11 +194,12 @@ def _add_train(sub) -> None:
                    f"or names (default: {D('train', 'rungs')})")
     p.add_argument("--data", help=DATA_HELP)
     _out(p, "train", "run directory: config.json, log.jsonl, checkpoints, loss.png, tb/")
-    p.add_argument("--steps", type=_positive_int, help=f"optimizer steps (default: {D('train', 'steps')})")
+    p.add_argument("--steps", type=_count(MAX_STEPS), help=f"optimizer steps (default: {D('train', 'steps')})")
     p.add_argument("--batch-size", type=_positive_int, help="micro-batch: sequences per forward pass (default: on "
                    "a GPU the largest that fits and divides the step, "
                    f"{DEFAULTS['train']['cpu']['batch_size']} on CPU)")
-    p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('train', 'seq_len')})")
+    p.add_argument("--seq-len", type=_positive_int,
+                   help=f"tokens per sequence (default: {D('train', 'seq_len')})")
     gpu, cpu = DEFAULTS["train"]["gpu"], DEFAULTS["train"]["cpu"]
     p.add_argument("--tokens-per-step", type=_positive_int,
                    help="tokens per optimizer step, over all processes; gradient accumulation makes up the difference, "
@@ -241,10 +269,11 @@ def _add_sample(sub) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     p.add_argument("--prompt", default="\n", help="text to continue; a literal <|endoftext|> in it is GPT-2's "
                    "end-of-text token, as in training (default: a newline)")
-    p.add_argument("--num-tokens", type=_positive_int, help="tokens to generate per sample, printed as they come: at "
+    p.add_argument("--num-tokens", type=_positive_int, help="tokens to generate per sample, printed as "
+                   "they come: at "
                    "most the model's context (1024 for GPT-2, 256 for tiny) and at most 100,000 (default: 200, or "
                    "the context when that is shorter)")
-    p.add_argument("--num-samples", type=_positive_int, default=1, help="independent samples (default: 1)")
+    p.add_argument("--num-samples", type=_count(MAX_SAMPLES), default=1, help="independent samples (default: 1)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default: 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="keep the k most likely tokens, 0 for all (default: 200)")
     p.add_argument("--seed", type=_seed, default=1337, help="the same seed gives the same text (default: 1337)")
@@ -303,7 +332,7 @@ def _add_eval(sub) -> None:
                    "official data (default: none; the official validation set from the data cache)")
     p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N examples, for a quick "
                    "look (default: all of them)")
-    p.add_argument("--batch-size", type=_positive_int, help="examples per forward pass, four rows each "
+    p.add_argument("--batch-size", type=_count(MAX_EVAL_BATCH), help="examples per forward pass, four rows each "
                    "(default: 16 on a GPU, 4 on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     p.add_argument("--out", help="the folder for eval.json (default: the run directory when MODEL is one, "
@@ -329,10 +358,12 @@ def _add_parity(sub) -> None:
     _recipe(p)
     p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
                    "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
-    p.add_argument("--steps", type=_positive_int, help=f"steps per rung (default: {D('parity', 'steps')})")
-    p.add_argument("--batch-size", type=_positive_int, help="sequences per optimizer step; on a GPU the micro-batch "
+    p.add_argument("--steps", type=_count(MAX_TIMED_STEPS), help=f"steps per rung (default: {D('parity', 'steps')})")
+    p.add_argument("--batch-size", type=_positive_int, help="sequences per optimizer step; on a GPU the "
+                   "micro-batch "
                    f"is the largest divisor of it that fits (default: {D('parity', 'batch_size')})")
-    p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('parity', 'seq_len')})")
+    p.add_argument("--seq-len", type=_positive_int,
+                   help=f"tokens per sequence (default: {D('parity', 'seq_len')})")
     p.add_argument("--seeds", type=_positive_int, default=2,
                    help="fp32 baseline runs with different initial weights and data order, for the spread (default: 2)")
     p.add_argument("--tolerance", type=float, default=0.02,
@@ -369,9 +400,11 @@ def _add_profile(sub) -> None:
     p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: on a GPU the largest up "
                    f"to {DEFAULTS['profile']['gpu']['batch_size']} at which every rung fits, "
                    f"{DEFAULTS['profile']['cpu']['batch_size']} on CPU)")
-    p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('profile', 'seq_len')})")
-    p.add_argument("--steps", type=_positive_int, default=5, help="profiled steps per rung (default: 5)")
-    p.add_argument("--warmup", type=int, default=5, help="unprofiled steps first (default: 5)")
+    p.add_argument("--seq-len", type=_positive_int,
+                   help=f"tokens per sequence (default: {D('profile', 'seq_len')})")
+    p.add_argument("--steps", type=_count(MAX_TIMED_STEPS), default=5, help="profiled steps per rung (default: 5)")
+    p.add_argument("--warmup", type=_count(MAX_TIMED_STEPS, zero=True), default=5,
+                   help="unprofiled steps first (default: 5)")
     p.add_argument("--data", help=DATA_HELP)
     p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace per rung, OUT/trace-<rung>.json "
@@ -396,8 +429,8 @@ def _token_count(text: str) -> int:
         value = float(text[:-1] if scale > 1 else text) * scale
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a token count such as 100000, 10M or 1B, got {text!r}") from None
-    if not (value >= 1 and value == int(value)):
-        raise argparse.ArgumentTypeError(f"expected a whole, positive token count, got {text}")
+    if not (1 <= value <= INT_LIMIT and value == int(value)):  # inf and 1e400 (inf as a float) included
+        raise argparse.ArgumentTypeError(f"expected a whole, positive token count up to 2**63 - 1, got {text}")
     return int(value)
 
 
@@ -434,7 +467,7 @@ def _add_prepare(sub) -> None:
                    "(default: 10M)")
     p.add_argument("--shard-tokens", type=_token_count, default=10**8, help="tokens per training shard, the "
                    "last one holding the rest (default: 100M, 200 MB a shard)")
-    p.add_argument("--workers", type=_positive_int, help="tokenizing processes (default: one per core this "
+    p.add_argument("--workers", type=_count(MAX_WORKERS), help="tokenizing processes (default: one per core this "
                    "process may use)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on a terminal)")
     p.set_defaults(handler=_prepare)

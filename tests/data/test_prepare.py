@@ -226,3 +226,40 @@ def test_a_ctrl_c_between_making_a_temporary_and_renaming_it_leaves_nothing_behi
         (tmp_path / name).write_text("x")
     P.drop_temporaries(cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".other.json.0123456789ab.tmp.json", "notes.txt"]
+
+
+def _written_bytes() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("wchar")).split()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts written bytes in Linux's /proc")
+def test_the_partial_manifest_costs_the_same_for_every_shard(tmp_path, source_file):
+    """Recording a finished shard appends its line: a run of N shards writes O(N) bytes of manifest, not the
+    O(N**2) of rewriting every record after every shard."""
+    out = tmp_path / "out"
+    cfg = config(source_file, out, val_tokens=40, shard_tokens=25)
+    source = open_source(cfg.spec)
+    planned = P.plan(cfg, source, notify=lambda *_: None)
+    before = _written_bytes()
+    m = P.run(cfg, source, planned)
+    written = _written_bytes() - before
+    shards = len(m["shards"])
+    tokens = sum(s["n_tokens"] for s in m["shards"])
+    manifest_bytes = (out / "manifest.json").stat().st_size
+    assert shards > 300
+    # the shards (a header of zeros, then the real one, and the tokens), the spool's copy of the tokens, and a
+    # few manifests' worth of records (rewriting every record after every shard: about shards / 2 manifests)
+    assert written < 2 * shards * fmt.HEADER_BYTES + 3 * 2 * tokens + 4 * manifest_bytes, (written, manifest_bytes)
+
+
+def test_a_partial_manifest_line_cut_short_is_not_a_record(tmp_path):
+    path = tmp_path / manifest.PARTIAL
+    base = {"format": manifest.FORMAT, "version": manifest.VERSION, "name": "c"}
+    entry = {"name": "c_val_000000.bin", "split": "val", "n_tokens": 3, "sha256": "0" * 64}
+    manifest.start_partial(path, base, [entry])
+    manifest.append_partial(path, {**entry, "name": "c_train_000001.bin", "split": "train"})
+    assert [s["name"] for s in manifest.read(path)["shards"]] == ["c_val_000000.bin", "c_train_000001.bin"]
+    with open(path, "a") as f:
+        f.write('{"name": "c_train_000002.bin", "n_tok')  # killed while appending
+    assert [s["name"] for s in manifest.read(path)["shards"]] == ["c_val_000000.bin", "c_train_000001.bin"]

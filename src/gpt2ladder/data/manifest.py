@@ -1,13 +1,17 @@
 """A prepared corpus's manifest: what `prepare` read (source, tokenizer, settings) and what it wrote (each
 shard's name, split, token count and sha256). `manifest.json` is written last and atomically, once every
 shard is whole; `manifest.partial.json` records the finished shards of a run still going (or killed), with
-where in the source each one ends, so the next run continues after them.
+where in the source each one ends, so the next run continues after them. The partial manifest is JSON Lines,
+the settings first and then one line per finished shard, appended as each one finishes: writing it costs
+the same for the thousandth shard as for the first (rewriting it whole would grow with every shard). A
+line cut short by a kill is not a record, and its shard is made again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from gpt2ladder.data.files import atomic_file
@@ -26,10 +30,39 @@ def write(path: Path, manifest: dict) -> None:
         f.write((json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
 
 
+def start_partial(path: Path, base: dict, shards: list[dict]) -> None:
+    """A partial manifest of these finished shards, whole or not at all (a run's first record)."""
+    with atomic_file(path) as f:
+        f.write("".join(json.dumps(x, sort_keys=True) + "\n" for x in [base, *shards]).encode())
+
+
+def append_partial(path: Path, shard: dict) -> None:
+    """One more finished shard, on disk before the run goes on."""
+    with open(path, "ab") as f:
+        f.write((json.dumps(shard, sort_keys=True) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _parse(text: str) -> dict:
+    """A manifest's JSON: one object, or the partial manifest's lines (the settings, then a shard a line;
+    a last line without its newline was cut short and does not count)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        lines = text.split("\n")
+        if len(lines) < 2:
+            raise
+        base = json.loads(lines[0])
+        if not isinstance(base, dict):
+            raise ValueError("not a manifest") from None
+        return {**base, "shards": [json.loads(line) for line in lines[1:-1]]}
+
+
 def read(path: Path) -> dict:
     """A manifest, its shape checked; a one-line UsageError naming the file otherwise."""
     try:
-        manifest = json.loads(Path(path).read_text(encoding="utf-8"))
+        manifest = _parse(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
     except ValueError:

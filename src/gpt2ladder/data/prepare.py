@@ -230,6 +230,7 @@ class Sink:
         self.spool = None if done else _Spool(cfg.out)
         self.writer: fmt.ShardWriter | None = None
         self.starts: collections.deque = collections.deque()  # (stream index, Meta) of batches not yet past
+        self.recorded = False  # this run has written the partial manifest: later shards are appended to it
 
     def feed(self, meta: Meta, tokens: np.ndarray) -> None:
         self.starts.append((self.fed, meta))
@@ -305,7 +306,12 @@ class Sink:
                           "sha256": fmt.file_sha256(path),
                           "next": {"position": meta.position, "documents": meta.documents,
                                    "skip": self.placed - start}})
-        manifest_mod.write(self.cfg.out / manifest_mod.PARTIAL, {**self.base, "shards": self.done})
+        partial = self.cfg.out / manifest_mod.PARTIAL
+        if self.recorded:
+            manifest_mod.append_partial(partial, self.done[-1])
+        else:  # written whole once a run: a resumed run's record holds only the shards it kept
+            manifest_mod.start_partial(partial, self.base, self.done)
+            self.recorded = True
 
 
 # --- a run, fresh or resumed ---------------------------------------------------------------------------
