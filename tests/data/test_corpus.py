@@ -112,6 +112,9 @@ def test_build_nanogpt_npy_shards(tmp_path):
     (lambda d: fmt.write_shard(d / "a_train_000001.bin", np.array([1, 2, 60000], np.uint16)), "{d}",
      "holds token id 60000 at position 2, outside GPT-2's vocabulary"),
     (lambda d: (d / "manifest.partial.json").write_text("{}"), "{d}", "unfinished gpt2ladder prepare"),
+    (lambda d: (fmt.write_shard(d / "a_train_000001.bin", np.zeros(3, np.uint16)),
+                (d / "train.bin").write_bytes(bytes(64)), (d / "val.bin").write_bytes(bytes(64))), "{d}",
+     r"holds both llm.c shards \(a_train_000001.bin\) and nanoGPT's train.bin/val.bin"),
 ])
 def test_bad_shards_are_one_line(tmp_path, make, spec, says):
     make(tmp_path)

@@ -112,6 +112,16 @@ def _nanogpt(folder: Path) -> list[fmt.Shard] | None:
     return [fmt.open_shard(p, fmt.RAW) for p in found]
 
 
+def _only_nanogpt(folder: Path) -> None:
+    """Refuse a folder of nanoGPT's pair that holds llm.c shards besides: which one is meant is a guess."""
+    others = sorted(q.name for q in folder.iterdir() if q.suffix == ".bin" and q.name not in NANOGPT
+                    and not q.name.startswith(".") and fmt.has_magic(q))
+    if others:
+        raise UsageError(f"{folder} holds both llm.c shards ({others[0]}{', ...' if len(others) > 1 else ''}) and "
+                         f"nanoGPT's train.bin/val.bin; name one: --data '{folder}/*_*.bin' or --data "
+                         f"{folder}/train.bin")
+
+
 def find_shards(spec: str | Path) -> tuple[str, list[fmt.Shard]]:
     """(a name to show, the shards) of a folder, glob or shard file; a one-line UsageError if there are none."""
     p = Path(spec).expanduser()
@@ -121,6 +131,7 @@ def find_shards(spec: str | Path) -> tuple[str, list[fmt.Shard]]:
     if p.is_dir():
         raw = _nanogpt(p)
         if raw:
+            _only_nanogpt(p)
             return display_name(p), raw
         paths = sorted(q for q in p.iterdir() if q.suffix in (".bin", ".npy") and q.is_file()
                        and not q.name.startswith("."))  # hidden: macOS's ._NAME, a writer's temporary; as glob
