@@ -119,3 +119,29 @@ def test_evaluate_gives_what_eval_writes(run_dir, tmp_path, capsys):
     assert (result["n"], result["acc"], result["acc_norm"]) == (record["n"], record["acc"], record["acc_norm"]) == (
         5, result["correct"] / 5, result["correct_norm"] / 5)
     assert not model.training
+
+
+def test_save_hf_never_replaces_a_run_directory_nor_a_folder_it_did_not_write(run_dir, tmp_path):
+    import shutil
+
+    from gpt2ladder.training import lock
+
+    model = gpt2ladder.load(run_dir, device="cpu")
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    (run / "log.jsonl").write_text('{"step": 1}\n')
+    held, _ = lock.try_lock(run)  # a run still training there
+    try:
+        with pytest.raises(UsageError, match="run directory"):
+            gpt2ladder.save_hf(model, run, overwrite=True)
+    finally:
+        held.release()
+    with pytest.raises(UsageError, match="run directory"):  # nor when it has finished
+        gpt2ladder.save_hf(model, run, overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == ["ckpt.pt", "log.jsonl"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text("{}")
+    (mine / "notes.txt").write_text("my notes")
+    with pytest.raises(UsageError, match=r"files an export did not write \(notes.txt\)"):
+        gpt2ladder.save_hf(model, mine, overwrite=True)
+    assert (mine / "notes.txt").read_text() == "my notes" and (mine / "config.json").read_text() == "{}"

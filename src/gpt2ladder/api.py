@@ -24,9 +24,10 @@ from gpt2ladder.evals.runner import prepare
 from gpt2ladder.model.generate import generate as extend
 from gpt2ladder.model.gpt import GPT
 from gpt2ladder.model.hf import save_hf_gpt2
-from gpt2ladder.report.records import folder_written_whole
+from gpt2ladder.report.records import check_new_folder, folder_written_whole
 from gpt2ladder.runtime.hardware import resolve_device
 from gpt2ladder.training.loading import load_model
+from gpt2ladder.training.outdirs import check_export_replaceable, hold_unless_training
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -57,13 +58,23 @@ def generate(model: GPT, prompt: str = "\n", max_new_tokens: int = 100, temperat
 def save_hf(model: GPT, folder: str | Path, dtype: str = "float32", overwrite: bool = False) -> Path:
     """`model` as a Hugging Face GPT-2 folder (config.json, model.safetensors, generation_config.json and
     the GPT-2 tokenizer files) that `transformers.AutoModelForCausalLM.from_pretrained` loads. The
-    folder appears whole or not at all; one that is not empty is replaced only with `overwrite`."""
+    folder appears whole or not at all; one that is not empty is replaced only with `overwrite`, and only
+    when it holds an earlier export: never a run directory (above all one still training), never a folder
+    of other files."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     folder = Path(folder).expanduser()
-    with folder_written_whole(folder, force=overwrite) as tmp:
-        save_hf_gpt2(model, tmp, DTYPES[dtype])
-        write_hf_tokenizer(tmp, model_max_length=model.config.block_size)
+    check_new_folder(folder, overwrite)
+    check_export_replaceable(folder)
+    held = hold_unless_training(folder)
+    try:
+        check_export_replaceable(folder)  # again, now that no run can start there
+        with folder_written_whole(folder, force=overwrite) as tmp:
+            save_hf_gpt2(model, tmp, DTYPES[dtype])
+            write_hf_tokenizer(tmp, model_max_length=model.config.block_size)
+    finally:
+        if held is not None:
+            held.release()
     return folder
 
 

@@ -369,3 +369,22 @@ def test_a_data_file_whose_name_is_not_utf8_trains_and_plots(tmp_path, capsys):
     code, out, err = _cli(capsys, _args(tmp_path / "run", "--data", path, "--seq-len", "16", "--steps", "1"))
     assert code == 0 and err == "" and "data: bad\ufffdname.txt" in out
     assert (tmp_path / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_out_into_a_folder_of_the_users_own_files_is_refused_and_leaves_them(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    files = {"config.json": '{"mine": true}', "log.jsonl": "my log\n", "loss.png": "not a plot", "notes.txt": "x"}
+    for name, text in files.items():
+        (mine / name).write_text(text)
+    code, out, err = _cli(capsys, _args(mine))
+    assert code == 2 and out == "" and _one_line_error(err, f"--out {mine} holds files that are not a gpt2ladder run")
+    assert {p.name: p.read_text() for p in mine.iterdir()} == files
+
+
+def test_out_into_a_run_directory_without_a_checkpoint_yet_is_a_run(run, capsys):
+    """A run stopped before its first checkpoint left config.json and log.jsonl: that is a run's folder."""
+    for name in ("ckpt.pt", "ckpt.prev.pt", "best.pt"):
+        (run / name).unlink(missing_ok=True)
+    code, _, err = _cli(capsys, _args(run))
+    assert code == 0, err

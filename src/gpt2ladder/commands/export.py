@@ -35,6 +35,7 @@ from gpt2ladder.report.records import check_new_folder, folder_written_whole, re
 from gpt2ladder.training import lock
 from gpt2ladder.training.checkpoint import state_digest
 from gpt2ladder.training.loading import LoadedModel, is_run, load_model
+from gpt2ladder.training.outdirs import hold_unless_training
 from gpt2ladder.training.runlog import read_log
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -100,7 +101,7 @@ def _destination(out: Path, force: bool):
     run_lock = None
     try:
         check_new_folder(out, force)  # again, now that no other export can write there
-        run_lock = _run_lock(out)
+        run_lock = hold_unless_training(out)
         remove_stale_folders(out)
         with folder_written_whole(out, force) as tmp:
             yield tmp
@@ -108,17 +109,6 @@ def _destination(out: Path, force: bool):
         for held_lock in (run_lock, held):
             if held_lock is not None:
                 held_lock.release()
-
-
-def _run_lock(out: Path) -> lock.RunLock | None:
-    """The run lock of a folder about to be replaced (None when it is empty: no run is in it)."""
-    if not (out.is_dir() and any(out.iterdir())):
-        return None
-    held, holder = lock.try_lock(out)
-    if holder:
-        raise UsageError(f"{out} is the run directory of a gpt2ladder run still going on ({holder}); "
-                         "it cannot be replaced while the run goes on: wait for it, or give another folder")
-    return held
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 import torch
 
@@ -34,6 +35,7 @@ from gpt2ladder.runtime.engine import built_model_config
 from gpt2ladder.runtime.hardware import cap_memory, detect
 from gpt2ladder.runtime.memory import check_fits
 from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.outdirs import check_run_out
 from gpt2ladder.training.run import Saved, claimed, prepared_hellaswag, saved_run, train_claimed
 
 # The settings a resumed run keeps unless their flag is given (the micro-batch is re-planned on a GPU:
@@ -53,6 +55,7 @@ def _train_command(args, dist: distributed.Dist) -> int:
     device = distributed.local_device(dist, args.device)
     caps = tightest_rank(cap_memory(device, detect(device), args.gpu_memory), dist)
     notices: list[str] = []  # said when the run starts, after the line that names the step
+    check_run_out(Path(args.out))  # a folder of the user's own files is never written into
     with output_dir(args.out) as out, claimed(out, dist):  # the folder goes again if nothing was written
         saved = saved_run(out, dist, args.resume)
         cfg, strategy = config_from_args(args, device, caps, dist, notices.append, saved)

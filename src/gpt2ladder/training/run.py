@@ -37,6 +37,7 @@ from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training import lock
+from gpt2ladder.training.outdirs import check_run_out
 from gpt2ladder.training.checkpoint import BEST, FILENAME, PREVIOUS, RESUME_KEYS, last_good, remove_stale_temps
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import Reporter
@@ -69,6 +70,7 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
     """Train (or continue, with `cfg` as it is) the run in `out`, which this process holds locked
     meanwhile. `tokens` (default: `cfg.data`, read now) are the text; `caps` (default: detected) what
     the device can do. `gpt2ladder train` takes these steps itself, deciding the settings in between."""
+    check_run_out(out)
     with claimed(out, dist):
         saved = saved_run(out, dist, resume)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent) if tokens is None else tokens
