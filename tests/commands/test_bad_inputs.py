@@ -103,6 +103,13 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
      "holds data_source in another form"),
     ("resume checkpoint with a field of another form", [*TRAIN, "--out", "{run_with_odd_best}", "--resume"], 1,
      "holds best.val_loss in another form"),
+    # a valid sha256 over settings no run writes: checked as the flags are, before anything uses them
+    ("resume checkpoint at step -5", [*TRAIN, "--out", "{run_at_step_minus_5}", "--resume"], 1, "holds step -5:"),
+    ("sample checkpoint at step -5", sample("{run_at_step_minus_5}"), 1, "holds step -5:"),
+    ("resume checkpoint of steps 'twelve'", [*TRAIN, "--out", "{run_of_steps_twelve}", "--resume"], 1,
+     "holds train_config.steps = 'twelve'"),
+    ("resume checkpoint of lr nan", [*TRAIN, "--out", "{run_of_lr_nan}", "--resume"], 1,
+     "holds train_config that a flag would refuse (--lr must be a finite number"),
     ("merge shard with an unknown setting", ["parity", "--merge", "{shard_unknown_key}", "--out", "{out}"], 2,
      "settings this gpt2ladder does not know (flux_capacitor)"),
     ("merge shard with a broken result", ["parity", "--merge", "{shard_broken}", "--out", "{out}"], 2,
@@ -180,6 +187,11 @@ def _damaged_checkpoints(root, run) -> dict:
     paths["run_without_optimizer"] /= "ckpt.pt"
     paths["run_with_odd_best"] = shutil.copytree(run, root / "run_with_odd_best")
     save_checkpoint(paths["run_with_odd_best"] / "ckpt.pt", {**state, "best": {"step": 1, "val_loss": "low"}})
+    for name, change in {"run_at_step_minus_5": {"step": -5},
+                         "run_of_steps_twelve": {"train_config": {**state["train_config"], "steps": "twelve"}},
+                         "run_of_lr_nan": {"train_config": {**state["train_config"], "lr": float("nan")}}}.items():
+        paths[name] = shutil.copytree(run, root / name)
+        save_checkpoint(paths[name] / "ckpt.pt", {**state, **change})
     save_checkpoint(paths["huge_config_ckpt"], {**state, "model_config": {**state["model_config"], "n_layer": 10_000}})
     save_checkpoint(paths["odd_field_ckpt"], {**state, "data_source": "tinyshakespeare"})
     for name, key in without.items():

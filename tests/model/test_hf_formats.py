@@ -172,3 +172,36 @@ def test_a_folder_transformers_sharded_loads_the_same(tmp_path):
     assert len(list((tmp_path / "hf").glob("model-*-of-*.safetensors"))) > 1
     with torch.no_grad():
         torch.testing.assert_close(_logits(load_hf_model(tmp_path / "hf")), hf(IDX).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"n_head": 0}, "n_head = 0 is not a whole number from 1 to"),
+    ({"n_layer": 2.5}, "n_layer = 2.5 is not a whole number"),  # never read as 2
+    ({"n_embd": "32"}, 'n_embd = "32" is not a whole number'),
+    ({"n_layer": 10**8}, "n_layer = 100000000 is not a whole number"),
+])
+def test_a_config_json_shape_field_that_is_no_count_is_one_line(model, tmp_path, no_model_built, fields, words):
+    folder = _with_config(save_hf_gpt2(model, tmp_path / "hf")[0].parent, **fields)
+    with pytest.raises(UsageError, match=words) as err:
+        load_hf_model(folder)
+    assert "\n" not in str(err.value)
+
+
+def test_weights_without_the_layer_tensors_are_refused_before_a_model_is_built(model, tmp_path, no_model_built):
+    folder = _with_config(save_hf_gpt2(model, tmp_path / "hf")[0].parent, n_layer=2**20)
+    tensors = {k: v for k, v in hf_tensors(model).items() if ".h." not in k}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UsageError, match=r"holds no layer tensors \(h.0.\*\)"):
+        hf_model_config(folder)
+
+
+def test_weights_holding_nan_are_refused_naming_the_tensor(model, tmp_path, capsys):
+    folder = save_hf_gpt2(model, tmp_path / "hf")[0].parent
+    tensors = hf_tensors(model)
+    tensors["transformer.h.1.attn.c_proj.bias"][3] = float("nan")
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for temperature in ("0.8", "0"):  # greedy decoding would emit token 0 without a word
+        code = cli.main(["sample", str(folder), "--device", "cpu", "--num-tokens", "2", "--temperature", temperature])
+        captured = capsys.readouterr()
+        assert code == 1 and captured.out == "" and captured.err.count("\n") == 1, captured.err
+        assert "tensor transformer.h.1.attn.c_proj.bias holds NaN" in captured.err

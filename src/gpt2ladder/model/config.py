@@ -36,6 +36,10 @@ class ModelConfig:
     parts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "vocab_multiple"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:  # before any division by it
+                raise UsageError(f"{name} must be a positive integer, got {value!r}")
         object.__setattr__(self, "parts", tuple(self.parts))  # a list, as JSON gives it back, is the same parts
         if unknown := [p for p in self.parts if p not in MODEL_PARTS]:
             raise UsageError(f"unknown model part {', '.join(unknown)}; choose from: {', '.join(MODEL_PARTS)}")
@@ -45,9 +49,6 @@ class ModelConfig:
             raise UsageError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.attention not in ("manual", "sdpa"):
             raise UsageError(f"unknown attention {self.attention!r} (choose manual or sdpa)")
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "vocab_multiple"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
     def padded_vocab_size(self) -> int:

@@ -135,13 +135,29 @@ def hf_model_config(path: str | Path) -> ModelConfig | None:
     try:
         raw = json.loads(cfg_path.read_text())
         check_implemented(raw, cfg_path)
-        cfg = ModelConfig(n_layer=int(raw["n_layer"]), n_head=int(raw["n_head"]), n_embd=int(raw["n_embd"]),
-                          block_size=int(raw.get("n_positions", 1024)),  # transformers' default
-                          vocab_size=int(raw.get("vocab_size", GPT2_VOCAB_SIZE)))
+        cfg = ModelConfig(**{ours: _shape_field(raw, field, default, cfg_path)
+                             for field, (ours, default) in SHAPE_FIELDS.items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise UsageError(f"cannot read the GPT-2 shape from {cfg_path}: {type(err).__name__}: {err}") from None
     check_against_weights(cfg, tensor_shapes(weight_files(entry)), cfg_path, entry)
     return cfg
+
+
+# config.json's shape fields: our name, transformers' default (None: required), and the largest we build.
+SHAPE_FIELDS = {"n_layer": ("n_layer", None), "n_head": ("n_head", None), "n_embd": ("n_embd", None),
+                "n_positions": ("block_size", 1024), "vocab_size": ("vocab_size", GPT2_VOCAB_SIZE)}
+SHAPE_LIMIT = 2**20  # far above any GPT-2 (48 layers, 1600 wide, 1024 positions): a typo, not a model
+
+
+def _shape_field(raw: dict, field: str, default: int | None, where: Path) -> int:
+    """A shape field as a whole number from 1 to SHAPE_LIMIT, or a UsageError naming it (2.5 is no layer
+    count, and is not read as 2)."""
+    if field not in raw and default is not None:
+        return default
+    value = raw[field]
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= SHAPE_LIMIT:
+        raise UsageError(f"{where}: {field} = {json.dumps(value)} is not a whole number from 1 to {SHAPE_LIMIT:,}")
+    return value
 
 
 def check_implemented(raw: dict, where: Path) -> None:
@@ -188,6 +204,11 @@ def check_against_weights(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], 
     """UsageError when config.json's shape is not the tensors' (n_layer, n_embd, vocab_size, n_positions
     as they hold them, then every tensor's shape), before a model of that shape is built."""
     held = _held_fields(shapes)
+    absent = [f for f in ("n_layer", "n_embd") if held[f] is None]
+    if absent:  # nothing to compare the config with: and a model of its shape is never built from nothing
+        tensors = {"n_layer": "no layer tensors (h.0.*)", "n_embd": "no token embedding (wte.weight)"}
+        raise UsageError(f"{weights} holds {' and '.join(tensors[f] for f in absent)}: not the weights of the GPT-2 "
+                         f"its {CONFIG_NAME} describes")
     said = {"n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "vocab_size": cfg.vocab_size, "n_positions": cfg.block_size}
     diffs = [f for f, v in held.items() if v is not None and v != said[f]]
     if diffs:
@@ -293,6 +314,14 @@ def load_hf_gpt2(path: str | Path, model) -> None:
                          f"unexpected {_few(unexpected)}")
     for name, param in params.items():
         _copy_into(param, state[name], name, vocab_size=model.config.vocab_size)
+    bad = first_non_finite(model)
+    if bad:  # every logit would be NaN: sampling fails, or greedy decoding emits token 0 without a word
+        raise LadderError(f"{entry}: tensor {bad} holds NaN or infinite values; these weights are damaged")
+
+
+def first_non_finite(model) -> str | None:
+    """The name of the first parameter holding NaN or inf, or None."""
+    return next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()), None)
 
 
 def _check_shape(saved: ModelConfig | None, cfg: ModelConfig, file: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import math
 import os
 import random
 import shutil
@@ -28,6 +29,8 @@ from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model import family
 from gpt2ladder.model.gpt import GPT
+from gpt2ladder.model.hf import first_non_finite
+from gpt2ladder.training.config import settings_problem
 
 FORMAT = "gpt2ladder-checkpoint"
 VERSION = 1
@@ -209,7 +212,30 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     if odd:
         raise LadderError(f"checkpoint {path} holds {', '.join(odd)} in another form than gpt2ladder writes; "
                           "it was not written by this gpt2ladder")
+    problem = _settings_problem(state)
+    if problem:  # a valid hash over values no run writes: refused here, before a division or a loop uses them
+        raise LadderError(f"checkpoint {path} holds {problem}: damaged or made by hand, not written by a "
+                          "gpt2ladder run")
     return state
+
+
+def _settings_problem(state: dict) -> str | None:
+    """The first value a run could not have saved: a negative step, a best that is no loss, settings a flag
+    would refuse (checked against the checkpoint's own shape, when it has one)."""
+    step, best = state.get("step"), state.get("best")
+    if isinstance(step, int) and step < 0:
+        return f"step {step}"
+    if isinstance(best, dict) and _is(best.get("step"), int) and _is(best.get("val_loss"), (int, float)) \
+            and not (best["step"] >= 0 and math.isfinite(best["val_loss"])):
+        return f"best {best}"
+    settings = state.get("train_config")
+    if not isinstance(settings, dict):
+        return None
+    try:
+        shape = ModelConfig(**state["model_config"])
+    except (KeyError, TypeError, ValueError, UsageError):  # reported where the model is built
+        return None
+    return settings_problem(settings, shape)
 
 
 def _is(value, kind) -> bool:
@@ -260,8 +286,10 @@ def model_from_checkpoint(state: dict, device: torch.device, source: str | Path 
     except (TypeError, ValueError, KeyError, RuntimeError, UsageError) as err:  # a shape or field GPT lacks
         raise LadderError(f"{source} does not hold a GPT that gpt2ladder can build: {type(err).__name__}: "
                           f"{_first_line(err)}") from None
-    if not all(torch.isfinite(p).all() for p in model.parameters()):  # training never saves such weights
-        raise LadderError(f"{source} holds non-finite weights (NaN or inf): it was not written by a healthy run")
+    bad = first_non_finite(model)
+    if bad:  # training never saves such weights
+        raise LadderError(f"{source} holds non-finite weights (NaN or inf, first in {bad}): it was not written "
+                          "by a healthy run")
     return model.to(device).eval()
 
 

@@ -111,3 +111,28 @@ class TrainConfig:
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+# Each setting's type as a checkpoint holds it (JSON-like: rungs as a list, a float may be written as an int).
+_INT, _NUM, _STR = (int,), (int, float), (str,)
+KINDS = {"preset": _STR, "rungs": (list, tuple), "batch_size": _INT, "seq_len": _INT, "tokens_per_step": _INT,
+         "steps": _INT, "lr": _NUM, "min_lr": _NUM, "warmup_steps": _INT, "weight_decay": _NUM, "grad_clip": _NUM,
+         "eval_every": _INT, "eval_batches": _INT, "ckpt_every": _INT, "val_tokens": _INT + (type(None),),
+         "hellaswag_every": _INT, "hellaswag_data": _STR + (type(None),), "target_val_loss": _NUM + (type(None),),
+         "seed": _INT, "data": _STR + (type(None),), "init_from": _STR + (type(None),), "compile_backend": _STR}
+
+
+def settings_problem(saved: dict, shape: ModelConfig) -> str | None:
+    """What is wrong with settings read back (a checkpoint's train_config), checked as their flags are when
+    given: a type no run writes, or a value a flag would refuse; None when they are fine. Unknown keys pass
+    (a newer version's)."""
+    for name, kinds in KINDS.items():
+        value = saved.get(name)
+        if name in saved and (not isinstance(value, kinds) or isinstance(value, bool)
+                              or (name == "rungs" and not all(isinstance(r, str) for r in value))):
+            return f"train_config.{name} = {value!r:.40}"
+    try:
+        TrainConfig(**{k: tuple(v) if k == "rungs" else v for k, v in saved.items() if k in KINDS}, model=shape)
+    except UsageError as err:
+        return f"train_config that a flag would refuse ({err})"
+    return None
