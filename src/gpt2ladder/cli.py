@@ -237,7 +237,8 @@ def _add_train(sub) -> None:
                    "(default: a fifth of --steps)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (or, if that is missing or "
                    "damaged, OUT/ckpt.prev.pt) with the run's own settings; flags given with it change those, and "
-                   "each change is named (off by default)")
+                   "each change is named; another --seed or --init-from is refused, as the run continues its own "
+                   "weights and random state (off by default)")
     p.add_argument("--allow-data-change", action="store_true", help="with --resume: continue on another text than "
                    "the checkpoint was trained on, which is refused otherwise (off by default)")
     p.add_argument("--init-from", help="Hugging Face GPT-2 weights to start from: a folder (its config.json gives "

@@ -103,6 +103,11 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
      "holds data_source in another form"),
     ("resume checkpoint with a field of another form", [*TRAIN, "--out", "{run_with_odd_best}", "--resume"], 1,
      "holds best.val_loss in another form"),
+    # a flag a resumed run cannot honour is refused, never announced and ignored
+    ("resume with another seed", [*TRAIN, "--out", "{run}", "--resume", "--seed", "5"], 2,
+     "--seed 5 with --resume: the run in"),
+    ("resume with init from", [*TRAIN, "--out", "{run}", "--resume", "--init-from", "{root}/hf"], 2,
+     "continues from its own weights, not from --init-from's"),
     # a valid sha256 over settings no run writes: checked as the flags are, before anything uses them
     ("resume checkpoint at step -5", [*TRAIN, "--out", "{run_at_step_minus_5}", "--resume"], 1, "holds step -5:"),
     ("sample checkpoint at step -5", sample("{run_at_step_minus_5}"), 1, "holds step -5:"),

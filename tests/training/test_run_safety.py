@@ -388,3 +388,11 @@ def test_out_into_a_run_directory_without_a_checkpoint_yet_is_a_run(run, capsys)
         (run / name).unlink(missing_ok=True)
     code, _, err = _cli(capsys, _args(run))
     assert code == 0, err
+
+
+def test_resume_with_the_runs_own_seed_goes_on(run, capsys):
+    seed = load_checkpoint(run)["train_config"]["seed"]
+    code, out, err = _cli(capsys, _args(run, "--resume", "--steps", "3", "--seed", seed))
+    assert code == 0 and "seed" not in out, err
+    code, out, err = _cli(capsys, _args(run, "--resume", "--steps", "4", "--seed", seed + 1))
+    assert code == 2 and _one_line_error(err, f"--seed {seed + 1} with --resume") and out == ""

@@ -58,6 +58,7 @@ def _train_command(args, dist: distributed.Dist) -> int:
     check_run_out(Path(args.out))  # a folder of the user's own files is never written into
     with output_dir(args.out) as out, claimed(out, dist):  # the folder goes again if nothing was written
         saved = saved_run(out, dist, args.resume)
+        refuse_ignored_on_resume(args, saved)
         cfg, strategy = config_from_args(args, device, caps, dist, notices.append, saved)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent)  # no random stand-in
         refuse_idle_flags(args, cfg, tokens)
@@ -78,6 +79,23 @@ def _train_command(args, dist: distributed.Dist) -> int:
 
 def _silent(*args, **kwargs) -> None:
     """The notices of ranks other than 0 (every rank finds the same)."""
+
+
+# Settings a resumed run cannot change, and why: taking the flag would announce a change that never
+# happens (the checkpoint's weights, random state and batch position continue).
+FIXED_ON_RESUME = {"seed": "continues the weights, batch order and random state its seed {kept} drew",
+                   "init_from": "continues from its own weights, not from --init-from's"}
+
+
+def refuse_ignored_on_resume(args, saved: Saved | None) -> None:
+    """A UsageError for a flag given with --resume that would change a setting the run cannot change."""
+    kept = (saved.state.get("train_config") or {}) if saved else {}
+    for name, why in FIXED_ON_RESUME.items():
+        given = getattr(args, name, None)
+        if saved and given is not None and given != kept.get(name):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {given} with --resume: the run in {saved.path.parent} "
+                             f"{why.format(kept=kept.get(name))}; drop {flag}, or start a new run in another --out")
 
 
 def refuse_idle_flags(args, cfg: TrainConfig, tokens: data_mod.TokenData) -> None:
