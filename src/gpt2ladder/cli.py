@@ -463,6 +463,9 @@ def _add_prepare(sub) -> None:
     p.add_argument("--subset", help="the Hugging Face dataset's configuration, e.g. sample-10BT (default: none, "
                    "the dataset's default one)")
     p.add_argument("--split", default="train", help="the Hugging Face dataset's split to read (default: train)")
+    p.add_argument("--follow-links", action="store_true", help="in a source folder, read what links out of it "
+                   "point to as well (off by default: links inside it are followed, links out of it, links that "
+                   "loop and FIFOs or devices are skipped, each counted in the banner and manifest.json)")
     p.add_argument("--val-tokens", type=_token_count, default=10**7, help="tokens in the validation shard, the "
                    "first of the stream; a source of fewer than ten times this gives its first tenth instead "
                    "(default: 10M)")

@@ -168,3 +168,27 @@ def test_without_pyarrow_a_parquet_source_says_what_to_install(tmp_path, monkeyp
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(LadderError, match=r"reading Parquet needs pyarrow: pip install 'gpt2ladder\[corpus\]'"):
         open_source(SourceSpec(str(tmp_path / "x.parquet")))
+
+
+def test_links_in_a_source_folder_are_followed_inside_it_only_and_the_rest_is_counted(tmp_path):
+    import os
+
+    folder, outside = tmp_path / "texts", tmp_path / "outside"
+    (folder / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (folder / "a.txt").write_text("inside a")
+    (folder / "sub" / "b.txt").write_text("inside b")
+    (outside / "secret.txt").write_text("outside")
+    (folder / "to_a.txt").symlink_to(folder / "a.txt")  # inside: followed
+    (folder / "out.txt").symlink_to(outside / "secret.txt")  # out of the folder: skipped
+    (folder / "sub" / "up").symlink_to(folder)  # a loop: skipped, the walk ends
+    (folder / "gone.txt").symlink_to(tmp_path / "missing.txt")
+    os.mkfifo(folder / "pipe")  # reading it would block
+    source = open_source(SourceSpec(str(folder), "text"))
+    assert documents(source) == ["inside a", "inside b", "inside a"]  # a.txt, sub/b.txt, to_a.txt
+    skipped = source.description["skipped"]
+    assert {k: v["count"] for k, v in skipped.items()} == {sources.LINK_OUT: 1, sources.LOOP: 1, sources.BROKEN: 1,
+                                                          sources.SPECIAL: 1}
+    assert skipped[sources.LINK_OUT]["first"] == ["out.txt"] and skipped[sources.LOOP]["first"] == ["sub/up"]
+    followed = open_source(SourceSpec(str(folder), "text", follow_links=True))
+    assert "outside" in documents(followed) and sources.LINK_OUT not in followed.description["skipped"]

@@ -19,7 +19,7 @@ from gpt2ladder.training import lock
 
 
 def prepare_command(args) -> int:
-    spec = SourceSpec(args.source, args.format, args.text_field, args.subset, args.split)
+    spec = SourceSpec(args.source, args.format, args.text_field, args.subset, args.split, args.follow_links)
     cfg = PrepareConfig(spec, Path(args.out).expanduser(), args.name or default_name(args.source),
                         args.val_tokens, args.shard_tokens, args.workers or available_cores())
     source = open_source(spec)
@@ -128,7 +128,9 @@ def _describe(d: dict) -> str:
     if d["kind"] == "hf":
         subset = f" ({d['subset']})" if d.get("subset") else ""
         return f"the Hugging Face dataset {d['name']}{subset}, split {d['split']}"
-    return f"{d['path']} ({d['files']:,} {d['kind']} file{'' if d['files'] == 1 else 's'})"
+    skipped = "".join(f", skipping {v['count']} {what} ({', '.join(v['first'])}{', ...' if v['count'] > 3 else ''})"
+                      for what, v in d.get("skipped", {}).items())
+    return f"{d['path']} ({d['files']:,} {d['kind']} file{'' if d['files'] == 1 else 's'}{skipped})"
 
 
 def _counts(manifest: dict) -> str:

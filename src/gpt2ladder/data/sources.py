@@ -50,6 +50,7 @@ class SourceSpec:
     text_field: str = "text"
     subset: str | None = None
     split: str = "train"
+    follow_links: bool = False  # a folder's links out of it are read too (links inside it always are)
 
 
 class Cursor:
@@ -124,16 +125,51 @@ def format_of(path: Path) -> str:
     return SUFFIXES.get(suffix, "text")
 
 
-def _files(folder: Path) -> list[Path]:
-    """The folder's regular files, recursively and in sorted order, hidden ones (and hidden folders) left out."""
-    found = [p for p in folder.rglob("*") if p.is_file()
-             and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
-    return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
+# What a folder's walk passes over, as the manifest and the banner name them.
+LINK_OUT, LOOP, BROKEN, SPECIAL = "links out of the folder", "links looping back", "broken links", "special files"
 
 
-def _folder(folder: Path, fmt: str) -> tuple[str, list[Path]]:
+def _files(folder: Path, follow_links: bool = False) -> tuple[list[Path], dict[str, list[Path]]]:
+    """The folder's regular files, recursively and in sorted order, hidden ones (and hidden folders) left
+    out; and what was passed over. A link is followed when it points inside the folder (or anywhere, with
+    `follow_links`), never when it leads back into a folder the walk is in (a loop, which would never end);
+    a FIFO, socket or device is not read (it would block or never end), nor is a broken link."""
+    root = folder.resolve()
+    found: list[Path] = []
+    skipped: dict[str, list[Path]] = {LINK_OUT: [], LOOP: [], BROKEN: [], SPECIAL: []}
+
+    def walk(d: Path, inside: tuple[Path, ...]) -> None:
+        for entry in os.scandir(d):
+            p = Path(entry.path)
+            if entry.name.startswith("."):
+                continue
+            real = p
+            if entry.is_symlink():
+                try:
+                    real = p.resolve(strict=True)
+                except (OSError, RuntimeError):  # a dangling link, or one that loops on itself
+                    skipped[BROKEN].append(p)
+                    continue
+                if not follow_links and not real.is_relative_to(root):
+                    skipped[LINK_OUT].append(p)
+                    continue
+            if real.is_dir():
+                if real.resolve() in inside:
+                    skipped[LOOP].append(p)
+                else:
+                    walk(p, inside + (real.resolve(),))
+            elif real.is_file():
+                found.append(p)
+            else:
+                skipped[SPECIAL].append(p)
+
+    walk(folder, (root,))
+    order = lambda p: p.relative_to(folder).as_posix()  # noqa: E731
+    return sorted(found, key=order), {k: sorted(v, key=order) for k, v in skipped.items() if v}
+
+
+def _folder(folder: Path, fmt: str, files: list[Path]) -> tuple[str, list[Path]]:
     """(format, files) of a folder: its data files if it holds any, else every file as a text document."""
-    files = _files(folder)
     if fmt == "text":
         return "text", files
     data = [p for p in files if _suffix(p) in SUFFIXES]
@@ -154,8 +190,10 @@ def open_source(spec: SourceSpec) -> Source:
         return _hub(spec)
     if not path.exists():
         raise UsageError(f"source {spec.source} does not exist")
+    skipped: dict[str, list[Path]] = {}
     if path.is_dir():
-        fmt, files = _folder(path, spec.format)
+        found, skipped = _files(path, spec.follow_links)
+        fmt, files = _folder(path, spec.format, found)
     elif not path.is_file():  # a FIFO or a device would block or never end
         raise UsageError(f"source {path} is not a regular file (a FIFO, socket or device)")
     else:
@@ -171,6 +209,12 @@ def open_source(spec: SourceSpec) -> Source:
                    "fingerprint": _fingerprint(files, path)}
     if fmt != "text":
         description["text_field"] = spec.text_field
+    if skipped:  # said in the banner, and kept in the manifest: a count, and the first few of each
+        description["skipped"] = {what: {"count": len(paths), "first": [p.relative_to(path).as_posix()
+                                                                         for p in paths[:3]]}
+                                  for what, paths in skipped.items()}
+    if spec.follow_links:
+        description["follow_links"] = True
     return Source(description, total, reader(files, spec.text_field))
 
 
