@@ -263,3 +263,25 @@ def test_a_partial_manifest_line_cut_short_is_not_a_record(tmp_path):
     with open(path, "a") as f:
         f.write('{"name": "c_train_000002.bin", "n_tok')  # killed while appending
     assert [s["name"] for s in manifest.read(path)["shards"]] == ["c_val_000000.bin", "c_train_000001.bin"]
+
+
+def test_a_long_document_is_tokenized_in_bounded_pieces_with_the_ids_of_the_whole(shakespeare_cache, monkeypatch):
+    """One line of 3 MB (a JSON Lines record as long as a book, a text with no newline): the BPE never sees
+    more than PIECE_CHARS of it at once, so its working memory stays flat, and the ids are the whole
+    line's. The cuts fall between a word and the space after it, where GPT-2's split cannot merge."""
+    from gpt2ladder.data import tokenizer
+
+    words = (shakespeare_cache / "tinyshakespeare" / "input.txt").read_text().split()
+    line = " ".join(words)[:3_000_000] + " <|endoftext|> 123,456.78 it's   spaced\tout"
+    whole = tokenizer.encode_text_array(line)
+    seen = []
+    real = tokenizer.encode_text_array
+    monkeypatch.setattr(tokenizer, "encode_text_array", lambda text: seen.append(len(text)) or real(text))
+    ids = P.encode_pieces([(line, True)])
+    assert max(seen) <= tokenizer.PIECE_CHARS and len(seen) >= len(line) // tokenizer.PIECE_CHARS
+    assert ids[0] == 50256 and np.array_equal(ids[1:], whole)
+    small = list(tokenizer.bounded_pieces(line[:200_000], 5_000))  # many seams, each between word and space
+    assert "".join(small) == line[:200_000] and max(map(len, small)) <= 5_000
+    assert np.array_equal(np.concatenate([real(p) for p in small]), real(line[:200_000]))
+    endless = "x" * 12_000  # no whitespace: cut at the limit
+    assert [len(p) for p in tokenizer.bounded_pieces(endless, 5_000)] == [5_000, 5_000, 2_000]

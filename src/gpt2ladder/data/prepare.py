@@ -35,7 +35,7 @@ from gpt2ladder.data import manifest as manifest_mod
 from gpt2ladder.data import shards as fmt
 from gpt2ladder.data.files import open_new, temp_of
 from gpt2ladder.data.sources import Piece, Source, SourceSpec
-from gpt2ladder.data.tokenizer import GPT2_EOT, encode_text_array, get_tokenizer, tokenizer_id
+from gpt2ladder.data.tokenizer import GPT2_EOT, encode_bounded, get_tokenizer, tokenizer_id
 from gpt2ladder.errors import LadderError, UsageError
 
 BATCH_CHARS = 2**20  # text per task handed to a worker: large enough to pay for the trip, small enough to spread
@@ -95,7 +95,7 @@ def encode_pieces(pieces: list[Piece]) -> np.ndarray:
     for text, starts_document in pieces:
         if starts_document:
             parts.append(eot)
-        parts.append(encode_text_array(text))
+        parts.append(encode_bounded(text))  # a long document a bounded piece at a time
     return np.concatenate(parts).astype(fmt.TOKEN) if parts else np.zeros(0, dtype=fmt.TOKEN)
 
 

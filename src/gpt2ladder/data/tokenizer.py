@@ -9,6 +9,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -165,6 +166,44 @@ def safe_cut(text: str) -> int:
     return 0
 
 
+# The most text one call of the BPE sees: its working memory grows with the text it is given (many times
+# the text's own size), so a long document or an endless line is encoded a piece of this size at a time.
+PIECE_CHARS = 2**20
+# A non-space character, then whitespace the split pattern surely reads as whitespace: no piece of
+# GPT2_PAT_STR runs from a non-space character into the whitespace after it, and none looks back past its
+# own start, so a cut between the two leaves the ids on either side those of the whole text. Python's \S
+# (not str.isspace) is a subset of the pattern's non-space.
+_SEAM = re.compile(r"\S[ \t\n\r]")
+
+
+def space_cut(text: str, limit: int) -> int:
+    """The last safe cut (see _SEAM) at or before `limit`, looked for in the second half of the limit (so
+    cutting a long text stays linear); 0 when there is none."""
+    last = 0
+    for m in _SEAM.finditer(text, limit // 2, limit + 1):
+        last = m.start() + 1
+    return last
+
+
+def bounded_pieces(text: str, limit: int = PIECE_CHARS) -> Iterator[str]:
+    """The text in pieces of at most `limit` characters, cut where the ids stay those of the whole text;
+    where a piece's second half has no whitespace at all (a text of one endless word) it is cut at `limit`,
+    and only the ids at that seam may differ."""
+    start = 0
+    while len(text) - start > limit:
+        cut = space_cut(text[start:start + limit + 1], limit) or limit
+        yield text[start:start + cut]
+        start += cut
+    yield text[start:]
+
+
+def encode_bounded(text: str) -> np.ndarray:
+    """`encode_text_array` of a text of any length, a bounded piece at a time (`bounded_pieces`)."""
+    if len(text) <= PIECE_CHARS:
+        return encode_text_array(text)
+    return np.concatenate([encode_text_array(piece) for piece in bounded_pieces(text, PIECE_CHARS)])
+
+
 def encode_stream(chunks: Iterable[str], max_carry: int = 64 * 2**20) -> Iterator[list[int]]:
     """The ids of the concatenated chunks, one list per chunk, equal to encoding the whole text at once.
 
@@ -177,7 +216,7 @@ def encode_stream(chunks: Iterable[str], max_carry: int = 64 * 2**20) -> Iterato
         text = carry + chunk
         cut = safe_cut(text) or (len(text) if len(text) > max_carry else 0)
         if cut:
-            yield encode_text(text[:cut])
+            yield encode_bounded(text[:cut]).tolist()
         carry = text[cut:]
     if carry:
-        yield encode_text(carry)
+        yield encode_bounded(carry).tolist()
