@@ -212,16 +212,17 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     if odd:
         raise LadderError(f"checkpoint {path} holds {', '.join(odd)} in another form than gpt2ladder writes; "
                           "it was not written by this gpt2ladder")
-    problem = _settings_problem(state)
+    problem = _settings_problem(state, check_settings="train_config" in needs)
     if problem:  # a valid hash over values no run writes: refused here, before a division or a loop uses them
         raise LadderError(f"checkpoint {path} holds {problem}: damaged or made by hand, not written by a "
                           "gpt2ladder run")
     return state
 
 
-def _settings_problem(state: dict) -> str | None:
-    """The first value a run could not have saved: a negative step, a best that is no loss, settings a flag
-    would refuse (checked against the checkpoint's own shape, when it has one)."""
+def _settings_problem(state: dict, check_settings: bool) -> str | None:
+    """The first value a run could not have saved: a negative step, a best that is no loss and, with
+    `check_settings` (a reader that trains on them: --resume), settings a flag would refuse (checked against
+    the checkpoint's own shape, when it has one). Readers of the weights alone pass over odd settings."""
     step, best = state.get("step"), state.get("best")
     if isinstance(step, int) and step < 0:
         return f"step {step}"
@@ -229,7 +230,7 @@ def _settings_problem(state: dict) -> str | None:
             and not (best["step"] >= 0 and math.isfinite(best["val_loss"])):
         return f"best {best}"
     settings = state.get("train_config")
-    if not isinstance(settings, dict):
+    if not check_settings or not isinstance(settings, dict):
         return None
     try:
         shape = ModelConfig(**state["model_config"])
