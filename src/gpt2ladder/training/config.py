@@ -120,7 +120,8 @@ KINDS = {"preset": _STR, "rungs": (list, tuple), "batch_size": _INT, "seq_len": 
          "eval_every": _INT, "eval_batches": _INT, "ckpt_every": _INT, "val_tokens": _INT + (type(None),),
          "hellaswag_every": _INT, "hellaswag_data": _STR + (type(None),), "target_val_loss": _NUM + (type(None),),
          "seed": _INT, "data": _STR + (type(None),), "init_from": _STR + (type(None),), "compile_backend": _STR,
-         "recipe": _STR, "muon_lr": _NUM + (type(None),), "embed_lr": _NUM + (type(None),), "head_lr": _NUM + (type(None),)}
+         "recipe": _STR, "muon_lr": _NUM + (type(None),), "embed_lr": _NUM + (type(None),),
+         "head_lr": _NUM + (type(None),)}
 
 
 def settings_problem(saved: dict, shape: ModelConfig) -> str | None:
