@@ -423,6 +423,50 @@ def _profile(args) -> int:
     return profile_command(args)
 
 
+def _add_race(sub) -> None:
+    from gpt2ladder.model.recipe import PARTS  # not measure.race, which imports torch: --help stays quick
+
+    p = sub.add_parser("race", help="the recipes' ladder: training time to a target validation loss, per rung",
+                       description="Train each rung of the race (GPT-2, then one recipe part more per rung: "
+                       f"gpt2, {', '.join(p.name for p in PARTS)}) from the same seeds on the same data, at the top of the step "
+                       "ladder this machine supports for its recipe, until its first validation at or below the "
+                       "target or the end of its planned steps; report per rung the training seconds to the target "
+                       "(timed steps only; compile and capture, and validation, apart), wall seconds, tokens and "
+                       "steps, median and range over the seeds; write race.json, race.md and race.png. Each run "
+                       "is a train run directory, OUT/<rung>/seed<k>/. See docs/race.md.")
+    _common(p)
+    p.add_argument("--rungs", help="'all' or race rungs, a comma list taken in race order; rung k trains the parts "
+                   "of rungs 0..k (default: all)")
+    p.add_argument("--target-val-loss", type=_positive_float, metavar="X", help="the validation loss to reach, "
+                   "above 0 and below an untrained model's (ln 50257 = 10.82, and a margin) (default: FineWeb's 3.28 on a corpus prepared from "
+                   "HuggingFaceFW/fineweb; a demo value on Tiny Shakespeare; none otherwise)")
+    p.add_argument("--seeds", type=_positive_int, help=f"runs per rung, seeds 0..N-1 (default: {D('race', 'seeds')})")
+    p.add_argument("--steps", type=_positive_int, help="the steps every run is planned for, which its learning-rate "
+                   f"schedule spans; a run stops sooner at the target (default: {D('race', 'steps')})")
+    p.add_argument("--eval-every", type=_positive_int, help="validate every N steps (default: --steps / "
+                   f"{D('race', 'validations')})")
+    p.add_argument("--data", help=DATA_HELP)
+    p.add_argument("--batch-size", type=_positive_int, help="micro-batch: sequences per forward pass (default: on a "
+                   f"GPU the largest that fits and divides the step, {DEFAULTS['race']['cpu']['batch_size']} on CPU)")
+    p.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: {D('race', 'seq_len')})")
+    p.add_argument("--tokens-per-step", type=_positive_int, help="tokens per optimizer step; accumulation makes up "
+                   "the difference (default: one micro-batch of the default size)")
+    p.add_argument("--lr", type=_positive_float, help=f"peak AdamW learning rate (default: {D('race', 'lr')})")
+    p.add_argument("--muon-lr", type=_positive_float, help="peak Muon learning rate of the Blocks' matrices, from "
+                   f"the muon rung on (default: {D('race', 'muon_lr')})")
+    _out(p, "race", "race.json, race.md, race.png, and a run directory per rung and seed")
+    p.add_argument("--resume", action="store_true", help="continue the race in OUT: skip the runs it finished, "
+                   "continue a stopped one from its checkpoint (off by default)")
+    _no_progress(p)
+    p.set_defaults(handler=_race)
+
+
+def _race(args) -> int:
+    from gpt2ladder.commands.race import race_command
+
+    return race_command(args)
+
+
 def _token_count(text: str) -> int:
     """A token count as a number or with a decimal suffix: 100000, 10M, 1.5B (K, M, B: 10**3, 10**6, 10**9)."""
     scale = {"K": 10**3, "M": 10**6, "B": 10**9}.get(text[-1:].upper(), 1)
@@ -549,6 +593,11 @@ then, in Python:
   gpt2ladder parity --device cpu --steps 60""",
     "profile": """examples:
   gpt2ladder profile --rungs baseline,compile,flash""",
+    "race": """examples:
+  gpt2ladder race                                   Tiny Shakespeare, a demo target, every rung
+  gpt2ladder race --rungs gpt2,muon,rope --seeds 3
+  gpt2ladder race --data data/fw10B --target-val-loss 3.28 --tokens-per-step 524288 --steps 5000
+  gpt2ladder race --out runs/race --resume          continue a race that was stopped""",
     "prepare": """examples:
   gpt2ladder prepare HuggingFaceFW/fineweb-edu data/edu10B --subset sample-10BT --name edufineweb
   gpt2ladder prepare my_texts/ data/mine                 one document per file
@@ -571,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(off by default)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for add in (_add_bench, _add_train, _add_sample, _add_export, _add_eval, _add_parity, _add_profile,
-                _add_prepare, _add_doctor):
+                _add_race, _add_prepare, _add_doctor):
         add(sub)
     for name, p in sub.choices.items():
         p.formatter_class, p.epilog = _Formatter, _EXAMPLES.get(name)

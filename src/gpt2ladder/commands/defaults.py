@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # a type only: the CLI reads this table for --help without importing torch
     import torch
 
-# Read by `bench`, `train`, `parity` and `profile` only: lets CPU tests run the compile rung with backend
+# Read by `bench`, `train`, `parity`, `profile` and `race` only: lets CPU tests run the compile rung with backend
 # "eager" (seconds, not minutes). Not a user setting; the default is Inductor, the backend the rung is about.
 COMPILE_BACKEND_ENV = "GPT2LADDER_COMPILE_BACKEND"
 
@@ -26,6 +26,13 @@ DEFAULTS: dict[str, dict[str, dict]] = {
                       "seed": 0}},
     "parity": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 300},
                "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60}},
+    # A CPU races the tiny preset on short steps at a higher rate, so the whole race ends in minutes. `validations`:
+    # how many times a run planned for --steps validates (--eval-every is steps / validations).
+    "race": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 1000, "seeds": 3, "lr": 6e-4,
+                     "validations": 40, "eval_batches": 20},
+             "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60, "seeds": 1, "lr": 3e-3,
+                     "validations": 12, "eval_batches": 4},
+             "any": {"muon_lr": 0.02}},
     "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None},
                 "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128}},
 }

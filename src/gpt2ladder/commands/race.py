@@ -1,0 +1,180 @@
+"""`gpt2ladder race`: flags -> `RaceConfig` -> the runs (`measure.race`) -> race.json, .md, .png.
+
+Every decision is made here, before the first run starts: the rungs and the recipe each trains, the target (given,
+or the one the corpus is known by), the settings every run shares, and for each rung the top of the step ladder
+this machine supports for its recipe and, on a GPU, the micro-batch that fits. Every mistake in the input fails
+here, in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from gpt2ladder import data as data_mod
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
+from gpt2ladder.errors import UsageError
+from gpt2ladder.ladder import resolve_rungs, setup_for
+from gpt2ladder.measure import race
+from gpt2ladder.measure.batch import plan_training
+from gpt2ladder.model.config import preset
+from gpt2ladder.model.recipe import parse_recipe
+from gpt2ladder.report import race as report
+from gpt2ladder.report.records import output_dir, write_json, write_record
+from gpt2ladder.runtime.hardware import Capabilities, cap_memory, detect, resolve_device
+from gpt2ladder.runtime.memory import check_fits
+from gpt2ladder.training.config import TrainConfig
+
+# Tiny Shakespeare has no agreed target: the race's demo default per preset, a loss the first rung reaches within
+# the default steps on this text (a demonstration of the race, not a yardstick).
+SHAKESPEARE_DEMO_TARGETS = {"tiny": 6.8}
+SHAKESPEARE_DEMO_TARGET = 5.4  # every other preset
+# Why a CPU's race runs no step rung that compiles: Inductor compiling each recipe's model on a CPU takes longer
+# than the run it would speed up.
+CPU_COMPILE = "on a CPU the race does not compile: compiling each rung's model would take longer than its run"
+
+
+def race_command(args) -> int:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("gpt2ladder race runs on one process (one GPU); launch it without torchrun")
+    device = resolve_device(args.device)
+    caps = cap_memory(device, detect(device), args.gpu_memory)
+    names = race.parse_race_rungs(args.rungs)
+    if args.target_val_loss is not None:
+        race.check_target(args.target_val_loss)
+    out = Path(args.out)
+    race.check_new_race(out, args.resume)
+    earlier = _earlier(out) if args.resume else None
+    tokens = data_mod.load_tokens(args.data)
+    target, source = target_for(args, tokens)
+    cfg = race_config(args, device, caps, names, target, source)
+    check_corpus(cfg, tokens)
+    race.check_same_race(cfg, earlier)
+    with output_dir(out) as out:
+        return _race(args, cfg, device, caps, tokens, out)
+
+
+def _earlier(out: Path) -> dict | None:
+    path = out / "race.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        raise UsageError(f"{path} is not valid JSON (damaged); move it away to start the race again") from None
+
+
+def target_for(args, tokens: data_mod.TokenData) -> tuple[float, str]:
+    """The target and where it came from: given; Tiny Shakespeare's demo default; or the one a prepared corpus's
+    source is known by. A UsageError where there is none."""
+    if args.target_val_loss is not None:
+        return args.target_val_loss, "given"
+    if args.data is None:
+        name = args.preset or defaults("race", torch.device("cpu"))["preset"]
+        target = SHAKESPEARE_DEMO_TARGETS.get(name, SHAKESPEARE_DEMO_TARGET)
+        return target, "Tiny Shakespeare's demo default, not an agreed yardstick"
+    source = corpus_source(args.data)
+    target = race.known_target(source)
+    if target is None:
+        raise UsageError(f"no --target-val-loss, and {tokens.source} has no known target (FineWeb's is 3.28, read "
+                         "from the manifest prepare wrote); give --target-val-loss X")
+    return target, f"{source}'s known target"
+
+
+def corpus_source(data: str) -> str | None:
+    """The source name a prepared corpus's manifest records (a Hugging Face dataset's name), or None."""
+    from gpt2ladder.data import manifest
+
+    path = Path(data).expanduser() / manifest.FINAL
+    if not path.is_file():
+        return None
+    described = manifest.read(path).get("source")
+    return described.get("name") if isinstance(described, dict) else None
+
+
+def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target: float,
+                source: str) -> race.RaceConfig:
+    d = defaults("race", device)
+    name = args.preset or d["preset"]
+    shape = preset(name)
+    steps, lr = args.steps or d["steps"], args.lr or d["lr"]
+    seq_len = args.seq_len or min(d["seq_len"] or shape.block_size, shape.block_size)
+    batch = args.batch_size or d["batch_size"]
+    train = TrainConfig(
+        preset=name, model=shape, batch_size=batch, seq_len=seq_len, tokens_per_step=args.tokens_per_step or batch * seq_len,
+        steps=steps, lr=lr, min_lr=lr / 10, warmup_steps=int(0.05 * steps), eval_every=args.eval_every or max(1, steps // d["validations"]),
+        eval_batches=d["eval_batches"], ckpt_every=max(1, steps // 5), target_val_loss=target, data=args.data,
+        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", muon_lr=args.muon_lr or d["muon_lr"],
+    )
+    rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
+    return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source)
+
+
+def race_rung(name: str, recipe: str, train: TrainConfig, args, device, caps: Capabilities) -> race.RaceRung:
+    """The rung as it runs here: the step rungs `--rungs auto` gives its recipe (on a CPU, none that compiles) and,
+    on a GPU without --batch-size, the largest micro-batch that fits and divides the step."""
+    problem = race.recipe_problem(recipe, caps)
+    if problem:
+        raise UsageError(f"race rung {name}: {problem}")
+    planned = caps if device.type == "cuda" else dataclasses.replace(caps, compile_problem=CPU_COMPILE)
+    step_rungs = tuple(resolve_rungs("auto", planned, None, parse_recipe(recipe))) or ("baseline",)
+    cfg = dataclasses.replace(train, recipe=recipe, rungs=step_rungs)
+    batch = cfg.batch_size
+    if device.type == "cuda" and not args.batch_size:
+        per_step = cfg.tokens_per_step // cfg.seq_len
+        step_rungs, plan, _ = plan_training(cfg.model, step_rungs, cfg.seq_len, caps, device, per_step, validates=True,
+                                            graph_only_too=True)
+        batch = plan.batch
+    problem = check_fits(cfg.model, setup_for(list(step_rungs)), batch, cfg.seq_len, caps,
+                         batch_tokens=(1 + cfg.eval_batches) * cfg.tokens_per_step)
+    if problem:
+        raise UsageError(f"race rung {name}: {problem}")
+    return race.RaceRung(name, recipe, step_rungs, batch)
+
+
+def check_corpus(cfg: race.RaceConfig, tokens: data_mod.TokenData) -> None:
+    """A UsageError unless the data holds what one rung needs: a sequence for training and one for validation
+    and, for a corpus of shards (read without replacement), every token of a rung's planned steps."""
+    data_mod.check_splits(tokens, cfg.train.seq_len, validate=True)
+    need = cfg.train.steps * cfg.train.tokens_per_step
+    if isinstance(tokens.train, data_mod.ShardedTokens) and len(tokens.train) < need:
+        raise UsageError(f"the corpus's training shards hold {len(tokens.train):,} tokens, fewer than one rung's "
+                         f"{need:,} (--steps {cfg.train.steps} x --tokens-per-step {cfg.train.tokens_per_step:,}); "
+                         "use a larger corpus or fewer --steps")
+
+
+def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path) -> int:
+    say = print
+    s = cfg.train
+    say(f"gpt2ladder race: {len(cfg.rungs)} rungs x {cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}, {s.preset} on "
+        f"{caps.name}, to validation loss {cfg.target:g} ({cfg.target_source}); each run planned for {s.steps} steps "
+        f"of {s.tokens_per_step:,} tokens, validated every {s.eval_every}; runs in {out}/<rung>/seed<k>/", flush=True)
+    if device.type != "cuda":
+        say(f"notice: {CPU_COMPILE}", flush=True)
+
+    def on_record(record: dict) -> None:
+        for stale in ("race.md", "race.png"):
+            (out / stale).unlink(missing_ok=True)
+        write_json(out / "race.json", record)
+
+    def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
+        say(report.run_line(rung.name, result, cfg.target) + ("" if ran else " (finished earlier)"), flush=True)
+
+    def on_rung(record: dict) -> None:
+        on_record(record)
+        row = record["rungs"][-1]
+        if row["seeds_run"] == cfg.seeds or row["status"] != "ok":
+            say(report.progress_line(row, cfg.target), flush=True)
+
+    record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
+                                 on_record=on_rung, on_run=on_run)
+    paths = write_record(out, "race", record, report.format_markdown, report.race_chart)
+    say("\n" + report.format_table(record))
+    say(f"wrote {', '.join(str(p) for p in paths)}")
+    if code:
+        say("the race stopped; --resume continues it from the runs it finished")
+    return code

@@ -1,0 +1,305 @@
+"""The race: the second ladder, judged by the time to a target validation loss.
+
+Its rungs are recipes (`model/recipe.py`): rung k is GPT-2 with parts 0..k switched on, in the race's order
+(`RACE_RUNGS`). Every rung is a real training run (`training/run.py`), one per seed, each in its own run
+directory (OUT/<rung>/seed<k>/), all from the same seeds on the same data order and planned for the same
+number of steps, at the top of the step ladder this machine supports for that recipe. A run stops at its first
+validation at or below the target, or when its planned steps run out: then the target was not reached in its
+tokens.
+
+A rung's time is the training time of its run up to that validation: the sum of its timed steps (the trainer's
+clock, `training/clock.py`), without the first step, which compiles and captures, and without validation and
+checkpoints, which run between the steps; both are reported apart, with the wall time. The schedule is the one
+planned for all the steps, so a rung that reaches the target early did so with its learning rate still high: the
+time read is that of a run planned for a fixed budget, the same way for every rung. Over the seeds: the median,
+and the range (lowest to highest). A rung is "within noise" of the rung before when their ranges overlap.
+
+Everything a row says is read back from its runs' log.jsonl, so a race cut off keeps the runs it finished, and
+continuing it (`resume`) skips them; a run stopped part-way continues from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt2ladder import data as data_mod
+from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.model.recipe import PARTS, parse_recipe, race_recipes
+from gpt2ladder.report.records import record_header
+from gpt2ladder.runtime.hardware import Capabilities
+from gpt2ladder.runtime.metrics import peak_flops
+from gpt2ladder.training.checkpoint import FILENAME, PREVIOUS
+from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.run import claimed, saved_run, train_claimed
+from gpt2ladder.training.runlog import read_log
+
+RACE_RUNGS = ("gpt2", *(p.name for p in PARTS))  # the race's order: GPT-2, then each part on top
+# The untrained model's loss is ln(50257) = 10.82 nats a token: a target above this (and a margin) is met
+# before training starts, and the race would time nothing.
+MAX_TARGET = 10.9
+# Known targets, by a prepared corpus's source name: GPT-2 124M's validation loss on FineWeb, the speedrun's
+# yardstick.
+KNOWN_TARGETS = {"huggingfacefw/fineweb": 3.28}
+METRICS = ("train_seconds", "wall_seconds", "tokens", "steps", "warmup_seconds", "validation_seconds")
+
+
+def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
+    """`all` (or None): every rung; else a comma list of race rungs, put in the race's order."""
+    if spec is None or spec.strip() == "all":
+        return RACE_RUNGS
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RACE_RUNGS]
+    if unknown or not names:
+        raise UsageError(f"unknown race rung {', '.join(unknown) or repr(spec)}; choose from: all, "
+                         f"{', '.join(RACE_RUNGS)}")
+    return tuple(n for n in RACE_RUNGS if n in names)
+
+
+def check_target(target: float) -> None:
+    """A UsageError for a target no run can be timed to."""
+    if not 0 < target <= MAX_TARGET:
+        raise UsageError(f"--target-val-loss must be above 0 and at most {MAX_TARGET} (an untrained GPT-2's loss "
+                         f"is ln(50257) = 10.82), got {target:g}")
+
+
+def known_target(source_name: str | None) -> float | None:
+    """The target a corpus is known by (its prepared manifest's source name), or None."""
+    return KNOWN_TARGETS.get((source_name or "").lower())
+
+
+def recipe_problem(recipe_name: str, caps: Capabilities) -> str | None:
+    """Why this torch or device cannot train the recipe, or None."""
+    recipe = parse_recipe(recipe_name)
+    if recipe.has("rmsnorm") or recipe.has("qk_norm"):
+        if not hasattr(torch.nn.functional, "rms_norm"):
+            return f"recipe {recipe.name} needs torch.nn.functional.rms_norm (PyTorch 2.4+); this is {torch.__version__}"
+    if recipe.optimizer == "muon" and caps.device_type == "cuda" and not caps.bf16_supported:
+        return (f"the muon part orthogonalises its updates in bfloat16, which needs compute capability 8.0 or newer; "
+                f"{caps.name} is {caps.capability_text}")
+    if recipe.optimizer == "muon" and caps.device_type == "mps":
+        return "the muon part's batched bfloat16 products are not tested on Apple's MPS; use --device cpu or a CUDA GPU"
+    return None
+
+
+@dataclass(frozen=True)
+class RaceRung:
+    """One rung as it runs here: its name, its recipe, and how its step runs (the step ladder's rungs, the
+    micro-batch)."""
+
+    name: str
+    recipe: str
+    step_rungs: tuple[str, ...]
+    batch_size: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(name, recipe name) of each rung: rung k is the parts of rungs 0..k."""
+    return [(name, recipe.name) for name, recipe in zip(names, race_recipes(list(names)))]
+
+
+@dataclass(frozen=True)
+class RaceConfig:
+    """What a race runs, every choice made: the rungs as they run here, the seeds, and the settings every run
+    shares (`train`: its recipe, step rungs, micro-batch and seed are each run's own)."""
+
+    rungs: tuple[RaceRung, ...]
+    seeds: int
+    train: TrainConfig
+    target_source: str = "given"  # where the target came from: given, or the corpus it is known for
+
+    def __post_init__(self) -> None:
+        if self.train.target_val_loss is None:
+            raise ValueError("a race needs train.target_val_loss")
+        check_target(self.train.target_val_loss)
+        if self.seeds < 1:
+            raise UsageError(f"--seeds must be a positive integer, got {self.seeds}")
+
+    @property
+    def target(self) -> float:
+        return self.train.target_val_loss
+
+    def run_config(self, rung: RaceRung, seed: int) -> TrainConfig:
+        return dataclasses.replace(self.train, recipe=rung.recipe, rungs=rung.step_rungs, batch_size=rung.batch_size,
+                                   seed=seed)
+
+    def settings(self) -> dict:
+        """What every run of the race shares: a race continued with --resume must share them too."""
+        shared = {k: v for k, v in self.train.to_dict().items() if k not in ("recipe", "rungs", "batch_size", "seed")}
+        return {**shared, "model": self.train.model.to_dict()}
+
+    def to_dict(self) -> dict:
+        return {"rungs": [r.to_dict() for r in self.rungs], "seeds": self.seeds, "target_source": self.target_source,
+                "settings": self.settings()}
+
+
+def run_dir(out: Path, rung: str, seed: int) -> Path:
+    return out / rung / f"seed{seed}"
+
+
+def check_new_race(out: Path, resume: bool) -> None:
+    """Without --resume, a race may not start over another one's runs (that is what --resume is for)."""
+    if resume:
+        return
+    held = [p for p in (out / "race.json", *out.glob(f"*/seed*/{FILENAME}"), *out.glob(f"*/seed*/{PREVIOUS}"))
+            if p.exists()]
+    if held:
+        raise UsageError(f"{out} already holds a race ({held[0]}); pass --resume to continue it, or another --out")
+
+
+def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
+    """--resume continues a race of the same settings (the rungs and seeds may differ)."""
+    if earlier is None:
+        return
+    before = (earlier.get("config") or {}).get("settings") or {}
+    changed = sorted(k for k in set(before) | set(cfg.settings()) if before.get(k) != cfg.settings().get(k))
+    if changed:
+        raise UsageError(f"--resume: the race in this folder ran with other settings ({', '.join(changed)}); give "
+                         "the same flags, or another --out")
+
+
+def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilities, tokens: data_mod.TokenData, *,
+             resume: bool = False, progress: bool = True, on_record=None, on_run=None) -> tuple[dict, int]:
+    """Every (rung, seed) of the race, in order; the record and 0, or the exit code of the run a signal stopped.
+
+    `on_record(record)` sees the record after each run (the command writes race.json there), `on_run(rung, seed,
+    result, ran)` each run's result as it is known (`ran`: trained now, not read back from an earlier session)."""
+    runs: dict[str, list[dict]] = {r.name: [] for r in cfg.rungs}
+    code = 0
+    for rung in cfg.rungs:
+        for seed in range(cfg.seeds):
+            where = run_dir(out, rung.name, seed)
+            run_cfg = cfg.run_config(rung, seed)
+            result = finished_run(where, run_cfg, seed) if resume else None
+            ran = result is None
+            if ran:
+                code, result = train_run(run_cfg, device, where, caps, tokens, seed, resume, progress)
+            runs[rung.name].append(result)
+            if on_run is not None:
+                on_run(rung, seed, result, ran)
+            record = race_record(cfg, device, caps, tokens, runs, partial=True)
+            if on_record is not None:
+                on_record(record)
+            if code:
+                return record, code
+    return race_record(cfg, device, caps, tokens, runs, partial=False), 0
+
+
+def train_run(cfg: TrainConfig, device, where: Path, caps, tokens, seed: int, resume: bool,
+              progress: bool) -> tuple[int, dict]:
+    """One run, trained (or continued from its checkpoint) to the target or its last step; what the trainer says
+    goes to its train.txt. A run that fails (its loss exploded) is a row that says why; the race goes on."""
+    where.mkdir(parents=True, exist_ok=True)
+    with claimed(where):
+        saved = saved_run(where, resume=resume and _has_checkpoint(where))
+        try:
+            with open(where / "train.txt", "a", encoding="utf-8") as said, contextlib.redirect_stdout(said):
+                result = train_claimed(cfg, device, where, saved, tokens=tokens, progress=progress, caps=caps)
+        except UsageError:
+            raise
+        except LadderError as err:
+            return 0, {"seed": seed, "dir": str(where), "status": "failed", "reason": str(err)}
+    if result.exit_code:
+        return result.exit_code, {"seed": seed, "dir": str(where), "status": "stopped",
+                                  "reason": f"stopped at step {result.step}; --resume continues it"}
+    return 0, run_result(read_log(where / "log.jsonl"), cfg, seed, where)
+
+
+def _has_checkpoint(where: Path) -> bool:
+    return (where / FILENAME).exists() or (where / PREVIOUS).exists()
+
+
+def finished_run(where: Path, cfg: TrainConfig, seed: int) -> dict | None:
+    """The result of a run an earlier session finished (it reached the target, or ran all its steps), else None."""
+    entries = read_log(where / "log.jsonl")
+    if not entries or not (any("target" in e for e in entries) or entries[-1]["step"] >= cfg.steps):
+        return None
+    return run_result(entries, cfg, seed, where)
+
+
+def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) -> dict:
+    """A finished run's figures from its log: to the target (None where it was not reached), its step time,
+    MFU and validation curve. The curve's training seconds add up every logged step but the first."""
+    hit = next((e for e in entries if "target" in e), None)
+    curve, train_ms = [], 0.0
+    for i, e in enumerate(entries):
+        train_ms += e["ms"] if i else 0.0
+        if "val_loss" in e:
+            curve.append({"step": e["step"], "tokens": e["step"] * cfg.tokens_per_step,
+                          "train_seconds": round(train_ms / 1000, 3), "val_loss": e["val_loss"]})
+    timed = entries[1:] or entries
+    mfus = [e["mfu"] for e in timed if e.get("mfu") is not None]
+    result = {"seed": seed, "dir": str(where), "status": "ok", "reached": hit is not None,
+              "steps_run": entries[-1]["step"], "planned_tokens": cfg.steps * cfg.tokens_per_step,
+              "ms_per_step": statistics.median(e["ms"] for e in timed),
+              "mfu": statistics.median(mfus) if mfus else None, "curve": curve}
+    got = hit["target"] if hit else {}
+    figures = {"train_seconds": got.get("train_s"), "wall_seconds": got.get("wall_s"), "tokens": got.get("tokens"),
+               "steps": hit["step"] if hit else None, "warmup_seconds": got.get("warmup_s"),
+               "validation_seconds": got.get("validation_s")}
+    return {**result, **figures}
+
+
+def race_record(cfg: RaceConfig, device, caps: Capabilities, tokens, runs: dict[str, list[dict]],
+                partial: bool) -> dict:
+    """race.json: the record header, what was raced, and a row per rung that has run."""
+    rows = [rung_row(r, runs[r.name], cfg) for r in cfg.rungs if runs[r.name]]
+    add_gains(rows)
+    return {**record_header(caps, device), "command": "race", "config": cfg.to_dict(),
+            "target_val_loss": cfg.target, "target_source": cfg.target_source,
+            "model": cfg.train.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
+            "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": rows}
+
+
+def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
+    """A rung's row: each figure as its median and range over the seeds, and every seed's own."""
+    ok = [r for r in runs if r["status"] == "ok"]
+    failed = [r for r in runs if r["status"] != "ok"]
+    complete = len(ok) == cfg.seeds
+    reached = complete and all(r["reached"] for r in ok)
+    row = {"name": rung.name, "recipe": rung.recipe, "step_rungs": list(rung.step_rungs),
+           "batch_size": rung.batch_size, "status": "ok" if complete else (failed[0]["status"] if failed else "partial"),
+           "reason": failed[0]["reason"] if failed else None, "seeds_run": len(ok),
+           "seeds_reached": sum(r["reached"] for r in ok), "reached": reached,
+           "planned_tokens": cfg.train.steps * cfg.train.tokens_per_step, "tokens_per_step": cfg.train.tokens_per_step}
+    for key in METRICS:
+        row[key] = spread([r[key] for r in ok], reached)
+    for key in ("ms_per_step", "mfu"):
+        values = [r[key] for r in ok if r[key] is not None]
+        row[key] = statistics.median(values) if values else None
+    row["runs"] = runs
+    return row
+
+
+def spread(values: list, reached: bool) -> dict:
+    """{"median", "min", "max", "seeds"}: the median and range only where every seed reached the target (a seed
+    that did not has no time to the target: it is beyond the budget, not a number to average)."""
+    if not reached or not values:
+        return {"median": None, "min": None, "max": None, "seeds": values}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "seeds": values}
+
+
+def add_gains(rows: list[dict]) -> None:
+    """Each row's gain over the row before it in training seconds to the target (the earlier median over this
+    one), and whether the two are within noise: their seeds' ranges overlap."""
+    prev = None
+    for row in rows:
+        row["gain_vs_prev"] = row["within_noise_of_prev"] = None
+        if prev is not None and row["reached"] and prev["reached"]:
+            now, before = row["train_seconds"], prev["train_seconds"]
+            row["gain_vs_prev"] = before["median"] / now["median"] if now["median"] > 0 else None
+            row["within_noise_of_prev"] = overlap(now, before)
+        prev = row
+
+
+def overlap(a: dict, b: dict) -> bool:
+    """Whether two ranges {"min", "max"} overlap (one seed each: the same value)."""
+    return a["min"] <= b["max"] and b["min"] <= a["max"]

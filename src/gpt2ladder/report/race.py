@@ -1,0 +1,151 @@
+"""The race record (race.json) as a line per rung while it runs, a terminal table, Markdown (race.md) and a chart
+(race.png: the time to the target per rung, and every rung's validation loss against its training seconds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpt2ladder.report.plots import pyplot
+from gpt2ladder.report.tables import fmt, markdown_table, text_table
+
+HEADERS = ["rung", "train s to target (range)", "vs rung before", "wall s", "tokens", "steps", "ms/step", "MFU %",
+           "compile s", "validation s"]
+
+
+def not_reached(row: dict) -> str:
+    seeds = "" if row["seeds_run"] <= 1 else f" ({row['seeds_reached']} of {row['seeds_run']} seeds reached it)"
+    return f"not reached in {row['planned_tokens']:,} tokens{seeds}"
+
+
+def time_text(row: dict) -> str:
+    """'12.3 (11.8-13.0)': the median and range of the training seconds; one seed: the value alone."""
+    t = row["train_seconds"]
+    if t["min"] == t["max"]:
+        return f"{t['median']:.1f}"
+    return f"{t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f})"
+
+
+def vs_prev(row: dict) -> str:
+    if row.get("gain_vs_prev") is None:
+        return "-"
+    return "within noise" if row["within_noise_of_prev"] else f"{row['gain_vs_prev']:.2f}x"
+
+
+def _median(row: dict, key: str, spec: str) -> str:
+    return fmt(row[key]["median"], spec)
+
+
+def rows(record: dict) -> list[list[str]]:
+    """One table row per rung: its figures, or why it has none (not reached, failed, cut off)."""
+    out = []
+    for r in record["rungs"]:
+        if r["status"] != "ok":
+            out.append([r["name"], f"{r['status']}: {r['reason'] or 'the race stopped before its seeds ran'}"])
+        elif not r["reached"]:
+            out.append([r["name"], not_reached(r)])
+        else:
+            out.append([r["name"], time_text(r), vs_prev(r), _median(r, "wall_seconds", ".1f"),
+                        _median(r, "tokens", ",.0f"), _median(r, "steps", ".0f"), fmt(r["ms_per_step"], ".1f"),
+                        fmt(r["mfu"] and 100 * r["mfu"], ".1f"), _median(r, "warmup_seconds", ".1f"),
+                        _median(r, "validation_seconds", ".1f")])
+    return out
+
+
+def format_table(record: dict) -> str:
+    return text_table(HEADERS, rows(record))
+
+
+def progress_line(row: dict, target: float) -> str:
+    """What the race says when a rung's seeds are done."""
+    if row["status"] != "ok":
+        return f"race {row['name']}: {row['status']}: {row['reason'] or 'cut off'}"
+    if not row["reached"]:
+        return f"race {row['name']}: val loss {target:g} {not_reached(row)}"
+    gain, seeds = vs_prev(row), row["seeds_run"]
+    over = "" if seeds == 1 else f" (median and range of {seeds} seeds)"
+    against = "" if gain == "-" else f", {gain} against the rung before"
+    return (f"race {row['name']}: val loss {target:g} in {time_text(row)} s of training{over}{against}, "
+            f"{row['tokens']['median']:,.0f} tokens, {row['ms_per_step']:.1f} ms/step")
+
+
+def run_line(rung: str, result: dict, target: float) -> str:
+    """What the race says when one run (a rung's seed) is done."""
+    head = f"  {rung} seed {result['seed']}: "
+    if result["status"] != "ok":
+        return head + f"{result['status']}: {result['reason']}"
+    if not result["reached"]:
+        return head + f"not reached in {result['steps_run']} steps ({result['planned_tokens']:,} tokens)"
+    return (head + f"val loss {target:g} at step {result['steps']} in {result['train_seconds']:.1f} s of training "
+            f"({result['warmup_seconds']:.1f} s compile and capture, {result['validation_seconds']:.1f} s validation "
+            f"apart; {result['wall_seconds']:.1f} s wall)")
+
+
+def format_markdown(record: dict) -> str:
+    cfg, dev, s = record["config"], record["device"], record["config"]["settings"]
+    source = "" if record["target_source"] == "given" else f" ({record['target_source']})"
+    head = [
+        f"# gpt2ladder race: {s['preset']} on {dev['name']}, to validation loss {record['target_val_loss']:g}",
+        "",
+        f"- target: validation loss {record['target_val_loss']:g}{source}, on {record['data']['source']}",
+        f"- every run planned for {s['steps']:,} steps of {s['tokens_per_step']:,} tokens "
+        f"({s['steps'] * s['tokens_per_step']:,} tokens), validated every {s['eval_every']} steps; "
+        (f"seeds 0 to {cfg['seeds'] - 1} per rung" if cfg["seeds"] > 1 else "one seed (0) per rung"),
+        "- the time: training seconds of the timed steps up to the first validation at or below the target, in a "
+        "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
+        "- median and range (lowest-highest) over the seeds; 'within noise': the seeds' ranges of this rung and "
+        "the rung before overlap",
+        f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
+        f"{record['gpt2ladder']} at {record['git_sha']}",
+        f"- {record['date']}",
+    ]
+    if record.get("partial"):
+        head.append("- partial: the race stopped before every rung had run; the rows below are the ones it finished")
+    steps = ["", "| rung | recipe | step rungs | micro-batch |", "|---|---|---|---|"]
+    steps += [f"| {r['name']} | {r['recipe']} | {', '.join(r['step_rungs'])} | {r['batch_size']} |"
+              for r in record["rungs"]]
+    return "\n".join(head + [""] + markdown_table(HEADERS, rows(record)) + steps) + "\n"
+
+
+def race_chart(record: dict, path: Path) -> Path:
+    """race.png: bars of the training seconds to the target per rung (whiskers: the seeds' range), and every
+    rung's validation loss against its training seconds (seed 0's curve) with the target as a line."""
+    plt = pyplot()
+    rungs = record["rungs"]
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(max(10.0, 0.8 * len(rungs) + 7), 4.8))
+    colours = plt.get_cmap("viridis")
+    for i, r in enumerate(rungs):
+        colour = colours(i / max(1, len(rungs) - 1))
+        _bar(bars, i, r, colour)
+        for run in r["runs"][:1]:
+            curve = run.get("curve") or []
+            curves.plot([p["train_seconds"] for p in curve], [p["val_loss"] for p in curve], color=colour,
+                        label=r["name"], linewidth=1.4)
+    bars.set_xticks(range(len(rungs)), [("+ " if i else "") + r["name"] for i, r in enumerate(rungs)], rotation=30,
+                    ha="right")
+    bars.set_ylabel("training seconds to the target (median, range)")
+    bars.set_title(f"time to validation loss {record['target_val_loss']:g}", fontsize=10)
+    curves.axhline(record["target_val_loss"], color="#C44E52", linestyle="--", linewidth=1)
+    curves.set_xlabel("training seconds (timed steps)")
+    curves.set_ylabel("validation loss")
+    curves.set_title(f"{record['config']['settings']['preset']} on {record['data']['source']}, "
+                     f"{record['device']['name']}", fontsize=10)
+    curves.legend(frameon=False, fontsize=7)
+    for ax in (bars, curves):
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _bar(ax, i: int, row: dict, colour) -> None:
+    t = row["train_seconds"]
+    if row["status"] != "ok" or not row["reached"]:
+        ax.annotate("not reached" if row["status"] == "ok" else row["status"], (i, 0), ha="center", va="bottom",
+                    rotation=90, fontsize=8, color="#8C8C8C")
+        return
+    ax.bar(i, t["median"], color=colour)
+    ax.errorbar(i, t["median"], yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]], color="black",
+                capsize=3, linewidth=1)
+    label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{vs_prev(row)}")
+    ax.annotate(label, (i, t["max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
