@@ -18,11 +18,10 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
 from gpt2ladder.errors import UsageError
-from gpt2ladder.ladder import resolve_rungs, setup_for
+from gpt2ladder.ladder import setup_for
 from gpt2ladder.measure import race
 from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.model.config import preset
-from gpt2ladder.model.recipe import parse_recipe
 from gpt2ladder.report import race as report
 from gpt2ladder.report.records import output_dir, write_json, write_record
 from gpt2ladder.runtime.hardware import Capabilities, cap_memory, detect, resolve_device
@@ -33,9 +32,6 @@ from gpt2ladder.training.config import TrainConfig
 # the default steps on this text (a demonstration of the race, not a yardstick).
 SHAKESPEARE_DEMO_TARGETS = {"tiny": 6.8}
 SHAKESPEARE_DEMO_TARGET = 5.4  # every other preset
-# Why a CPU's race runs no step rung that compiles: Inductor compiling each recipe's model on a CPU takes longer
-# than the run it would speed up.
-CPU_COMPILE = "on a CPU the race does not compile: compiling each rung's model would take longer than its run"
 
 
 def race_command(args) -> int:
@@ -104,10 +100,11 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
     steps, lr = args.steps or d["steps"], args.lr or d["lr"]
     seq_len = args.seq_len or min(d["seq_len"] or shape.block_size, shape.block_size)
     batch = args.batch_size or d["batch_size"]
+    every = args.eval_every or max(1, steps // d["validations"])
     train = TrainConfig(
-        preset=name, model=shape, batch_size=batch, seq_len=seq_len, tokens_per_step=args.tokens_per_step or batch * seq_len,
-        steps=steps, lr=lr, min_lr=lr / 10, warmup_steps=int(0.05 * steps), eval_every=args.eval_every or max(1, steps // d["validations"]),
-        eval_batches=d["eval_batches"], ckpt_every=max(1, steps // 5), target_val_loss=target, data=args.data,
+        preset=name, model=shape, batch_size=batch, seq_len=seq_len, steps=steps, lr=lr, min_lr=lr / 10,
+        tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=int(0.05 * steps), eval_every=every,
+        eval_batches=d["eval_batches"], ckpt_every=max(every, steps // 5), target_val_loss=target, data=args.data,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", muon_lr=args.muon_lr or d["muon_lr"],
     )
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
@@ -120,8 +117,7 @@ def race_rung(name: str, recipe: str, train: TrainConfig, args, device, caps: Ca
     problem = race.recipe_problem(recipe, caps)
     if problem:
         raise UsageError(f"race rung {name}: {problem}")
-    planned = caps if device.type == "cuda" else dataclasses.replace(caps, compile_problem=CPU_COMPILE)
-    step_rungs = tuple(resolve_rungs("auto", planned, None, parse_recipe(recipe))) or ("baseline",)
+    step_rungs = race.step_rungs_for(recipe, caps)
     cfg = dataclasses.replace(train, recipe=recipe, rungs=step_rungs)
     batch = cfg.batch_size
     if device.type == "cuda" and not args.batch_size:
@@ -154,7 +150,7 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path) -> int:
         f"{caps.name}, to validation loss {cfg.target:g} ({cfg.target_source}); each run planned for {s.steps} steps "
         f"of {s.tokens_per_step:,} tokens, validated every {s.eval_every}; runs in {out}/<rung>/seed<k>/", flush=True)
     if device.type != "cuda":
-        say(f"notice: {CPU_COMPILE}", flush=True)
+        say(f"notice: {race.CPU_COMPILE}", flush=True)
 
     def on_record(record: dict) -> None:
         for stale in ("race.md", "race.png"):

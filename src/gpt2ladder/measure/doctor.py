@@ -16,6 +16,7 @@ from gpt2ladder.data.text import cache_dir
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import LADDER, available_rungs, setup_for, why_unavailable
 from gpt2ladder.measure.batch import plan_training
+from gpt2ladder.measure.race import RACE_RUNGS, race_rungs, recipe_problem, step_rungs_for
 from gpt2ladder.model.config import preset
 from gpt2ladder.runtime.hardware import SDPA_BACKENDS, Capabilities
 from gpt2ladder.runtime.memory import GiB, step_memory
@@ -98,6 +99,18 @@ def rung_checks(caps: Capabilities) -> list[Check]:
     return checks
 
 
+def race_checks(caps: Capabilities) -> list[Check]:
+    """Each rung of `gpt2ladder race`: whether this torch and device can train its recipe, and the step rungs it
+    climbs here, or why not."""
+    checks = []
+    for name, recipe in race_rungs(RACE_RUNGS):
+        problem = recipe_problem(recipe, caps)
+        what = "GPT-2" if name == "gpt2" else f"+ {name}"
+        steps = ",".join(step_rungs_for(recipe, caps))
+        checks.append(Check(name, name, problem is None, problem or f"{what}, on step rungs {steps}"))
+    return checks
+
+
 def memory_plan(caps: Capabilities, preset_name: str = "gpt2", batch: int = 16) -> dict | None:
     """On a GPU: for each rung of `auto` (cumulative), the largest batch of the preset's block size that
     fits this card's memory (the estimate of `runtime/memory.py`, not probed), and the micro-batch,
@@ -152,6 +165,7 @@ def diagnose(caps: Capabilities, disk: dict | None = None) -> dict:
         "sdpa": {"probe": caps.sdpa_probe or None, "backends": table(sdpa_checks(caps))},
         "rungs": table(rung_checks(caps)),
         "recommended_rungs": recommended_rungs(caps),
+        "race": table(race_checks(caps)),
         "memory": memory_plan(caps),
         "data_cache": disk,
     }

@@ -30,6 +30,7 @@ import torch
 
 from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError
+from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.model.recipe import PARTS, parse_recipe, race_recipes
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.hardware import Capabilities
@@ -46,6 +47,9 @@ MAX_TARGET = 10.9
 # Known targets, by a prepared corpus's source name: GPT-2 124M's validation loss on FineWeb, the speedrun's
 # yardstick.
 KNOWN_TARGETS = {"huggingfacefw/fineweb": 3.28}
+# Why a CPU's race runs no step rung that compiles: Inductor compiling each recipe's model on a CPU takes longer
+# than the run it would speed up.
+CPU_COMPILE = "on a CPU the race does not compile: compiling each rung's model would take longer than its run"
 METRICS = ("train_seconds", "wall_seconds", "tokens", "steps", "warmup_seconds", "validation_seconds")
 
 
@@ -85,6 +89,13 @@ def recipe_problem(recipe_name: str, caps: Capabilities) -> str | None:
     if recipe.optimizer == "muon" and caps.device_type == "mps":
         return "the muon part's batched bfloat16 products are not tested on Apple's MPS; use --device cpu or a CUDA GPU"
     return None
+
+
+def step_rungs_for(recipe_name: str, caps: Capabilities) -> tuple[str, ...]:
+    """The top of the step ladder a race rung climbs here: what `--rungs auto` gives its recipe, and on a CPU none
+    that compiles (CPU_COMPILE says why)."""
+    planned = caps if caps.device_type == "cuda" else dataclasses.replace(caps, compile_problem=CPU_COMPILE)
+    return tuple(resolve_rungs("auto", planned, None, parse_recipe(recipe_name))) or ("baseline",)
 
 
 @dataclass(frozen=True)
@@ -133,7 +144,8 @@ class RaceConfig:
 
     def settings(self) -> dict:
         """What every run of the race shares: a race continued with --resume must share them too."""
-        shared = {k: v for k, v in self.train.to_dict().items() if k not in ("recipe", "rungs", "batch_size", "seed")}
+        own = ("recipe", "rungs", "batch_size", "seed", "compile_backend")  # each run's, or how a step runs
+        shared = {k: v for k, v in self.train.to_dict().items() if k not in own}
         return {**shared, "model": self.train.model.to_dict()}
 
     def to_dict(self) -> dict:

@@ -38,6 +38,9 @@ def format_report(d: dict, marks: tuple[str, str, str] = ("✓", "✗", "?")) ->
     lines += _section(f"attention kernels behind the flash rung{probe}", d["sdpa"]["backends"], marks)
     lines += _section("rungs", d["rungs"], marks)
     lines += ["", f"recommended (what --rungs auto runs): {','.join(d['recommended_rungs'])}"]
+    if d.get("race"):
+        lines += _section("race rungs (gpt2ladder race: rung k adds its part to the rungs before it)", d["race"],
+                          marks)
     if d.get("memory"):
         lines += _memory(d["memory"])
     if d.get("data_cache"):

@@ -89,7 +89,7 @@ def format_markdown(record: dict) -> str:
         f"- target: validation loss {record['target_val_loss']:g}{source}, on {record['data']['source']}",
         f"- every run planned for {s['steps']:,} steps of {s['tokens_per_step']:,} tokens "
         f"({s['steps'] * s['tokens_per_step']:,} tokens), validated every {s['eval_every']} steps; "
-        (f"seeds 0 to {cfg['seeds'] - 1} per rung" if cfg["seeds"] > 1 else "one seed (0) per rung"),
+        + (f"seeds 0 to {cfg['seeds'] - 1} per rung" if cfg["seeds"] > 1 else "one seed (0) per rung"),
         "- the time: training seconds of the timed steps up to the first validation at or below the target, in a "
         "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
         "- median and range (lowest-highest) over the seeds; 'within noise': the seeds' ranges of this rung and "

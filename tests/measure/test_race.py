@@ -1,0 +1,265 @@
+"""The race: rungs, the target's checks, the arithmetic of a row (median, range, gain, within noise, not reached),
+a real race of two rungs through the command (race.json, .md, .png), continuing one, one cut off, and the inputs it
+refuses in one line."""
+
+import json
+import types
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+from gpt2ladder import cli
+from gpt2ladder.commands import race as race_command
+from gpt2ladder.data import manifest
+from gpt2ladder.data import shards as fmt
+from gpt2ladder.errors import UsageError
+from gpt2ladder.measure import race
+from gpt2ladder.measure.doctor import diagnose
+from gpt2ladder.report import race as report
+from gpt2ladder.report.doctor import format_report
+from gpt2ladder.runtime.hardware import Capabilities
+from gpt2ladder.training.config import TrainConfig
+
+CPU_CAPS = Capabilities("cpu", "cpu (x86_64)", compile_problem=None)
+SMALL = ["--steps", "4", "--eval-every", "2", "--batch-size", "2", "--seq-len", "32", "--device", "cpu",
+         "--no-progress"]
+
+
+# --- rungs, targets, recipes ------------------------------------------------------------------------------
+
+
+def test_rungs_default_to_gpt2_and_every_part_and_a_list_is_put_in_race_order():
+    assert race.parse_race_rungs(None) == race.parse_race_rungs("all") == race.RACE_RUNGS
+    assert race.RACE_RUNGS[0] == "gpt2" and len(race.RACE_RUNGS) == 10
+    assert race.parse_race_rungs("rope, gpt2,muon") == ("gpt2", "muon", "rope")
+    with pytest.raises(UsageError, match="unknown race rung flash; choose from: all, gpt2, muon"):
+        race.parse_race_rungs("gpt2,flash")
+
+
+def test_rung_k_trains_the_parts_of_rungs_0_to_k():
+    assert race.race_rungs(("gpt2", "muon", "rope")) == [("gpt2", "gpt2"), ("muon", "muon"), ("rope", "muon,rope")]
+    assert race.race_rungs(("gpt2", "rope")) == [("gpt2", "gpt2"), ("rope", "rope")]
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, 10.95, 50.0])
+def test_a_target_no_run_can_be_timed_to_is_refused(bad):
+    with pytest.raises(UsageError, match="--target-val-loss must be above 0 and at most 10.9"):
+        race.check_target(bad)
+    race.check_target(3.28)  # FineWeb's
+    race.check_target(10.9)
+
+
+def test_fineweb_is_known_by_its_prepared_manifests_source_name(tmp_path):
+    (tmp_path / manifest.FINAL).write_text(json.dumps({
+        "format": manifest.FORMAT, "version": manifest.VERSION, "shards": [],
+        "source": {"kind": "hf", "name": "HuggingFaceFW/fineweb", "subset": "sample-10BT", "split": "train"}}))
+    assert race_command.corpus_source(str(tmp_path)) == "HuggingFaceFW/fineweb"
+    args = types.SimpleNamespace(target_val_loss=None, data=str(tmp_path), preset=None)
+    assert race_command.target_for(args, types.SimpleNamespace(source="fw10B")) == (
+        3.28, "HuggingFaceFW/fineweb's known target")
+    assert race.known_target("HuggingFaceFW/fineweb-edu") is None  # another corpus, another loss
+    shakespeare = types.SimpleNamespace(target_val_loss=None, data=None, preset="tiny")
+    target, why = race_command.target_for(shakespeare, None)
+    assert target == race_command.SHAKESPEARE_DEMO_TARGETS["tiny"] and "demo" in why
+
+
+def test_a_recipe_the_gpu_cannot_run_says_why_and_doctor_lists_every_race_rung():
+    turing = Capabilities("cuda", "Tesla T4", capability=(7, 5))
+    assert "compute capability 8.0" in race.recipe_problem("muon,rope", turing)
+    assert race.recipe_problem("rope", turing) is None and race.recipe_problem("muon", CPU_CAPS) is None
+    d = diagnose(turing)
+    assert list(d["race"]) == list(race.RACE_RUNGS)
+    assert d["race"]["gpt2"]["usable"] and not d["race"]["wsd"]["usable"]
+    text = format_report(diagnose(CPU_CAPS))
+    assert "race rungs" in text and "+ rope, on step rungs baseline" in text
+    assert "compile" not in race.step_rungs_for("muon", CPU_CAPS)  # a CPU's race never compiles
+
+
+# --- a row's arithmetic -----------------------------------------------------------------------------------
+
+
+def _run(seed, seconds, reached=True, status="ok"):
+    if status != "ok":
+        return {"seed": seed, "status": status, "reason": "its loss exploded at step 3"}
+    figures = {k: (seconds if k == "train_seconds" else 1.0) if reached else None for k in race.METRICS}
+    return {"seed": seed, "status": "ok", "reached": reached, "ms_per_step": 10.0 + seed, "mfu": None, **figures}
+
+
+def _cfg(seeds=3):
+    train = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2, target_val_loss=9.0)
+    rungs = tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(("gpt2", "muon", "rope")))
+    return race.RaceConfig(rungs=rungs, seeds=seeds, train=train)
+
+
+def _rows(*runs_per_rung, seeds=3):
+    cfg = _cfg(seeds)
+    rows = [race.rung_row(r, runs, cfg) for r, runs in zip(cfg.rungs, runs_per_rung)]
+    race.add_gains(rows)
+    return rows
+
+
+def test_a_row_is_the_median_and_range_over_the_seeds_and_its_gain_over_the_rung_before():
+    gpt2, muon, rope = _rows([_run(0, 30.0), _run(1, 10.0), _run(2, 20.0)], [_run(0, 8.0), _run(1, 5.0), _run(2, 6.0)],
+                             [_run(0, 4.0), _run(1, 7.0), _run(2, 5.0)])
+    assert gpt2["train_seconds"] == {"median": 20.0, "min": 10.0, "max": 30.0, "seeds": [30.0, 10.0, 20.0]}
+    assert gpt2["reached"] and gpt2["seeds_reached"] == 3 and gpt2["ms_per_step"] == 11.0
+    assert gpt2["gain_vs_prev"] is None
+    assert muon["gain_vs_prev"] == pytest.approx(20.0 / 6.0) and muon["within_noise_of_prev"] is False
+    assert rope["gain_vs_prev"] == pytest.approx(6.0 / 5.0) and rope["within_noise_of_prev"] is True  # 4-7 meets 5-8
+    assert report.vs_prev(muon) == "3.33x" and report.vs_prev(rope) == "within noise"
+    assert report.time_text(muon) == "6.0 (5.0-8.0)"
+
+
+def test_a_rung_not_reached_by_every_seed_has_no_time_and_says_in_how_many_tokens():
+    gpt2, muon = _rows([_run(0, 3.0), _run(1, 4.0), _run(2, 5.0)], [_run(0, 2.0), _run(1, 0, reached=False),
+                                                                     _run(2, 2.5)])
+    assert not muon["reached"] and muon["seeds_reached"] == 2
+    assert muon["train_seconds"] == {"median": None, "min": None, "max": None, "seeds": [2.0, None, 2.5]}
+    assert muon["gain_vs_prev"] is None
+    record = {"rungs": [gpt2, muon]}
+    assert report.rows(record)[1] == ["muon", "not reached in 256 tokens (2 of 3 seeds reached it)"]
+    assert "not reached in 256 tokens" in report.progress_line(muon, 9.0)
+
+
+def test_a_failed_seed_is_its_rows_reason():
+    (row,) = _rows([_run(0, 3.0), _run(1, 0, status="failed")], seeds=2)
+    assert row["status"] == "failed" and not row["reached"] and "exploded" in row["reason"]
+
+
+def test_a_run_read_back_from_its_log_to_the_target_or_to_its_end():
+    cfg = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2, target_val_loss=9.0)
+    log = [{"step": 1, "loss": 10.8, "ms": 900.0, "mfu": None}, {"step": 2, "loss": 10.0, "ms": 100.0, "mfu": None,
+                                                                "val_loss": 9.5},
+           {"step": 3, "loss": 9.5, "ms": 120.0, "mfu": None},
+           {"step": 4, "loss": 9.0, "ms": 110.0, "mfu": None, "val_loss": 8.9,
+            "target": {"val_loss": 9.0, "train_s": 0.33, "warmup_s": 0.9, "wall_s": 5.0, "tokens": 256,
+                       "validation_s": 0.2}}]
+    got = race.run_result(log, cfg, 0, "d")
+    assert got["reached"] and got["steps"] == 4 and got["tokens"] == 256 and got["train_seconds"] == 0.33
+    assert got["warmup_seconds"] == 0.9 and got["validation_seconds"] == 0.2 and got["ms_per_step"] == 110.0
+    assert got["curve"] == [{"step": 2, "tokens": 128, "train_seconds": 0.1, "val_loss": 9.5},
+                            {"step": 4, "tokens": 256, "train_seconds": 0.33, "val_loss": 8.9}]
+    missed = race.run_result(log[:3] + [{k: v for k, v in log[3].items() if k != "target"}], cfg, 1, "d")
+    assert not missed["reached"] and missed["train_seconds"] is None and missed["steps_run"] == 4
+
+
+def test_a_race_cut_off_keeps_the_runs_it_finished(tmp_path, monkeypatch):
+    cfg, seen = _cfg(seeds=1), []
+
+    def train_run(run_cfg, device, where, caps, tokens, seed, resume, progress):
+        if run_cfg.recipe == "muon":
+            return 130, {"seed": seed, "dir": str(where), "status": "stopped", "reason": "stopped at step 2"}
+        return 0, _run(seed, 3.0)
+
+    monkeypatch.setattr(race, "train_run", train_run)
+    tokens = types.SimpleNamespace(source="t", n_tokens=100)
+    record, code = race.run_race(cfg, torch.device("cpu"), tmp_path, CPU_CAPS, tokens, on_record=seen.append)
+    assert code == 130 and record["partial"] and [r["name"] for r in record["rungs"]] == ["gpt2", "muon"]
+    assert record["rungs"][1]["status"] == "stopped" and len(seen) == 2  # race.json after each run
+
+
+# --- a real race, through the command ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def raced(shakespeare_cache, tmp_path_factory):
+    """gpt2 and muon, one seed, four steps of 64 tokens, to a target both reach: (out, stdout)."""
+    out = tmp_path_factory.mktemp("race") / "race"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
+        mp.setattr(urllib.request, "urlopen", _no_network)
+        code, text = _main(["race", "--rungs", "gpt2,muon", "--target-val-loss", "10.6", "--out", str(out), *SMALL])
+    assert code == 0, text
+    return out, text
+
+
+def _no_network(*args, **kwargs):
+    raise urllib.error.URLError("network is off in tests")
+
+
+def _main(argv):
+    import contextlib
+    import io
+
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        code = cli.main(argv)
+    return code, said.getvalue()
+
+
+def test_a_race_writes_a_row_per_rung_with_each_seeds_curve(raced):
+    out, text = raced
+    record = json.loads((out / "race.json").read_text())
+    assert record["command"] == "race" and record["target_val_loss"] == 10.6 and not record["partial"]
+    assert {"git_sha", "device", "versions", "date"} <= record.keys()
+    gpt2, muon = record["rungs"]
+    assert (gpt2["name"], gpt2["recipe"], muon["recipe"]) == ("gpt2", "gpt2", "muon")
+    for row in (gpt2, muon):
+        assert row["reached"] and row["status"] == "ok"
+        for key in ("train_seconds", "wall_seconds", "tokens", "steps"):
+            assert row[key]["median"] == row[key]["seeds"][0] and len(row[key]["seeds"]) == 1
+        (run,) = row["runs"]
+        assert run["curve"][-1]["val_loss"] <= 10.6 and all(p["val_loss"] > 10.6 for p in run["curve"][:-1])
+        assert row["tokens"]["median"] == row["steps"]["median"] * 64
+        assert (out / row["name"] / "seed0" / "log.jsonl").is_file()
+        assert "compile" not in row["step_rungs"]
+    assert muon["within_noise_of_prev"] is (muon["train_seconds"]["median"] == gpt2["train_seconds"]["median"])
+    assert (out / "race.md").read_text().count("| gpt2 |") == 2 and (out / "race.png").stat().st_size > 0
+    assert "race gpt2: val loss 10.6 in" in text and "race muon: val loss 10.6 in" in text
+
+
+def test_resume_skips_the_runs_a_race_finished(raced, monkeypatch):
+    out, _ = raced
+    before = json.loads((out / "race.json").read_text())
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(race, "train_run", no_training)
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--target-val-loss", "10.6", "--out", str(out), "--resume",
+                        *SMALL])
+    assert code == 0 and text.count("(finished earlier)") == 2
+    after = json.loads((out / "race.json").read_text())
+    assert [r["train_seconds"] for r in after["rungs"]] == [r["train_seconds"] for r in before["rungs"]]
+
+
+def test_a_race_over_another_or_with_other_settings_is_refused_in_one_line(raced, capsys):
+    out, _ = raced
+    assert cli.main(["race", "--target-val-loss", "10.6", "--out", str(out), *SMALL]) == 2
+    assert "already holds a race" in capsys.readouterr().err
+    assert cli.main(["race", "--rungs", "gpt2,muon", "--target-val-loss", "10.5", "--out", str(out), "--resume",
+                     *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "ran with other settings (target_val_loss)" in err and len(err.strip().splitlines()) == 1
+
+
+# --- bad input: one line, exit 2, nothing started -----------------------------------------------------------
+
+
+def _corpus(folder, train_tokens=2000):
+    folder.mkdir()
+    fmt.write_shard(folder / "c_val_000000.bin", np.arange(500, dtype=np.uint16))
+    fmt.write_shard(folder / "c_train_000001.bin", np.arange(train_tokens, dtype=np.uint16))
+    return folder
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--rungs", "gpt2,flash"], "unknown race rung flash"),
+    (["--target-val-loss", "11"], "--target-val-loss must be above 0 and at most 10.9"),
+    (["--target-val-loss", "-1"], "argument --target-val-loss: expected a positive number"),
+    (["--data", "TEXT"], "no --target-val-loss, and text.txt has no known target"),
+    (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "100"], "fewer than one rung's 6,400"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_anything_starts(argv, says, tmp_path, capsys, shakespeare_cache):
+    (tmp_path / "text.txt").write_text("To be, or not to be, that is the question. " * 40)
+    corpus = _corpus(tmp_path / "corpus")
+    argv = [str(tmp_path / "text.txt") if a == "TEXT" else str(corpus) if a == "CORPUS" else a for a in argv]
+    out = tmp_path / "out"
+    small = ["--batch-size", "2", "--seq-len", "32", "--device", "cpu"]
+    assert cli.main(["race", *small, "--out", str(out), *argv]) == 2
+    captured = capsys.readouterr()
+    assert says in captured.err and len(captured.err.strip().splitlines()) == 1 and "race:" not in captured.out
+    assert not out.exists()
