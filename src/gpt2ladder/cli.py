@@ -454,6 +454,10 @@ def _add_race(sub) -> None:
     p.add_argument("--lr", type=_positive_float, help=f"peak AdamW learning rate (default: {D('race', 'lr')})")
     p.add_argument("--muon-lr", type=_positive_float, help="peak Muon learning rate of the Blocks' matrices, from "
                    f"the muon rung on (default: {D('race', 'muon_lr')})")
+    p.add_argument("--embed-lr", type=_positive_float, help="from the muon rung on: the AdamW rate of the embeddings "
+                   "(default: --lr)")
+    p.add_argument("--head-lr", type=_positive_float, help="from the untied_head rung on: the AdamW rate of the "
+                   "untied classifier (default: --lr)")
     _out(p, "race", "race.json, race.md, race.png, and a run directory per rung and seed")
     p.add_argument("--resume", action="store_true", help="continue the race in OUT: skip the runs it finished, "
                    "continue a stopped one from its checkpoint (off by default)")

@@ -106,6 +106,7 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=int(0.05 * steps), eval_every=every,
         eval_batches=d["eval_batches"], ckpt_every=max(every, steps // 5), target_val_loss=target, data=args.data,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", muon_lr=args.muon_lr or d["muon_lr"],
+        embed_lr=args.embed_lr, head_lr=args.head_lr,
     )
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
     return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source)
