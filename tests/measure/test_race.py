@@ -161,6 +161,15 @@ def test_a_race_cut_off_keeps_the_runs_it_finished(tmp_path, monkeypatch):
     assert record["rungs"][1]["status"] == "stopped" and len(seen) == 2  # race.json after each run
 
 
+def test_resume_refuses_a_rung_that_would_train_another_recipe_in_the_same_folder():
+    cfg = _cfg()  # gpt2, muon, rope: rope trains muon,rope
+    earlier = {"config": cfg.to_dict(), "rungs": [{"name": "gpt2", "recipe": "gpt2"}, {"name": "rope", "recipe": "rope"}]}
+    with pytest.raises(UsageError, match="rung rope of the race in this folder trained recipe rope, and here it would "
+                                         "train muon,rope"):
+        race.check_same_race(cfg, earlier)
+    race.check_same_race(cfg, {**earlier, "rungs": earlier["rungs"][:1]})  # rungs added: fine
+
+
 # --- a real race, through the command ---------------------------------------------------------------------
 
 

@@ -168,7 +168,8 @@ def check_new_race(out: Path, resume: bool) -> None:
 
 
 def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
-    """--resume continues a race of the same settings (the rungs and seeds may differ)."""
+    """--resume continues a race of the same settings, each rung training the same recipe (rungs may be added after
+    the last, and seeds)."""
     if earlier is None:
         return
     before = (earlier.get("config") or {}).get("settings") or {}
@@ -176,6 +177,12 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
     if changed:
         raise UsageError(f"--resume: the race in this folder ran with other settings ({', '.join(changed)}); give "
                          "the same flags, or another --out")
+    recipes = {r.name: r.recipe for r in cfg.rungs}
+    for row in earlier.get("rungs") or []:
+        if recipes.get(row.get("name"), row.get("recipe")) != row.get("recipe"):
+            raise UsageError(f"--resume: rung {row['name']} of the race in this folder trained recipe {row['recipe']}, "
+                             f"and here it would train {recipes[row['name']]} (other rungs before it); give its "
+                             "--rungs, or another --out")
 
 
 def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilities, tokens: data_mod.TokenData, *,
