@@ -272,3 +272,40 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(argv, says, tmp
     captured = capsys.readouterr()
     assert says in captured.err and len(captured.err.strip().splitlines()) == 1 and "race:" not in captured.out
     assert not out.exists()
+
+
+def test_a_signal_stops_the_race_after_its_checkpoint_and_resume_continues_the_run(shakespeare_cache, tmp_path,
+                                                                                   monkeypatch):
+    from gpt2ladder.runtime.engine import Engine
+    from gpt2ladder.training.checkpoint import rng_state, set_rng_state
+
+    monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(urllib.request, "urlopen", _no_network)
+    real_step, calls, saved = Engine.step, [], rng_state()
+
+    def step(self, x, y):
+        calls.append(1)
+        if len(calls) == 1:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGINT)  # arrives mid-step: the step completes, is saved, and the run stops
+        return real_step(self, x, y)
+
+    monkeypatch.setattr(Engine, "step", step)
+    argv = ["race", "--rungs", "gpt2", "--target-val-loss", "10.6", "--out", str(tmp_path), *SMALL]
+    try:
+        code, text = _main(argv)
+        assert code == 130 and "the race stopped; --resume continues it" in text
+        record = json.loads((tmp_path / "race.json").read_text())
+        assert record["partial"] and record["rungs"][0]["status"] == "stopped"
+        assert (tmp_path / "gpt2" / "seed0" / "ckpt.pt").is_file()
+        code, text = _main([*argv, "--resume"])
+    finally:
+        set_rng_state(saved)
+    assert code == 0
+    record = json.loads((tmp_path / "race.json").read_text())
+    (row,) = record["rungs"]
+    assert row["reached"] and not record["partial"] and len(calls) == row["steps"]["median"]  # no step twice
+    said = (tmp_path / "gpt2" / "seed0" / "train.txt").read_text()
+    assert "resuming from step 1" in said
