@@ -84,10 +84,8 @@ def recipe_problem(recipe_name: str, caps: Capabilities) -> str | None:
         if not hasattr(torch.nn.functional, "rms_norm"):
             return f"recipe {recipe.name} needs torch.nn.functional.rms_norm (PyTorch 2.4+); this is {torch.__version__}"
     if recipe.optimizer == "muon" and caps.device_type == "cuda" and not caps.bf16_supported:
-        return (f"the muon part orthogonalises its updates in bfloat16, which needs compute capability 8.0 or newer; "
-                f"{caps.name} is {caps.capability_text}")
-    if recipe.optimizer == "muon" and caps.device_type == "mps":
-        return "the muon part's batched bfloat16 products are not tested on Apple's MPS; use --device cpu or a CUDA GPU"
+        return (f"the muon part orthogonalises its updates in bfloat16 products, which need bfloat16 tensor cores "
+                f"(compute capability 8.0 or newer); {caps.name} is {caps.capability_text}")
     return None
 
 
