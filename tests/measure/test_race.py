@@ -309,3 +309,9 @@ def test_a_signal_stops_the_race_after_its_checkpoint_and_resume_continues_the_r
     assert row["reached"] and not record["partial"] and len(calls) == row["steps"]["median"]  # no step twice
     said = (tmp_path / "gpt2" / "seed0" / "train.txt").read_text()
     assert "resuming from step 1" in said
+
+
+def test_under_torchrun_the_race_says_it_runs_on_one_process(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["race", "--out", str(tmp_path / "out"), "--device", "cpu"]) == 2
+    assert "runs on one process" in capsys.readouterr().err and not (tmp_path / "out").exists()
