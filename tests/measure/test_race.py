@@ -173,18 +173,6 @@ def test_resume_refuses_a_rung_that_would_train_another_recipe_in_the_same_folde
 # --- a real race, through the command ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def raced(shakespeare_cache, tmp_path_factory):
-    """gpt2 and muon, one seed, four steps of 64 tokens, to a target both reach: (out, stdout)."""
-    out = tmp_path_factory.mktemp("race") / "race"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
-        mp.setattr(urllib.request, "urlopen", _no_network)
-        code, text = _main(["race", "--rungs", "gpt2,muon", "--target-val-loss", "10.6", "--out", str(out), *SMALL])
-    assert code == 0, text
-    return out, text
-
-
 def _no_network(*args, **kwargs):
     raise urllib.error.URLError("network is off in tests")
 
@@ -199,8 +187,53 @@ def _main(argv):
     return code, said.getvalue()
 
 
-def test_a_race_writes_a_row_per_rung_with_each_seeds_curve(raced):
-    out, text = raced
+def _signal_at_first_step(monkeypatch) -> list:
+    """Engine.step sends this process SIGINT during its first call (the step completes, is saved, and the run stops);
+    returns the calls made."""
+    import os
+    import signal
+
+    from gpt2ladder.runtime.engine import Engine
+
+    real_step, calls = Engine.step, []
+
+    def step(self, x, y):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, x, y)
+
+    monkeypatch.setattr(Engine, "step", step)
+    return calls
+
+
+def test_a_race_stopped_resumed_read_back_and_refused_over_again(shakespeare_cache, tmp_path, monkeypatch, capsys):
+    """One race of gpt2 and muon, one seed, four steps of 64 tokens, to a target both reach (a single race keeps the
+    suite quick): a signal stops it in its first run, --resume finishes it, a second --resume trains nothing, and
+    another race over it, or one of other settings, is refused."""
+    from gpt2ladder.training.checkpoint import rng_state, set_rng_state
+
+    monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(urllib.request, "urlopen", _no_network)
+    argv = ["race", "--rungs", "gpt2,muon", "--target-val-loss", "10.6", "--out", str(tmp_path), *SMALL]
+    calls, saved = _signal_at_first_step(monkeypatch), rng_state()
+    try:
+        code, text = _main(argv)
+        assert code == 130 and "the race stopped; --resume continues it" in text
+        record = json.loads((tmp_path / "race.json").read_text())
+        assert record["partial"] and [(r["name"], r["status"]) for r in record["rungs"]] == [("gpt2", "stopped")]
+        code, text = _main([*argv, "--resume"])
+    finally:
+        set_rng_state(saved)
+    assert code == 0, text
+    assert "resuming from step 1" in (tmp_path / "gpt2" / "seed0" / "train.txt").read_text()
+    record = _check_rows(tmp_path, text)
+    assert len(calls) == sum(r["steps"]["median"] for r in record["rungs"])  # no step twice
+    _check_resume_trains_nothing(tmp_path, argv, monkeypatch)
+    _check_refusals(tmp_path, capsys)
+
+
+def _check_rows(out, text) -> dict:
     record = json.loads((out / "race.json").read_text())
     assert record["command"] == "race" and record["target_val_loss"] == 10.6 and not record["partial"]
     assert {"git_sha", "device", "versions", "date"} <= record.keys()
@@ -218,25 +251,24 @@ def test_a_race_writes_a_row_per_rung_with_each_seeds_curve(raced):
     assert muon["within_noise_of_prev"] is (muon["train_seconds"]["median"] == gpt2["train_seconds"]["median"])
     assert (out / "race.md").read_text().count("| gpt2 |") == 2 and (out / "race.png").stat().st_size > 0
     assert "race gpt2: val loss 10.6 in" in text and "race muon: val loss 10.6 in" in text
+    return record
 
 
-def test_resume_skips_the_runs_a_race_finished(raced, monkeypatch):
-    out, _ = raced
+def _check_resume_trains_nothing(out, argv, monkeypatch):
     before = json.loads((out / "race.json").read_text())
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(race, "train_run", no_training)
-    code, text = _main(["race", "--rungs", "gpt2,muon", "--target-val-loss", "10.6", "--out", str(out), "--resume",
-                        *SMALL])
+    code, text = _main([*argv, "--resume"])
     assert code == 0 and text.count("(finished earlier)") == 2
     after = json.loads((out / "race.json").read_text())
     assert [r["train_seconds"] for r in after["rungs"]] == [r["train_seconds"] for r in before["rungs"]]
 
 
-def test_a_race_over_another_or_with_other_settings_is_refused_in_one_line(raced, capsys):
-    out, _ = raced
+def _check_refusals(out, capsys):
+    capsys.readouterr()
     assert cli.main(["race", "--target-val-loss", "10.6", "--out", str(out), *SMALL]) == 2
     assert "already holds a race" in capsys.readouterr().err
     assert cli.main(["race", "--rungs", "gpt2,muon", "--target-val-loss", "10.5", "--out", str(out), "--resume",
@@ -272,43 +304,6 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(argv, says, tmp
     captured = capsys.readouterr()
     assert says in captured.err and len(captured.err.strip().splitlines()) == 1 and "race:" not in captured.out
     assert not out.exists()
-
-
-def test_a_signal_stops_the_race_after_its_checkpoint_and_resume_continues_the_run(shakespeare_cache, tmp_path,
-                                                                                   monkeypatch):
-    from gpt2ladder.runtime.engine import Engine
-    from gpt2ladder.training.checkpoint import rng_state, set_rng_state
-
-    monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
-    monkeypatch.setattr(urllib.request, "urlopen", _no_network)
-    real_step, calls, saved = Engine.step, [], rng_state()
-
-    def step(self, x, y):
-        calls.append(1)
-        if len(calls) == 1:
-            import os
-            import signal
-
-            os.kill(os.getpid(), signal.SIGINT)  # arrives mid-step: the step completes, is saved, and the run stops
-        return real_step(self, x, y)
-
-    monkeypatch.setattr(Engine, "step", step)
-    argv = ["race", "--rungs", "gpt2", "--target-val-loss", "10.6", "--out", str(tmp_path), *SMALL]
-    try:
-        code, text = _main(argv)
-        assert code == 130 and "the race stopped; --resume continues it" in text
-        record = json.loads((tmp_path / "race.json").read_text())
-        assert record["partial"] and record["rungs"][0]["status"] == "stopped"
-        assert (tmp_path / "gpt2" / "seed0" / "ckpt.pt").is_file()
-        code, text = _main([*argv, "--resume"])
-    finally:
-        set_rng_state(saved)
-    assert code == 0
-    record = json.loads((tmp_path / "race.json").read_text())
-    (row,) = record["rungs"]
-    assert row["reached"] and not record["partial"] and len(calls) == row["steps"]["median"]  # no step twice
-    said = (tmp_path / "gpt2" / "seed0" / "train.txt").read_text()
-    assert "resuming from step 1" in said
 
 
 def test_under_torchrun_the_race_says_it_runs_on_one_process(monkeypatch, capsys, tmp_path):
