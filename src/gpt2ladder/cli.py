@@ -453,11 +453,11 @@ def _add_race(sub) -> None:
                    "the difference (default: one micro-batch of the default size)")
     p.add_argument("--lr", type=_positive_float, help=f"peak AdamW learning rate (default: {D('race', 'lr')})")
     p.add_argument("--muon-lr", type=_positive_float, help="peak Muon learning rate of the Blocks' matrices, from "
-                   f"the muon rung on (default: {D('race', 'muon_lr')})")
+                   f"the muon rung on (default: {MUON_RATES['muon_lr']})")
     p.add_argument("--embed-lr", type=_positive_float, help="from the muon rung on: the AdamW rate of the embeddings "
-                   "(default: --lr)")
+                   f"(default: {MUON_RATES['embed_lr']})")
     p.add_argument("--head-lr", type=_positive_float, help="from the untied_head rung on: the AdamW rate of the "
-                   "untied classifier (default: --lr)")
+                   f"untied classifier (default: {MUON_RATES['head_lr']})")
     _out(p, "race", "race.json, race.md, race.png, and a run directory per rung and seed")
     p.add_argument("--resume", action="store_true", help="continue the race in OUT: skip the runs it finished, "
                    "continue a stopped one from its checkpoint (off by default)")

@@ -13,6 +13,7 @@ import torch
 
 from gpt2ladder import cli
 from gpt2ladder.commands import race as race_command
+from gpt2ladder.commands.defaults import MUON_RATES
 from gpt2ladder.data import manifest
 from gpt2ladder.data import shards as fmt
 from gpt2ladder.errors import UsageError
@@ -163,7 +164,8 @@ def test_a_race_cut_off_keeps_the_runs_it_finished(tmp_path, monkeypatch):
 
 def test_resume_refuses_a_rung_that_would_train_another_recipe_in_the_same_folder():
     cfg = _cfg()  # gpt2, muon, rope: rope trains muon,rope
-    earlier = {"config": cfg.to_dict(), "rungs": [{"name": "gpt2", "recipe": "gpt2"}, {"name": "rope", "recipe": "rope"}]}
+    rows = [{"name": "gpt2", "recipe": "gpt2"}, {"name": "rope", "recipe": "rope"}]
+    earlier = {"config": cfg.to_dict(), "rungs": rows}
     with pytest.raises(UsageError, match="rung rope of the race in this folder trained recipe rope, and here it would "
                                          "train muon,rope"):
         race.check_same_race(cfg, earlier)
@@ -239,6 +241,8 @@ def _check_rows(out, text) -> dict:
     assert {"git_sha", "device", "versions", "date"} <= record.keys()
     gpt2, muon = record["rungs"]
     assert (gpt2["name"], gpt2["recipe"], muon["recipe"]) == ("gpt2", "gpt2", "muon")
+    ran = [json.loads((out / r / "seed0" / "config.json").read_text())["train_config"] for r in ("gpt2", "muon")]
+    assert ran[0]["muon_lr"] is None and ran[1]["muon_lr"] == MUON_RATES["muon_lr"]  # each rung its own rates
     for row in (gpt2, muon):
         assert row["reached"] and row["status"] == "ok"
         for key in ("train_seconds", "wall_seconds", "tokens", "steps"):

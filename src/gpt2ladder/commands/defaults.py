@@ -31,8 +31,7 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     "race": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 1000, "seeds": 3, "lr": 6e-4,
                      "validations": 40, "eval_batches": 20},
              "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60, "seeds": 1, "lr": 3e-3,
-                     "validations": 12, "eval_batches": 4},
-             "any": {"muon_lr": 0.02}},
+                     "validations": 12, "eval_batches": 4}},
     "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None},
                 "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128}},
 }

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
-from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, defaults
+from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, MUON_RATES, defaults
 from gpt2ladder.errors import UsageError
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.measure import race
@@ -105,8 +105,7 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         preset=name, model=shape, batch_size=batch, seq_len=seq_len, steps=steps, lr=lr, min_lr=lr / 10,
         tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=int(0.05 * steps), eval_every=every,
         eval_batches=d["eval_batches"], ckpt_every=max(every, steps // 5), target_val_loss=target, data=args.data,
-        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", muon_lr=args.muon_lr or d["muon_lr"],
-        embed_lr=args.embed_lr, head_lr=args.head_lr,
+        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", **{name: getattr(args, name) or rate for name, rate in MUON_RATES.items()},
     )
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
     return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source)

@@ -82,7 +82,8 @@ def recipe_problem(recipe_name: str, caps: Capabilities) -> str | None:
     recipe = parse_recipe(recipe_name)
     if recipe.has("rmsnorm") or recipe.has("qk_norm"):
         if not hasattr(torch.nn.functional, "rms_norm"):
-            return f"recipe {recipe.name} needs torch.nn.functional.rms_norm (PyTorch 2.4+); this is {torch.__version__}"
+            return (f"recipe {recipe.name} needs torch.nn.functional.rms_norm (PyTorch 2.4+); this is "
+                    f"{torch.__version__}")
     if recipe.optimizer == "muon" and caps.device_type == "cuda" and not caps.bf16_supported:
         return (f"the muon part orthogonalises its updates in bfloat16 products, which need bfloat16 tensor cores "
                 f"(compute capability 8.0 or newer); {caps.name} is {caps.capability_text}")
@@ -137,8 +138,11 @@ class RaceConfig:
         return self.train.target_val_loss
 
     def run_config(self, rung: RaceRung, seed: int) -> TrainConfig:
+        """The run of this rung and seed: AdamW's recipes leave the muon part's rates unset, as `train` does."""
+        muon = parse_recipe(rung.recipe).optimizer == "muon"
+        rates = {} if muon else {"muon_lr": None, "embed_lr": None, "head_lr": None}
         return dataclasses.replace(self.train, recipe=rung.recipe, rungs=rung.step_rungs, batch_size=rung.batch_size,
-                                   seed=seed)
+                                   seed=seed, **rates)
 
     def settings(self) -> dict:
         """What every run of the race shares: a race continued with --resume must share them too."""
@@ -282,8 +286,9 @@ def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
     failed = [r for r in runs if r["status"] != "ok"]
     complete = len(ok) == cfg.seeds
     reached = complete and all(r["reached"] for r in ok)
+    status = "ok" if complete else (failed[0]["status"] if failed else "partial")
     row = {"name": rung.name, "recipe": rung.recipe, "step_rungs": list(rung.step_rungs),
-           "batch_size": rung.batch_size, "status": "ok" if complete else (failed[0]["status"] if failed else "partial"),
+           "batch_size": rung.batch_size, "status": status,
            "reason": failed[0]["reason"] if failed else None, "seeds_run": len(ok),
            "seeds_reached": sum(r["reached"] for r in ok), "reached": reached,
            "planned_tokens": cfg.train.steps * cfg.train.tokens_per_step, "tokens_per_step": cfg.train.tokens_per_step}
