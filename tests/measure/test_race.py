@@ -3,6 +3,7 @@ a real race of two rungs through the command (race.json, .md, .png), continuing 
 refuses in one line."""
 
 import json
+import statistics
 import types
 import urllib.error
 import urllib.request
@@ -112,6 +113,17 @@ def test_a_row_is_the_median_and_range_over_the_seeds_and_its_gain_over_the_rung
     assert rope["gain_vs_prev"] == pytest.approx(6.0 / 5.0) and rope["within_noise_of_prev"] is True  # 4-7 meets 5-8
     assert report.vs_prev(muon) == "3.33x" and report.vs_prev(rope) == "within noise"
     assert report.time_text(muon) == "6.0 (5.0-8.0)"
+
+
+def test_a_figure_one_seed_did_not_record_is_left_out_of_the_median_and_range_not_taken_for_zero():
+    runs = [_run(0, 30.0), _run(1, 10.0), _run(2, 20.0)]
+    runs[0]["wall_seconds"] = None  # a run made apart, read back from its log, that knows no wall time
+    runs[1]["wall_seconds"] = 3.0
+    (gpt2,) = _rows(runs, seeds=3)[:1]
+    assert gpt2["wall_seconds"]["seeds"][0] is None
+    assert gpt2["wall_seconds"]["median"] == statistics.median([3.0, 1.0]) == 2.0  # as 0, the median would be 1.0
+    assert gpt2["wall_seconds"]["min"] == 1.0
+    assert gpt2["train_seconds"]["median"] == 20.0
 
 
 def test_a_rung_not_reached_by_every_seed_has_no_time_and_says_in_how_many_tokens():

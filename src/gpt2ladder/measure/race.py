@@ -304,9 +304,10 @@ def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
 def spread(values: list, reached: bool) -> dict:
     """{"median", "min", "max", "seeds"}: the median and range only where every seed reached the target (a seed
     that did not has no time to the target: it is beyond the budget, not a number to average)."""
-    if not reached or not values:
+    known = [v for v in values if v is not None]  # a figure a run did not record (a run made apart, read back)
+    if not reached or not known:
         return {"median": None, "min": None, "max": None, "seeds": values}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "seeds": values}
+    return {"median": statistics.median(known), "min": min(known), "max": max(known), "seeds": values}
 
 
 def add_gains(rows: list[dict]) -> None:
