@@ -90,6 +90,9 @@ def weights_file(path: str | Path) -> Path:
     """The file that names the weights (model.safetensors, a shard index or pytorch_model.bin): the one
     given, or a folder's; UsageError when there is none."""
     path = local_path(path)
+    if not path.exists():
+        raise UsageError(f"no GPT-2 weights at {path}: no such file or folder (give a Hugging Face folder, "
+                         "its model.safetensors or a hub name)")
     entry = _entry_in(path) if path.is_dir() else path
     if entry is None or not entry.is_file():
         raise UsageError(f"no GPT-2 weights at {path}; give {WHAT_LOADS}")
