@@ -60,7 +60,8 @@ def _train_command(args, dist: distributed.Dist) -> int:
         saved = saved_run(out, dist, args.resume)
         refuse_ignored_on_resume(args, saved)
         cfg, strategy = config_from_args(args, device, caps, dist, notices.append, saved)
-        tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent)  # no random stand-in
+        tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent,  # no random stand-in
+                                      check=lambda t: data_mod.check_splits(t, cfg.seq_len, bool(cfg.eval_every)))
         refuse_idle_flags(args, cfg, tokens)
         cfg, plan = planned_config(args, cfg, device, caps, dist, notices.append)
         problem = check_fits(cfg.model, setup_for(list(cfg.rungs)), cfg.batch_size, cfg.seq_len, caps,
