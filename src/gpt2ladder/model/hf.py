@@ -39,6 +39,7 @@ and the fine-tuning label fields.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -420,7 +421,15 @@ def save_hf_gpt2(model, folder: str | Path, dtype: torch.dtype = torch.float32) 
     _write_json(files[0], hf_config(model.config, dtype))
     _write_json(files[1], {"bos_token_id": GPT2_EOT_ID, "eos_token_id": GPT2_EOT_ID})
     save_file(hf_tensors(model, dtype), str(files[2]), metadata={"format": "pt"})  # "pt": transformers checks it
+    os.chmod(files[2], 0o666 & ~_umask())  # safetensors creates it 0600; the folder's other files follow the umask
     return files
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _write_json(path: Path, value: dict) -> None:

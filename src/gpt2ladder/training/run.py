@@ -88,7 +88,7 @@ def prepared_hellaswag(cfg: TrainConfig, dist=distributed.SINGLE) -> runner.Prep
     prepared, failed = None, None
     if dist.is_main:
         try:
-            prepared = runner.prepare("hellaswag", cfg.hellaswag_data, flag="--hellaswag-data")
+            prepared = runner.prepare("hellaswag", cfg.hellaswag_data, flag="--hellaswag-data FILE")
         except LadderError as err:
             failed = err
     if dist.world_size > 1 and distributed.reduce_floats([float(failed is not None)], dist, "max")[0]:
@@ -96,7 +96,7 @@ def prepared_hellaswag(cfg: TrainConfig, dist=distributed.SINGLE) -> runner.Prep
     if failed is not None:
         raise failed
     return prepared if dist.is_main else runner.prepare("hellaswag", cfg.hellaswag_data, download=False,
-                                                         flag="--hellaswag-data")
+                                                         flag="--hellaswag-data FILE")
 
 
 def _silent(*args, **kwargs) -> None:
