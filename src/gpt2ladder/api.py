@@ -53,7 +53,8 @@ def generate(model: GPT, prompt: str = "\n", max_new_tokens: int = 100, temperat
     if top_k is not None and not (_is_int(top_k) and top_k >= 0):
         raise BadArgument(f"top_k must be None or zero (all tokens) or a positive integer, got {top_k!r}")
     device = next(model.parameters()).device
-    idx = torch.tensor([encode_text(prompt) or [GPT2_EOT]], dtype=torch.long, device=device)
+    given = encode_text(prompt)
+    idx = torch.tensor([given or [GPT2_EOT]], dtype=torch.long, device=device)  # an empty prompt starts a document
     gen = torch.Generator(device=device).manual_seed(seed)
     was_training = model.training
     model.eval()
@@ -61,7 +62,7 @@ def generate(model: GPT, prompt: str = "\n", max_new_tokens: int = 100, temperat
         out = extend(model, idx, max_new_tokens, temperature, top_k or None, gen)
     finally:
         model.train(was_training)
-    return get_tokenizer().decode(out[0].tolist())
+    return get_tokenizer().decode(out[0].tolist()[0 if given else 1:])  # that start is not part of the text
 
 
 def save_hf(model: GPT, folder: str | Path, dtype: str = "float32", overwrite: bool = False) -> Path:
