@@ -219,9 +219,10 @@ def _add_train(sub) -> None:
                    f"(default: {D('train', 'weight_decay')})")
     p.add_argument("--grad-clip", type=float, help="clip the gradient norm to this, 0 for no clipping "
                    f"(default: {D('train', 'grad_clip')})")
-    p.add_argument("--eval-every", type=int, help="validate every N steps, 0 for never (default: a tenth of --steps)")
-    p.add_argument("--eval-batches", type=_positive_int, help="validation batches "
-                   f"(default: {D('train', 'eval_batches')})")
+    p.add_argument("--eval-every", type=int, help="validate every N steps, 0 for never (default: a tenth of --steps, "
+                   "at least 2)")
+    p.add_argument("--eval-batches", type=_positive_int, help="validation batches (default: as many as keep "
+                   f"validation within about 15%% of the run's time, at most {D('train', 'eval_batches')})")
     p.add_argument("--val-tokens", type=_token_count, metavar="N", help="on a corpus of token shards: the tokens "
                    "of its validation shards that every validation reads, from their start, e.g. 10M (default: "
                    "--eval-batches steps' worth)")
