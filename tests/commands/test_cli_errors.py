@@ -188,8 +188,12 @@ def test_output_directory_under_a_regular_file(tmp_path, capsys, text_file):
     argv = bench(tmp_path, "--data", text_file)
     argv[argv.index("--out") + 1] = blocker / "ladder"
     code, _, err = run(capsys, *argv)
-    assert_one_line_error(code, err, 2, "cannot write to output directory", "results.txt")
+    assert_one_line_error(code, err, 2, "cannot write to output directory", "results.txt is a file, not a folder")
     assert blocker.read_text() == "not a folder"
+    argv[argv.index("--out") + 1] = blocker  # --out a file itself: said so, not "File exists"
+    code, _, err = run(capsys, *argv)
+    assert_one_line_error(code, err, 2, "results.txt is a file, not a folder")
+    assert "File exists" not in err and blocker.read_text() == "not a folder"
 
 
 @pytest.mark.parametrize("command", ["parity", "profile"])

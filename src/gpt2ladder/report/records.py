@@ -59,6 +59,9 @@ def git_sha() -> str | None:
 def prepare_out_dir(path: str | Path) -> Path:
     """Create the output directory, or fail in one line before any work is done."""
     out = Path(path)
+    file = next((p for p in [out, *out.parents] if p.exists() and not p.is_dir()), None)
+    if file is not None:  # mkdir would only say "File exists" (or "Not a directory" under a file)
+        raise UsageError(f"cannot write to output directory {out}: {file} is a file, not a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
