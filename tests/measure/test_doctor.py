@@ -67,7 +67,7 @@ def test_every_rung_skipped_here_is_skipped_for_a_reason_naming_itself_or_what_i
     reason = why_unavailable("proj_bias", CPU)
     assert "proj_bias" in reason and "norm_kernel" not in reason
     tied = next(r for r in LADDER if r.name == "tied_grad").summary
-    assert tied.count(". ") == 0 and tied.endswith(".") and len(tied.split()) <= 40
+    assert tied.count(". ") == 0 and tied.endswith(".")  # one sentence; docs/rungs.md says the rest
 
 
 def test_pre_ampere_offers_fp16_with_a_grad_scaler_instead_of_bf16():
