@@ -28,8 +28,8 @@ FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "hf")
 READ_BYTES = 4 * 2**20  # a text file is read and cut into pieces this much at a time
 MAX_CARRY = 64 * 2**20  # a line longer than this (no safe cut) is cut anyway, as encode_stream does
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
+SNIFF_BYTES = 4096  # how much of each text file is looked at before anything is tokenized
 # Files no reader here understands; a source of another suffix is read as UTF-8 text.
-SNIFF_BYTES = 4096  # how much of each file in a folder of texts is looked at before anything is tokenized
 UNKNOWN = {".zst", ".bz2", ".xz", ".zip", ".tar", ".7z", ".arrow", ".feather", ".bin", ".npy", ".pt", ".pkl",
            ".xlsx", ".xls", ".avro", ".orc", ".tfrecord", ".h5"}
 EXTRA = "pip install 'gpt2ladder[corpus]' (datasets and pyarrow)"
