@@ -12,7 +12,7 @@ import torch
 
 import gpt2ladder
 from gpt2ladder import cli
-from gpt2ladder.errors import UsageError
+from gpt2ladder.errors import BadArgument, LadderError, UsageError
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
 from gpt2ladder.training.checkpoint import save_checkpoint
@@ -145,3 +145,45 @@ def test_save_hf_never_replaces_a_run_directory_nor_a_folder_it_did_not_write(ru
     with pytest.raises(UsageError, match=r"files an export did not write \(notes.txt\)"):
         gpt2ladder.save_hf(model, mine, overwrite=True)
     assert (mine / "notes.txt").read_text() == "my notes" and (mine / "config.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda m: gpt2ladder.generate(m, "x", max_new_tokens=-5), "max_new_tokens"),
+    (lambda m: gpt2ladder.generate(m, "x", max_new_tokens=0), "max_new_tokens"),
+    (lambda m: gpt2ladder.generate(m, "x", 3, temperature=-1), "temperature"),
+    (lambda m: gpt2ladder.generate(m, "x", 3, temperature=float("nan")), "temperature"),
+    (lambda m: gpt2ladder.generate(m, "x", 3, top_k=-5), "top_k"),
+    (lambda m: gpt2ladder.evaluate(m, batch_size=0), "batch_size"),
+    (lambda m: gpt2ladder.evaluate(m, limit=-1), "limit"),
+    (lambda m: gpt2ladder.save_hf(m, "unused", dtype="int3"), "dtype"),
+])
+def test_arguments_out_of_range_are_one_clear_error_naming_the_parameter(run_dir, call, name):
+    model = gpt2ladder.load(run_dir, device="cpu")
+    with pytest.raises(BadArgument, match=f"^{name} must be") as caught:
+        call(model)
+    assert isinstance(caught.value, (UsageError, ValueError)) and "--" not in str(caught.value)
+
+
+def test_api_errors_name_the_apis_parameters_not_the_clis_flags(run_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr("urllib.request.urlopen", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    model = gpt2ladder.load(run_dir, device="cpu")
+    with pytest.raises(LadderError, match="task_data=FILE") as caught:
+        gpt2ladder.evaluate(model)
+    assert "--" not in str(caught.value).replace("hellaswag_val", "")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(UsageError, match="overwrite=True") as caught:
+        gpt2ladder.save_hf(model, tmp_path / "full")
+    assert "--force" not in str(caught.value)
+
+
+def test_save_hf_writes_every_file_with_the_umask(run_dir, tmp_path):
+    model = gpt2ladder.load(run_dir, device="cpu")
+    old = os.umask(0o027)
+    try:
+        folder = gpt2ladder.save_hf(model, tmp_path / "hf")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == 0o640, modes

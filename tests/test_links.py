@@ -165,3 +165,10 @@ def test_the_readme_and_the_results_page_cite_records(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(f"[a record]({RECORDS}/no-such-record/) and `benchmarks/records/{'2099-01-01'}_none`\n")
     assert {f.name for f in cited_records(page)} == {"no-such-record", "2099-01-01_none"}
+
+
+def test_the_readme_and_pyproject_state_the_same_test_time():
+    """How long the suite takes on two cores is said twice; both say the same."""
+    said = [re.findall(r"about (\d+) minutes on two", (ROOT / name).read_text()) for name in ("README.md",
+                                                                                            "pyproject.toml")]
+    assert all(len(found) == 1 for found in said) and said[0] == said[1], said

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2ladder.commands.defaults import DEFAULTS, MUON_RATES
+from gpt2ladder.commands.defaults import DEFAULTS, MUON_RATES, RUNGS_WHY
 from gpt2ladder.commands.defaults import default_text as D
 from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory, out_of_memory_advice
 from gpt2ladder.measure.timing import BOUND, SPREAD
@@ -137,7 +137,8 @@ def _add_bench(sub) -> None:
     _recipe(p)
     p.add_argument("--rungs", default="seed",
                    help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports but the opt-in "
-                   "ones), 'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed)")
+                   "ones), 'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed, "
+                   f"{RUNGS_WHY['bench']})")
     gpu_batch, cpu_batch = DEFAULTS["bench"]["gpu"]["batch_size"], DEFAULTS["bench"]["cpu"]["batch_size"]
     p.add_argument("--batch-size", type=_batch_size, help="sequences per step, per GPU under torchrun (so the "
                    "global batch grows with the GPUs); 'auto' for the largest at which every rung fits, or 'best' for "
@@ -191,7 +192,7 @@ def _add_train(sub) -> None:
     _common(p)
     _recipe(p, resumable=True)
     p.add_argument("--rungs", help="'auto' (everything this machine supports but the opt-in rungs), 'seed', 'all' "
-                   f"or names (default: {D('train', 'rungs')})")
+                   f"or names (default: {D('train', 'rungs')}, {RUNGS_WHY['train']})")
     p.add_argument("--data", help=DATA_HELP)
     _out(p, "train", "run directory: config.json, log.jsonl, checkpoints, loss.png, tb/")
     p.add_argument("--steps", type=_count(MAX_STEPS), help=f"optimizer steps (default: {D('train', 'steps')})")
@@ -219,9 +220,10 @@ def _add_train(sub) -> None:
                    f"(default: {D('train', 'weight_decay')})")
     p.add_argument("--grad-clip", type=float, help="clip the gradient norm to this, 0 for no clipping "
                    f"(default: {D('train', 'grad_clip')})")
-    p.add_argument("--eval-every", type=int, help="validate every N steps, 0 for never (default: a tenth of --steps)")
-    p.add_argument("--eval-batches", type=_positive_int, help="validation batches "
-                   f"(default: {D('train', 'eval_batches')})")
+    p.add_argument("--eval-every", type=int, help="validate every N steps, 0 for never (default: a tenth of --steps, "
+                   "at least 2)")
+    p.add_argument("--eval-batches", type=_positive_int, help="validation batches (default: as many as keep "
+                   f"validation within about 15%% of the run's time, at most {D('train', 'eval_batches')})")
     p.add_argument("--val-tokens", type=_token_count, metavar="N", help="on a corpus of token shards: the tokens "
                    "of its validation shards that every validation reads, from their start, e.g. 10M (default: "
                    "--eval-batches steps' worth)")
@@ -357,8 +359,8 @@ def _add_parity(sub) -> None:
                        "Writes parity.json, parity.md and parity.png; exits 1 when a rung fails.")
     _common(p)
     _recipe(p)
-    p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
-                   "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
+    p.add_argument("--rungs", help="'all' (rungs this machine cannot run are reported as skipped), 'seed', 'auto' "
+                   f"or names, applied cumulatively (default: {D('parity', 'rungs')}; {RUNGS_WHY['parity']})")
     p.add_argument("--steps", type=_count(MAX_TIMED_STEPS), help=f"steps per rung (default: {D('parity', 'steps')})")
     p.add_argument("--batch-size", type=_positive_int, help="sequences per optimizer step; on a GPU the "
                    "micro-batch "
@@ -396,8 +398,8 @@ def _add_profile(sub) -> None:
                        "other and idle; write profile.json, profile.md and profile.png.")
     _common(p)
     _recipe(p)
-    p.add_argument("--rungs", default="all", help="'all' (rungs this machine cannot run are reported as "
-                   "skipped), 'seed', 'auto' or names, applied cumulatively (default: all)")
+    p.add_argument("--rungs", help="'all' (rungs this machine cannot run are reported as skipped), 'seed', 'auto' "
+                   f"or names, applied cumulatively (default: {D('profile', 'rungs')}; {RUNGS_WHY['profile']})")
     p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default: on a GPU the largest up "
                    f"to {DEFAULTS['profile']['gpu']['batch_size']} at which every rung fits, "
                    f"{DEFAULTS['profile']['cpu']['batch_size']} on CPU)")

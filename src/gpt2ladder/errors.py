@@ -16,6 +16,11 @@ class UsageError(LadderError):
     exit_code = 2
 
 
+class BadArgument(UsageError, ValueError):
+    """A Python API argument out of its range, named as the API names it: a UsageError, and a ValueError as
+    Python code expects of a bad argument."""
+
+
 # How the allocators say they ran out: torch's CPU allocator and the CUDA/MPS runtimes raise a plain
 # RuntimeError with these words (only the CUDA caching allocator raises torch.OutOfMemoryError).
 _OOM_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")

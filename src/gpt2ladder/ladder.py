@@ -115,6 +115,12 @@ def _needs_norm_kernel(caps: Capabilities) -> str | None:
     return _needs_triton_gpu("the norm_kernel rung")(caps) or _needs_ampere("a bfloat16 residual stream")(caps)
 
 
+def _needs_proj_bias(caps: Capabilities) -> str | None:
+    """The norm kernels add the biases: what they need, said of this rung."""
+    return (_needs_triton_gpu("the proj_bias rung (the norm kernels add its biases)")(caps)
+            or _needs_ampere("a bfloat16 residual stream")(caps))
+
+
 def _needs_mm_out_dtype(caps: Capabilities) -> str | None:
     import torch
 
@@ -238,7 +244,7 @@ LADDER: tuple[Rung, ...] = (
          "add them with the residual and sum their gradients with the norm's own, where compile summed each in two "
          "more reductions (48 launches per step).",
          "overhead", {"proj_bias": True, "norm_kernel": True, "bf16_residual": True, "autocast": "bfloat16"},
-         _needs_norm_kernel, pays_with_graph=True, refused_under={
+         _needs_proj_bias, pays_with_graph=True, refused_under={
              "fsdp": "the MLP's output bias is read by the next Block's norm, after FSDP2 has freed the gathered "
                      "parameters of the Block it belongs to"},
          declines=_gpt2_blocks("the proj_bias rung")),

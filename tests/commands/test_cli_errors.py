@@ -63,6 +63,28 @@ def test_data_path_that_does_not_exist(tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # failed before touching the output directory
 
 
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.parquet", "docs.csv", "docs.jsonl.gz"])
+def test_records_are_refused_as_training_text(tmp_path, capsys, name):
+    path = tmp_path / name
+    path.write_text('{"text": "' + TEXT.replace("\n", " ") + '"}\n')
+    code, out, err = run(capsys, "train", "--data", path, "--device", "cpu", "--out", tmp_path / "run")
+    assert_one_line_error(code, err, 2, "not plain text", "gpt2ladder prepare")
+    assert out == ""
+
+
+def test_shards_too_small_for_a_sequence_are_refused_before_anything_is_said(tmp_path, capsys):
+    import numpy as np
+
+    from gpt2ladder.data import shards as fmt
+
+    (tmp_path / "shards").mkdir()
+    for name in ("c_val_000000.bin", "c_train_000001.bin"):
+        fmt.write_shard(tmp_path / "shards" / name, np.zeros(3, dtype=np.uint16))
+    code, out, err = run(capsys, "train", "--data", tmp_path / "shards", "--device", "cpu", "--out", tmp_path / "run")
+    assert_one_line_error(code, err, 2, "too few for one sequence")
+    assert out == ""
+
+
 def test_data_path_that_is_a_folder_without_shards(tmp_path, capsys):
     code, _, err = run(capsys, *bench(tmp_path, "--data", tmp_path))
     assert_one_line_error(code, err, 2, "holds no token shards", "gpt2ladder prepare")
@@ -166,8 +188,12 @@ def test_output_directory_under_a_regular_file(tmp_path, capsys, text_file):
     argv = bench(tmp_path, "--data", text_file)
     argv[argv.index("--out") + 1] = blocker / "ladder"
     code, _, err = run(capsys, *argv)
-    assert_one_line_error(code, err, 2, "cannot write to output directory", "results.txt")
+    assert_one_line_error(code, err, 2, "cannot write to output directory", "results.txt is a file, not a folder")
     assert blocker.read_text() == "not a folder"
+    argv[argv.index("--out") + 1] = blocker  # --out a file itself: said so, not "File exists"
+    code, _, err = run(capsys, *argv)
+    assert_one_line_error(code, err, 2, "results.txt is a file, not a folder")
+    assert "File exists" not in err and blocker.read_text() == "not a folder"
 
 
 @pytest.mark.parametrize("command", ["parity", "profile"])

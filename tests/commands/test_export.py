@@ -50,8 +50,8 @@ def test_export_writes_the_hugging_face_files(run, tmp_path, capsys):
     code, out, _ = _export(capsys, run, tmp_path / "hf")
     assert code == 0 and "2 layers, 4 heads, 128 wide" in out
     names = sorted(p.name for p in (tmp_path / "hf").iterdir())
-    assert names == ["README.md", "config.json", "generation_config.json", "merges.txt", "model.safetensors",
-                     "tokenizer.json", "tokenizer_config.json", "vocab.json"]
+    assert names == ["README.md", "config.json", "generation_config.json", "gpt2ladder.json", "merges.txt",
+                     "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folder left
     state = load_checkpoint(run)
     tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))

@@ -195,6 +195,19 @@ def test_a_hugging_face_folder_and_a_hub_name_export_too(tmp_path, capsys):
     assert (tmp_path / "b" / "model.safetensors").read_bytes() == (tmp_path / "a" / "model.safetensors").read_bytes()
 
 
+def test_exporting_an_export_again_keeps_the_runs_training_details(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    assert export(capsys, run, tmp_path / "hf", "--license", "mit")[0] == 0
+    assert export(capsys, tmp_path / "hf", tmp_path / "again", "--dtype", "bfloat16")[0] == 0
+    first, again = card(tmp_path / "hf"), card(tmp_path / "again")
+    assert "| steps |" in again[1] and again[2] and [(r.metric_type, r.metric_value) for r in again[2]] == [
+        (r.metric_type, r.metric_value) for r in first[2]]
+    assert "license" not in again[0]  # the license is what this export was told
+    save_hf_gpt2(init_weights(GPT(SMALL), seed=5), tmp_path / "hf")  # other weights in the folder: no claims
+    assert export(capsys, tmp_path / "hf", tmp_path / "other")[0] == 0
+    assert "| steps |" not in card(tmp_path / "other")[1] and card(tmp_path / "other")[2] == []
+
+
 class FakeApi:
     """huggingface_hub.HfApi's two calls export makes, recorded; `fail` raises from create_repo."""
 

@@ -112,7 +112,20 @@ CASES = [  # (id, make the source in tmp_path -> SOURCE, extra flags, exit code,
     ("val tokens words", lambda d: _write(d / "x.txt", "x"), ["--val-tokens", "lots"], 2, ["such as 100000, 10M"]),
     ("shard over int32", lambda d: _write(d / "x.txt", "x"), ["--shard-tokens", "3B"], 2, ["2,147,483,647"]),
     ("a name saying val", lambda d: _write(d / "x.txt", "x"), ["--name", "my_val_set"], 2, ["'val' or 'train'"]),
+    ("empty text file", lambda d: _write(d / "x.txt", ""), [], 2, ["holds no documents, or empty ones only"]),
+    ("empty documents only", lambda d: _write(d / "x.jsonl", '{"text": ""}\n' * 3), [], 2, ["holds no documents"]),
+    ("a picture among texts", lambda d: (_write(_mkdir(d / "docs") / "a.txt", DOC),
+                                         _write(d / "docs" / "b.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"))[0].parent,
+     [], 2, ["b.png is not UTF-8 text", "move it out"]),
 ]
+
+
+def test_records_read_in_the_wrong_format_give_a_short_line(tmp_path, capsys):
+    """A JSON Lines file read as CSV has its whole first record as its one column name: the line quotes a little."""
+    source = _write(tmp_path / "docs.jsonl", (json.dumps({"text": DOC * 100}) + "\n") * 2)
+    got, stdout, err = run(capsys, "prepare", source, tmp_path / "out", "--format", "csv")
+    one_line(got, err, 2, "has no column 'text'", "...")
+    assert stdout == "" and len(err) < 200 + len(str(source))
 
 
 def test_out_inside_the_source_folder_is_one_line(tmp_path, capsys):
@@ -308,3 +321,11 @@ def test_sigterm_stops_prepare_as_ctrl_c_does(tmp_path, shakespeare_cache):
     assert err.count("\n") == 1 and "terminated;" in err and "leaked" not in err, err
     out = tmp_path / "out"
     assert not out.exists() or not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_counts_of_one_are_singular():
+    from gpt2ladder.commands.prepare import _counts
+
+    shards = [{"split": "val", "n_tokens": 0}, {"split": "train", "n_tokens": 1}]
+    assert _counts({"documents": 1, "n_tokens": 1, "shards": shards}).startswith("1 document, 1 token: ")
+    assert _counts({"documents": 2, "n_tokens": 2, "shards": shards}).startswith("2 documents, 2 tokens: ")

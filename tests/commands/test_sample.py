@@ -259,3 +259,26 @@ def _whole_utf8(data: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
+
+
+def test_an_empty_prompt_prints_no_end_of_text_token(run_dir, capsys):
+    import gpt2ladder
+
+    code, out, _ = _sample(capsys, run_dir, "--prompt", "", "--temperature", "0")
+    assert code == 0 and "<|endoftext|>" not in out and out.strip()
+    text = gpt2ladder.generate(gpt2ladder.load(run_dir, "cpu"), "", max_new_tokens=24, temperature=0)
+    assert "<|endoftext|>" not in text and out == text + "\n"
+
+
+def test_a_prompt_past_the_context_and_positions_never_trained_are_each_one_notice(tmp_path, capsys):
+    model = _model(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_multiple=128))
+    save_checkpoint(tmp_path / "ckpt.pt", {"model": model.state_dict(), "model_config": model.config.to_dict(),
+                                           "setup": {}, "step": 1, "train_config": {"seq_len": 16}})
+    code, _, err = _sample(capsys, tmp_path, "--prompt", "word " * 40)
+    assert code == 0
+    notices = [line for line in err.splitlines() if line.startswith("notice:")]
+    assert len(notices) == 2
+    assert "longer than this model's context of 32" in notices[0] and "last 32" in notices[0]
+    assert "trained on sequences of 16 tokens" in notices[1] and "position 32" in notices[1]
+    code, _, err = cli.main(["sample", str(tmp_path), "--device", "cpu", "--num-tokens", "8"]), *capsys.readouterr()
+    assert code == 0 and "notice" not in err  # 1 + 8 positions: all trained

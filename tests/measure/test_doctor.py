@@ -62,6 +62,14 @@ def test_features_per_machine(caps, expected):
         assert check.reason and len(check.reason.splitlines()) == 1
 
 
+def test_every_rung_skipped_here_is_skipped_for_a_reason_naming_itself_or_what_it_needs():
+    """proj_bias is skipped for its own reason, not norm_kernel's; tied_grad's line is one sentence."""
+    reason = why_unavailable("proj_bias", CPU)
+    assert "proj_bias" in reason and "norm_kernel" not in reason
+    tied = next(r for r in LADDER if r.name == "tied_grad").summary
+    assert tied.count(". ") == 0 and tied.endswith(".")  # one sentence; docs/rungs.md says the rest
+
+
 def test_pre_ampere_offers_fp16_with_a_grad_scaler_instead_of_bf16():
     reasons = {c.key: c.reason for c in feature_checks(T4)}
     assert "8.0" in reasons["bf16"] and "7.5" in reasons["bf16"] and "Tesla T4" in reasons["bf16"]

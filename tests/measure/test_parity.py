@@ -164,6 +164,39 @@ def test_outputs_are_written_and_describe_themselves(record, tmp_path):
     assert skipped and "fused_adamw" in table and f"all rungs PASS; {skipped} skipped on this machine" in table
 
 
+def test_the_table_is_aligned_and_shows_no_negative_zero(record):
+    rows = [{**r, "val_diff": -1e-9, "train_diff": -0.0, "val_rel": -1e-12} if r["status"] == "ok" else r
+            for r in record["rungs"]]
+    lines = parity_report.format_table({**record, "rungs": rows}).splitlines()
+    table = [line for line in lines[:len(rows) + 1]]
+    full = [line for line in table if "skipped:" not in line]
+    assert len({len(line.rstrip()) for line in full}) == 1, full  # every column ends where its header does
+    start = {line.index("skipped:") for line in table if "skipped:" in line}
+    assert len(start) == 1  # the reasons start in one column, however long the rung's name
+    assert "-0.0000" not in "\n".join(table) and "-0.00 " not in "\n".join(table)
+
+
+def test_off_a_terminal_each_training_run_is_one_line_as_it_finishes(shakespeare_cache, capsys):
+    cfg = ParityConfig(rungs=("baseline", "flash"), steps=1, **TINY)
+    run_parity(cfg, CPU, progress=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("parity: ")]
+    assert [line.split(":")[1].strip() for line in lines] == ["1/3 fp32 seed 0", "2/3 fp32 seed 1", "3/3 flash"]
+    assert all("final val loss" in line and line.endswith(" s") for line in lines)
+
+
+def test_parity_and_profile_default_to_the_rungs_that_run_here_off_a_gpu():
+    from gpt2ladder.commands.defaults import defaults
+
+    from gpt2ladder.ladder import resolve_rungs, why_unavailable
+    from gpt2ladder.runtime.hardware import detect
+
+    caps = detect(CPU)
+    for command in ("parity", "profile"):
+        rungs = resolve_rungs(defaults(command, CPU)["rungs"], caps)
+        assert rungs and (caps.compile_problem or all(why_unavailable(name, caps) is None for name in rungs))
+        assert defaults(command, torch.device("cuda"))["rungs"] == "all"
+
+
 def test_a_run_that_skipped_every_rung_does_not_say_they_passed(record):
     """Skipped rungs are not judged: with none judged the verdict line says so, not "all rungs PASS"."""
     skipped = {**record, "rungs": [{**r, "status": "skipped", "reason": "not on this machine"}

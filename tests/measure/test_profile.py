@@ -241,7 +241,7 @@ def test_command_writes_the_files(shakespeare_cache, tmp_path, capsys):
     assert not list(tmp_path.glob("trace-*.json"))  # traces only with --trace
 
 
-def test_last_only_profiles_the_top_rung_under_its_name(shakespeare_cache, tmp_path, monkeypatch):
+def test_last_only_profiles_the_top_rung_named_as_the_set_it_measures(shakespeare_cache, tmp_path, monkeypatch):
     monkeypatch.setenv(COMPILE_BACKEND_ENV, "eager")
     args = ["profile", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline,compile,tf32", "--last-only",
             "--steps", "1", "--warmup", "0", "--batch-size", "2", "--seq-len", "16", "--out", str(tmp_path),
@@ -251,7 +251,10 @@ def test_last_only_profiles_the_top_rung_under_its_name(shakespeare_cache, tmp_p
     rows = record["rungs"]
     assert record["config"]["compile_backend"] == "eager"
     # tf32 cannot run on a CPU, so the top of what can run is compile, with baseline under it
-    assert [(r["name"], r["status"], r["applied"]) for r in rows] == [("compile", "ok", ["baseline", "compile"])]
+    assert [(r["name"], r["status"], r["applied"]) for r in rows] == [("baseline..compile", "ok",
+                                                                       ["baseline", "compile"])]
+    assert "baseline, compile" in rows[0]["summary"]
+    assert profile_report.format_table(record).splitlines()[1].startswith("baseline..compile")
 
 
 def test_profile_of_only_skipped_rungs_fails_in_one_line(shakespeare_cache, tmp_path, capsys):

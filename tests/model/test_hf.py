@@ -93,7 +93,7 @@ def test_config_json_gives_the_shape(tmp_path, source_model):
 
 
 def test_missing_file_says_what_loads(tmp_path):
-    with pytest.raises(UsageError, match="no GPT-2 weights at .*model.safetensors; give a Hugging Face folder") as err:
+    with pytest.raises(UsageError, match="no GPT-2 weights at .*model.safetensors: no such file or folder \\(give a Hugging Face folder") as err:
         load_hf_gpt2(tmp_path / "model.safetensors", GPT(SHAPE))
     assert "\n" not in str(err.value) and "hub name" in str(err.value)
 

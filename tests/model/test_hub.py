@@ -124,6 +124,23 @@ def test_a_path_that_exists_is_never_a_hub_name(tmp_path, monkeypatch):
     assert not hub.is_hub_name("gpt2")
     for path in ("runs/x/ckpt.pt", "/abs/olute", "./rel/ative", "my-folder", "a/b/c", "hf/model.safetensors"):
         assert not hub.is_hub_name(path), path
+    (tmp_path / "runs" / "ref100").mkdir(parents=True)
+    assert not hub.is_hub_name("runs/ref10")  # a mistyped run: its first folder exists
+    assert hub.is_hub_name("someone/ref10")
+
+
+@pytest.mark.parametrize("argv", [["sample", "runs/ref10"], ["eval", "runs/ref10"], ["export", "runs/ref10", "hf"],
+                                  ["train", "--init-from", "runs/ref10", "--steps", "1", "--device", "cpu"]])
+def test_a_mistyped_local_path_is_said_missing_not_looked_up_on_the_hub(tmp_path, monkeypatch, capsys, argv):
+    from gpt2ladder.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "ref100").mkdir(parents=True)
+    monkeypatch.setattr(hub, "resolve", lambda *a, **k: pytest.fail("looked runs/ref10 up on the hub"))
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and len(err) < 200
+    assert "at runs/ref10: no such file or folder" in err and "HellaSwag" not in err
 
 
 def test_train_init_from_a_hub_name_reads_its_shape_and_weights(model, weights, hf_home):

@@ -151,3 +151,40 @@ def test_the_profiles_skipped_label_stands_clear_of_the_axis(figures):
     boxes = {text: box for text, box, _ in text_boxes(fig)}
     assert boxes["skipped"].x0 > boxes["left spine"].x1
     assert overlaps(fig) == []
+
+
+def busy_record():
+    """A run on a busy machine: flash drawn at 0.38x the baseline, its p90 2.5 times its p10."""
+    rows = [_row("baseline", 400.0, spread=0.3, kind="baseline"), _row("compile", 380.0, spread=0.4),
+            {**_row("flash", 152.0), "ms_p10": 100.0, "ms_p90": 250.0}, _row("vocab", 160.0, spread=0.3)]
+    return {"config": {"preset": "tiny", "batch_size": 2, "seq_len": 64}, "device": {"name": "cpu (x86_64)"},
+            "data": {"source": "tinyshakespeare", "n_tokens": 400_000}, "rungs": rows}
+
+
+def test_spreads_wider_than_the_differences_are_said_on_the_chart_and_first_in_the_table(figures):
+    from gpt2ladder.report.bench import format_markdown, spread_note
+
+    note = spread_note(busy_record()["rungs"])
+    assert note and "spreads wider than the differences" in note and "flash" in note and "2.5x" in note
+    assert spread_note(ladder_record()["rungs"]) is None  # differences well outside the spreads
+    fig = ladder_figure(busy_record())
+    figures(fig)
+    assert "spreads wider than the differences" in " ".join(_texts(fig).split()) and overlaps(fig) == []
+    record = {**busy_record(), "versions": {"torch": "x", "cuda": None, "triton": None}, "gpt2ladder": "0",
+              "git_sha": "abc", "peak_flops": None, "date": "today", "config": {**busy_record()["config"],
+                                                                               "steps": 5, "warmup": 1}}
+    record["rungs"] = [{**r, "peak_mem_bytes": None, "speedup_vs_baseline": 1.0, "tokens_per_s": 1.0, "mfu": None,
+                        "loss": 10.0, "logits_dtype": "float32", "weight_dtype": "float32"} for r in record["rungs"]]
+    assert format_markdown(record).splitlines()[2] == f"- **{note}**"
+
+
+def test_the_rungs_best_dropped_are_marked_on_the_chart(figures):
+    record = ladder_record()
+    record["best"] = {"rungs": ["baseline", "rung1"], "too_noisy": None,
+                      "decisions": [{"rung": "baseline", "kept": True}, {"rung": "rung1", "kept": True},
+                                    {"rung": "rung2", "kept": False}]}
+    fig = ladder_figure(record)
+    figures(fig)
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks[2] == "+ rung2 (dropped)" and not any("dropped" in t for i, t in enumerate(ticks) if i != 2)
+    assert "dropped" in _texts(fig) and overlaps(fig) == []

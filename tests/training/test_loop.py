@@ -249,6 +249,63 @@ def test_ctrl_c_in_a_validation_step_leaves_out_its_validation(tmp_path, monkeyp
     assert load_checkpoint(tmp_path)["step"] == 3
 
 
+def _ctrl_c_in_validation(monkeypatch, at_step: int):
+    """Engine.loss sends this process Ctrl-C during the second validation batch of step `at_step`'s validation."""
+    real_loss, current = Engine.loss, {}
+    real_init, calls = trainer_mod.Trainer.__init__, []
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        current["trainer"] = self
+
+    def loss(self, x, y):
+        if not torch.is_grad_enabled() and current["trainer"].step == at_step:
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+        return real_loss(self, x, y)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "__init__", init)
+    monkeypatch.setattr(Engine, "loss", loss)
+
+
+def _figures(log: list[dict]) -> list[tuple]:
+    return [(e["step"], e["loss"], e.get("val_loss"), (e.get("target") or {}).get("tokens")) for e in log]
+
+
+@pytest.mark.parametrize("target", [None, "second"])
+def test_a_validation_a_signal_cut_short_is_made_on_resume_as_if_never_interrupted(tmp_path, monkeypatch, capsys,
+                                                                                   vals, target):
+    target = vals[1]["val_loss"] if target else None
+    cfg = _cfg(steps=6, eval_every=2, eval_batches=3, lr=3e-3, target_val_loss=target)
+    straight = _train(cfg, tmp_path / "straight")
+    assert straight.step == (4 if target else 6)  # the target is met at the validation cut short
+    with monkeypatch.context() as patched:
+        _ctrl_c_in_validation(patched, at_step=4)
+        assert _train(cfg, tmp_path / "cut").exit_code == 130
+    assert [("val_loss" in e) for e in _log(tmp_path / "cut")] == [False, True, False, False]
+    assert (load_checkpoint(tmp_path / "cut").get("pending") or {}).get("step") == 4
+    result = _train(cfg, tmp_path / "cut", resume=True)
+    assert result.exit_code == 0 and result.step == straight.step
+    assert _figures(_log(tmp_path / "cut")) == _figures(_log(tmp_path / "straight"))
+    assert load_checkpoint(tmp_path / "cut")["pending"] is None
+    if target:
+        assert "reached the target" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_a_run_that_reached_its_target_has_nothing_to_do_on_resume(tmp_path, capsys, vals):
+    cfg = _cfg(steps=8, eval_every=2, lr=3e-3, target_val_loss=vals[1]["val_loss"])
+    assert _train(cfg, tmp_path).step == 4
+    log = (tmp_path / "log.jsonl").read_bytes()
+    capsys.readouterr()
+    result = _train(cfg, tmp_path, resume=True)
+    assert result.exit_code == 0 and result.step == 4
+    assert (tmp_path / "log.jsonl").read_bytes() == log  # no step trained, no second "target"
+    assert "nothing to do" in capsys.readouterr().out
+    lower = _cfg(steps=5, eval_every=2, lr=3e-3, target_val_loss=vals[1]["val_loss"] / 2)
+    assert _train(lower, tmp_path, resume=True).step == 5  # a lower target trains on
+
+
 def _train_process(out, *extra):
     return [sys.executable, "-m", "gpt2ladder", "train", "--device", "cpu", "--preset", "tiny", "--rungs",
             "baseline", "--batch-size", "2", "--seq-len", "32", "--steps", "100", "--no-progress", "--out", str(out),

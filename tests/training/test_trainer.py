@@ -117,6 +117,19 @@ def test_cpu_defaults_and_auto_rungs(monkeypatch):
     assert (gpu["lr"], gpu["rungs"], gpu["seed"]) == (6e-4, "auto", 0)  # the same on every device
 
 
+@pytest.mark.parametrize("steps", [1, 2, 5, 10, 20, 40, 60, 100, 200, 333, 1000, 5000])
+def test_default_validation_is_a_bounded_share_of_the_run(steps):
+    """With --eval-every and --eval-batches left to their defaults, all validations together take at most a fifth
+    of a run (a validation batch costing about a third of a training step), short runs included."""
+    from gpt2ladder.commands.train import validation_share
+
+    cfg, _ = config_from_args(_args(steps=steps, rungs="baseline"), CPU, detect(CPU))
+    assert validation_share(steps, cfg.eval_every, cfg.eval_batches) <= 0.2 or steps < 5
+    assert 1 <= cfg.eval_batches <= 20 and cfg.eval_every >= 1
+    given, _ = config_from_args(_args(steps=steps, rungs="baseline", eval_batches=7), CPU, detect(CPU))
+    assert given.eval_batches == 7  # a number given is kept
+
+
 def test_rungs_this_machine_cannot_run_are_left_out_with_a_reason():
     notes = []
     cfg, _ = config_from_args(_args(rungs="baseline,tf32,flash"), CPU, detect(CPU), notify=notes.append)

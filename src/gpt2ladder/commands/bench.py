@@ -29,6 +29,7 @@ from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.bench import (
     format_markdown,
     format_scaling,
+    spread_note,
     stream_header,
     stream_row,
 )
@@ -175,6 +176,9 @@ def write_outputs(record: dict, out: Path, scaled: bool) -> list[Path]:
         return format_markdown(r) + ("\n" + format_scaling(r) if scaled else "")
 
     paths = write_record(out, "ladder", record, markdown, ladder_chart)
+    noisy = spread_note(record["rungs"])
+    if noisy:
+        print(f"note: {noisy}")
     if scaled:
         print("\n" + format_scaling(record), end="")
     print(f"wrote {', '.join(str(p) for p in paths)}")

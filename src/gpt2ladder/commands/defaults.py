@@ -16,6 +16,19 @@ if TYPE_CHECKING:  # a type only: the CLI reads this table for --help without im
 # "eager" (seconds, not minutes). Not a user setting; the default is Inductor, the backend the rung is about.
 COMPILE_BACKEND_ENV = "GPT2LADDER_COMPILE_BACKEND"
 
+# Why each command's rungs default differs (said in its --help too): bench climbs the write-up's five ("seed"),
+# the ladder its published tables and golden outputs compare; train runs as fast as this machine allows
+# ("auto"); parity and profile cover every rung on a GPU ("all": each checked, or said why it cannot run),
+# and off one only rungs that run there: most rungs need CUDA, and a list of them skipped says nothing new
+# (parity there climbs the write-up's rungs only, each compiled rung costing a compilation of its own).
+RUNGS_WHY = {
+    "bench": "the write-up's five, the ladder its published tables compare",
+    "train": "as fast as this machine allows",
+    "parity": "on a GPU every rung is checked or said why not; on CPU the write-up's rungs that run there, as "
+              "each compiled rung's run compiles for about half a minute",
+    "profile": "on a GPU every rung is profiled or said why not; elsewhere most rungs need CUDA",
+}
+
 DEFAULTS: dict[str, dict[str, dict]] = {
     "bench": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 20, "warmup": 5},
               "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128, "steps": 10, "warmup": 3}},
@@ -24,16 +37,17 @@ DEFAULTS: dict[str, dict[str, dict]] = {
               # The same on every device. A resumed run keeps its own values instead (commands/train.py).
               "any": {"rungs": "auto", "lr": 6e-4, "weight_decay": 0.1, "grad_clip": 1.0, "eval_batches": 20,
                       "seed": 0}},
-    "parity": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 300},
-               "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60}},
+    "parity": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 300, "rungs": "all"},
+               "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60,
+                       "rungs": "baseline,compile,flash,vocab"}},
     # A CPU races the tiny preset on short steps at a higher rate, so the whole race ends in minutes. `validations`:
     # how many times a run planned for --steps validates (--eval-every is steps / validations).
     "race": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 1000, "seeds": 3, "lr": 6e-4,
                      "validations": 40, "eval_batches": 20},
              "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60, "seeds": 1, "lr": 3e-3,
                      "validations": 12, "eval_batches": 4}},
-    "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None},
-                "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128}},
+    "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "rungs": "all"},
+                "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128, "rungs": "auto"}},
 }
 
 

@@ -19,7 +19,7 @@ from gpt2ladder.report.progress import on_terminal
 from gpt2ladder.report.records import output_dir, record_header, write_json
 from gpt2ladder.runtime.hardware import detect, resolve_device
 from gpt2ladder.training.checkpoint import state_digest
-from gpt2ladder.training.loading import LoadedModel, is_run, load_model
+from gpt2ladder.training.loading import LoadedModel, check_source, is_run, load_model
 
 DEFAULT_OUT = "runs/eval"
 
@@ -28,7 +28,8 @@ def eval_command(args) -> int:
     device = resolve_device(args.device)
     if args.batch_size is not None and args.batch_size <= 0:
         raise UsageError(f"--batch-size must be a positive integer, got {args.batch_size}")
-    prepared = prepare(args.task, args.task_data, args.limit)  # the data's problems come before any model
+    check_source(args.model)  # a mistyped path first: it is the argument the user typed
+    prepared = prepare(args.task, args.task_data, args.limit)  # the data's problems come before loading a model
     out = Path(args.out or (args.model if is_run(args.model) and Path(args.model).is_dir() else DEFAULT_OUT))
     with output_dir(out) as out:
         loaded = load_model(args.model, device)

@@ -3,7 +3,8 @@
 --push-to-hub that folder uploaded as a hub repository.
 
 The folder holds config.json, generation_config.json and model.safetensors (`model/hf.py`), the GPT-2
-tokenizer files (`data/tokenizer.py`) and a model card (`report/model_card.py`); it is written beside
+tokenizer files (`data/tokenizer.py`), a model card (`report/model_card.py`) and gpt2ladder.json, what the
+card was made from (exporting that folder again keeps the run's details); it is written beside
 OUT_DIR and renamed into place, so a failure leaves no half folder behind. Meanwhile the export holds a
 lock beside OUT_DIR (a second export to the same place is refused, and what a killed one left there is
 removed) and, when OUT_DIR is a run's folder, that run's lock (a run still training there is never
@@ -24,12 +25,13 @@ from pathlib import Path
 import torch
 
 from gpt2ladder.data.files import write_atomic
+from gpt2ladder.data.shards import file_sha256
 from gpt2ladder.data.tokenizer import write_hf_tokenizer
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.evals import hellaswag
 from gpt2ladder.model import hub
 from gpt2ladder.model.gpt import describe_shape
-from gpt2ladder.model.hf import check_exportable, save_hf_gpt2
+from gpt2ladder.model.hf import WEIGHTS_NAME, check_exportable, save_hf_gpt2
 from gpt2ladder.report.model_card import finite, model_card
 from gpt2ladder.report.records import check_new_folder, folder_written_whole, remove_stale_folders
 from gpt2ladder.training import lock
@@ -57,6 +59,7 @@ def export_command(args) -> int:
         card = model_card(out.name, describe_shape(model), str(dtype).removeprefix("torch."), facts,
                           repo=args.push_to_hub)
         write_atomic(tmp / "README.md", card)
+        keep_facts(tmp, facts)
     size = (out / "model.safetensors").stat().st_size
     what = f"step {facts['step']} of {loaded.path}" if loaded.kind == "run" else loaded.description
     print(f"gpt2ladder export: {describe_shape(model)}, {what} -> {out} "
@@ -123,11 +126,34 @@ def _disk_errors(out: Path):
         raise LadderError(f"could not write {out}: {detail}; it is left as it was") from None
 
 
+# Beside an export's card, what the card was made from, so exporting that folder again (another dtype, a
+# push) keeps the run's training details; read back only while model.safetensors is the one written with it.
+FACTS_NAME = "gpt2ladder.json"
+
+
+def keep_facts(folder: Path, facts: dict) -> None:
+    weights = file_sha256(folder / WEIGHTS_NAME)
+    write_atomic(folder / FACTS_NAME, json.dumps({"facts": facts, "weights_sha256": weights}, indent=2) + "\n")
+
+
+def kept_facts(entry: Path) -> dict | None:
+    """The facts an earlier export wrote beside `entry` (its model.safetensors), if that file is unchanged."""
+    try:
+        record = json.loads((entry.parent / FACTS_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(record, dict) and isinstance(record.get("facts"), dict) and entry.name == WEIGHTS_NAME
+            and record.get("weights_sha256") == file_sha256(entry)):
+        return None
+    return {k: v for k, v in record["facts"].items() if k != "license"}  # the license is this export's flag
+
+
 def source_facts(loaded: LoadedModel) -> dict:
-    """What the card may say about the weights: a run's record, or for Hugging Face weights the hub
-    repository they came from, when that is known."""
+    """What the card may say about the weights: a run's record; for Hugging Face weights what an earlier
+    export of them kept, else the hub repository they came from, when that is known."""
     if loaded.kind != "run":
-        return {"base_model": hub.known_repo(loaded.source) or hub.known_repo(str(loaded.path))}
+        kept = kept_facts(loaded.path) if loaded.kind == "hf" else None
+        return kept or {"base_model": hub.known_repo(loaded.source) or hub.known_repo(str(loaded.path))}
     facts = run_facts(loaded.path, loaded.state)
     return {**facts, "base_model": hub.known_repo(facts.get("init_from")),
             "hellaswag": measured_hellaswag(loaded.path, loaded.state)}

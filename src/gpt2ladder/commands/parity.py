@@ -30,7 +30,7 @@ def config_from_args(args, device: torch.device, caps) -> ParityConfig:
     name = args.preset or d["preset"]
     shape = preset(name)
     return ParityConfig(
-        preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps, recipe=parse_recipe(args.recipe))), recipe=args.recipe,
+        preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs or d["rungs"], caps, recipe=parse_recipe(args.recipe))), recipe=args.recipe,
         batch_size=args.batch_size or d["batch_size"],
         seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps or d["steps"],
         seeds=args.seeds, tolerance=args.tolerance, lr=args.lr, eval_every=args.eval_every,

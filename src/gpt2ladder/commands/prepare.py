@@ -115,7 +115,7 @@ def _terminate_as_interrupt():
 
 def _banner(cfg: PrepareConfig, source: Source, planned: Plan) -> str:
     what = _describe(source.description)
-    docs = f", {source.total_documents:,} documents" if source.total_documents else ""
+    docs = f", {_many(source.total_documents, 'document')}" if source.total_documents else ""
     plan_text = (f"continuing after {len(planned.kept)} finished shard{'' if len(planned.kept) == 1 else 's'}"
                  if planned.kept else
                  f"{cfg.name}_val_000000.bin gets the first {cfg.val_tokens:,} tokens (a tenth of the source if it "
@@ -136,9 +136,13 @@ def _describe(d: dict) -> str:
 def _counts(manifest: dict) -> str:
     val = [s for s in manifest["shards"] if s["split"] == "val"]
     train = [s for s in manifest["shards"] if s["split"] == "train"]
-    return (f"{manifest['documents']:,} documents, {manifest['n_tokens']:,} tokens: validation "
+    return (f"{_many(manifest['documents'], 'document')}, {_many(manifest['n_tokens'], 'token')}: validation "
             f"{sum(s['n_tokens'] for s in val):,}, training {sum(s['n_tokens'] for s in train):,} in "
             f"{len(train)} shard{'' if len(train) == 1 else 's'}")
+
+
+def _many(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _kept(cfg: PrepareConfig) -> str:

@@ -51,7 +51,7 @@ def profile_command(args) -> int:
 
 def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
     shape = preset(name)
-    cfg = ProfileConfig(preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs, caps, recipe=parse_recipe(args.recipe))),
+    cfg = ProfileConfig(preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs or d["rungs"], caps, recipe=parse_recipe(args.recipe))),
                         recipe=args.recipe,
                         batch_size=args.batch_size or d["batch_size"],
                         seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps,

@@ -53,6 +53,27 @@ def _num_tokens(asked: int | None, context: int) -> int:
     return asked
 
 
+def _trained_len(state: dict | None) -> int | None:
+    """The sequence length a run trained at (None for Hugging Face weights, whose is not recorded)."""
+    seq_len = ((state or {}).get("train_config") or {}).get("seq_len")
+    return seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None
+
+
+def notices(prompt_len: int, num_tokens: int, context: int, trained: int | None) -> list[str]:
+    """What a user should know before reading the sample: a prompt cut to the context, and positions the
+    run never trained (a CPU tiny run trains at 128 of its 256)."""
+    lines = []
+    if prompt_len > context:
+        lines.append(f"notice: the prompt is {prompt_len:,} tokens, longer than this model's context of {context}; "
+                     f"the model sees its last {context}")
+    used = min(prompt_len + num_tokens, context)
+    if trained is not None and used > trained:
+        lines.append(f"notice: this run trained on sequences of {trained} tokens; this sample reaches position "
+                     f"{used} of the model's {context}, which training never used, so text past {trained} tokens "
+                     "may lose its way")
+    return lines
+
+
 def _compiled(model: GPT, device: torch.device):
     problem = detect(device).compile_problem
     if problem:
@@ -70,7 +91,10 @@ def sample_command(args) -> int:
           flush=True)
     forward = _compiled(model, device) if args.compile else model
     enc = get_tokenizer()
-    prompt = encode_text(args.prompt) or [GPT2_EOT]
+    given = encode_text(args.prompt)
+    prompt = given or [GPT2_EOT]  # an empty prompt starts a document; that token is not printed
+    for line in notices(len(prompt), num_tokens, model.config.block_size, _trained_len(loaded.state)):
+        print(line, file=sys.stderr, flush=True)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     for i in range(args.num_samples):
         if i:
@@ -78,7 +102,7 @@ def sample_command(args) -> int:
         idx = torch.tensor([prompt], dtype=torch.long, device=device)
         with _precision(device, setup):
             new = (int(t) for t in stream(forward, idx, num_tokens, args.temperature, args.top_k or None, gen))
-            for piece in decode_stream(itertools.chain(prompt, new), enc):
+            for piece in decode_stream(itertools.chain(given, new), enc):
                 print(piece, end="", flush=True)  # as it is generated: a long sample is not a silent wait
         print(flush=True)
     return 0

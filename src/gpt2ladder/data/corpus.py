@@ -235,8 +235,9 @@ def foreign_identity(shards: list[fmt.Shard]) -> str:
     return h.hexdigest()
 
 
-def load_prepared(folder: Path, notify=print) -> TokenData:
-    """A folder `prepare` wrote: every shard the manifest lists, each the size and sha256 it records."""
+def load_prepared(folder: Path, notify=print, check=None) -> TokenData:
+    """A folder `prepare` wrote: every shard the manifest lists, each the size and sha256 it records.
+    `check` sees the splits before any shard is scanned (see `load_corpus`)."""
     m = manifest_mod.read(folder / manifest_mod.FINAL)
     if m.get("tokenizer") != tokenizer_id():
         raise UsageError(f"{folder} was prepared with another tokenizer than this gpt2ladder's GPT-2; "
@@ -247,25 +248,33 @@ def load_prepared(folder: Path, notify=print) -> TokenData:
             raise UsageError(f"token shard {shard.path} holds {shard.n_tokens:,} tokens, but "
                              f"{folder / manifest_mod.FINAL} records {entry['n_tokens']:,}: changed; prepare the "
                              "corpus again")
+    val = [s for e, s in zip(m["shards"], shards) if e["split"] == "val"]
+    train = [s for e, s in zip(m["shards"], shards) if e["split"] == "train"]
+    data = TokenData(ShardedTokens(train), ShardedTokens(val), display_name(folder),
+                     manifest_mod.identity(m), sum(s.n_tokens for s in shards))
+    if check is not None:
+        check(data)
     for entry, shard, sha in zip(m["shards"], shards, _check_all(shards, display_name(folder), True, notify)):
         if sha != entry["sha256"]:
             raise UsageError(f"token shard {shard.path} is not the one {folder / manifest_mod.FINAL} records "
                              f"(sha256 {entry['sha256'][:12]}...): changed or damaged; "
                              "prepare the corpus again")
-    val = [s for e, s in zip(m["shards"], shards) if e["split"] == "val"]
-    train = [s for e, s in zip(m["shards"], shards) if e["split"] == "train"]
-    return TokenData(ShardedTokens(train), ShardedTokens(val), display_name(folder),
-                     manifest_mod.identity(m), sum(s.n_tokens for s in shards))
+    return data
 
 
-def load_corpus(spec: str | Path, notify=print) -> TokenData:
-    """The shards --data names, checked, as a TokenData whose train and val are memory-mapped views."""
+def load_corpus(spec: str | Path, notify=print, check=None) -> TokenData:
+    """The shards --data names, checked, as a TokenData whose train and val are memory-mapped views.
+    `check` (a TokenData -> None that raises) sees them first: a corpus too small for the run is refused
+    before the scan's notice."""
     p = Path(spec).expanduser()
     if p.is_dir() and (p / manifest_mod.FINAL).is_file():
-        return load_prepared(p, notify)
+        return load_prepared(p, notify, check)
     if p.is_dir() and (p / manifest_mod.PARTIAL).is_file():
         raise UsageError(f"{p} holds an unfinished gpt2ladder prepare; run the same prepare command again to "
                          "finish it")
     source, shards = find_shards(spec)
+    data = _split(shards, source, foreign_identity(shards))
+    if check is not None:
+        check(data)
     _check_all(shards, source, False, notify)
-    return _split(shards, source, foreign_identity(shards))
+    return data

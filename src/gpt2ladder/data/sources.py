@@ -28,6 +28,7 @@ FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "hf")
 READ_BYTES = 4 * 2**20  # a text file is read and cut into pieces this much at a time
 MAX_CARRY = 64 * 2**20  # a line longer than this (no safe cut) is cut anyway, as encode_stream does
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
+SNIFF_BYTES = 4096  # how much of each text file is looked at before anything is tokenized
 # Files no reader here understands; a source of another suffix is read as UTF-8 text.
 UNKNOWN = {".zst", ".bz2", ".xz", ".zip", ".tar", ".7z", ".arrow", ".feather", ".bin", ".npy", ".pt", ".pkl",
            ".xlsx", ".xls", ".avro", ".orc", ".tfrecord", ".h5"}
@@ -94,13 +95,15 @@ class Source:
         return Cursor(self.read, start)
 
     def check(self) -> None:
-        """Read the first piece, so a missing column or an empty source is one line before any work."""
+        """Read up to the first piece of text, so a missing column or a source without any text (no documents,
+        or empty ones only) is one line before any work."""
         cursor = self.pieces()
         try:
-            next(cursor)
+            while not next(cursor)[0]:
+                pass
         except StopIteration:
             raise UsageError(f"{self.description.get('path') or self.description.get('name')} holds no "
-                             "documents") from None
+                             "documents, or empty ones only: no text to tokenize") from None
         finally:
             cursor.close()
 
@@ -203,6 +206,8 @@ def open_source(spec: SourceSpec) -> Source:
     for f in files:
         if not os.access(f, os.R_OK):
             raise UsageError(f"cannot read {f}: permission denied")
+        if fmt == "text":
+            _check_text_start(f, path.is_dir())  # a picture among a folder's texts: refused before any work
     reader = {"text": _text_reader, "jsonl": _jsonl_reader, "csv": _csv_reader, "parquet": _parquet_reader}[fmt]
     total = _parquet_rows(files, spec.text_field) if fmt == "parquet" else len(files) if fmt == "text" else None
     description = {"kind": fmt, "path": os.fsdecode(path.resolve()), "files": len(files),
@@ -243,6 +248,29 @@ def _open(path: Path):
         return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _check_text_start(path: Path, in_folder: bool) -> None:
+    """A UsageError when the file's first bytes are not UTF-8 text (a NUL, or bytes no UTF-8 holds)."""
+    with _open(path) as f:
+        try:
+            head = f.read(SNIFF_BYTES)
+        except (OSError, EOFError) as e:
+            raise UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head)  # not final: a character cut at the end is fine
+    except UnicodeError:
+        text = "\0"
+    if "\0" in text:
+        raise UsageError(f"{path} is not UTF-8 text" + ("; a folder's files are read as text documents: move it "
+                                                         "out, or give the text files alone" if in_folder else ""))
+
+
+def _quoted(names, limit: int = 80) -> str:
+    """Field names as an error message shows them: comma-separated, cut to `limit` characters (a CSV read
+    with the wrong --format has a whole record as its one column name)."""
+    text = ", ".join(str(n) for n in names) or "none"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _text_reader(files: list[Path], _field: str) -> Callable:
@@ -289,7 +317,7 @@ def _text_of(record, field: str, where: str) -> str:
     if not isinstance(record, dict):
         raise UsageError(f"{where} is not a JSON object; JSON Lines hold one object per line")
     if field not in record:
-        keys = ", ".join(list(record)[:8]) or "none"
+        keys = _quoted(list(record)[:8])
         raise UsageError(f"{where} has no field {field!r} (its fields: {keys}); name the text's with --text-field")
     value = record[field]
     if not isinstance(value, str):
@@ -340,7 +368,7 @@ def _csv_reader(files: list[Path], field: str) -> Callable:
                     for row_number, row in enumerate(rows, 1):
                         if row_number == 1 and field not in row:
                             raise UsageError(f"{files[i]} has no column {field!r} (its columns: "
-                                             f"{', '.join(rows.fieldnames or [])}); name it with --text-field")
+                                             f"{_quoted(rows.fieldnames or [])}); name it with --text-field")
                         if row_number <= skip:
                             continue
                         mark({"file": i, "row": row_number})

@@ -165,27 +165,49 @@ def text_chunks(f: BinaryIO, path: Path, block: int | None = None) -> Iterator[s
         raise UsageError(f"data file {path} is not a UTF-8 text file") from None
 
 
-def load_tokens(text_path: Path | str | None = None, *, download: bool = True, notify=print) -> TokenData:
+def load_tokens(text_path: Path | str | None = None, *, download: bool = True, notify=print,
+                check=None) -> TokenData:
     """Tokens of a text file (None: Tiny Shakespeare), tokenized once and then memory-mapped from cache;
     or of a corpus of token shards (a folder, a glob, a shard file: `corpus.load_corpus`).
 
     The cache is keyed by the sha256 of the file's bytes, so an edited file is tokenized again; a cache
-    that does not match its record is rebuilt, and `notify` says so.
+    that does not match its record is rebuilt, and `notify` says so. `check` (a TokenData -> None that
+    raises, e.g. `check_splits`) sees a corpus before its shards are scanned, so a corpus too small fails
+    before `notify` says anything. Records (JSON Lines, Parquet, CSV) are refused: `prepare` reads them.
     """
     from gpt2ladder.data import corpus  # corpus.py builds on this module's TokenData
 
     if text_path is not None and corpus.is_corpus(text_path):
-        return corpus.load_corpus(text_path, notify)
+        return corpus.load_corpus(text_path, notify, check)
     if text_path is None:
         path, source = fetch_tinyshakespeare(download), "tinyshakespeare"
     else:
         path = Path(text_path).expanduser()
         source = display_name(path)
+        refuse_records(path)
     with open_text(path) as f:
         digest = sha256_stream(f, READ_BYTES)
         tokens = token_cache.load_or_build(cache_dir() / "tokens", digest, lambda: text_chunks(f, path),
                                            os.fstat(f.fileno()).st_size, notify)
-    return _split(tokens, source, digest)
+    data = _split(tokens, source, digest)
+    if check is not None:
+        check(data)
+    return data
+
+
+RECORD_KINDS = {"jsonl": "JSON Lines", "parquet": "Parquet", "csv": "CSV"}
+
+
+def refuse_records(path: Path) -> None:
+    """A UsageError for a file of records (.jsonl, .json, .parquet, .csv, .gz or not): trained on as it is, the
+    model would learn the JSON's quotes and keys; `prepare` takes the text field out of each record."""
+    from gpt2ladder.data.sources import SUFFIXES  # the formats prepare reads by suffix
+
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    kind = SUFFIXES.get(suffixes[-1]) if suffixes else None
+    if kind:
+        raise UsageError(f"data file {path} holds {RECORD_KINDS[kind]} records, not plain text; run "
+                         f"`gpt2ladder prepare {path} OUT` first and train with --data OUT")
 
 
 def random_tokens(n_tokens: int, vocab_size: int = GPT2_VOCAB_SIZE, seed: int = 0) -> TokenData:

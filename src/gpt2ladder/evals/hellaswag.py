@@ -60,7 +60,7 @@ def cached_path() -> Path:
 
 
 def load(task_data: str | Path | None = None, limit: int | None = None, download: bool = True,
-         flag: str = "--task-data") -> TaskData:
+         flag: str = "--task-data FILE") -> TaskData:
     """The examples of `task_data`, or of the official set in the cache (downloaded when missing); `flag` is
     the option that gives another file, named when the official one is missing."""
     path = Path(task_data).expanduser() if task_data is not None else official_file(download, flag)
@@ -68,12 +68,12 @@ def load(task_data: str | Path | None = None, limit: int | None = None, download
     digest = hashlib.sha256(data).hexdigest()
     if task_data is None and digest != SHA256:  # changed since it was checked on download
         raise LadderError(f"the cached HellaSwag file {path} is damaged (its sha256 is not the official set's); "
-                          f"delete it to download it again, or pass {flag} FILE")
+                          f"delete it to download it again, or pass {flag}")
     examples = parse(data, path)
     return TaskData(path, digest, digest == SHA256, len(examples), tuple(examples[:limit] if limit else examples))
 
 
-def official_file(download: bool = True, flag: str = "--task-data") -> Path:
+def official_file(download: bool = True, flag: str = "--task-data FILE") -> Path:
     """The official validation set in the cache, checked; downloaded first when it is missing or damaged."""
     path = cached_path()
     if path.is_file() and _sha256_file(path) == SHA256:
@@ -87,7 +87,7 @@ def official_file(download: bool = True, flag: str = "--task-data") -> Path:
         except (OSError, ValueError) as err:
             reason = _reason(err)
     raise LadderError(f"the HellaSwag validation set {state} and could not be downloaded ({reason}); put "
-                      f"hellaswag_val.jsonl from {URL} at {path}, or pass {flag} FILE")
+                      f"hellaswag_val.jsonl from {URL} at {path}, or pass {flag}")
 
 
 def _download(dest: Path) -> None:

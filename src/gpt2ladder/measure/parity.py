@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded
 from gpt2ladder.model.recipe import parse_recipe, with_recipe
 from gpt2ladder.model.config import ModelConfig, preset
-from gpt2ladder.report.progress import progress_bar
+from gpt2ladder.report.progress import on_terminal, progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import detect
@@ -224,8 +225,22 @@ def work_units(cfg: ParityConfig, caps) -> tuple[list[dict], dict[str, str]]:
 
 
 def run_units(ctx: _Context, units: list[dict]) -> dict[str, dict]:
-    return {u["id"]: guarded(lambda u=u: train_run(u["setup"], u["seed"], ctx, u["label"]), ctx.device,
-                             ctx.cfg.micro) for u in units}
+    """Each unit's run; off a terminal (where no bar shows), one line as each finishes."""
+    results, lines = {}, ctx.progress and not on_terminal()
+    for i, u in enumerate(units, 1):
+        started = time.perf_counter()
+        results[u["id"]] = guarded(lambda u=u: train_run(u["setup"], u["seed"], ctx, u["label"]), ctx.device,
+                                   ctx.cfg.micro)
+        if lines:
+            print(f"parity: {i}/{len(units)} {u['label']}: {_outcome(results[u['id']])}, "
+                   f"{time.perf_counter() - started:.0f} s", flush=True)
+    return results
+
+
+def _outcome(result: dict) -> str:
+    if result["status"] != "ok":
+        return f"{result['status']} ({result.get('reason', '')})"[:120]
+    return f"final val loss {result['final_val']:.4f}"
 
 
 def assemble(cfg: ParityConfig, results: dict[str, dict], skipped: dict[str, str]) -> dict:

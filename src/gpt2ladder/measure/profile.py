@@ -300,7 +300,17 @@ def profile_rung(row: Row, cfg: ProfileConfig, tokens, device, progress: bool) -
         return row.skipped()
     setup = setup_for(list(row.applied))
     result = guarded(lambda: profile_setup(setup, cfg, tokens, device, row.name, progress), device, cfg.batch_size)
-    return {**row.rung_fields(), "applied": list(row.applied), "setup": setup.to_dict(), **result}
+    return {**row.rung_fields(), **(top_fields(row) if cfg.last_only else {}), "applied": list(row.applied),
+            "setup": setup.to_dict(), **result}
+
+
+def top_fields(row: Row) -> dict:
+    """--last-only's one row measures every rung applied together, not the last rung: it is named as the set
+    (baseline..tied_grad), which the trace file keeps too."""
+    if len(row.applied) < 2:
+        return {}
+    return {"name": f"{row.applied[0]}..{row.applied[-1]}",
+            "summary": f"the top of the ladder here: {', '.join(row.applied)}, applied together"}
 
 
 def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, caps=None,

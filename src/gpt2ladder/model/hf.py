@@ -39,6 +39,7 @@ and the fine-tuning label fields.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -90,6 +91,9 @@ def weights_file(path: str | Path) -> Path:
     """The file that names the weights (model.safetensors, a shard index or pytorch_model.bin): the one
     given, or a folder's; UsageError when there is none."""
     path = local_path(path)
+    if not path.exists():
+        raise UsageError(f"no GPT-2 weights at {path}: no such file or folder (give a Hugging Face folder, "
+                         "its model.safetensors or a hub name)")
     entry = _entry_in(path) if path.is_dir() else path
     if entry is None or not entry.is_file():
         raise UsageError(f"no GPT-2 weights at {path}; give {WHAT_LOADS}")
@@ -417,7 +421,15 @@ def save_hf_gpt2(model, folder: str | Path, dtype: torch.dtype = torch.float32) 
     _write_json(files[0], hf_config(model.config, dtype))
     _write_json(files[1], {"bos_token_id": GPT2_EOT_ID, "eos_token_id": GPT2_EOT_ID})
     save_file(hf_tensors(model, dtype), str(files[2]), metadata={"format": "pt"})  # "pt": transformers checks it
+    os.chmod(files[2], 0o666 & ~_umask())  # safetensors creates it 0600; the folder's other files follow the umask
     return files
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _write_json(path: Path, value: dict) -> None:

@@ -36,9 +36,11 @@ DOWNLOADS = (["config.json", "generation_config.json", "*.safetensors", "model.s
 
 
 def is_hub_name(text: str) -> bool:
-    """Whether `text` names a hub model rather than a local path: no such path exists, and it is a short
-    name or has the form OWNER/NAME (not a file name, not absolute, not starting with '.' or '~')."""
-    if Path(text).expanduser().exists():
+    """Whether `text` names a hub model rather than a local path: no local path could be meant, and it is a
+    short name or has the form OWNER/NAME (not a file name, not absolute, not starting with '.' or '~').
+    A path that exists, or whose first folder does (runs/ref10 beside runs/ref100), is a path, mistyped or not."""
+    path = Path(text).expanduser()
+    if path.exists() or (len(path.parts) > 1 and Path(path.parts[0]).exists()):
         return False
     if text in SHORT_NAMES:
         return True

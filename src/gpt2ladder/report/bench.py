@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import statistics
+
 from gpt2ladder.report.tables import fmt, markdown_table, rung_rows, text_table
+
+BUSY_RATIO = 1.5  # a rung whose p90 step is this many times its p10 was timed on a machine doing other work
 
 
 def _noise(row: dict, prev: dict) -> bool:
@@ -16,6 +20,24 @@ def vs_prev(row: dict) -> str:
     if row.get("speedup_vs_prev") is None:
         return "-"
     return "noise" if row.get("within_noise_of_prev") else f"{row['speedup_vs_prev']:.2f}x"
+
+
+def spread_note(rows: list[dict]) -> str | None:
+    """When the rungs' p10-p90 spreads are wider than the differences between neighbouring rungs (medians of
+    each), what that means for reading the ladder; None when the differences stand out (pure)."""
+    ok = [r for r in rows if r["status"] == "ok" and r.get("kind") != "best"]
+    if len(ok) < 2:
+        return None
+    width = statistics.median(r["ms_p90"] - r["ms_p10"] for r in ok)
+    gap = statistics.median(abs(b["ms_per_step"] - a["ms_per_step"]) for a, b in zip(ok, ok[1:]))
+    if width <= gap:
+        return None
+    worst = max(ok, key=lambda r: r["ms_p90"] / max(r["ms_p10"], 1e-9))
+    ratio = worst["ms_p90"] / max(worst["ms_p10"], 1e-9)
+    busy = (f"; {worst['name']}'s slow steps took {ratio:.1f}x its fast ones: the machine was busy, run again on "
+            "an idle one" if ratio >= BUSY_RATIO else "")
+    return (f"spreads wider than the differences: p10-p90 {width:.1f} ms (median) against {gap:.1f} ms between "
+            f"neighbouring rungs, so most differences here were not measured{busy}")
 
 
 def readme_table(record: dict) -> str:
@@ -90,6 +112,9 @@ def format_markdown(record: dict) -> str:
         f"- {record['date']}",
         "",
     ]
+    noisy = spread_note(record["rungs"])
+    if noisy:  # the first thing to know about every figure below
+        head.insert(2, f"- **{noisy}**")
     plan = record.get("batch_plan")
     if plan:
         probed = "; confirmed by a probe of its eager step" if plan["probed_peak"] else ""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpt2ladder.report.plots import pyplot
 from gpt2ladder.report.records import write_record
-from gpt2ladder.report.tables import markdown_table, rung_rows, text_table
+from gpt2ladder.report.tables import markdown_table, rung_rows, signed, text_table
 
 HEADERS = ["rung", "train loss", "Δ train", "val loss", "Δ val", "Δ val %", "step-0 Δ", "verdict"]
 
@@ -16,8 +16,8 @@ HEADERS = ["rung", "train loss", "Δ train", "val loss", "Δ val", "Δ val %", "
 def table_rows(record: dict) -> list[list[str]]:
     """The rows the terminal and Markdown share; a skipped or failed rung is its status and reason."""
     return rung_rows(record["rungs"], lambda r: [
-        r["name"], f"{r['final_train']:.4f}", f"{r['train_diff']:+.4f}", f"{r['final_val']:.4f}",
-        f"{r['val_diff']:+.4f}", f"{100 * r['val_rel']:+.2f}", f"{r['first_loss_diff']:+.1e}", r["verdict"]])
+        r["name"], f"{r['final_train']:.4f}", signed(r["train_diff"], 4), f"{r['final_val']:.4f}",
+        signed(r["val_diff"], 4), signed(100 * r["val_rel"], 2), f"{r['first_loss_diff']:+.1e}", r["verdict"]])
 
 
 def _summary_lines(record: dict) -> list[str]:
@@ -40,7 +40,7 @@ def verdict_line(record: dict) -> str:
 
 
 def format_table(record: dict) -> str:
-    return "\n".join([text_table(HEADERS, table_rows(record)), ""] + _summary_lines(record) + [verdict_line(record)])
+    return "\n".join([text_table(HEADERS, table_rows(record), right=True), ""] + _summary_lines(record) + [verdict_line(record)])
 
 
 def format_markdown(record: dict) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gpt2ladder.data.files import atomic_file
 from gpt2ladder.ladder import WRITEUP_RUNGS
+from gpt2ladder.report.bench import spread_note  # the rule ladder.md's first line states too
 
 KIND_COLOURS = {"baseline": "#8C8C8C", "precision": "#4C72B0", "memory": "#55A868", "overhead": "#DD8452",
                 "best": "#8172B3"}
@@ -53,9 +54,11 @@ def ladder_figure(record: dict):
     rungs = record["rungs"]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rungs) + 2), 4.8))
     top = max([r["ms_p90"] for r in rungs if r["status"] == "ok"] + [1.0])
+    dropped = {d["rung"] for d in (record.get("best") or {}).get("decisions", []) if not d["kept"]}
     for i, r in enumerate(rungs):
-        _bar(ax, i, r, top)
-    ax.set_xticks(range(len(rungs)), ladder_labels(rungs), rotation=30, ha="right")
+        _bar(ax, i, r, top, r["name"] in dropped and r.get("kind") != "best")
+    labels = [label + (" (dropped)" if r["name"] in dropped else "") for label, r in zip(ladder_labels(rungs), rungs)]
+    ax.set_xticks(range(len(rungs)), labels, rotation=30, ha="right")
     ax.set_ylabel("ms per training step (median, p10-p90)")
     ax.set_ylim(0, top * 1.25)  # room above the tallest whisker for its label and the section names
     _mark_writeup_rungs(ax, rungs, top)
@@ -64,10 +67,10 @@ def ladder_figure(record: dict):
     handles = [plt.Rectangle((0, 0), 1, 1, color=KIND_COLOURS[k]) for k in kinds]
     ax.legend(handles, [KIND_LABELS[k] for k in kinds], frameon=False, fontsize=8, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
-    note = (record.get("best") or {}).get("too_noisy")
-    if note:
-        ax.annotate(textwrap.fill(note, 34), xy=(1.02, 0.0), xycoords="axes fraction", ha="left", va="bottom",
-                    fontsize=8, color=NOTE_COLOUR)
+    notes = [n for n in ((record.get("best") or {}).get("too_noisy"), spread_note(rungs)) if n]
+    if notes:
+        ax.annotate("\n\n".join(textwrap.fill(n, 34) for n in notes), xy=(1.02, 0.0), xycoords="axes fraction",
+                    ha="left", va="bottom", fontsize=8, color=NOTE_COLOUR)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
@@ -126,15 +129,17 @@ def ladder_title(record: dict) -> str:
             + ("\non random tokens: the text was not available" if on_random else ""))
 
 
-def _bar(ax, i: int, r: dict, top: float) -> None:
+def _bar(ax, i: int, r: dict, top: float, dropped: bool = False) -> None:
+    """One rung's bar; one that --rungs best dropped is pale and hatched, and says so."""
     if r["status"] != "ok":
         ax.bar(i, top * 0.04, color="none", edgecolor="#999999", hatch="//")
         ax.text(i, top * 0.06, r["status"], ha="center", va="bottom", fontsize=8, color="#777777", rotation=90)
         return
     err = [[r["ms_per_step"] - r["ms_p10"]], [r["ms_p90"] - r["ms_per_step"]]]
-    ax.bar(i, r["ms_per_step"], color=KIND_COLOURS[_kind(r)], yerr=err, capsize=3,
-           error_kw={"elinewidth": 0.8, "ecolor": "#333333"})
-    label = f"{r['ms_per_step']:.1f}" + ("\nwithin noise" if r.get("within_noise_of_prev") else "")
+    ax.bar(i, r["ms_per_step"], color=KIND_COLOURS[_kind(r)], yerr=err, capsize=3, alpha=0.35 if dropped else 1.0,
+           hatch="//" if dropped else None, error_kw={"elinewidth": 0.8, "ecolor": "#333333"})
+    label = (f"{r['ms_per_step']:.1f}" + ("\nwithin noise" if r.get("within_noise_of_prev") else "")
+             + ("\ndropped" if dropped else ""))
     ax.text(i, r["ms_p90"] + top * 0.015, label, ha="center", va="bottom", fontsize=8, linespacing=0.9)
 
 

@@ -59,6 +59,9 @@ def git_sha() -> str | None:
 def prepare_out_dir(path: str | Path) -> Path:
     """Create the output directory, or fail in one line before any work is done."""
     out = Path(path)
+    file = next((p for p in [out, *out.parents] if p.exists() and not p.is_dir()), None)
+    if file is not None:  # mkdir would only say "File exists" (or "Not a directory" under a file)
+        raise UsageError(f"cannot write to output directory {out}: {file} is a file, not a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
@@ -104,14 +107,15 @@ def write_record(out: Path, stem: str, record: dict, markdown, plot) -> list[Pat
     return paths
 
 
-def check_new_folder(out: Path, force: bool = False) -> None:
-    """UsageError unless `out` is absent, an empty folder, or a folder that `force` allows to replace."""
+def check_new_folder(out: Path, force: bool = False, force_flag: str = "--force") -> None:
+    """UsageError unless `out` is absent, an empty folder, or a folder that `force` allows to replace
+    (`force_flag`: how the caller spells it, the CLI's flag or the API's parameter)."""
     if out.is_symlink():  # replacing it would move the link, and writing into it would write elsewhere
         raise UsageError(f"{out} is a symbolic link; give the folder it points to, or another folder")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise UsageError(f"{out} already exists and is not empty; give another folder, or --force to replace it")
+        raise UsageError(f"{out} already exists and is not empty; give another folder, or {force_flag} to replace it")
 
 
 def _stale_pattern(out: Path) -> re.Pattern:
@@ -139,13 +143,13 @@ def remove_stale_folders(out: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def folder_written_whole(out: str | Path, force: bool = False):
+def folder_written_whole(out: str | Path, force: bool = False, force_flag: str = "--force"):
     """Yield a new hidden temp folder beside `out` to write into. When the block succeeds the temp folder
     is renamed to `out` (an old `out` moved aside first, and removed after); when it fails, it is
     deleted. So `out` is never a half-written folder, whatever stops the block. (No fsync: a power cut
     may leave files cut short, and the command is simply run again.)"""
     out = Path(out)
-    check_new_folder(out, force)
+    check_new_folder(out, force, force_flag)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         _, tmp = beside(out, lambda name: os.mkdir(name, 0o700), suffix="")

@@ -17,9 +17,10 @@ def rung_rows(rungs: list[dict], cells) -> list[list[str]]:
 
 def text_table(headers: list[str], rows: list[list[str]], right: bool = False) -> str:
     """Aligned columns for the terminal; a row shorter than the headers is a name and a message
-    (a skipped or failed rung) and does not set the column widths."""
+    (a skipped or failed rung): its name sets the first column's width, its message no other's."""
     full = [r for r in rows if len(r) == len(headers)]
     widths = [max([len(h)] + [len(r[i]) for r in full]) for i, h in enumerate(headers)]
+    widths[0] = max([widths[0]] + [len(r[0]) for r in rows])
 
     def line(cells):
         return "  ".join(c.rjust(w) if right and i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -32,3 +33,9 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
     """The same rows as Markdown lines; short rows are padded with empty cells."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     return lines + ["| " + " | ".join(r + [""] * (len(headers) - len(r))) + " |" for r in rows]
+
+
+def signed(value: float, digits: int) -> str:
+    """`value` with its sign and `digits` decimals, a difference that rounds to zero as +0.000 (never -0.000)."""
+    text = f"{value:+.{digits}f}"
+    return f"{0:+.{digits}f}" if float(text) == 0 else text

@@ -45,7 +45,7 @@ NONE = type(None)
 # refused in one line by `load_checkpoint` rather than failing deep inside whatever reads the field.
 FIELDS = {"model": dict, "optimizer": dict, "step": int, "train_config": dict, "model_config": dict, "rng": dict,
           "data": dict, "setup": dict, "data_source": dict, "best": (dict, NONE), "val_loss": (int, float, NONE),
-          "scaler": (dict, NONE)}
+          "scaler": (dict, NONE), "reached": (dict, NONE), "pending": (dict, NONE)}
 
 
 class NoCheckpoint(UsageError):

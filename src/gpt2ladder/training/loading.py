@@ -69,9 +69,18 @@ def load_model(source: str | Path, device: torch.device, notify=None) -> LoadedM
     if path.is_dir():
         raise NoCheckpoint(f"no checkpoint at {path / FILENAME}, nor Hugging Face weights in {path}; give a run "
                            f"directory, its ckpt.pt, or {WHAT_LOADS}")
-    if is_hub_name(text):
-        return _from_hf(local_path(text), "hub", text, device)
-    raise NoCheckpoint(f"no checkpoint at {path}; give a run directory, its ckpt.pt, or {WHAT_LOADS}")
+    check_source(text)
+    return _from_hf(local_path(text), "hub", text, device)
+
+
+def check_source(source: str | Path) -> None:
+    """One line (NoCheckpoint) when `source` is a local path that does not exist: what a command checks
+    before it reads anything else. A hub name passes (`model/hub.py` says what counts as one)."""
+    text = str(source)
+    path = Path(text).expanduser()
+    if not path.exists() and not is_hub_name(text):
+        raise NoCheckpoint(f"no checkpoint at {text}: no such file or folder (a model is a run directory, a "
+                           "checkpoint, Hugging Face weights or a hub name)")
 
 
 def is_run(source: str | Path) -> bool:

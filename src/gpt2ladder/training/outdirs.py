@@ -17,7 +17,8 @@ from gpt2ladder.training.checkpoint import BEST, FILENAME, PREVIOUS
 
 # What `export` and `save_hf` write: the weights, their config, the tokenizer files and the model card.
 EXPORT_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
-                          "tokenizer.json", "tokenizer_config.json", "README.md"})
+                          "tokenizer.json", "tokenizer_config.json", "README.md",
+                          "gpt2ladder.json"})  # what the card was made from (commands/export.py)
 
 
 def _visible(folder: Path) -> list[str]:

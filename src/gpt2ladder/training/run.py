@@ -88,7 +88,7 @@ def prepared_hellaswag(cfg: TrainConfig, dist=distributed.SINGLE) -> runner.Prep
     prepared, failed = None, None
     if dist.is_main:
         try:
-            prepared = runner.prepare("hellaswag", cfg.hellaswag_data, flag="--hellaswag-data")
+            prepared = runner.prepare("hellaswag", cfg.hellaswag_data, flag="--hellaswag-data FILE")
         except LadderError as err:
             failed = err
     if dist.world_size > 1 and distributed.reduce_floats([float(failed is not None)], dist, "max")[0]:
@@ -96,7 +96,7 @@ def prepared_hellaswag(cfg: TrainConfig, dist=distributed.SINGLE) -> runner.Prep
     if failed is not None:
         raise failed
     return prepared if dist.is_main else runner.prepare("hellaswag", cfg.hellaswag_data, download=False,
-                                                         flag="--hellaswag-data")
+                                                         flag="--hellaswag-data FILE")
 
 
 def _silent(*args, **kwargs) -> None:
@@ -166,7 +166,9 @@ def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Save
         for name in (FILENAME, PREVIOUS, BEST):
             remove_stale_temps(out / name)
         _write_config(out, trainer, caps, batch_plan)
-    report = Reporter(out, cfg, is_main=dist.is_main, progress=progress, start=trainer.step)
+    # a step whose measurements a signal cut short is logged again once they are made
+    report = Reporter(out, cfg, is_main=dist.is_main, progress=progress,
+                      start=trainer.step - (trainer.pending is not None))
     try:
         report.message(first_line(cfg, dist.world_size, batch_plan))
         for line in notices:
@@ -239,6 +241,13 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
                        + f", {ms:.1f} ms/step (median), {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
                        + _per_gpu(trainer, ms) + _between(trainer)
                        + f"; wrote {trainer.out}/log.jsonl, ckpt.pt, loss.png")
+    elif trainer.remeasured:
+        report.message(_target_text(trainer) + (f", val loss {val:.4f}" if val is not None and trainer.reached is None
+                                                else "") + f"; measured step {trainer.step} again, as a signal had "
+                       f"cut its measurements short; wrote {trainer.out}/log.jsonl, ckpt.pt")
+    elif trainer.reached is not None:
+        report.message(f"nothing to do: {trainer.ckpt_path} holds step {trainer.step}, whose validation loss "
+                       f"{trainer.last_val_loss:.4f} already reached the target {trainer.cfg.target_val_loss:g}")
     else:
         report.message(f"nothing to do: {trainer.ckpt_path} already holds step {trainer.step} of {trainer.cfg.steps}")
     return TrainResult(code, trainer.step, loss, val, trainer.out)

@@ -18,7 +18,9 @@ validation loss (or, at a step without validation, the loss on one batch) that h
 (`health.py`); a run whose loss goes non-finite or explodes stops naming the step, and the last good
 checkpoint stays. ckpt.pt and ckpt.prev.pt hold the whole state (what --resume needs); best.pt, the
 lowest validation loss so far, holds the weights alone (what `sample` and `export` need). A signal during
-validation ends it between two batches: the finished step stands and is saved.
+validation ends it between two batches: the finished step stands and is saved with its measurements marked
+pending, and `--resume` measures that step first, so its log, its target step and its tokens are those of a
+run never interrupted. A run that reached its target is done: resumed, it has nothing to do.
 
 Data parallel under torchrun: the process's place is a `distributed.Dist` (rank, world size, and a
 `mean` that all-reduces), the model is wrapped by DDP or sharded by FSDP2 (the strategy), batches are
@@ -167,6 +169,8 @@ class Trainer:
         self.val_step: int | None = None  # the step last_val_loss was measured at
         self.best: dict | None = None  # {"step", "val_loss"}: the lowest validation loss, kept in best.pt
         self.reached: dict | None = None  # the target's figures, once validation reached cfg.target_val_loss
+        self.pending: dict | None = None  # the log entry of a step whose measurements a signal cut short
+        self.remeasured = False  # this session made the saved step's pending measurements
         self.peer_asked = False  # under torchrun: some rank was asked to stop (read back with a step's loss)
         self.notices: list[str] = []  # what resuming found, said when the run starts
 
@@ -176,7 +180,8 @@ class Trainer:
         """The checkpoint's contents. Under FSDP2 a collective: every rank calls it, rank 0 gets the state.
         The data position is the batch the next step takes, whatever the prefetcher has made ahead."""
         return {**self.engine.state_dict(), **self._facts(), "rng": rng_state(),
-                "data": (self.feed or self.batches).state_dict(), "clock": self.clock.state_dict()}
+                "data": (self.feed or self.batches).state_dict(), "clock": self.clock.state_dict(),
+                "reached": self.reached, "pending": self.pending}
 
     def weights_state(self) -> dict:
         """best.pt's contents: the weights and what describes them, without the optimizer's state (twice
@@ -242,7 +247,18 @@ class Trainer:
         self.first_step = self.step + 1
         self.kept_path = path
         self.best = None if data_changed else state.get("best")  # a loss on other text is no yardstick
+        self.pending = state.get("pending")
+        self.reached = self._still_reached(state, data_changed)
         return config_differences(state["train_config"], self.cfg.to_dict())
+
+    def _still_reached(self, state: dict, data_changed: bool) -> dict | None:
+        """The checkpoint's target figures when its validation loss also meets this run's target: such a run
+        is done. Another text, a lower target or none at all trains on."""
+        reached, val, target = state.get("reached"), state.get("val_loss"), self.cfg.target_val_loss
+        if reached is None or val is None or target is None or data_changed or val > target:
+            return None
+        self.last_val_loss, self.val_step = val, self.step
+        return reached
 
     def _check_data(self, state: dict, path: Path, allowed: bool) -> bool:
         """Whether the text differs from the checkpoint's; a UsageError unless that is allowed."""
@@ -449,7 +465,12 @@ class Trainer:
         """Train until cfg.steps, a signal or the target; 0, or 128 + the signal's number. The batches come
         from a prefetching thread, stopped by `close()`."""
         self.feed = data_mod.Prefetcher(self.batches, self.device)
-        while self.step < self.cfg.steps:
+        if self.pending is not None:  # the saved step's measurements, which a signal cut short, come first
+            self.remeasured = True
+            code = self._at_point(dict(self.pending), stop, report, again=True)
+            if code is not None:
+                return code
+        while self.step < self.cfg.steps and self.reached is None:
             self.train_step(stop)
             # A stop is a point too: every step in flight is read and logged before the save.
             entry = self._log_finished(report, everything=self._point_due() or self._stopping(stop))
@@ -460,29 +481,40 @@ class Trainer:
             self.save()
         return 0
 
-    def _at_point(self, entry: dict, stop: StopSignals, report: Reporter) -> int | None:
+    def _at_point(self, entry: dict, stop: StopSignals, report: Reporter, again: bool = False) -> int | None:
         """This step, every step before it logged: what it measures, its log entry, its checkpoints. The exit
-        code when the run ends here (a signal, the target reached), else None."""
+        code when the run ends here (a signal, the target reached), else None. `again`: the saved step's
+        measurements, cut short by a signal, now made (its checkpoint is saved again without the mark)."""
         cfg = self.cfg
         best = interrupted = False
+        self.pending = None
         try:
-            if self._due(cfg.eval_every):
-                entry["val_loss"] = self.evaluate(stop)
-                best = self._improves_best(entry["val_loss"])
-            if self._due(cfg.hellaswag_every):
-                entry["hellaswag"] = self.score_hellaswag(stop)
-        except StopRequested:  # the step stands; what it was measuring is left out
-            interrupted = True
+            measured = self._measure(stop)
+        except StopRequested:  # the step stands; what it measures is left out, and measured on --resume
+            interrupted, measured, self.pending = True, {}, dict(entry)
+        entry.update(measured)
+        if "val_loss" in measured:
+            best = self._improves_best(measured["val_loss"])
         reached = self._reached(entry)
         report.step(entry)  # logged before the checkpoint, so the log always reaches its step
         stopping = interrupted or self._stopping(stop)
-        if self._due(cfg.ckpt_every) or stopping or reached:
+        if again or self._due(cfg.ckpt_every) or stopping or reached:
             self._save_unless_forced(stop)
         if best:
             self.save_best()
         if stopping:
             return 128 + (stop.signum or signal.SIGTERM)
         return 0 if reached else None
+
+    def _measure(self, stop: StopSignals) -> dict:
+        """What this step measures (validation, HellaSwag), all of it or nothing: a stop asked for meanwhile
+        raises StopRequested."""
+        measured = {}
+        if self._due(self.cfg.eval_every):
+            measured["val_loss"] = self.evaluate(stop)
+        if self._due(self.cfg.hellaswag_every):
+            measured["hellaswag"] = self.score_hellaswag(stop)
+        return measured
 
     def close(self) -> None:
         """Stop the prefetching thread (the run's `finally`)."""
