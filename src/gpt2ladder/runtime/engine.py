@@ -93,8 +93,7 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
     if setup.adamw_kernel:  # the same AdamW, its CUDA step one Triton launch
         from gpt2ladder.speedups import kernel_adamw
 
-        extra["casts"] = weight_casts(model) if kernel_adamw.WRITES_WEIGHT_CASTS else None
-        extra["unscaled_grads"] = kernel_adamw.STORES_UNSCALED_GRADS  # no gradient is read after the step
+        extra["casts"] = weight_casts(model)  # the kernel writes the weight_cast rung's copies, where there are any
         return kernel_adamw.KernelAdamW(groups, lr=lr, betas=betas, eps=cfg.eps, **extra)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=cfg.eps, **extra)
 
