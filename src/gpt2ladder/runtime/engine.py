@@ -3,7 +3,7 @@
 Optional speed-ups are applied in one fixed order, after torchtitan's:
 build the model (its config carries attention, vocabulary padding and the residual's dtype) -> move
 it to the device -> the model rewrites of `speedups/` (`speedups.apply`, in the order its list
-asserts: fused classifier loss, float8 Linears, GELU-kernel MLPs, fp32 weight gradients, their weights'
+asserts: fused classifier loss, GELU-kernel MLPs, fp32 weight gradients, their weights'
 bf16 copies) ->
 `parallelize` for data parallelism (`distributed.py`: FSDP2 shards every Block, then the root; DDP
 wraps) -> compile -> optimizer -> CUDA graph capture on the first step. The optimizer comes last because FSDP2

@@ -212,7 +212,7 @@ class Fp32WgradLinear(nn.Linear):
 def use_fp32_wgrad(model: nn.Module) -> list[str]:
     """Replace every plain `nn.Linear` inside the Blocks by an `Fp32WgradLinear` (same parameters); their names.
 
-    The classifier (inside the fused loss, or tied to the embedding) and float8 Linears are left alone.
+    The classifier (inside the fused loss, or tied to the embedding) is left alone.
     """
     return replace_modules(model, lambda name, m: type(m) is nn.Linear and in_blocks(name),
                            lambda m: linear_like(Fp32WgradLinear, m))
@@ -220,7 +220,7 @@ def use_fp32_wgrad(model: nn.Module) -> list[str]:
 
 def use_fp8_dgrad(model: nn.Module, names: tuple[str, ...] | None = None) -> list[str]:
     """Have the fp32_wgrad Linears named `names` (default DGRAD_LINEARS) within each Block form their input gradient
-    in float8; their names. Float8 Linears (`fp8_mlp`, `fp8_attn`) keep their own backward."""
+    in float8; their names."""
     names = DGRAD_LINEARS if names is None else names
     marked = []
     for name, m in model.named_modules():

@@ -76,6 +76,6 @@ class KernelMLP(Branch):
 def use_gelu_kernel(model: nn.Module) -> list[str]:
     """Replace every Block's MLP whose c_fc is a plain Linear by a `KernelMLP`; their names.
 
-    MLPs whose c_fc is a float8 Linear keep their own GELU (float8 casts fuse into compile's GELU).
+    MLPs whose c_fc is not a plain Linear keep their own GELU.
     """
     return replace_modules(model, lambda name, m: type(m) is MLP and type(m.c_fc) is nn.Linear, KernelMLP)
