@@ -51,8 +51,6 @@ def observe(engine: Engine) -> dict:
         "fp8_proj": sum(getattr(m, "fp8_mlp_out", False) for m in model.modules()),
         "fp8_dgrad": sorted(n.split(".", 3)[3] for n, m in model.named_modules() if getattr(m, "dgrad8", False)),
         "adamw_kernel": type(engine.optimizer).__name__,
-        "fp8_linears": sorted({n.split(".", 3)[3] for n, m in model.named_modules()
-                               if type(m).__name__ == "Float8Linear"}),
         "graph": engine.setup.cuda_graph,
         "memset_fill": engine.setup.memset_fill,  # acted on only when a graph is captured (a CUDA test)
         "tied_grad": engine.setup.tied_grad,  # acted on only where Inductor compiles (tests/speedups/test_tied_grad.py)
@@ -87,10 +85,6 @@ EXPECTED = {  # rung -> the observable properties it may change
     "memset_fill": {"memset_fill"},  # it edits the graph of the cuda_graph rung below it
     "cublaslt": {"cublaslt"},  # the BLAS library the step's matmuls call
     "tied_grad": {"tied_grad"},  # a pass over the compiled backward's graph
-    # float8 Linears keep their own backward: not the GELU kernel's, not fp32_wgrad's (nor its copies), not the
-    # q, k, v gradient kernel's, and their own float8 casts, not the norm kernel's
-    "fp8_mlp": {"fp8_linears", "gelu_kernel", "fp32_wgrad", "weight_cast", "fp8_forward", "fp8_proj", "fp8_dgrad"},
-    "fp8_attn": {"fp8_linears", "fp32_wgrad", "weight_cast", "qkv_grad", "fp8_forward", "fp8_dgrad"},
 }
 
 
@@ -171,14 +165,14 @@ def test_availability(caps, rung, available):
 def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
 
     opt_in = [r.name for r in LADDER if r.opt_in]
-    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "fp8_mlp", "fp8_attn"]
+    assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
     assert resolve_rungs("auto", H200_TRITON)[-11:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
                                                         "fp8_fc", "fp8_dgrad", "adamw_kernel", "memset_fill", "cublaslt",
                                                         "bias_in_wgrad", "tied_grad"]
     assert [n for n in resolve_rungs("best", H200_TRITON) if n in opt_in] == opt_in  # measured; kept if they pay
     assert [n for n in resolve_rungs("all", H200_TRITON) if n in opt_in] == opt_in
-    assert "fp8_mlp" not in resolve_rungs("best", A100)  # and only where float8 exists
+    assert "fp8_proj" not in resolve_rungs("best", A100)  # and only where float8 exists
     for caps in (T4, A100):  # cublaslt, then tied_grad, the last rungs of auto on a CUDA GPU without bias_in_wgrad
         assert resolve_rungs("auto", caps)[-3:] == ["memset_fill", "cublaslt", "tied_grad"]
     assert "cublaslt" not in resolve_rungs("auto", CPU_CAPS)

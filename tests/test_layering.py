@@ -12,19 +12,26 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpt2ladder"
 # Lowest first. kernels import nothing else of the package; cli and __main__ sit on top.
-LAYERS = ["errors", "kernels", "model", "speedups", "data", "runtime", "ladder", "report", "evals", "training",
-          "measure", "api", "commands", "cli"]
-RANK = {name: i for i, name in enumerate(LAYERS)} | {"__main__": len(LAYERS), "__init__": -1}
+LAYERS = ["version", "errors", "kernels", "model", "speedups", "data", "runtime", "ladder", "report", "evals",
+          "training", "measure", "api", "commands", "cli"]
+# The package root (`gpt2ladder/__init__.py`) looks its API up in `api` on first use, so importing it from below
+# runs back up the layers: it ranks with cli, and only cli and __main__ may import it (the version is in `version`).
+RANK = {name: i for i, name in enumerate(LAYERS)} | {"__main__": len(LAYERS), "__init__": LAYERS.index("cli")}
 
 
 def _unit(module: str) -> str:
-    """gpt2ladder.runtime.engine -> runtime; gpt2ladder.cli -> cli."""
+    """gpt2ladder.runtime.engine -> runtime; gpt2ladder.cli -> cli; gpt2ladder and gpt2ladder.__version__ (a name
+    from the root) -> __init__."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in RANK else "__init__"  # __version__ and the like
+    return parts[1] if len(parts) > 1 and parts[1] in RANK else "__init__"
 
 
 def _imports(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
+    return _imports_in(path.read_text())
+
+
+def _imports_in(source: str) -> list[str]:
+    tree = ast.parse(source)
     skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
     found = []
@@ -34,11 +41,23 @@ def _imports(path: Path) -> list[str]:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpt2ladder"):
             found += [node.module] if node.module != "gpt2ladder" else [f"gpt2ladder.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
-            found += [a.name for a in node.names if a.name.startswith("gpt2ladder.")]
+            found += [a.name for a in node.names if a.name == "gpt2ladder" or a.name.startswith("gpt2ladder.")]
     return found
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def _violations(unit: str, imports: list[str]) -> list[str]:
+    """What is wrong with a module of `unit` importing `imports` (module names), one line each."""
+    found = []
+    for module in imports:
+        other = _unit(module)
+        if unit == "kernels" and other != "kernels":
+            found.append(f"imports {module}: kernels import nothing else of the package")
+        if unit != "__init__" and RANK[other] > RANK[unit]:
+            found.append(f"({unit}) imports {module} ({other}), a layer above it")
+    return found
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -46,13 +65,17 @@ def test_no_module_imports_from_a_layer_above_it(path):
     rel = path.relative_to(PACKAGE)
     unit = rel.parts[0].removesuffix(".py")
     assert unit in RANK, f"{rel}: a new top-level unit must be placed in LAYERS"
-    for module in _imports(path):
-        other = _unit(module)
-        if unit == "kernels":
-            assert other == "kernels", f"{rel} imports {module}: kernels import nothing else of the package"
-        if unit == "__init__":
-            continue
-        assert RANK[other] <= RANK[unit], f"{rel} ({unit}) imports {module} ({other}), a layer above it"
+    assert not _violations(unit, _imports(path)), rel
+
+
+@pytest.mark.parametrize("source", ["from gpt2ladder import __version__", "import gpt2ladder",
+                                    "from gpt2ladder import load", "import gpt2ladder.cli"])
+def test_the_package_root_and_what_is_above_are_out_of_reach_below_cli(source):
+    """A layer's module that imports the package root (for its version, or an API name) fails, as one that imports
+    a layer above it does; only __main__, cli and the root itself may."""
+    assert _violations("report", _imports_in(source))
+    assert not _violations("__main__", _imports_in(source))
+    assert not _violations("report", _imports_in("from gpt2ladder.version import __version__"))
 
 
 def test_every_folder_is_a_layer():

@@ -6,8 +6,8 @@ stored), as clipping runs it; then, from the same parameters and gradients, the 
 after one step of each against fused AdamW's, relative to the largest parameter. Ends with the fastest tile, the
 one kernels/adamw.py's TILE should be. A plain copy of one fp32 tensor of the same size gives the card's bandwidth.
 Last, with the weight_cast rung's bf16 copies of the Blocks' Linears: fused AdamW followed by that rung's
-multi-tensor copy, against the kernel at the fastest tile writing the copies itself (WRITES_WEIGHT_CASTS in
-speedups/kernel_adamw.py). Run on a GPU: python benchmarks/micro/adamw.py
+multi-tensor copy, against the kernel at the fastest tile writing the copies itself (KernelAdamW's
+`casts` in speedups/kernel_adamw.py). Run on a GPU: python benchmarks/micro/adamw.py
 """
 
 import dataclasses

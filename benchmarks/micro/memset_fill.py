@@ -1,5 +1,5 @@
 """cuBLAS's memsets in a captured graph against the fill kernels memset_fill puts in their place, in place and
-hung off the last cuBLAS kernel before them (graph_fills.BESIDE).
+hung off the last cuBLAS kernel before them (graph_fills.rewrite_memsets's `beside`).
 
     python3 benchmarks/micro/memset_fill.py [--layers 12] [--tokens 16384] [--between 2] [--rounds 15]
 

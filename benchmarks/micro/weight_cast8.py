@@ -44,7 +44,7 @@ def sweep(name: str, shape: tuple[int, int]) -> dict:
     ms = bench(lambda: compiled(w))
     print(f"\n{name} {shape}: compiled expression {ms:.4f} ms alone ({moved / ms / 1e6:.0f} GB/s), "
           f"{graphed(lambda: compiled(w)):.4f} ms in a CUDA graph")
-    print(f"  the op as the step calls it (default tile {wk.TILE}): {bench(lambda: wk.weight8(w)):.4f} ms alone")
+    print(f"  the op as the step would call it (default tile {wk.TILE}): {bench(lambda: wk.weight8(w)):.4f} ms alone")
     print("  kernel (columns per program, rows per step, warps): ms alone, GB/s, ms in a CUDA graph, bytes equal, "
           "scales equal")
     best = []

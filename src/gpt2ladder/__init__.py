@@ -5,7 +5,8 @@ The Python API (`api.py`) is reachable from here: `gpt2ladder.load`, `generate`,
 imports torch.
 """
 
-__version__ = "0.1.0"
+from gpt2ladder.version import __version__
+
 __all__ = ["__version__", "evaluate", "generate", "load", "save_hf"]
 _API = ("evaluate", "generate", "load", "save_hf")
 

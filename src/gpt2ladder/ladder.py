@@ -317,17 +317,6 @@ LADDER: tuple[Rung, ...] = (
          "step where the model compiles as one graph (not under DDP's graph per bucket).",
          "memory", {"tied_grad": True}, _needs_compile,
          declines=_gpt2_blocks("the tied_grad rung's graph pass")),
-    Rung("fp8_mlp", "Each Block's MLP matmuls run in float8 at twice the bf16 tensor-core rate; at 768 wide the "
-         "per-tensor scaling and transposed casts around them cost more than that saves, and its loss leaves the "
-         "fp32 baseline's (opt-in; never kept by best).",
-         "precision", {"fp8_mlp": True}, _needs_fp8, opt_in=True,
-         parity_failure="its val loss after 300 steps of GPT-2 124M ended further below the fp32 baseline's "
-                        "than the parity rule allows",
-         declines=_gpt2_blocks("the fp8_mlp rung")),
-    Rung("fp8_attn", "The attention's input and output projections run in float8 as well (the attention itself "
-         "stays bf16); smaller matmuls, so the casts weigh even more (opt-in).",
-         "precision", {"fp8_attn": True}, _needs_fp8, opt_in=True,
-         declines=_gpt2_blocks("the fp8_attn rung")),
 )
 
 RUNGS_BY_NAME = {r.name: r for r in LADDER}

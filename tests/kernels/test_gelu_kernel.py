@@ -181,11 +181,15 @@ def test_use_gelu_kernel_rewires_every_block_and_keeps_the_state_dict():
     assert_rewires_every_block(use_gelu_kernel, "mlp", KernelMLP)
 
 
-def test_float8_mlps_are_left_alone():
-    from gpt2ladder.speedups.float8 import use_float8
+def test_mlps_whose_c_fc_is_another_kind_of_linear_are_left_alone():
+    from gpt2ladder.speedups.common import linear_like
+
+    class OtherLinear(torch.nn.Linear):  # its own forward and backward, which the GELU kernel's MLP would bypass
+        pass
 
     model = init_weights(GPT(PRESETS["tiny"]), seed=0)
-    use_float8(model, mlp=True, attn=False)
+    for block in model.transformer.h:
+        block.mlp.c_fc = linear_like(OtherLinear, block.mlp.c_fc)
     assert use_gelu_kernel(model) == []
 
 

@@ -166,11 +166,15 @@ def test_use_qkv_kernel_rewires_every_block_and_keeps_the_state_dict():
     assert_rewires_every_block(use_qkv_kernel, "attn", KernelAttention)
 
 
-def test_float8_and_bias_free_projections_are_left_alone():
-    from gpt2ladder.speedups.float8 import use_float8
+def test_other_kinds_of_linear_and_bias_free_projections_are_left_alone():
+    from gpt2ladder.speedups.common import linear_like
+
+    class OtherLinear(torch.nn.Linear):  # its own backward, which the kernel's would bypass
+        pass
 
     model = init_weights(GPT(PRESETS["tiny"]), seed=0)
-    use_float8(model, mlp=False, attn=True)
+    for block in model.transformer.h:
+        block.attn.c_attn = linear_like(OtherLinear, block.attn.c_attn)
     assert use_qkv_kernel(model) == []
     model = init_weights(GPT(PRESETS["tiny"]), seed=0)
     model.transformer.h[0].attn.c_attn.bias = None

@@ -1,6 +1,5 @@
 """The weight cast kernel writes what `rows_to_fp8(w.t())` writes on a GPU: the Triton kernel against the PyTorch
-expressions (through Triton's CPU interpreter, in a subprocess since TRITON_INTERPRET is read at import), and
-fp8_dgrad's input gradient with the kernel's public function switched in (WEIGHT_CAST_KERNEL) against without."""
+expressions (through Triton's CPU interpreter, in a subprocess since TRITON_INTERPRET is read at import)."""
 
 import importlib.util
 
@@ -73,24 +72,3 @@ def test_reference_is_rows_to_fp8_of_the_transpose_made_contiguous():
     assert torch.equal(scale, want_scale)
     off, off_scale = weight8(w)  # off CUDA the public function is the reference
     assert torch.equal(off.view(torch.uint8), w8.view(torch.uint8)) and torch.equal(off_scale, scale)
-
-
-def test_the_switch_takes_fp8_dgrads_weight_cast_through_the_kernels_function(monkeypatch):
-    """With WEIGHT_CAST_KERNEL fp8_input_grad casts the weight through `kernels.weight8.weight8` (once a call), and
-    the input gradient is the same, bit for bit (on the CPU that function is the reference)."""
-    import gpt2ladder.kernels.weight8 as w8
-    import gpt2ladder.speedups.fp32_wgrad as fw
-
-    gen = torch.Generator().manual_seed(1)
-    wc = (torch.randn(48, 32, generator=gen) * 0.02).bfloat16()  # (out, in)
-    g8, gs = rows_to_fp8(torch.randn(10, 48, generator=gen).bfloat16())
-    calls = []
-    real = w8.weight8
-    monkeypatch.setattr(w8, "weight8", lambda w: calls.append(w) or real(w))
-    assert not fw.WEIGHT_CAST_KERNEL
-    off = fw.fp8_input_grad(g8, gs, wc, torch.bfloat16)
-    assert calls == []
-    monkeypatch.setattr(fw, "WEIGHT_CAST_KERNEL", True)
-    on = fw.fp8_input_grad(g8, gs, wc, torch.bfloat16)
-    assert len(calls) == 1 and calls[0] is wc
-    assert on.shape == (10, 32) and torch.equal(on, off)

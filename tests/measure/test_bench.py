@@ -17,7 +17,7 @@ CPU = torch.device("cpu")
 def record(shakespeare_cache):
     cfg = BenchConfig(preset="tiny", rungs=("baseline", "tf32", "bf16", "compile", "flash", "vocab", "fused_adamw",
                                             "fused_loss", "fp8_head", "loss_kernel", "cuda_graph", "bf16_residual",
-                                            "gelu_kernel", "fp32_wgrad", "fp8_mlp", "fp8_attn"),
+                                            "gelu_kernel", "fp32_wgrad"),
                       batch_size=2, seq_len=32, steps=3, warmup=1, compile_backend="eager")
     return run_bench(cfg, CPU, progress=False)
 
@@ -35,8 +35,7 @@ def test_cpu_rows_are_measured_or_skipped_with_a_reason(record):
     assert status == {"baseline": "ok", "tf32": "skipped", "bf16": "skipped", "compile": "ok", "flash": "ok",
                       "vocab": "ok", "fused_adamw": "ok", "fused_loss": "ok", "fp8_head": "skipped",
                       "loss_kernel": "skipped", "cuda_graph": "skipped", "bf16_residual": "skipped",
-                      "gelu_kernel": "skipped", "fp32_wgrad": "skipped", "fp8_mlp": "skipped",
-                      "fp8_attn": "skipped"}
+                      "gelu_kernel": "skipped", "fp32_wgrad": "skipped"}
     for r in record["rungs"]:
         if r["status"] == "skipped":
             assert "CUDA" in r["reason"] or "cuda" in r["reason"]
@@ -80,11 +79,17 @@ def test_best_keeps_only_rungs_that_pay_outside_the_noise():
     assert "within noise" in decisions[5]["why"]
 
 
-def test_best_never_keeps_a_rung_that_fails_parity_however_fast():
-    rows = [_row("cuda_graph", 30.0), _row("fp8_mlp", 20.0),  # 1.5x faster, and the wrong loss
-            _row("fp8_attn", 15.0)]
+def test_best_never_keeps_a_rung_that_fails_parity_however_fast(monkeypatch):
+    import dataclasses
+
+    from gpt2ladder.measure import best
+
+    failing = dataclasses.replace(best.RUNGS_BY_NAME["fp8_proj"], parity_failure="its val loss left the rule")
+    monkeypatch.setitem(best.RUNGS_BY_NAME, "fp8_proj", failing)
+    rows = [_row("cuda_graph", 30.0), _row("fp8_proj", 20.0),  # 1.5x faster, and the wrong loss
+            _row("fp8_forward", 15.0)]
     kept, decisions = decide(rows)
-    assert kept == ["cuda_graph", "fp8_attn"]
+    assert kept == ["cuda_graph", "fp8_forward"]
     assert "fails parity" in decisions[1]["why"] and not decisions[1]["kept"]
 
 

@@ -110,7 +110,7 @@ def test_no_triton_skips_every_rung_that_compiles_with_the_install_hint():
     assert "Triton" in reason and "pip install triton" in reason
     rungs = recommended_rungs(NO_TRITON)
     assert "compile" not in rungs and "fused_loss" not in rungs and "fp8_head" not in rungs
-    assert "fp8_mlp" not in rungs and "fp8_attn" not in rungs
+    assert "fp8_fc" not in rungs and "fp8_dgrad" not in rungs
     assert {"tf32", "bf16", "flash", "vocab", "cuda_graph"} <= set(rungs)
 
 

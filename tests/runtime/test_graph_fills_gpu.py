@@ -58,7 +58,7 @@ def test_memsets_become_fills_that_store_the_same_bytes_in_the_same_order():
 
 @needs_cuda
 def test_beside_hangs_a_fill_off_the_last_cublas_kernel_before_it():
-    """mm, two elementwise kernels, mm: the second matmul's fill (graph_fills.BESIDE) waits only for the first matmul,
+    """mm, two elementwise kernels, mm: the second matmul's fill (rewrite_memsets's `beside`) waits only for the first matmul,
     the matmul for both; the graph computes what eager PyTorch does, to bf16's rounding."""
     g = torch.Generator(device="cuda").manual_seed(0)
     a, w, w2 = (torch.randn(n, 768, device=GPU, dtype=torch.bfloat16, generator=g) for n in (4096, 768, 768))
@@ -86,14 +86,12 @@ def test_beside_hangs_a_fill_off_the_last_cublas_kernel_before_it():
     torch.testing.assert_close(z, expected)  # a fill racing the matmul that reads its bytes would not be close
 
 
-@pytest.mark.parametrize("beside", [False, True])
 @needs_cuda
-def test_a_step_with_its_memsets_filled_computes_the_same_losses(monkeypatch, beside):
+def test_a_step_with_its_memsets_filled_computes_the_same_losses():
     """The rung changes which engine stores a few bytes, nothing else: the losses of five steps agree to the
     rounding of the step's atomic sums (whose order varies run to run, with or without the rung: `LOSS_ROUNDING`;
     on an H200 the fifth losses once differed by 1.1e-4, a relative 1.03e-5), the capture
     rewrote memsets (cuBLAS's, before its matmuls), and none that it could rewrite is left."""
-    monkeypatch.setattr(graph_fills, "BESIDE", beside)
     names = auto_without("memset_fill")
     batches = random_batches(5)
     plain = Engine(TINY, setup_for(names), GPU, seed=0)

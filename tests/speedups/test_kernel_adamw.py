@@ -126,20 +126,21 @@ ka.kernels_available = lambda device: True  # the interpreter runs the kernel on
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.config import PRESETS
 from gpt2ladder.runtime.engine import Engine, OptimConfig
-from gpt2ladder.speedups import kernel_adamw
 
 config = dataclasses.replace(PRESETS["tiny"], vocab_size=501, n_embd=64)
 gen = torch.Generator().manual_seed(0)
 x, y = (torch.randint(0, 501, (2, 2, 32), generator=gen) for _ in range(2))
 
 
-def three_steps(setup):
+def three_steps(setup, **optimizer):  # three clipped steps, `optimizer` set on the engine's before the first
     engine = Engine(config, setup, torch.device("cpu"), optim=OptimConfig(lr=3e-3, grad_clip=0.05))
+    for name, value in optimizer.items():
+        setattr(engine.optimizer, name, value)
     return engine, [engine.step(x, y).item() for _ in range(3)]
 """
 
-# The weight_cast rung's step with KernelAdamW writing the copies (WRITES_WEIGHT_CASTS) and
-# without (the step's own multi-tensor copy), on a bf16-autocast CPU step.
+# The weight_cast rung's step with KernelAdamW writing the copies (as the engine builds it) and
+# without (its copies taken away: the step's own multi-tensor copy), on a bf16-autocast CPU step.
 CASTS_SCRIPT = ENGINE_PRELUDE + r"""
 from gpt2ladder.speedups.weight_cast import WeightCasts, weight_casts
 
@@ -150,9 +151,8 @@ setup = dataclasses.replace(setup_for(["baseline", "bf16", "flash", "vocab", "fu
                             fp32_wgrad=True, weight_cast=True)
 out = {}
 for writes in (False, True):
-    kernel_adamw.WRITES_WEIGHT_CASTS = writes
     refreshes.clear()
-    engine, losses = three_steps(setup)
+    engine, losses = three_steps(setup, **({} if writes else {"casts": None}))
     steps = len(refreshes)
     copies, sources = weight_casts(engine.raw_model).pairs()
     held = all(torch.equal(c, s.detach().to(torch.bfloat16)) for c, s in zip(copies, sources))
@@ -166,7 +166,7 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
 def test_copies_written_by_the_kernel_are_the_copies_the_step_would_make(triton_interpret):
-    """With WRITES_WEIGHT_CASTS the kernel writes the weight_cast rung's bfloat16 copies beside its update, so the
+    """Given the copies (as the engine gives them) the kernel writes the weight_cast rung's bfloat16 copies beside its update, so the
     step makes them only at the first step, and the training is the same bit for bit."""
     result = triton_interpret(CASTS_SCRIPT, [])
     copying, writing = result["False"], result["True"]
@@ -186,9 +186,8 @@ real_launch = ka.Tables.launch
 ka.Tables.launch = lambda self, *a: stored.append(a[2]) or real_launch(self, *a)
 out = {}
 for stores in (True, False):
-    kernel_adamw.STORES_UNSCALED_GRADS = stores
     stored.clear()
-    engine, losses = three_steps(setup_for(json.loads(sys.argv[1])))
+    engine, losses = three_steps(setup_for(json.loads(sys.argv[1])), unscaled_grads=stores)
     out[str(stores)] = {"losses": losses, "stored": list(stored),
                         "weights": [v.tolist() for v in engine.raw_model.state_dict().values()]}
 print(json.dumps(out))
@@ -197,8 +196,8 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
 def test_leaving_the_gradients_scaled_changes_no_update(triton_interpret):
-    """STORES_UNSCALED_GRADS off: the engine tells the kernel not to store the divided gradients (nothing reads them
-    after the step), and the training is the same bit for bit."""
+    """KernelAdamW's `unscaled_grads` off in the engine's step: the kernel does not store the divided gradients
+    (nothing reads them after the step), and the training is the same bit for bit."""
     result = triton_interpret(STORES_SCRIPT, RUNGS + ["adamw_kernel"])
     stores, leaves = result["True"], result["False"]
     assert stores["stored"] == [True] * 3 and leaves["stored"] == [False] * 3

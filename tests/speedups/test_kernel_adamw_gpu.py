@@ -1,5 +1,5 @@
 """KernelAdamW on a GPU at the top of `auto`, in a clipped step (as `train`'s), told to leave the gradients as they
-were given (STORES_UNSCALED_GRADS off): the first step's update reads the clipped gradients either way (AdamW's first
+were given (its `unscaled_grads` off): the first step's update reads the clipped gradients either way (AdamW's first
 moment), the losses of eight steps are the ones with the divided gradients stored, to what two runs of the same setup
 differ by (`LOSS_ROUNDING`), and the gradients after the step are the clipped ones only when stored. Skipped without a
 GPU."""
@@ -11,7 +11,6 @@ from gpu_support import GPU, LOSS_ROUNDING, TINY, needs_cuda, needs_triton, rand
 from gpt2ladder.ladder import resolve_rungs, setup_for
 from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import detect
-from gpt2ladder.speedups import kernel_adamw
 
 pytestmark = pytest.mark.gpu
 CLIP = 0.05  # far below the tiny model's gradient norm, so every step divides by clipping's factor
@@ -19,15 +18,15 @@ CLIP = 0.05  # far below the tiny model's gradient norm, so every step divides b
 
 @needs_cuda
 @needs_triton
-def test_the_top_of_auto_leaving_the_gradients_scaled_keeps_its_losses(monkeypatch):
+def test_the_top_of_auto_leaving_the_gradients_scaled_keeps_its_losses():
     names = resolve_rungs("auto", detect(GPU))
     assert "adamw_kernel" in names
     batches = random_batches(8)
     losses, norms, moments = {}, {}, {}
     for stores in (True, False):
-        monkeypatch.setattr(kernel_adamw, "STORES_UNSCALED_GRADS", stores)
         engine = Engine(TINY, setup_for(names), GPU, seed=0, optim=OptimConfig(grad_clip=CLIP))
-        assert engine.optimizer.unscaled_grads is stores
+        assert engine.optimizer.unscaled_grads  # as the engine builds it
+        engine.optimizer.unscaled_grads = stores
         losses[stores] = [engine.step(*batches[0]).item()]
         # after one step AdamW's first moment is (1 - beta1) times the clipped gradient: divided as the kernel read it
         moments[stores] = [engine.optimizer.state[p]["exp_avg"].clone() for p in engine.raw_model.parameters()]

@@ -19,8 +19,8 @@ one program then holds whole rows (`FP8_FWD_TILE`), and the copy is made from th
 the output dtype, as the norm kernel's is (`kernels/norm.py`, `rows_to_fp8`). Holding whole rows costs time over
 the plain forward. `launch_fwd_fp8_blocks` writes the copy with one scale per block
 of `FP8_BLOCK` columns of a row instead (the 1 x 128 blocks of cuBLAS's block-wise scaling), so each program keeps
-the plain forward's tile, at a smaller cost. fp8_proj reads it with
-`PROJ_BLOCKS` on (benchmarks/micro/fp8_blockwise.py times it and the block-scaled products).
+the plain forward's tile, at a smaller cost; fp8_proj with block scales did not pay in the step (its record is in
+benchmarks/RECORDS.md), so only benchmarks/micro/fp8_blockwise.py runs it, beside the block-scaled products.
 
 The ops are custom ops (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton they are
 `gelu_reference` / `gelu_grad_reference`, the PyTorch expressions the kernels must match:

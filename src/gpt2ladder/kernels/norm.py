@@ -88,17 +88,6 @@ def blocks_to_fp8(y: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor
     return (blocks / scale[..., None]).reshape(yf.shape).to(E4M3), scale
 
 
-def tiles_to_fp8(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w / scale in e4m3, scale (R / block, C / block)): one fp32 scale per `block` x `block` tile of a 2-D tensor
-    (scaled_mm's 128 x 128 recipe, for weights), each tile's amax mapped to e4m3's largest value; both dimensions
-    multiples of `block`."""
-    r, c = w.shape
-    tiles = w.float().reshape(r // block, block, c // block, block)
-    scale = tiles.abs().amax((1, 3)).clamp(min=1e-12) / E4M3_MAX
-    # row-major whatever w's layout (a transposed w splits into tiles as a view): _scaled_mm reads it transposed
-    return (tiles / scale[:, None, :, None]).reshape(r, c).to(E4M3).contiguous(), scale
-
-
 def add_norm_grad_reference(dy, ds, s, weight, mean, rstd, with_pbias: bool = False):
     """(d(h + p) in s's dtype, weight gradient, bias gradient in the parameters' dtype), fp32 (or wider) inside;
     `with_pbias`: also the branch bias's gradient, the column sums of d(h + p) before its rounding."""

@@ -14,8 +14,9 @@ output rows (its columns) are stored as contiguous runs.
 
 The op is a custom op (opaque to torch.compile and CUDA graphs). Off CUDA or without Triton `weight8_reference`
 runs, the PyTorch expression the kernel must match byte for byte (tests/kernels/test_weight8_kernel.py runs the
-kernel through Triton's CPU interpreter, tests/kernels/test_kernels_gpu.py on a GPU). The step calls it only where
-speedups/fp32_wgrad.py's `WEIGHT_CAST_KERNEL` is on.
+kernel through Triton's CPU interpreter, tests/kernels/test_kernels_gpu.py on a GPU). The step does not call the
+kernel: it was within noise of compile's two kernels there (its record: benchmarks/RECORDS.md), and
+the step casts with `weight8_reference`; benchmarks/micro/weight_cast8.py times the two.
 """
 
 from __future__ import annotations

@@ -20,11 +20,10 @@ import torch
 
 from gpt2ladder.data.files import atomic_path, beside, write_atomic
 from gpt2ladder.errors import UsageError
+from gpt2ladder.version import __version__
 
 
 def record_header(caps, device: torch.device) -> dict:
-    from gpt2ladder import __version__
-
     return {
         "gpt2ladder": __version__,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -3,7 +3,7 @@
 Optional speed-ups are applied in one fixed order, after torchtitan's:
 build the model (its config carries attention, vocabulary padding and the residual's dtype) -> move
 it to the device -> the model rewrites of `speedups/` (`speedups.apply`, in the order its list
-asserts: fused classifier loss, float8 Linears, GELU-kernel MLPs, fp32 weight gradients, their weights'
+asserts: fused classifier loss, GELU-kernel MLPs, fp32 weight gradients, their weights'
 bf16 copies) ->
 `parallelize` for data parallelism (`distributed.py`: FSDP2 shards every Block, then the root; DDP
 wraps) -> compile -> optimizer -> CUDA graph capture on the first step. The optimizer comes last because FSDP2
@@ -93,8 +93,7 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
     if setup.adamw_kernel:  # the same AdamW, its CUDA step one Triton launch
         from gpt2ladder.speedups import kernel_adamw
 
-        extra["casts"] = weight_casts(model) if kernel_adamw.WRITES_WEIGHT_CASTS else None
-        extra["unscaled_grads"] = kernel_adamw.STORES_UNSCALED_GRADS  # no gradient is read after the step
+        extra["casts"] = weight_casts(model)  # the kernel writes the weight_cast rung's copies, where there are any
         return kernel_adamw.KernelAdamW(groups, lr=lr, betas=betas, eps=cfg.eps, **extra)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=cfg.eps, **extra)
 

@@ -20,9 +20,6 @@ import sys
 from dataclasses import dataclass
 
 MAX_BYTES = 1 << 20  # memsets up to this size become fill kernels
-# Each fill hung off the last kernel before it that may be cuBLAS's (`anchor`), not off the node just before it, so
-# that it runs beside the kernels between; the matmul after it then waits for both. Off until measured in the step.
-BESIDE = False
 # Kernel names that may be cuBLAS's (or cuBLASLt's), the only kernels that touch its workspace; a name that matches
 # by mistake only keeps a fill nearer its matmul, while a cuBLAS kernel it missed could race with the fill.
 MAY_BE_CUBLAS = re.compile(r"nvjet|cublas|gemm|gemv|xmma|cutlass|splitk|dot_kernel|reduce_1block|scal_kernel|"
@@ -294,12 +291,14 @@ def anchor(d, before: list):
     return node
 
 
-def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES, beside: bool | None = None) -> int:
+def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES, beside: bool = False) -> int:
     """Replace each memset node of a captured, not yet instantiated graph that `fill_for` accepts by a fill kernel
     node with the same dependencies and dependents. Returns how many were replaced.
 
-    With `beside` (default `BESIDE`) a fill depends on its `anchor` instead, and the memset's dependencies are joined
-    to its dependents directly: the matmul after it still waits for everything that came before the memset.
+    With `beside` a fill depends on its `anchor` instead (the last kernel before it that may be cuBLAS's), so that it
+    runs beside the kernels between, and the memset's dependencies are joined to its dependents directly: the matmul
+    after it still waits for everything that came before the memset. The step leaves it off (within noise in the
+    step: its record is in benchmarks/RECORDS.md); benchmarks/micro/memset_fill.py times both.
 
     Everything is read, and the fill kernel loaded, before anything changes: a driver that refuses a query leaves the
     graph as it was, and the error is an `Untouched`. A failure while editing (not seen) raises as it is, and the
@@ -321,7 +320,7 @@ def rewrite_memsets(graph: int, max_bytes: int = MAX_BYTES, beside: bool | None 
                 continue
             (before, plain_in), (after, plain_out) = d.dependencies(node), d.dependents(node)
             if plain_in and plain_out:  # an edge with data of its own (a port, a programmatic launch) stays
-                held = anchor(d, before) if (BESIDE if beside is None else beside) else None
+                held = anchor(d, before) if beside else None
                 plan.append((node, fill, before, after, held))
         planned = {entry[0] for entry in plan}
         # Beside only where no neighbour is another memset: the lists read above stay true while the others change.

@@ -29,12 +29,6 @@ def _fused_loss(model: nn.Module, setup: Setup) -> list[str]:
     return ["lm_head"]
 
 
-def _float8(model: nn.Module, setup: Setup) -> list[str]:
-    from gpt2ladder.speedups.float8 import use_float8
-
-    return use_float8(model, mlp=setup.fp8_mlp, attn=setup.fp8_attn)
-
-
 def _gelu_kernel(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.gelu_mlp import use_gelu_kernel
 
@@ -85,18 +79,14 @@ class Rewrite:
 
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite("fused_loss", lambda s: s.fused_loss or s.fp8_head, _fused_loss),
-    Rewrite("float8", lambda s: s.fp8_mlp or s.fp8_attn, _float8),
-    Rewrite("gelu_kernel", lambda s: s.gelu_kernel, _gelu_kernel, after=("float8",),
-            why="an MLP whose c_fc is already float8 keeps compile's GELU, where the float8 casts fuse"),
-    Rewrite("fp32_wgrad", lambda s: s.fp32_wgrad, _fp32_wgrad, after=("float8", "gelu_kernel"),
-            why="it replaces plain Linears only, so float8 ones stay float8, and the GELU kernel's MLP "
-                "must first see its c_fc as a plain Linear to take it"),
+    Rewrite("gelu_kernel", lambda s: s.gelu_kernel, _gelu_kernel),
+    Rewrite("fp32_wgrad", lambda s: s.fp32_wgrad, _fp32_wgrad, after=("gelu_kernel",),
+            why="the GELU kernel's MLP must first see its c_fc as a plain Linear to take it"),
     Rewrite("fp8_dgrad", lambda s: s.fp8_dgrad, _fp8_dgrad, after=("fp32_wgrad",),
             why="it marks the Linears fp32_wgrad makes, whose backward forms the input gradient in float8"),
     Rewrite("weight_cast", lambda s: s.weight_cast, _weight_cast, after=("fp32_wgrad",),
             why="it gives copies to the Linears that fp32_wgrad makes, which are the ones that read them"),
-    Rewrite("qkv_grad", lambda s: s.qkv_grad, _qkv_grad, after=("float8",),
-            why="an attention whose c_attn is float8 keeps its own backward, so the float8 Linears must be in place"),
+    Rewrite("qkv_grad", lambda s: s.qkv_grad, _qkv_grad),
     Rewrite("norm_kernel", lambda s: s.norm_kernel, _norm_kernel, after=("qkv_grad", "gelu_kernel", "fp32_wgrad"),
             why="NormBlock keeps the attention and MLP it finds, so they must already be the ones that run (with "
                 "fp8_proj, only the GELU kernel's MLP writes c_proj's float8 operand; with bias_in_wgrad, only an "

@@ -16,8 +16,9 @@ representable) upcast inputs stands in, which is the same number up to summation
 The `fp8_dgrad` rung (`use_fp8_dgrad`) marks some of these Linears to form their input gradient in float8: the
 output gradient cast to e4m3 with one scale per row (a token's gradient), the weight with one per input feature,
 multiplied by `torch._scaled_mm` with fast accumulation, as the float8 forward products are
-(`speedups/fp8_forward.py`). Its weight and bias gradients stay as above. With `WEIGHT_CAST_KERNEL` the weight's cast
-is one Triton kernel (`kernels/weight8.py`) instead of compile's two.
+(`speedups/fp8_forward.py`). Its weight and bias gradients stay as above. The weight's cast is compile's two kernels
+(`weight8_reference`); the one Triton kernel of `kernels/weight8.py` was within noise of them in the step
+(its record is in benchmarks/RECORDS.md), so only its micro-benchmark calls it.
 
 The `bias_in_wgrad` rung (`OnesColumns`, `OnesWgradMatmul`) has the norm kernel before c_attn write its output with
 `ONES` columns of 1.0 after each row; c_attn's forward reads the first C columns, and its backward multiplies the
@@ -35,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2ladder.kernels import weight8 as weight8_kernel
+from gpt2ladder.kernels.weight8 import weight8_reference
 from gpt2ladder.kernels.norm import rows_to_fp8
 from gpt2ladder.speedups.common import (
     compute_dtype,
@@ -47,12 +48,6 @@ from gpt2ladder.speedups.common import (
 
 # The Linears (by name within a Block) whose input gradient `fp8_dgrad` forms in float8.
 DGRAD_LINEARS = ("attn.c_attn", "mlp.c_proj")
-# Whether fp8_input_grad casts the weight by one Triton kernel (`kernels/weight8.py`: the column amax and the
-# transposed float8 copy in one launch, where compile made two per Linear, 48 launches a step for GPT-2 124M)
-# instead of `rows_to_fp8`'s expression. The kernel divides as eager PyTorch does (IEEE), where
-# compiled code divides approximately (Triton's `/`), so a value can round to its neighbouring float8 value.
-# Off: in the step of GPT-2 124M it was within noise of compile's two kernels (its record: benchmarks/RECORDS.md).
-WEIGHT_CAST_KERNEL = False
 # The columns of ones after a norm's output for `bias_in_wgrad`: 8 keep a bf16 row a multiple of 16 bytes long, as
 # the matmuls' leading dimensions want.
 ONES = 8
@@ -97,7 +92,7 @@ def fp8_input_grad(g8: torch.Tensor, gs: torch.Tensor, wc: torch.Tensor, out_dty
     """input_grad's float8 product from the output gradient's float8 copy g8 (N, out), row-major, and its row scales
     gs: the weight cast with one scale per input feature, its transpose (in, out) contiguous; (N, in) in
     `out_dtype`."""
-    wt8, ws = (weight8_kernel.weight8 if WEIGHT_CAST_KERNEL else weight8_kernel.weight8_reference)(wc)
+    wt8, ws = weight8_reference(wc)
     return scaled_matmul(g8, gs, wt8, ws, None, out_dtype)
 
 
@@ -217,7 +212,7 @@ class Fp32WgradLinear(nn.Linear):
 def use_fp32_wgrad(model: nn.Module) -> list[str]:
     """Replace every plain `nn.Linear` inside the Blocks by an `Fp32WgradLinear` (same parameters); their names.
 
-    The classifier (inside the fused loss, or tied to the embedding) and float8 Linears are left alone.
+    The classifier (inside the fused loss, or tied to the embedding) is left alone.
     """
     return replace_modules(model, lambda name, m: type(m) is nn.Linear and in_blocks(name),
                            lambda m: linear_like(Fp32WgradLinear, m))
@@ -225,7 +220,7 @@ def use_fp32_wgrad(model: nn.Module) -> list[str]:
 
 def use_fp8_dgrad(model: nn.Module, names: tuple[str, ...] | None = None) -> list[str]:
     """Have the fp32_wgrad Linears named `names` (default DGRAD_LINEARS) within each Block form their input gradient
-    in float8; their names. Float8 Linears (`fp8_mlp`, `fp8_attn`) keep their own backward."""
+    in float8; their names."""
     names = DGRAD_LINEARS if names is None else names
     marked = []
     for name, m in model.named_modules():

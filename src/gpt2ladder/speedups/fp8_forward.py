@@ -14,10 +14,10 @@ steps take this path (the norm kernels run only with grad enabled), so evaluatio
 itself in bf16.
 
 The MLP's output projection (c_proj) can read float8 the same way (the `fp8_proj` rung): its input is the GELU's
-output, and the GELU kernel holds whole rows too when asked for the copy (`kernels/gelu.py`, `gelu_fp8`). Or, with
-`PROJ_BLOCKS`, the copy has one scale per 128 columns of a row, which the kernel finds at its
-plain tile, and the weight one per 128 x 128 tile: block-wise scaling, which `torch._scaled_mm` multiplies on
-Hopper with cuBLAS 12.9 or newer (benchmarks/micro/fp8_blockwise.py times it against row scales and bf16).
+output, and the GELU kernel holds whole rows too when asked for the copy (`kernels/gelu.py`, `gelu_fp8`). Block-wise
+scales (one per 128 columns of the copy's rows, one per 128 x 128 tile of the weight) did not pay in the step (their
+record is in benchmarks/RECORDS.md); benchmarks/micro/fp8_blockwise.py still times the GELU kernel's block-scaled
+copy and the products against row scales and bf16.
 
 The step gets faster, and two 300-step parity runs ended within the rule, but its training loss runs above the fp32
 baseline's where the other rungs' do not, and to a target validation loss it took as many steps as the top of
@@ -31,24 +31,17 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from gpt2ladder.kernels.norm import FP8_BLOCK, rows_to_fp8, tiles_to_fp8
+from gpt2ladder.kernels.norm import rows_to_fp8
 from gpt2ladder.speedups.common import scaled_matmul
 from gpt2ladder.speedups.fp32_wgrad import Fp32WgradLinear, cast_read, linear_grads
 
 
 class Float8Rows(NamedTuple):
-    """An activation (..., C) in the compute dtype together with its float8 copy and one scale per row, or with
-    `blocked` one per FP8_BLOCK columns of a row."""
+    """An activation (..., C) in the compute dtype together with its float8 copy and one scale per row."""
 
     x: torch.Tensor
     x8: torch.Tensor
-    scale: torch.Tensor  # (...,) fp32: x ~ x8 * scale[..., None]; blocked: (C / FP8_BLOCK, rows), block-major
-    blocked: bool = False
-
-
-# fp8_proj's float8 copy: one scale per row (off), or one per FP8_BLOCK columns of a row (on), read by the norm
-# Blocks when they are built (speedups/norm_block.py). Off until timed on a GPU.
-PROJ_BLOCKS = False
+    scale: torch.Tensor  # (...,) fp32: x ~ x8 * scale[..., None]
 
 
 def float8_rows(y: torch.Tensor, dtype: torch.dtype) -> Float8Rows:
@@ -57,43 +50,27 @@ def float8_rows(y: torch.Tensor, dtype: torch.dtype) -> Float8Rows:
     return Float8Rows(y.to(dtype), *rows_to_fp8(y.detach()))
 
 
-def scaled_matmul_blocks(x8, sx, w8, sw, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    """The same product with block-wise scales: x8 (N, in) with sx (in / FP8_BLOCK, N), block-major; w8 (out, in) with
-    sw (out / FP8_BLOCK, in / FP8_BLOCK), one per tile (`tiles_to_fp8`). On CUDA `torch._scaled_mm`, which reads the
-    recipes from the scales' shapes (1 x FP8_BLOCK for x, FP8_BLOCK x FP8_BLOCK for the weight) and which, unlike
-    `torch.nn.functional.scaled_mm` in PyTorch 2.11, torch.compile traces without a graph break; the same product in
-    fp32 elsewhere."""
-    if x8.is_cuda:
-        y = torch._scaled_mm(x8, w8.t(), scale_a=sx.t(), scale_b=sw.t(), out_dtype=out_dtype)
-        return y if bias is None else y + bias
-    xf = x8.float() * sx.t().repeat_interleave(FP8_BLOCK, 1)
-    y = xf @ (w8.float() * sw.repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)).t()
-    return (y if bias is None else y + bias.float()).to(out_dtype)
-
-
-def float8_product(x8, sx, weight, bias, out_dtype: torch.dtype, blocked: bool = False) -> torch.Tensor:
-    """(N, out) = x8 @ weight.T (+ bias) from x8 (..., in) with its scales (per row, or `blocked`: block-major, one
-    per FP8_BLOCK columns of a row), the weight cast to float8 here, per output feature (`blocked`: per tile)."""
+def float8_product(x8, sx, weight, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """(N, out) = x8 @ weight.T (+ bias) from x8 (..., in) with its row scales, the weight cast to float8 here, per
+    output feature."""
     x8 = x8.reshape(-1, x8.shape[-1])
-    if blocked:
-        return scaled_matmul_blocks(x8, sx, *tiles_to_fp8(weight, FP8_BLOCK), bias, out_dtype)
     return scaled_matmul(x8, sx.reshape(-1), *rows_to_fp8(weight), bias, out_dtype)
 
 
 class Fp8InputMatmul(torch.autograd.Function):
     """y = x @ weight.T (+ bias), the forward product from x's float8 copy (x8, scales sx) and the weight cast per
-    output feature (`blocked`: block-wise, as sx is); the backward from x and the weight in x's dtype, the weight's
+    output feature; the backward from x and the weight in x's dtype, the weight's
     and bias's gradients in fp32."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, x8: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, weight_c: torch.Tensor | None = None,
-                bias_c: torch.Tensor | None = None, blocked: bool = False, dgrad8: bool = False) -> torch.Tensor:
+                bias_c: torch.Tensor | None = None, dgrad8: bool = False) -> torch.Tensor:
         """`weight_c`, `bias_c`: the `weight_cast` rung's copies in x's dtype, read instead of casting here;
         `dgrad8`: the input gradient's product in float8 too (the `fp8_dgrad` rung)."""
         with torch.autocast(x.device.type, enabled=False):
             wc = cast_read(weight, weight_c, x.dtype)
-            y = float8_product(x8, sx, weight, cast_read(bias, bias_c, x.dtype), x.dtype, blocked)
+            y = float8_product(x8, sx, weight, cast_read(bias, bias_c, x.dtype), x.dtype)
         ctx.save_for_backward(x, wc)
         ctx.w_dtype, ctx.has_bias = weight.dtype, bias is not None and ctx.needs_input_grad[4]
         ctx.dgrad8 = dgrad8
@@ -103,14 +80,13 @@ class Fp8InputMatmul(torch.autograd.Function):
     def backward(ctx, grad_y: torch.Tensor):
         x, wc = ctx.saved_tensors
         grad_x, grad_w, grad_b = linear_grads(grad_y, x, wc, x.dtype, ctx.w_dtype, ctx.has_bias, ctx.dgrad8)
-        return grad_x, None, None, grad_w, grad_b, None, None, None, None
+        return grad_x, None, None, grad_w, grad_b, None, None, None
 
 
-def _float8_ready(linear: nn.Module | None, multiple: int = 16) -> bool:
-    """A plain or fp32_wgrad Linear (not a float8 one), whose sizes `_scaled_mm` takes (multiples of 16; of
-    `multiple` for block-wise scales, whose weight tiles are multiple x multiple)."""
+def _float8_ready(linear: nn.Module | None) -> bool:
+    """A plain or fp32_wgrad Linear (not a float8 one), whose sizes `_scaled_mm` takes (multiples of 16)."""
     plain = type(linear) is nn.Linear or isinstance(linear, Fp32WgradLinear)
-    return plain and linear.in_features % multiple == 0 and linear.out_features % multiple == 0
+    return plain and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
 
 
 def takes_float8(module: nn.Module) -> bool:
@@ -124,7 +100,7 @@ def linear_float8(linear: nn.Module, rows: Float8Rows, bias: torch.Tensor | None
     casts = isinstance(linear, Fp32WgradLinear)
     weight_c, bias_c = linear._fresh_casts() if casts else (None, None)
     return Fp8InputMatmul.apply(rows.x, rows.x8, rows.scale, linear.weight, bias, weight_c,
-                                bias_c if bias is not None else None, rows.blocked, getattr(linear, "dgrad8", False))
+                                bias_c if bias is not None else None, getattr(linear, "dgrad8", False))
 
 
 def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
@@ -136,9 +112,7 @@ def in_proj_float8(module: nn.Module, rows: Float8Rows) -> torch.Tensor:
     return linear_float8(linear, rows, bias)
 
 
-def takes_float8_out(mlp: nn.Module, blocked: bool = False) -> bool:
+def takes_float8_out(mlp: nn.Module) -> bool:
     """Whether an MLP can feed its output projection (c_proj) in float8: its GELU is the Triton kernel's
-    (`speedups/gelu_mlp.py`), which writes the float8 copy, and c_proj a Linear `_scaled_mm` takes (`blocked`:
-    with block-wise scales, its sizes multiples of FP8_BLOCK)."""
-    return hasattr(mlp, "after_in_proj_float8") and _float8_ready(getattr(mlp, "c_proj", None),
-                                                                  FP8_BLOCK if blocked else 16)
+    (`speedups/gelu_mlp.py`), which writes the float8 copy, and c_proj a Linear `_scaled_mm` takes."""
+    return hasattr(mlp, "after_in_proj_float8") and _float8_ready(getattr(mlp, "c_proj", None))

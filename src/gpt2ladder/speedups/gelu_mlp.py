@@ -3,7 +3,7 @@
 c_fc's bias moves out of the matmul into the forward kernel, so the backward kernel can return the
 bias gradient from the same pass that writes the GELU's input gradient. With the `fp8_proj` rung the forward
 kernel also writes the GELU's output in float8 for c_proj (`after_in_proj_float8`; `speedups/norm_block.py`),
-with one scale per row, or with `PROJ_BLOCKS` one per 128 columns of a row (`speedups/fp8_forward.py`).
+with one scale per row (`speedups/fp8_forward.py`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ class BiasGelu(torch.autograd.Function):
 
 
 class BiasGeluFloat8(torch.autograd.Function):
-    """BiasGelu, and with its output the output's float8 copy and its scales (no gradient; `blocked`: one per 128
-    columns of a row, block-major, else one per row), for c_proj's forward product in float8 (the `fp8_proj` rung)."""
+    """BiasGelu, and with its output the output's float8 copy and its scales (no gradient; one per row), for
+    c_proj's forward product in float8 (the `fp8_proj` rung)."""
 
     @staticmethod
-    def forward(ctx, h0: torch.Tensor, bias: torch.Tensor, blocked: bool = False):
+    def forward(ctx, h0: torch.Tensor, bias: torch.Tensor):
         ctx.save_for_backward(h0, bias)
-        a, q, qs = (gelu_kernels.gelu_fp8_blocks if blocked else gelu_kernels.gelu_fp8)(h0, bias)
+        a, q, qs = gelu_kernels.gelu_fp8(h0, bias)
         ctx.mark_non_differentiable(q, qs)
         ctx.set_materialize_grads(False)  # no zero tensors for the float8 outputs, which take no gradient
         return a, q, qs
@@ -46,7 +46,7 @@ class BiasGeluFloat8(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor, *_float8):
         h0, bias = ctx.saved_tensors
-        return (*gelu_kernels.gelu_grad(grad, h0, bias), None)
+        return gelu_kernels.gelu_grad(grad, h0, bias)
 
 
 class KernelMLP(Branch):
@@ -67,15 +67,15 @@ class KernelMLP(Branch):
     def after_in_proj(self, h0: torch.Tensor) -> torch.Tensor:
         return BiasGelu.apply(h0, self.c_fc.bias)
 
-    def after_in_proj_float8(self, h0: torch.Tensor, blocked: bool = False) -> Float8Rows:
-        """after_in_proj's output with its float8 copy, for c_proj to read (the `fp8_proj` rung; `blocked`: one
-        scale per 128 columns of a row, else one per row)."""
-        return Float8Rows(*BiasGeluFloat8.apply(h0, self.c_fc.bias, blocked), blocked=blocked)
+    def after_in_proj_float8(self, h0: torch.Tensor) -> Float8Rows:
+        """after_in_proj's output with its float8 copy (one scale per row), for c_proj to read (the `fp8_proj`
+        rung)."""
+        return Float8Rows(*BiasGeluFloat8.apply(h0, self.c_fc.bias))
 
 
 def use_gelu_kernel(model: nn.Module) -> list[str]:
     """Replace every Block's MLP whose c_fc is a plain Linear by a `KernelMLP`; their names.
 
-    MLPs whose c_fc is a float8 Linear keep their own GELU (float8 casts fuse into compile's GELU).
+    MLPs whose c_fc is not a plain Linear keep their own GELU.
     """
     return replace_modules(model, lambda name, m: type(m) is MLP and type(m.c_fc) is nn.Linear, KernelMLP)

@@ -15,7 +15,7 @@ step can be captured in a CUDA graph and replayed.
 
 Given the weight_cast rung's copies (`casts`), the kernel also writes each Block weight's bfloat16 copy as it
 updates the weight, and tells the copies so: the next step's multi-tensor copy then goes (speedups/weight_cast.py
-says when it does not). The engine hands them over only where WRITES_WEIGHT_CASTS is on.
+says when it does not). The engine hands them over wherever the rung is on (measured faster in the step).
 """
 
 from __future__ import annotations
@@ -24,13 +24,6 @@ import torch
 
 from gpt2ladder.kernels import adamw as kernel
 from gpt2ladder.speedups.weight_cast import WeightCasts
-
-# Whether the engine gives KernelAdamW the weight_cast rung's copies to write (measured faster in the step).
-WRITES_WEIGHT_CASTS = True
-# Whether the engine has KernelAdamW store each gradient divided by the step's grad_scale, as fused AdamW does. The
-# engine reads no gradient after the step, so off saves a write of every gradient (4 bytes a parameter) in a clipped
-# step (train's; bench's does not clip, so has no grad_scale); not yet timed.
-STORES_UNSCALED_GRADS = True
 
 
 class KernelAdamW(torch.optim.AdamW):

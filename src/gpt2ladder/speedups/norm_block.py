@@ -37,7 +37,6 @@ import torch.nn.functional as F
 
 from gpt2ladder.kernels import norm as norm_kernels
 from gpt2ladder.model.gpt import Block
-from gpt2ladder.speedups import fp8_forward as fp8_module
 from gpt2ladder.speedups.common import compute_dtype, matmul_without_bias, replace_modules
 from gpt2ladder.speedups.fp32_wgrad import ONES, Fp32WgradLinear, OnesColumns
 from gpt2ladder.speedups.fp8_forward import (Float8Rows, float8_rows, in_proj_float8, linear_float8, takes_float8,
@@ -124,20 +123,20 @@ def takes_ones(module: nn.Module) -> bool:
             and not module.in_bias_grad_apart)
 
 
-def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False, blocked: bool = False):
+def branch(module: nn.Module, y, defer_bias: bool, fp8_out: bool = False):
     """The pending branch (p, bias or None) of an attention or MLP on y. With `defer_bias` (only where the norm
     kernels run) its output projection's bias is left out of the matmul and handed to the norm kernel, which
     adds it with the residual and sums its gradient with the norm's own. A `Float8Rows` y: the input
     projection's forward product in float8; an `OnesColumns` y: its bias gradient summed through the columns of
     ones. `fp8_out` (an MLP that `takes_float8_out`): the output projection's
-    forward product in float8 too, from the GELU kernel's float8 copy of its input (`blocked`: with block scales).
+    forward product in float8 too, from the GELU kernel's float8 copy of its input.
     Otherwise everything before the output projection is the module's `pre_proj` (a module may run it as one
     function, as `speedups/qkv_grad.py`'s attention does)."""
     proj = module.c_proj
     defer = defer_bias and _deferrable(proj)
     if fp8_out:
         h = in_proj_float8(module, y) if isinstance(y, Float8Rows) else module.in_product(y)
-        p = linear_float8(proj, module.after_in_proj_float8(h, blocked), None if defer else proj.bias)
+        p = linear_float8(proj, module.after_in_proj_float8(h), None if defer else proj.bias)
     else:
         if isinstance(y, OnesColumns):
             pre = module.after_in_proj(module.in_proj()[0].with_ones(y))
@@ -165,8 +164,7 @@ class NormBlock(nn.Module):
         self.defer_bias = defer_bias
         self.fp8_attn_in = fp8_forward and takes_float8(self.attn)
         self.fp8_mlp_in = (fp8_forward or fp8_fc) and takes_float8(self.mlp)
-        self.fp8_mlp_blocks = fp8_module.PROJ_BLOCKS  # read once, here: the check and every forward agree
-        self.fp8_mlp_out = fp8_proj and takes_float8_out(self.mlp, self.fp8_mlp_blocks)
+        self.fp8_mlp_out = fp8_proj and takes_float8_out(self.mlp)
         self.attn_ones = ONES if bias_ones and not self.fp8_attn_in and takes_ones(self.attn) else 0
 
     def forward(self, x):
@@ -175,7 +173,7 @@ class NormBlock(nn.Module):
         defer = self.defer_bias and kernels
         h, y = add_then_norm(h, pending, self.ln_1, self.fp8_attn_in and kernels, self.attn_ones if kernels else 0)
         h, y = add_then_norm(h, branch(self.attn, y, defer), self.ln_2, self.fp8_mlp_in and kernels)
-        return h, branch(self.mlp, y, defer, self.fp8_mlp_out and kernels, self.fp8_mlp_blocks)
+        return h, branch(self.mlp, y, defer, self.fp8_mlp_out and kernels)
 
 
 class FinalNorm(nn.LayerNorm):

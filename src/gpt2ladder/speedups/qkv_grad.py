@@ -108,7 +108,7 @@ class KernelAttention(CausalSelfAttention):
 
 
 def takes_kernel(attn: nn.Module) -> bool:
-    """An attention whose c_attn is a plain or fp32_wgrad Linear (a float8 one keeps its own backward) with a bias."""
+    """An attention whose c_attn is a plain or fp32_wgrad Linear (any other keeps its own backward) with a bias."""
     linear = getattr(attn, "c_attn", None)
     return (type(attn) is CausalSelfAttention and linear.bias is not None
             and (type(linear) is nn.Linear or isinstance(linear, Fp32WgradLinear)))

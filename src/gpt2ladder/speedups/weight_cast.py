@@ -14,7 +14,7 @@ read. The sources are looked up on the modules at each refresh, so a parameter r
 rewrite is still the one copied.
 
 The adamw_kernel rung's optimizer can write the copies itself as it updates the weights
-(speedups/kernel_adamw.py, WRITES_WEIGHT_CASTS); it then says so (`written`), with each weight's version
+(speedups/kernel_adamw.py, `casts`); it then says so (`written`), with each weight's version
 counter, which every in-place change by PyTorch advances and the kernel's own writes do not. `fresh()` skips
 its copy only while every source is the same tensor at the same version: a weight loaded, restored or
 changed in any other way since is copied again. A captured CUDA graph keeps what `fresh()` decided at the
