@@ -617,7 +617,7 @@ then, in Python:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpt2ladder import __version__
+    from gpt2ladder.version import __version__
 
     parser = _Parser(prog="gpt2ladder", description="Train GPT-2 as fast as the hardware allows, and "
                      "measure where every millisecond went.", epilog=_EXAMPLES[""], formatter_class=_Formatter)

@@ -45,8 +45,6 @@ class Setup:
     tied_grad: bool = False  # the tied embedding's gradient rows added into the classifier's, not into zeros
     cublaslt: bool = False  # PyTorch's matmuls through cuBLASLt (its heuristic's first algorithm) instead of cuBLAS
     bias_in_wgrad: bool = False  # c_attn's bias gradient summed by its weight-gradient product, over columns of ones
-    fp8_mlp: bool = False  # every Block's two MLP matmuls (and their gradients) in float8
-    fp8_attn: bool = False  # every Block's attention input and output projections in float8
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
