@@ -30,6 +30,8 @@ MAX_TIMED_STEPS = 10**6  # steps bench, profile and parity time or train per run
 MAX_WORKERS = 1024  # prepare's tokenizing processes
 MAX_EVAL_BATCH = 4096  # eval's examples per forward pass, four rows each
 MAX_SAMPLES = 10**6
+MAX_RACE_SEEDS = 1000  # runs per rung of a race, each a whole training run
+MAX_GIB = 2**20  # --gpu-memory: a mebi-GiB, far above any card
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,13 +101,21 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _gib(text: str) -> float:
+    """--gpu-memory: a finite number of GiB above 0, at most MAX_GIB."""
+    value = _positive_float(text)
+    if value > MAX_GIB:
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB, at most 2**20, got {text}")
+    return value
+
+
 def _common(p: argparse.ArgumentParser, preset: bool = True) -> None:
     if preset:
         p.add_argument("--preset", help="model size: tiny, gpt2 (124M), gpt2-medium, gpt2-large or gpt2-xl "
                        "(default: gpt2 on a GPU, tiny on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps; auto takes a CUDA GPU when "
                    "there is one (default: auto)")
-    p.add_argument("--gpu-memory", type=_positive_float, metavar="GIB",
+    p.add_argument("--gpu-memory", type=_gib, metavar="GIB",
                    help="cap this GPU's memory at GIB GiB and plan every choice for it, so a large card stands in "
                    "for a smaller one (default: the whole card)")
 
@@ -215,19 +225,20 @@ def _add_train(sub) -> None:
                    f"(default: {MUON_RATES['embed_lr']})")
     p.add_argument("--head-lr", type=float, help="with the muon and untied_head recipe parts: AdamW's peak rate for "
                    f"the head (default: {MUON_RATES['head_lr']})")
-    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 5%% of --steps)")
+    every = _count(MAX_STEPS, zero=True)  # a step count or interval of steps, 0 for none
+    p.add_argument("--warmup-steps", type=every, help="linear warm-up steps (default: 5%% of --steps)")
     p.add_argument("--weight-decay", type=float, help="AdamW's weight decay on the matrices "
                    f"(default: {D('train', 'weight_decay')})")
     p.add_argument("--grad-clip", type=float, help="clip the gradient norm to this, 0 for no clipping "
                    f"(default: {D('train', 'grad_clip')})")
-    p.add_argument("--eval-every", type=int, help="validate every N steps, 0 for never (default: a tenth of --steps, "
-                   "at least 2)")
+    p.add_argument("--eval-every", type=every, help="validate every N steps, 0 for never (default: a tenth of "
+                   "--steps, at least 2)")
     p.add_argument("--eval-batches", type=_positive_int, help="validation batches (default: as many as keep "
                    f"validation within about 15%% of the run's time, at most {D('train', 'eval_batches')})")
     p.add_argument("--val-tokens", type=_token_count, metavar="N", help="on a corpus of token shards: the tokens "
                    "of its validation shards that every validation reads, from their start, e.g. 10M (default: "
                    "--eval-batches steps' worth)")
-    p.add_argument("--hellaswag-every", type=int, metavar="N", help="score HellaSwag (the official validation "
+    p.add_argument("--hellaswag-every", type=every, metavar="N", help="score HellaSwag (the official validation "
                    "set, downloaded once, as gpt2ladder eval does) every N steps and at the last step, through the "
                    "run's own forward and precision, into log.jsonl; 0 for never (default: 0)")
     p.add_argument("--hellaswag-data", metavar="FILE", help="with --hellaswag-every: a file in HellaSwag's JSONL "
@@ -235,7 +246,7 @@ def _add_train(sub) -> None:
     p.add_argument("--target-val-loss", type=_positive_float, metavar="X", help="stop at the first validation at "
                    "or below X, and log the training time (the timed steps, compile and capture apart), the wall "
                    "time and the tokens it took; needs validation (off by default: all --steps)")
-    p.add_argument("--ckpt-every", type=int, help="checkpoint every N steps, 0 for only at the end "
+    p.add_argument("--ckpt-every", type=every, help="checkpoint every N steps, 0 for only at the end "
                    "(default: a fifth of --steps)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (or, if that is missing or "
                    "damaged, OUT/ckpt.prev.pt) with the run's own settings; flags given with it change those, and "
@@ -372,7 +383,7 @@ def _add_parity(sub) -> None:
     p.add_argument("--tolerance", type=float, default=0.02,
                    help="largest relative loss gap accepted (default: 0.02 = 2%%)")
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
-    p.add_argument("--eval-every", type=_positive_int, help="validate every N steps (default: a tenth of --steps)")
+    p.add_argument("--eval-every", type=_count(MAX_STEPS), help="validate every N steps (default: a tenth of --steps)")
     p.add_argument("--eval-batches", type=_positive_int, default=10, help="validation batches (default: 10)")
     p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
     p.add_argument("--data", help=DATA_HELP)
@@ -442,10 +453,11 @@ def _add_race(sub) -> None:
     p.add_argument("--target-val-loss", type=_positive_float, metavar="X", help="the validation loss to reach, "
                    "above 0 and below an untrained model's (ln 50257 = 10.82, and a margin) (default: FineWeb's 3.28 on a corpus prepared from "
                    "HuggingFaceFW/fineweb; a demo value on Tiny Shakespeare; none otherwise)")
-    p.add_argument("--seeds", type=_positive_int, help=f"runs per rung, seeds 0..N-1 (default: {D('race', 'seeds')})")
-    p.add_argument("--steps", type=_positive_int, help="the steps every run is planned for, which its learning-rate "
-                   f"schedule spans; a run stops sooner at the target (default: {D('race', 'steps')})")
-    p.add_argument("--eval-every", type=_positive_int, help="validate every N steps (default: --steps / "
+    p.add_argument("--seeds", type=_count(MAX_RACE_SEEDS),
+                   help=f"runs per rung, seeds 0..N-1 (default: {D('race', 'seeds')})")
+    p.add_argument("--steps", type=_count(MAX_STEPS), help="the steps every run is planned for, which its "
+                   f"learning-rate schedule spans; a run stops sooner at the target (default: {D('race', 'steps')})")
+    p.add_argument("--eval-every", type=_count(MAX_STEPS), help="validate every N steps (default: --steps / "
                    f"{D('race', 'validations')})")
     p.add_argument("--data", help=DATA_HELP)
     p.add_argument("--batch-size", type=_positive_int, help="micro-batch: sequences per forward pass (default: on a "

@@ -28,6 +28,8 @@ SAMPLE = ["sample", "{run}", "--device", "cpu", "--num-tokens", "2"]
 PARITY = ["parity", *TINY, "--steps", "1", "--eval-batches", "1", "--data", "{text}", "--out", "{out}"]
 BENCH = ["bench", *TINY, "--steps", "1", "--warmup", "0", "--data", "{text}", "--out", "{out}"]
 PROFILE = ["profile", *TINY, "--steps", "1", "--warmup", "0", "--data", "{text}", "--out", "{out}"]
+RACE = ["race", "--device", "cpu", "--preset", "tiny", "--batch-size", "2", "--seq-len", "16", "--rungs", "gpt2",
+        "--no-progress", "--seeds", "1", "--steps", "2", "--target-val-loss", "9", "--data", "{text}", "--out", "{out}"]
 
 
 def sample(path: str) -> list[str]:
@@ -142,6 +144,19 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("eval batch 10**9", ["eval", "{run}", "--device", "cpu", "--batch-size", str(10**9)], 2,
      "--batch-size: expected a positive integer, at most 4,096,"),
     ("sample samples 2**63 - 1", [*SAMPLE, "--num-samples", str(2**63 - 1)], 2, "--num-samples: expected a positive"),
+    ("train warmup steps 2**63", [*TRAIN, "--warmup-steps", str(2**63)], 2,
+     "--warmup-steps: expected zero or more, at most 1,000,000,000,"),
+    ("train eval every 10**10", [*TRAIN, "--eval-every", str(10**10)], 2, "--eval-every: expected zero or more, at most"),
+    ("train ckpt every 2**63", [*TRAIN, "--ckpt-every", str(2**63)], 2, "--ckpt-every: expected zero or more, at most"),
+    ("train hellaswag every 10**10", [*TRAIN, "--hellaswag-every", str(10**10)], 2,
+     "--hellaswag-every: expected zero or more, at most"),
+    ("train gpu memory 1e308", [*TRAIN, "--gpu-memory", "1e308"], 2, "--gpu-memory: expected a positive number of GiB"),
+    ("doctor gpu memory 2**21", ["doctor", "--gpu-memory", str(2**21)], 2, "--gpu-memory: expected a positive number"),
+    ("doctor gpu memory nan", ["doctor", "--gpu-memory", "nan"], 2, "--gpu-memory: expected a positive number"),
+    ("parity eval every 10**10", [*PARITY, "--eval-every", str(10**10)], 2, "--eval-every: expected a positive"),
+    ("race seeds 10**12", [*RACE, "--seeds", str(10**12)], 2, "--seeds: expected a positive integer, at most 1,000,"),
+    ("race steps 2**63 - 1", [*RACE, "--steps", str(2**63 - 1)], 2, "--steps: expected a positive integer, at most"),
+    ("race eval every 2**63", [*RACE, "--eval-every", str(2**63)], 2, "--eval-every: expected a positive integer, at"),
     # the options of train's measurements
     ("train target without validation", [*TRAIN, "--target-val-loss", "3"], 2,
      "--target-val-loss needs validation: give --eval-every N"),
@@ -149,7 +164,7 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
      "--target-val-loss: expected a positive number"),
     ("train val tokens on a text", [*TRAIN, "--val-tokens", "2K"], 2, "--val-tokens is for a corpus of token shards"),
     ("train val tokens 1.5", [*TRAIN, "--val-tokens", "1.5"], 2, "--val-tokens: expected a whole, positive token"),
-    ("train hellaswag every -1", [*TRAIN, "--hellaswag-every", "-1"], 2, "--hellaswag-every must be zero or more"),
+    ("train hellaswag every -1", [*TRAIN, "--hellaswag-every", "-1"], 2, "--hellaswag-every: expected zero or more"),
     ("train hellaswag data missing", [*TRAIN, "--hellaswag-every", "1", "--hellaswag-data", "{root}/missing.jsonl"],
      2, "HellaSwag file"),
     ("train hellaswag data alone", [*TRAIN, "--hellaswag-data", "{text}"], 2, "is read by --hellaswag-every N"),
