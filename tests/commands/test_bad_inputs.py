@@ -146,7 +146,7 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("sample samples 2**63 - 1", [*SAMPLE, "--num-samples", str(2**63 - 1)], 2, "--num-samples: expected a positive"),
     ("train warmup steps 2**63", [*TRAIN, "--warmup-steps", str(2**63)], 2,
      "--warmup-steps: expected zero or more, at most 1,000,000,000,"),
-    ("train eval every 10**10", [*TRAIN, "--eval-every", str(10**10)], 2, "--eval-every: expected zero or more, at most"),
+    ("train eval every 10**10", [*TRAIN, "--eval-every", str(10**10)], 2, "--eval-every: expected zero or more"),
     ("train ckpt every 2**63", [*TRAIN, "--ckpt-every", str(2**63)], 2, "--ckpt-every: expected zero or more, at most"),
     ("train hellaswag every 10**10", [*TRAIN, "--hellaswag-every", str(10**10)], 2,
      "--hellaswag-every: expected zero or more, at most"),
@@ -175,6 +175,18 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("bench batch 100000", [*BENCH, "--batch-size", "100000"], 2, "the largest batch that fits is"),
     ("parity batch 100000", [*PARITY, "--batch-size", "100000"], 2, "the largest batch that fits is"),
     ("profile batch 100000", [*PROFILE, "--batch-size", "100000"], 2, "the largest batch that fits is"),
+    # an --out folder of the user's own files: its files are never replaced, so nothing starts
+    ("bench out a folder of other files", [*BENCH, "--out", "{mine}"], 2,
+     "holds files gpt2ladder bench did not write (notes.txt)"),
+    ("profile out a folder of other files", [*PROFILE, "--out", "{mine}"], 2,
+     "holds files gpt2ladder profile did not write (ladder.json, notes.txt)"),
+    ("parity out a folder of other files", [*PARITY, "--out", "{mine}"], 2,
+     "holds files gpt2ladder parity did not write (ladder.json, notes.txt)"),
+    ("parity merge into a folder of other files", ["parity", "--merge", "{shard_broken}", "--out", "{mine}"], 2,
+     "holds files gpt2ladder parity did not write (ladder.json, notes.txt)"),
+    ("race out a folder of other files", [*RACE, "--out", "{mine}"], 2,
+     "holds files gpt2ladder race did not write (ladder.json, notes.txt)"),
+    ("bench out a train run", [*BENCH, "--out", "{run}"], 2, "holds files gpt2ladder bench did not write ("),
 ]
 
 
@@ -183,7 +195,11 @@ def places(tmp_path_factory):
     """The paths the placeholders stand for; the run is a one-step tiny training run, made once."""
     root = tmp_path_factory.mktemp("bad-inputs")
     (root / "small.txt").write_text(TEXT)
-    paths = {"text": root / "small.txt", "run": root / "run", "root": root, "fifo": root / "fifo"}
+    paths = {"text": root / "small.txt", "run": root / "run", "root": root, "fifo": root / "fifo",
+             "mine": root / "mine"}
+    paths["mine"].mkdir()
+    (paths["mine"] / "notes.txt").write_text("mine")
+    (paths["mine"] / "ladder.json").write_text("mine too")  # a name bench writes, in a folder it did not write
     os.mkfifo(paths["fifo"])  # nothing ever writes to it: reading it would hang
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GPT2LADDER_CACHE", str(root / "cache"))
@@ -237,6 +253,31 @@ def _damaged_shards(root) -> dict:
     paths["baseline_broken"].write_text(json.dumps({"command": "bench", "config": {"preset": "tiny", "batch_size": 2,
                                                    "seq_len": 16}, "rungs": [{"name": "baseline", "status": "ok"}]}))
     return paths
+
+
+def test_a_folder_of_a_commands_own_output_is_written_again_and_any_other_file_refused(tmp_path):
+    from gpt2ladder.commands import bench, parity, profile, race
+    from gpt2ladder.errors import UsageError
+    from gpt2ladder.training.outdirs import check_own_out
+
+    own = {bench: ["ladder.json", "ladder.md", "ladder.png"],
+           profile: ["profile.json", "profile.md", "profile.png", "trace-baseline+tf32.json"],
+           parity: ["parity.json", "parity.md", "parity.png", "parity-shard-0-of-2.json"],
+           race: ["race.json", "race.md", "race.png", "gpt2", "muon"]}
+    for module, names in own.items():
+        command = module.__name__.rsplit(".", 1)[1]
+        out = tmp_path / command
+        out.mkdir()
+        for name in names:
+            (out / name).write_text("")
+        (out / ".lock").write_text("")  # hidden names are a writer's own: a lock, a temporary
+        check_own_out(out, command, module.OWN_FILES)
+        check_own_out(tmp_path / "new", command, module.OWN_FILES)
+        for other in ("notes.txt", "ladder.json.bak", "config.json"):
+            (out / other).write_text("mine")
+            with pytest.raises(UsageError, match=f"did not write \\({other}"):
+                check_own_out(out, command, module.OWN_FILES)
+            (out / other).unlink()
 
 
 def _fill(argv: list[str], paths: dict) -> list[str]:

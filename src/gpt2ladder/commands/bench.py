@@ -38,6 +38,9 @@ from gpt2ladder.report.plots import ladder_chart
 from gpt2ladder.report.records import prepare_out_dir, write_json, write_record
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import Capabilities, cap_memory, detect
+from gpt2ladder.training.outdirs import check_own_out
+
+OWN_FILES = r"ladder\.(json|md|png)"  # what bench writes in --out: a folder of these alone is written again
 
 
 def bench_command(args) -> int:
@@ -47,6 +50,7 @@ def bench_command(args) -> int:
 
 def _bench(args, dist: distributed.Dist) -> int:
     """Every decision first (config, baseline, text, batch), each once; then the climb; then the files."""
+    check_own_out(Path(args.out), "bench", OWN_FILES)
     device = distributed.local_device(dist, args.device)
     caps = cap_memory(device, detect(device), args.gpu_memory)
     cfg = bench_config(args, device, caps, dist)

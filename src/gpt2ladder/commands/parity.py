@@ -23,6 +23,9 @@ from gpt2ladder.report.parity import format_table, write_outputs
 from gpt2ladder.report.records import output_dir, prepare_out_dir, write_json
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 from gpt2ladder.model.setup import Setup
+from gpt2ladder.training.outdirs import check_own_out
+
+OWN_FILES = r"parity\.(json|md|png)|parity-shard-\d+-of-\d+\.json"  # what parity writes in --out (shards too)
 
 
 def config_from_args(args, device: torch.device, caps) -> ParityConfig:
@@ -71,6 +74,7 @@ def _plan(cfg: ParityConfig, device, caps):
 
 def parity_command(args) -> int:
     """Exit 0 when every rung that ran passes, 1 when one fails or breaks (skipped rungs do not count)."""
+    check_own_out(Path(args.out), "parity", OWN_FILES)
     if args.merge:
         return _merge_command(args)
     device = resolve_device(args.device)

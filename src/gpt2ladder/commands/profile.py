@@ -21,6 +21,9 @@ from gpt2ladder.report.notices import nothing_measured
 from gpt2ladder.report.profile import format_table, write_outputs
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
+from gpt2ladder.training.outdirs import check_own_out
+
+OWN_FILES = r"profile\.(json|md|png)|trace-.+\.json"  # what profile writes in --out (traces with --trace)
 
 
 def _rungs_run(cfg: ProfileConfig, caps) -> list[tuple[str, Setup]]:
@@ -41,6 +44,7 @@ def _plan(cfg: ProfileConfig, args, device, caps):
 
 
 def profile_command(args) -> int:
+    check_own_out(Path(args.out), "profile", OWN_FILES)
     device = resolve_device(args.device)
     caps = cap_memory(device, detect(device), args.gpu_memory)
     d = defaults("profile", device)

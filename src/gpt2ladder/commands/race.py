@@ -27,6 +27,10 @@ from gpt2ladder.report.records import output_dir, write_json, write_record
 from gpt2ladder.runtime.hardware import Capabilities, cap_memory, detect, resolve_device
 from gpt2ladder.runtime.memory import check_fits
 from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.outdirs import check_own_out
+
+# What race writes in --out: its record, and a folder per rung holding a run directory per seed.
+OWN_FILES = r"race\.(json|md|png)|" + "|".join(race.RACE_RUNGS)
 
 # Tiny Shakespeare has no agreed target: the race's demo default per preset, a loss the first rung reaches within
 # the default steps on this text (a demonstration of the race, not a yardstick).
@@ -43,6 +47,7 @@ def race_command(args) -> int:
     if args.target_val_loss is not None:
         race.check_target(args.target_val_loss)
     out = Path(args.out)
+    check_own_out(out, "race", OWN_FILES)
     race.check_new_race(out, args.resume)
     earlier = _earlier(out) if args.resume else None
     tokens = data_mod.load_tokens(args.data)

@@ -3,12 +3,14 @@ replaced, and a run's folder never by an export of the Python API (nor, while it
 
 `train --out` writes config.json, log.jsonl, loss.png and checkpoints: names a user's folder may hold too,
 so a folder that is not empty must be a gpt2ladder run (its checkpoint, or the config.json a run writes
-first). `save_hf(..., overwrite=True)` replaces only a folder of the files an export writes.
+first). `save_hf(..., overwrite=True)` replaces only a folder of the files an export writes. bench, profile,
+parity and race write into a folder that is new, empty, or holds only what they write themselves.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from gpt2ladder.errors import UsageError
@@ -47,6 +49,19 @@ def check_run_out(out: Path) -> None:
         shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
         raise UsageError(f"--out {out} holds files that are not a gpt2ladder run ({shown}); a run would replace "
                          "some of them: give an empty or new folder")
+
+
+def check_own_out(out: Path, command: str, own: str) -> None:
+    """A UsageError, before anything is written, when --out is a folder holding files `command` does not
+    write: `own` is a regular expression its file (or folder) names match in full. A folder of its own
+    earlier output is written again; hidden names (a lock, a writer's temporary) are not counted."""
+    if not out.is_dir():
+        return
+    foreign = [n for n in _visible(out) if not re.fullmatch(own, n)]
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        raise UsageError(f"--out {out} holds files gpt2ladder {command} did not write ({shown}); give an empty or "
+                         f"new folder, or one of {command}'s own output")
 
 
 def check_export_replaceable(out: Path) -> None:
