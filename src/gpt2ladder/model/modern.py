@@ -11,14 +11,13 @@ this family in one line (`ladder.py`).
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2ladder.model.config import ModelConfig
-from gpt2ladder.model.gpt import GPT, Branch, Classifier, _normal_, _real_rows, manual_attention, split_heads
+from gpt2ladder.model.gpt import GPT, Branch, Classifier, init_weights, manual_attention, split_heads
 from gpt2ladder.model.recipe import SOFTCAP
 
 ROPE_BASE = 10000.0  # the rotary frequencies' base, as in RoFormer and Llama
@@ -182,23 +181,13 @@ def parameter_count(cfg: ModelConfig, padded_vocab: int) -> int:
 @torch.no_grad()
 def init_modern_weights(model: ModernGPT, seed: int) -> ModernGPT:
     """GPT-2's initialisation (`gpt.init_weights`: the same draws in the same order), then the parts' own: zero
-    output projections (zero_init), a zero classifier (untied_head)."""
-    cfg = model.config
-    gen = torch.Generator().manual_seed(seed)
-    std_resid = 0.02 / math.sqrt(2 * cfg.n_layer)
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and module is not model.lm_head:
-            residual = getattr(module, "residual_scaled", False)
-            _normal_(module.weight, std_resid if residual else 0.02, gen)
-            if residual and cfg.has("zero_init"):
-                module.weight.zero_()  # drawn first, so the other weights keep GPT-2's numbers
-            if module.bias is not None:
-                module.bias.zero_()
-        elif isinstance(module, nn.Embedding):
-            _normal_(module.weight, 0.02, gen, rows=_real_rows(model, module))
-        elif isinstance(module, nn.LayerNorm):
-            module.weight.fill_(1.0)
-            module.bias.zero_()
+    output projections (zero_init; drawn first, so the other weights keep GPT-2's numbers), a zero classifier
+    (untied_head)."""
+    init_weights(model, seed)
+    if model.config.has("zero_init"):
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and getattr(module, "residual_scaled", False):
+                module.weight.zero_()
     if not model.tied:
         model.lm_head.weight.zero_()
     return model
