@@ -11,7 +11,6 @@ this family in one line (`ladder.py`).
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
