@@ -108,3 +108,53 @@ def test_no_source_file_states_a_measured_figure():
     assert measured_figures("0.19 ms faster a step on an H200 (docs/results.md); 4 us each") == [
         "0.19 ms", "on an H200", "docs/results.md", "4 us"]
     assert measured_figures('PEAK = {"H200": 989e12}  # e.g. "NVIDIA H200"; 128 memsets a step') == []
+
+
+def _module_names() -> dict[str, Path]:
+    names = {}
+    for path in MODULES:
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        names[".".join(("gpt2ladder", *parts)).removesuffix(".__init__")] = path
+    return names
+
+
+def _imported_modules(source: str, known: dict[str, Path]) -> set[str]:
+    """The package's modules an import statement at any depth names: `from gpt2ladder.data import corpus` names
+    gpt2ladder.data.corpus, `from gpt2ladder.data.text import TokenData` gpt2ladder.data.text."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpt2ladder"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & known.keys()
+            found |= subs or ({node.module} & known.keys())
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names} & known.keys()
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles, done = [], set()
+
+    def visit(node, path):
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                visit(nxt, path + [nxt])
+        done.add(node)
+
+    for start in sorted(graph):
+        if start not in done:
+            visit(start, [start])
+    return cycles
+
+
+def test_no_two_modules_import_each_other_even_inside_a_function():
+    """An import inside a function is how a circle hides from import time; a module's imports, at any depth,
+    never lead back to it."""
+    known = _module_names()
+    graph = {name: _imported_modules(path.read_text(), known) - {name} for name, path in known.items()}
+    # A module's own package is no circle: the package's lazy names load its children, not the reverse.
+    graph = {name: {m for m in mods if not name.startswith(m + ".")} for name, mods in graph.items()}
+    assert not _cycles(graph)
+    circle = {"a": {"b"}, "b": {"c"}, "c": {"a"}}
+    assert _cycles(circle) and not _cycles({"a": {"b"}, "b": set()})

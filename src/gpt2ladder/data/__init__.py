@@ -1,5 +1,5 @@
 """Text and corpora into training batches: the GPT-2 tokenizer (`tokenizer`), one text (`text`) and its
-token cache (`cache`), prepared corpora (`sources` -> `prepare` -> `shards`, read back by `corpus`),
+token cache (`cache`), either of them by name (`load`), prepared corpora (`sources` -> `prepare` -> `shards`, read back by `corpus`),
 safe file writes (`files`), the batch samplers (`batches` for a text, `loader` for a corpus) and the
 host-to-device prefetcher (`prefetch`). Deterministic, and offline once the data is on disk.
 
@@ -12,7 +12,7 @@ _WHERE = {
     "Batches": "batches", "check_splits": "batches", "eval_batches": "batches", "micro_batches": "batches",
     "to_device": "batches",
     "DataUnavailable": "text", "TokenData": "text", "cache_dir": "text", "fetch_tinyshakespeare": "text",
-    "load_tokens": "text", "random_tokens": "text",
+    "load_tokens": "load", "random_tokens": "text",
     "GPT2_EOT": "tokenizer", "get_tokenizer": "tokenizer",
     "ShardedTokens": "corpus",
     "OrderedBatches": "loader", "training_batches": "loader", "validation_batches": "loader",

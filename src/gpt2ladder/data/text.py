@@ -1,6 +1,6 @@
 """The text to train on: Tiny Shakespeare (downloaded once and verified) or a user's regular file, read
 as a stream (hashed and decoded a block at a time), its tokens memory-mapped from the token cache
-(`cache.py`) keyed by the text's sha256. `load_tokens` hands a corpus of token shards to `corpus.py`."""
+(`cache.py`) keyed by the text's sha256. A corpus of token shards is `corpus.py`'s; `load.py` chooses between them."""
 
 from __future__ import annotations
 
@@ -165,20 +165,15 @@ def text_chunks(f: BinaryIO, path: Path, block: int | None = None) -> Iterator[s
         raise UsageError(f"data file {path} is not a UTF-8 text file") from None
 
 
-def load_tokens(text_path: Path | str | None = None, *, download: bool = True, notify=print,
-                check=None) -> TokenData:
-    """Tokens of a text file (None: Tiny Shakespeare), tokenized once and then memory-mapped from cache;
-    or of a corpus of token shards (a folder, a glob, a shard file: `corpus.load_corpus`).
+def load_text(text_path: Path | str | None = None, *, download: bool = True, notify=print,
+              check=None) -> TokenData:
+    """Tokens of a text file (None: Tiny Shakespeare), tokenized once and then memory-mapped from cache.
 
     The cache is keyed by the sha256 of the file's bytes, so an edited file is tokenized again; a cache
     that does not match its record is rebuilt, and `notify` says so. `check` (a TokenData -> None that
-    raises, e.g. `check_splits`) sees a corpus before its shards are scanned, so a corpus too small fails
-    before `notify` says anything. Records (JSON Lines, Parquet, CSV) are refused: `prepare` reads them.
+    raises, e.g. `check_splits`) sees the tokens before they are handed back. Records (JSON Lines, Parquet,
+    CSV) are refused: `prepare` reads them.
     """
-    from gpt2ladder.data import corpus  # corpus.py builds on this module's TokenData
-
-    if text_path is not None and corpus.is_corpus(text_path):
-        return corpus.load_corpus(text_path, notify, check)
     if text_path is None:
         path, source = fetch_tinyshakespeare(download), "tinyshakespeare"
     else:
