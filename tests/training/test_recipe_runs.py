@@ -11,7 +11,7 @@ from gpt2ladder import cli
 from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.runlog import read_log
 
-from training_support import real_text_offline  # noqa: F401  (the real text, offline)
+from training_support import one_line_error, real_text_offline, run_cli  # noqa: F401  (the real text, offline)
 
 RECIPE = "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,wsd"
 
@@ -22,14 +22,7 @@ def _args(out, *extra):
             "--no-progress", "--recipe", RECIPE, "--out", str(out), *extra]
 
 
-def _cli(capsys, args):
-    code = cli.main(args)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_line_error(err: str) -> bool:
-    return err.startswith("gpt2ladder: error: ") and err.count("\n") == 1 and "Traceback" not in err
+_cli, _one_line_error = run_cli, one_line_error
 
 
 @pytest.fixture(scope="module")

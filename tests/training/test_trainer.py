@@ -26,7 +26,7 @@ from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import read_log
 from gpt2ladder.training.trainer import Trainer
 from training_support import (  # noqa: F401 (real_text_offline: an autouse fixture)
-    CPU, nan_at_step, real_text_offline, signal_at_step, small_config, train_in)
+    CPU, nan_at_step, one_line_error, real_text_offline, run_cli, signal_at_step, small_config, train_in)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -43,14 +43,7 @@ def _cli_args(out, *extra) -> list[str]:
             "--out", str(out), *extra]
 
 
-def _cli(capsys, args):
-    code = cli.main(args)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_line_error(err: str) -> bool:
-    return err.startswith("gpt2ladder: error: ") and err.count("\n") == 1 and "Traceback" not in err
+_cli, _one_line_error = run_cli, one_line_error
 
 
 # --- the schedule and the config ------------------------------------------------------------------

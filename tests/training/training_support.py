@@ -32,6 +32,20 @@ def real_text_offline(shakespeare_cache, monkeypatch):
     set_rng_state(saved)
 
 
+def run_cli(capsys, args) -> tuple[int, str, str]:
+    """The CLI's exit code, standard output and standard error for `args`."""
+    from gpt2ladder import cli
+
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str) -> bool:
+    """Whether standard error holds exactly one line, the CLI's error, and no traceback."""
+    return err.startswith("gpt2ladder: error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
 def small_config(**kw) -> TrainConfig:
     """A six-step tiny run on 64-token steps, without validation or checkpoints unless `kw` asks."""
     base = dict(preset="tiny", rungs=("baseline",), batch_size=2, seq_len=32, tokens_per_step=64, steps=6, lr=1e-3,
