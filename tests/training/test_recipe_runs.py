@@ -87,3 +87,11 @@ def test_bench_times_a_recipe_and_records_it(tmp_path, capsys, monkeypatch):
     record = json.loads((tmp_path / "b" / "ladder.json").read_text())
     assert record["config"]["recipe"] == "relu2,softcap" and record["model"]["parts"] == ["relu2", "softcap"]
     assert all(r["status"] == "ok" for r in record["rungs"])
+
+
+def test_muon_rates_for_a_recipe_without_muon_are_refused_not_recorded_and_ignored(tmp_path, capsys):
+    args = [a for a in _args(tmp_path / "x", "--muon-lr", "0.01") if a != RECIPE]
+    args[args.index("--recipe") + 1:args.index("--recipe") + 1] = ["rope"]
+    code, _, err = _cli(capsys, args)
+    assert code == 2 and _one_line_error(err) and "--muon-lr" in err and "no muon part" in err
+    assert not (tmp_path / "x").exists()

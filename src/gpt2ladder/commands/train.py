@@ -134,6 +134,9 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
     if recipe.family != "gpt2" and value("init_from"):
         raise UsageError(f"--init-from loads GPT-2's weights, and recipe {recipe.name} changes the model: start it "
                          "from its seed, or train the gpt2 recipe")
+    idle = [f"--{name.replace('_', '-')}" for name in MUON_RATES if name in given]
+    if idle and recipe.optimizer != "muon":  # taken, it would be recorded and do nothing
+        raise UsageError(f"{', '.join(idle)} set the muon recipe part's rates; recipe {recipe.name} has no muon part")
     if recipe.optimizer == "muon" and strategy == "fsdp":
         raise UsageError("the muon recipe part orthogonalises whole matrices, which FSDP2 shards: train it under "
                          "DDP (--strategy ddp) or on one GPU")
