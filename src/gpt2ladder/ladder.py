@@ -172,10 +172,6 @@ def _adamw_only(recipe: Recipe) -> str | None:
     return None if recipe.optimizer == "adamw" else "the adamw_kernel rung updates by AdamW alone; this recipe uses Muon"
 
 
-def _no_softcap(recipe: Recipe) -> str | None:
-    return "the loss kernels have no soft-capped form yet" if recipe.has("softcap") else None
-
-
 LADDER: tuple[Rung, ...] = (
     Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
          "precision", {}, writeup=True),
@@ -202,8 +198,7 @@ LADDER: tuple[Rung, ...] = (
     Rung("loss_kernel", "The fused loss's pass over the logits runs as hand-written Triton kernels (row "
          "log-sum-exp, then the gradient tiles, then for float8 a transpose of their bytes), which read the logits "
          "twice instead of three times and store the transposed float8 copy contiguously.",
-         "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel,
-         declines=_no_softcap),
+         "memory", {"loss_kernel": True, "fused_loss": True}, _needs_loss_kernel),
     # FSDP2 frees and re-gathers parameter storage from Python every step; a replayed graph would not. (Under
     # DDP the graph captures the all-reduces too: runtime/engine.py.)
     Rung("cuda_graph", "The whole step is captured once as a CUDA graph and replayed, so no launch gaps remain.",

@@ -10,8 +10,10 @@ pytestmark = pytest.mark.gpu
 
 @needs_cuda
 @needs_triton
-def test_loss_kernel_equals_the_expressions_at_gpt2_size():
-    """The Triton loss kernels against the PyTorch expressions they replace, at GPT-2's B=16 x 1024 shapes."""
+@pytest.mark.parametrize("softcap", [None, 15.0])
+def test_loss_kernel_equals_the_expressions_at_gpt2_size(softcap):
+    """The Triton loss kernels against the PyTorch expressions they replace, at GPT-2's B=16 x 1024 shapes, with
+    the softcap part's soft cap and without."""
     from gpt2ladder.kernels import loss as loss_kernel
     from gpt2ladder.speedups.fused_loss import (
         E5M2,
@@ -24,18 +26,18 @@ def test_loss_kernel_equals_the_expressions_at_gpt2_size():
     n, v, real = 16384, 50304, 50257
     logits = (torch.randn(n, v, generator=gen) * 3).to(torch.bfloat16).to(GPU)
     targets = torch.randint(0, real, (n,), generator=gen).to(GPU)
-    ref_lse, ref_loss = _lse_and_loss(logits, targets, real)
+    ref_lse, ref_loss = _lse_and_loss(logits, targets, real, softcap)
     # bf16 gradient, as the fused_loss rung uses it
-    rows, g, g_t = loss_kernel.logit_grad(logits, targets, real, 1 / n, torch.bfloat16, False)
-    ref = _logit_grad(logits, ref_lse, targets[:, None], real, 1 / n, torch.bfloat16)
+    rows, g, g_t = loss_kernel.logit_grad(logits, targets, real, 1 / n, torch.bfloat16, False, softcap or 0.0)
+    ref = _logit_grad(logits, ref_lse, targets[:, None], real, 1 / n, torch.bfloat16, softcap=softcap)
     assert g_t.numel() == 0
     torch.testing.assert_close(rows.mean(), ref_loss, rtol=0, atol=1e-4)
     rel = (g.float() - ref.float()).abs() / ref.float().abs().clamp(min=1e-30)
     assert (rel <= 2**-7).all()  # within one bf16 rounding step everywhere
     assert g[:, real:].abs().max() == 0
     # float8 gradient in both layouts, as the fp8_head rung uses it
-    rows8, g8, g8_t = loss_kernel.logit_grad(logits, targets, real, GRAD_SCALE, E5M2, True)
-    ref8 = _logit_grad(logits, ref_lse, targets[:, None], real, GRAD_SCALE, E5M2)
+    rows8, g8, g8_t = loss_kernel.logit_grad(logits, targets, real, GRAD_SCALE, E5M2, True, softcap or 0.0)
+    ref8 = _logit_grad(logits, ref_lse, targets[:, None], real, GRAD_SCALE, E5M2, softcap=softcap)
     assert torch.equal(rows8, rows)
     codes = (g8.view(torch.uint8).int() - ref8.view(torch.uint8).int()).abs()
     assert codes.max() <= 1  # at most one float8 step apart (exp rounding can cross a boundary)

@@ -56,8 +56,14 @@ def available(logits: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _loss_stats_kernel(logits_ptr, targets_ptr, lse_ptr, loss_ptr, n_rows, n_cols, vocab_size: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, WIDE: tl.constexpr):
+    def _tanh(u):
+        # tanh(u) = 1 - 2 / (e^(2u) + 1): one exp2, saturating to +-1 where the exp overflows or vanishes
+        return 1.0 - 2.0 / (tl.exp2(u * 2.8853900817779268) + 1.0)  # 2.885... = 2 / ln 2
+
+    @triton.jit
+    def _loss_stats_kernel(logits_ptr, targets_ptr, lse_ptr, loss_ptr, n_rows, n_cols, softcap,
+                           vocab_size: tl.constexpr, CAPPED: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_V: tl.constexpr, WIDE: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_rows
         row_off = rows.to(tl.int64) * n_cols if WIDE else rows * n_cols  # 64-bit only past 2^31 elements
@@ -68,6 +74,8 @@ if triton is not None:
             mask = row_ok[:, None] & (cols[None, :] < vocab_size)
             x = tl.load(logits_ptr + row_off[:, None] + cols[None, :], mask=mask, other=float("-inf"))
             x = x.to(tl.float32)
+            if CAPPED:  # s = c tanh(z / c); the padded columns' -inf becomes -c, masked back out below
+                x = tl.where(mask, softcap * _tanh(x / softcap), float("-inf"))
             m_new = tl.maximum(m, tl.max(x, 1))
             m_new = tl.where(row_ok, m_new, 0.0)  # rows past the end: keep the arithmetic finite
             s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), 1)
@@ -75,13 +83,15 @@ if triton is not None:
         lse = m + tl.log(s)
         target = tl.load(targets_ptr + rows, mask=row_ok, other=0)
         x_target = tl.load(logits_ptr + row_off + target, mask=row_ok, other=0.0).to(tl.float32)
+        if CAPPED:
+            x_target = softcap * _tanh(x_target / softcap)
         tl.store(lse_ptr + rows, lse, mask=row_ok)
         tl.store(loss_ptr + rows, lse - x_target, mask=row_ok)
 
     @triton.jit
     def _loss_grad_kernel(logits_ptr, targets_ptr, lse_ptr, g_ptr, gt_ptr, n_rows, n_cols, vocab_size, scale,
-                          WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-                          ROWS_FAST: tl.constexpr, WIDE: tl.constexpr):
+                          softcap, CAPPED: tl.constexpr, WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_V: tl.constexpr, ROWS_FAST: tl.constexpr, WIDE: tl.constexpr):
         # ROWS_FAST: neighbouring programs take neighbouring row blocks (and so fill neighbouring
         # stretches of the transposed copy); else neighbouring column blocks of the same rows.
         row_block = tl.program_id(0) if ROWS_FAST else tl.program_id(1)
@@ -99,8 +109,13 @@ if triton is not None:
         x = tl.load(logits_ptr + offs, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
         target = tl.load(targets_ptr + rows, mask=row_ok, other=-1)
+        if CAPPED:  # through s = c tanh(z / c): ds/dz = 1 - tanh(z / c)^2
+            t = _tanh(x / softcap)
+            x = softcap * t
         p = tl.where(cols[None, :] < vocab_size, tl.exp(x - lse[:, None]), 0.0)  # padded columns: exactly 0
         g = (p - tl.where(cols[None, :] == target[:, None], 1.0, 0.0)) * scale
+        if CAPPED:
+            g = g * (1.0 - t * t)
         g = g.to(g_ptr.dtype.element_ty)
         tl.store(g_ptr + offs, g, mask=row_ok[:, None] & col_ok[None, :])
         if WRITE_T:
@@ -119,8 +134,9 @@ if triton is not None:
         tl.store(dst_ptr + cols[:, None] * n_rows + rows[None, :], tl.trans(tile), mask=tl.trans(mask))
 
     def launch(logits, targets, vocab_size: int, scale: float, lse, loss, g, g_t, stats=None, grad=None,
-               split: bool = True) -> None:
-        """Run the kernels into preallocated outputs (g_t=None: no transposed copy).
+               split: bool = True, softcap: float = 0.0) -> None:
+        """Run the kernels into preallocated outputs (g_t=None: no transposed copy); `softcap` > 0 soft-caps the
+        logits first, c tanh(z / c), as the softcap part does, and takes the gradient through it.
 
         `stats` = (rows, columns, warps, stages) and `grad` = (rows, columns, warps, rows_fast) override
         the tile shapes (benchmarks/micro/loss_kernel.py compares them); `split=False` has the gradient kernel
@@ -130,13 +146,15 @@ if triton is not None:
         wide = logits.numel() >= 2**31
         sm, sv, sw, ss = stats or STATS
         _loss_stats_kernel[(triton.cdiv(n, sm),)](
-            logits, targets, lse, loss, n, v, vocab_size=vocab_size, BLOCK_M=sm, BLOCK_V=sv, WIDE=wide,
+            logits, targets, lse, loss, n, v, float(softcap or 1.0), vocab_size=vocab_size, CAPPED=bool(softcap),
+            BLOCK_M=sm, BLOCK_V=sv, WIDE=wide,
             num_warps=sw, num_stages=ss)
         write_t = g_t is not None and not split
         gm, gv, gw, rows_fast = grad or (GRAD if g_t is not None and split else GRAD_BOTH)
         blocks = (triton.cdiv(n, gm), triton.cdiv(v, gv))
         _loss_grad_kernel[blocks if rows_fast else blocks[::-1]](
-            logits, targets, lse, g, g_t if write_t else g, n, v, vocab_size, scale, WRITE_T=write_t,
+            logits, targets, lse, g, g_t if write_t else g, n, v, vocab_size, scale, float(softcap or 1.0),
+            CAPPED=bool(softcap), WRITE_T=write_t,
             BLOCK_M=gm, BLOCK_V=gv, ROWS_FAST=rows_fast, WIDE=wide, num_warps=gw)
         if g_t is not None and split:
             tr, tc, tw = TRANSPOSE
@@ -146,19 +164,21 @@ if triton is not None:
 
     @torch.library.custom_op("gpt2ladder::logit_grad", mutates_args=())
     def logit_grad(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, scale: float,
-                   out_dtype: torch.dtype, transposed: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(per-row loss (N,) fp32, gradient (N, Vp), gradient transposed (Vp, N) or an empty tensor)."""
+                   out_dtype: torch.dtype, transposed: bool,
+                   softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(per-row loss (N,) fp32, gradient (N, Vp), gradient transposed (Vp, N) or an empty tensor); logits
+        soft-capped first where `softcap` > 0."""
         n, v = logits.shape
         logits, targets = logits.contiguous(), targets.contiguous()
         lse = torch.empty((n,), device=logits.device, dtype=torch.float32)
         loss = torch.empty((n,), device=logits.device, dtype=torch.float32)
         g = torch.empty((n, v), device=logits.device, dtype=out_dtype)
         g_t = torch.empty((v, n) if transposed else (0, 0), device=logits.device, dtype=out_dtype)
-        launch(logits, targets, vocab_size, scale, lse, loss, g, g_t if transposed else None)
+        launch(logits, targets, vocab_size, scale, lse, loss, g, g_t if transposed else None, softcap=softcap)
         return loss, g, g_t
 
     @logit_grad.register_fake
-    def _(logits, targets, vocab_size, scale, out_dtype, transposed):
+    def _(logits, targets, vocab_size, scale, out_dtype, transposed, softcap=0.0):
         n, v = logits.shape
         return (logits.new_empty((n,), dtype=torch.float32), logits.new_empty((n, v), dtype=out_dtype),
                 logits.new_empty((v, n) if transposed else (0, 0), dtype=out_dtype))

@@ -47,7 +47,7 @@ class FusedLossHead(Classifier):
         dtype = compute_dtype(x)
         x2 = x.reshape(-1, x.size(-1))
         use_fp8 = self.fp8 and fp8_shapes_ok(*x2.shape, self.weight.shape[0])
-        use_kernel = self.kernel and self.softcap is None and loss_kernel.available(x2)
+        use_kernel = self.kernel and loss_kernel.available(x2)
         return LossAndGrad.apply(x2, self.weight, targets.reshape(-1), vocab_size, dtype, use_fp8, use_kernel,
                                  self.softcap)
 
@@ -130,7 +130,8 @@ def _loss_pass(logits, targets, vocab_size: int, scale: float, dtype: torch.dtyp
     GB at GPT-2's batch sizes, so the rows go through in pieces there; the numbers are the same.
     """
     if kernel:
-        rows, grad, grad_t = loss_kernel.logit_grad(logits, targets, vocab_size, scale, dtype, transposed)
+        rows, grad, grad_t = loss_kernel.logit_grad(logits, targets, vocab_size, scale, dtype, transposed,
+                                                    softcap or 0.0)
         return rows.mean(), grad, (grad_t if transposed else None)
     n = logits.shape[0]
     if torch.compiler.is_compiling() or n <= EAGER_CHUNK_ROWS:
