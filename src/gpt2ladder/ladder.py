@@ -168,6 +168,12 @@ def _gpt2_blocks(what: str) -> Callable[[Recipe], str | None]:
     return check
 
 
+def _rotary_parts(recipe: Recipe) -> str | None:
+    if recipe.has("rope") or recipe.has("qk_norm"):
+        return None
+    return f"the rotary_kernel rung acts on rotary positions and QK-norm; recipe {recipe.name} has neither"
+
+
 def _adamw_only(recipe: Recipe) -> str | None:
     return None if recipe.optimizer == "adamw" else "the adamw_kernel rung updates by AdamW alone; this recipe uses Muon"
 
@@ -211,6 +217,10 @@ LADDER: tuple[Rung, ...] = (
          "fp32, and the embeddings' gradients still add up in fp32).",
          "memory", {"bf16_residual": True, "autocast": "bfloat16"}, _needs_ampere("a bfloat16 residual stream"),
          pays_with_graph=True),
+    Rung("rotary_kernel", "The modern attention's queries and keys are RMS-normalised and turned by their position's "
+         "angle (QK-norm, rotary positions) in one Triton pass with v's copy, written token-major for attention, and "
+         "their gradients go back into c_attn's output gradient in one pass each, where compile wrote several.",
+         "memory", {"rotary_kernel": True}, _needs_triton_gpu("the rotary_kernel rung"), declines=_rotary_parts),
     Rung("gelu_kernel", "The MLP's GELU runs as two Triton kernels: forward as h / (1 + exp(-2z)), one exp2 and a "
          "division where compile's kernel evaluates a long tanh and was bound by that arithmetic, not by memory; "
          "backward writes the input gradient and c_fc's bias gradient in one pass.",

@@ -47,6 +47,32 @@ def test_loss_kernel_equals_the_expressions_at_gpt2_size(softcap):
 
 @needs_cuda
 @needs_triton
+@pytest.mark.parametrize("norm,rope", [(True, True), (False, True), (True, False)])
+def test_rotary_kernels_match_the_reference_at_gpt2_size(norm, rope):
+    """The rotary_kernel rung's kernels in bf16 at GPT-2's B=16 x 1024 shapes: q, k within one bf16 rounding of the
+    fp32 reference, v copied exactly, and c_attn's output gradient from attention's strided gradients."""
+    from gpt2ladder.kernels import rotary
+    from gpt2ladder.model.config import ModelConfig
+    from gpt2ladder.model.modern import rotary_tables
+
+    B, T, nh, hs = 16, 1024, 12, 64
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(B, T, 3 * nh * hs, generator=gen).to(torch.bfloat16).to(GPU)
+    cos, sin = (t.to(GPU) for t in rotary_tables(ModelConfig(n_head=nh, n_embd=nh * hs, block_size=T)))
+    cos, sin = (cos, sin) if rope else (None, None)
+    q, k, v = rotary.Rotary.apply(qkv, cos, sin, nh, norm)
+    rq, rk, rv = rotary.rotary_reference(qkv, nh, cos, sin, norm)
+    assert torch.equal(v, rv)
+    for got, ref in ((q, rq), (k, rk)):
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2**-7, atol=1e-3)
+    grads = [torch.randn(B, nh, T, hs, generator=gen).to(torch.bfloat16).to(GPU).transpose(1, 2) for _ in range(3)]
+    dqkv = torch.ops.gpt2ladder.rotary_grad(*grads, qkv, cos if rope else qkv, sin if rope else qkv, nh, norm, rope)
+    ref = rotary.rotary_grad_reference(*grads, qkv, nh, cos, sin, norm)
+    torch.testing.assert_close(dqkv.float(), ref.float(), rtol=2**-7, atol=1e-3)
+
+
+@needs_cuda
+@needs_triton
 def test_gelu_kernel_matches_the_expressions_at_gpt2_size():
     from gpt2ladder.kernels.gelu import gelu_grad_reference
 

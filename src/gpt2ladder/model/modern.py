@@ -54,8 +54,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def qk_norm(x: torch.Tensor) -> torch.Tensor:
-    """The qk_norm part: a head's query or key divided by its RMS over the head's dimensions."""
-    return F.rms_norm(x, (x.shape[-1],))
+    """The qk_norm part: a head's query or key divided by its RMS over the head's dimensions (epsilon: the machine
+    epsilon of x's dtype, c_attn's output's, whatever autocast computes the norm in)."""
+    return F.rms_norm(x, (x.shape[-1],), eps=torch.finfo(x.dtype).eps)
 
 
 def relu2(x: torch.Tensor) -> torch.Tensor:

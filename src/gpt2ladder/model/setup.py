@@ -30,6 +30,7 @@ class Setup:
     fp8_head: bool = False  # classifier matmuls in float8 (Hopper and newer)
     loss_kernel: bool = False  # the fused loss's pass over the logits as hand-written Triton kernels
     bf16_residual: bool = False  # the residual stream between Blocks in bf16 instead of fp32
+    rotary_kernel: bool = False  # the modern attention's QK-norm and rotary turn, forward and backward, in Triton
     gelu_kernel: bool = False  # the MLP's GELU forward, and its backward with c_fc's bias gradient, in Triton
     fp32_wgrad: bool = False  # the Blocks' weight gradients written in fp32 by the matmul itself
     weight_cast: bool = False  # the Blocks' weights cast to bf16 once per step, by one multi-tensor copy

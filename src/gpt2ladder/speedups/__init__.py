@@ -35,6 +35,12 @@ def _gelu_kernel(model: nn.Module, setup: Setup) -> list[str]:
     return use_gelu_kernel(model)
 
 
+def _rotary_kernel(model: nn.Module, setup: Setup) -> list[str]:
+    from gpt2ladder.speedups.rotary_attention import use_rotary_kernel
+
+    return use_rotary_kernel(model)
+
+
 def _fp32_wgrad(model: nn.Module, setup: Setup) -> list[str]:
     from gpt2ladder.speedups.fp32_wgrad import use_fp32_wgrad
 
@@ -80,6 +86,7 @@ class Rewrite:
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite("fused_loss", lambda s: s.fused_loss or s.fp8_head, _fused_loss),
     Rewrite("gelu_kernel", lambda s: s.gelu_kernel, _gelu_kernel),
+    Rewrite("rotary_kernel", lambda s: s.rotary_kernel, _rotary_kernel),
     Rewrite("fp32_wgrad", lambda s: s.fp32_wgrad, _fp32_wgrad, after=("gelu_kernel",),
             why="the GELU kernel's MLP must first see its c_fc as a plain Linear to take it"),
     Rewrite("fp8_dgrad", lambda s: s.fp8_dgrad, _fp8_dgrad, after=("fp32_wgrad",),
