@@ -101,6 +101,11 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _race_target(text: str) -> float | str:
+    """race --target-val-loss: a positive number, or gpt2 (read off the gpt2 rung)."""
+    return "gpt2" if text.strip() == "gpt2" else _positive_float(text)
+
+
 def _gib(text: str) -> float:
     """--gpu-memory: a finite number of GiB above 0, at most MAX_GIB."""
     value = _positive_float(text)
@@ -450,8 +455,10 @@ def _add_race(sub) -> None:
     _common(p)
     p.add_argument("--rungs", help="'all' or race rungs, a comma list taken in race order; rung k trains the parts "
                    "of rungs 0..k (default: all)")
-    p.add_argument("--target-val-loss", type=_positive_float, metavar="X", help="the validation loss to reach, "
-                   "above 0 and below an untrained model's (ln 50257 = 10.82, and a margin) (default: FineWeb's 3.28 on a corpus prepared from "
+    p.add_argument("--target-val-loss", type=_race_target, metavar="X", help="the validation loss to reach, "
+                   "above 0 and below an untrained model's (ln 50257 = 10.82, and a margin); or gpt2: the gpt2 "
+                   "rung's validation loss after all its planned steps, the highest over its seeds (it then runs "
+                   "first, to its last step) (default: FineWeb's 3.28 on a corpus prepared from "
                    "HuggingFaceFW/fineweb; a demo value on Tiny Shakespeare; none otherwise)")
     p.add_argument("--seeds", type=_count(MAX_RACE_SEEDS),
                    help=f"runs per rung, seeds 0..N-1 (default: {D('race', 'seeds')})")

@@ -34,8 +34,10 @@ SMALL = ["--steps", "4", "--eval-every", "2", "--batch-size", "2", "--seq-len", 
 
 
 def test_rungs_default_to_gpt2_and_every_part_and_a_list_is_put_in_race_order():
+    from gpt2ladder.model.recipe import PARTS
+
     assert race.parse_race_rungs(None) == race.parse_race_rungs("all") == race.RACE_RUNGS
-    assert race.RACE_RUNGS[0] == "gpt2" and len(race.RACE_RUNGS) == 10
+    assert race.RACE_RUNGS == ("gpt2", *(p.name for p in PARTS), "speedrun")
     assert race.parse_race_rungs("rope, gpt2,muon") == ("gpt2", "muon", "rope")
     with pytest.raises(UsageError, match="unknown race rung flash; choose from: all, gpt2, muon"):
         race.parse_race_rungs("gpt2,flash")
@@ -44,6 +46,33 @@ def test_rungs_default_to_gpt2_and_every_part_and_a_list_is_put_in_race_order():
 def test_rung_k_trains_the_parts_of_rungs_0_to_k():
     assert race.race_rungs(("gpt2", "muon", "rope")) == [("gpt2", "gpt2"), ("muon", "muon"), ("rope", "muon,rope")]
     assert race.race_rungs(("gpt2", "rope")) == [("gpt2", "gpt2"), ("rope", "rope")]
+
+
+def test_the_speedrun_rung_trains_the_speedrun_recipe_whatever_rungs_come_before():
+    from gpt2ladder.model.recipe import parse_recipe
+
+    speedrun = parse_recipe("speedrun").name
+    assert race.race_rungs(("gpt2", "speedrun")) == [("gpt2", "gpt2"), ("speedrun", speedrun)]
+    assert race.race_rungs(("gpt2", "muon", "speedrun"))[1:] == [("muon", "muon"), ("speedrun", speedrun)]
+
+
+def _logged(seed, curve, status="ok"):
+    return {"seed": seed, "status": status, "reason": None if status == "ok" else "cut off", "reached": False,
+            "curve": [{"step": s, "tokens": 64 * s, "train_seconds": t, "val_loss": v} for s, t, v in curve],
+            "train_seconds": None, "wall_seconds": None, "tokens": None, "steps": None}
+
+
+def test_a_target_read_off_the_gpt2_rung_is_its_worst_seeds_last_validation_and_times_its_runs():
+    runs = [_logged(0, [(2, 1.0, 9.5), (4, 2.0, 9.1)]), _logged(1, [(2, 1.1, 9.3), (4, 2.1, 9.2)])]
+    target = race.baseline_target(runs)
+    assert target == 9.2  # every seed reaches it: seed 1 at its last validation, seed 0 there too
+    timed = [race.timed_to(r, target) for r in runs]
+    assert [(t["reached"], t["steps"], t["tokens"], t["train_seconds"]) for t in timed] == [
+        (True, 4, 256, 2.0), (True, 4, 256, 2.1)]
+    assert timed[0]["wall_seconds"] is None  # not in a log without a target entry: not made up
+    assert race.timed_to(runs[0], 9.35)["steps"] == 4 and race.timed_to(runs[1], 9.35)["steps"] == 2
+    assert not race.timed_to(runs[0], 9.0)["reached"]
+    assert race.baseline_target([runs[0], _logged(1, [(2, 1.0, 9.4)], status="stopped")]) is None
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, 10.95, 50.0])
@@ -247,6 +276,29 @@ def test_a_race_stopped_resumed_read_back_and_refused_over_again(shakespeare_cac
     _check_refusals(tmp_path, capsys)
 
 
+def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypatch):
+    """--target-val-loss gpt2: the gpt2 rung runs all its steps first; its worst seed's last validation is the
+    target, which the rungs after it race to, and which a resumed race reads the same way."""
+    monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(urllib.request, "urlopen", _no_network)
+    argv = ["race", "--rungs", "gpt2,muon", "--target-val-loss", "gpt2", "--out", str(tmp_path), *SMALL]
+    code, text = _main(argv)
+    assert code == 0, text
+    record = json.loads((tmp_path / "race.json").read_text())
+    gpt2, muon = record["rungs"]
+    last = gpt2["runs"][0]["curve"][-1]
+    assert record["target_val_loss"] == last["val_loss"] and "gpt2 rung" in record["target_source"]
+    assert record["config"]["settings"]["target_val_loss"] == "gpt2"
+    assert gpt2["runs"][0]["steps_run"] == 4 and gpt2["reached"]  # it ran all its planned steps
+    assert gpt2["steps"]["median"] == next(p["step"] for p in gpt2["runs"][0]["curve"] if p["val_loss"] <= last["val_loss"])
+    assert muon["status"] == "ok" and muon["reached"] == (muon["runs"][0]["curve"][-1]["val_loss"] <= last["val_loss"])
+    assert f"target: validation loss {last['val_loss']:g}, the gpt2 rung's after 4 steps" in text
+    assert (tmp_path / "race.md").is_file() and (tmp_path / "race.png").stat().st_size > 0
+    code, text = _main([*argv, "--resume"])  # read back: the same target, nothing trained
+    assert code == 0 and text.count("(finished earlier)") == 2
+    assert json.loads((tmp_path / "race.json").read_text())["target_val_loss"] == last["val_loss"]
+
+
 def _check_rows(out, text) -> dict:
     record = json.loads((out / "race.json").read_text())
     assert record["command"] == "race" and record["target_val_loss"] == 10.6 and not record["partial"]
@@ -307,6 +359,7 @@ def _corpus(folder, train_tokens=2000):
     (["--rungs", "gpt2,flash"], "unknown race rung flash"),
     (["--target-val-loss", "11"], "--target-val-loss must be above 0 and at most 10.9"),
     (["--target-val-loss", "-1"], "argument --target-val-loss: expected a positive number"),
+    (["--rungs", "muon", "--target-val-loss", "gpt2"], "--rungs must start with gpt2"),
     (["--data", "TEXT"], "no --target-val-loss, and text.txt has no known target"),
     (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "100"], "fewer than one rung's 6,400"),
 ])

@@ -44,8 +44,10 @@ def race_command(args) -> int:
     device = resolve_device(args.device)
     caps = cap_memory(device, detect(device), args.gpu_memory)
     names = race.parse_race_rungs(args.rungs)
-    if args.target_val_loss is not None:
+    if args.target_val_loss not in (None, race.BASELINE_TARGET):
         race.check_target(args.target_val_loss)
+    if args.target_val_loss == race.BASELINE_TARGET and names[0] != race.BASELINE_TARGET:
+        raise UsageError("--target-val-loss gpt2 reads the target off the gpt2 rung, so --rungs must start with gpt2")
     out = Path(args.out)
     check_own_out(out, "race", OWN_FILES)
     race.check_new_race(out, args.resume)
@@ -72,6 +74,8 @@ def _earlier(out: Path) -> dict | None:
 def target_for(args, tokens: data_mod.TokenData) -> tuple[float, str]:
     """The target and where it came from: given; Tiny Shakespeare's demo default; or the one a prepared corpus's
     source is known by. A UsageError where there is none."""
+    if args.target_val_loss == race.BASELINE_TARGET:
+        return None, "the gpt2 rung's validation loss after its planned steps, the highest over its seeds"
     if args.target_val_loss is not None:
         return args.target_val_loss, "given"
     if args.data is None:
@@ -113,7 +117,8 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", **{name: getattr(args, name) or rate for name, rate in MUON_RATES.items()},
     )
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
-    return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source)
+    return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source,
+                           from_baseline=target is None)
 
 
 def race_rung(name: str, recipe: str, train: TrainConfig, args, device, caps: Capabilities) -> race.RaceRung:
@@ -151,8 +156,9 @@ def check_corpus(cfg: race.RaceConfig, tokens: data_mod.TokenData) -> None:
 def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path) -> int:
     say = print
     s = cfg.train
+    goal = "gpt2's" if cfg.target is None else f"{cfg.target:g}"
     say(f"gpt2ladder race: {len(cfg.rungs)} rungs x {cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}, {s.preset} on "
-        f"{caps.name}, to validation loss {cfg.target:g} ({cfg.target_source}); each run planned for {s.steps} steps "
+        f"{caps.name}, to validation loss {goal} ({cfg.target_source}); each run planned for {s.steps} steps "
         f"of {s.tokens_per_step:,} tokens, validated every {s.eval_every}; runs in {out}/<rung>/seed<k>/", flush=True)
     if device.type != "cuda":
         say(f"notice: {race.CPU_COMPILE}", flush=True)
@@ -162,14 +168,22 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path) -> int:
             (out / stale).unlink(missing_ok=True)
         write_json(out / "race.json", record)
 
+    target = [cfg.target]  # set by the gpt2 rung's runs under --target-val-loss gpt2
+
     def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
-        say(report.run_line(rung.name, result, cfg.target) + ("" if ran else " (finished earlier)"), flush=True)
+        say(report.run_line(rung.name, result, target[0]) + ("" if ran else " (finished earlier)"), flush=True)
 
     def on_rung(record: dict) -> None:
         on_record(record)
         row = record["rungs"][-1]
+        if target[0] is None and record["target_val_loss"] is not None:
+            target[0] = record["target_val_loss"]
+            say(f"target: validation loss {target[0]:g}, the gpt2 rung's after {s.steps} steps (the highest over its "
+                "seeds)", flush=True)
+        elif target[0] is None:
+            return
         if row["seeds_run"] == cfg.seeds or row["status"] != "ok":
-            say(report.progress_line(row, cfg.target), flush=True)
+            say(report.progress_line(row, target[0]), flush=True)
 
     record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
                                  on_record=on_rung, on_run=on_run)

@@ -40,7 +40,10 @@ from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.run import claimed, saved_run, train_claimed
 from gpt2ladder.training.runlog import read_log
 
-RACE_RUNGS = ("gpt2", *(p.name for p in PARTS))  # the race's order: GPT-2, then each part on top
+# The race's order: GPT-2, then each part on top, then `speedrun` (the recipe of that name, whatever rungs it follows).
+RACE_RUNGS = ("gpt2", *(p.name for p in PARTS), "speedrun")
+# `--target-val-loss gpt2`: the target is the gpt2 rung's validation loss at the end of its planned steps.
+BASELINE_TARGET = "gpt2"
 # The untrained model's loss is ln(50257) = 10.82 nats a token: a target above this (and a margin) is met
 # before training starts, and the race would time nothing.
 MAX_TARGET = 10.9
@@ -112,8 +115,10 @@ class RaceRung:
 
 
 def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(name, recipe name) of each rung: rung k is the parts of rungs 0..k."""
-    return [(name, recipe.name) for name, recipe in zip(names, race_recipes(list(names)))]
+    """(name, recipe name) of each rung: rung k is the parts of rungs 0..k; `speedrun` is its own recipe."""
+    parts = [n for n in names if n != "speedrun"]
+    recipes = dict(zip(parts, race_recipes(parts)))
+    return [(name, (recipes[name] if name in recipes else parse_recipe(name)).name) for name in names]
 
 
 @dataclass(frozen=True)
@@ -124,18 +129,30 @@ class RaceConfig:
     rungs: tuple[RaceRung, ...]
     seeds: int
     train: TrainConfig
-    target_source: str = "given"  # where the target came from: given, or the corpus it is known for
+    target_source: str = "given"  # where the target came from: given, the corpus it is known for, or the gpt2 rung
+    # The target is the first rung's (gpt2's) validation loss after its planned steps, the highest over its seeds:
+    # train.target_val_loss stays None until that rung has run.
+    from_baseline: bool = False
 
     def __post_init__(self) -> None:
-        if self.train.target_val_loss is None:
+        if self.from_baseline:
+            if not self.rungs or self.rungs[0].name != BASELINE_TARGET:
+                raise UsageError("--target-val-loss gpt2 reads the target off the gpt2 rung, so --rungs must start "
+                                 "with gpt2")
+        elif self.train.target_val_loss is None:
             raise ValueError("a race needs train.target_val_loss")
-        check_target(self.train.target_val_loss)
+        if self.train.target_val_loss is not None:
+            check_target(self.train.target_val_loss)
         if self.seeds < 1:
             raise UsageError(f"--seeds must be a positive integer, got {self.seeds}")
 
     @property
-    def target(self) -> float:
+    def target(self) -> float | None:
+        """The target; None while it is still to be read off the gpt2 rung."""
         return self.train.target_val_loss
+
+    def with_target(self, target: float) -> "RaceConfig":
+        return dataclasses.replace(self, train=dataclasses.replace(self.train, target_val_loss=target))
 
     def run_config(self, rung: RaceRung, seed: int) -> TrainConfig:
         """The run of this rung and seed: AdamW's recipes leave the muon part's rates unset, as `train` does."""
@@ -148,6 +165,8 @@ class RaceConfig:
         """What every run of the race shares: a race continued with --resume must share them too."""
         own = ("recipe", "rungs", "batch_size", "seed", "compile_backend")  # each run's, or how a step runs
         shared = {k: v for k, v in self.train.to_dict().items() if k not in own}
+        if self.from_baseline:
+            shared["target_val_loss"] = BASELINE_TARGET  # read off the gpt2 rung, the same in every session
         return {**shared, "model": self.train.model.to_dict()}
 
     def to_dict(self) -> dict:
@@ -211,7 +230,35 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
                 on_record(record)
             if code:
                 return record, code
+        if cfg.target is None:  # the gpt2 rung has run all its steps: its last validations set the target
+            target = baseline_target(runs[rung.name])
+            if target is None:
+                raise LadderError(f"the {rung.name} rung did not finish every seed, so it sets no target: "
+                                  f"{next(r['reason'] for r in runs[rung.name] if r['status'] != 'ok')}")
+            cfg = cfg.with_target(target)
+            runs[rung.name] = [timed_to(r, target) for r in runs[rung.name]]
+            if on_record is not None:
+                on_record(race_record(cfg, device, caps, tokens, runs, partial=True))
     return race_record(cfg, device, caps, tokens, runs, partial=False), 0
+
+
+def baseline_target(runs: list[dict]) -> float | None:
+    """The target read off the gpt2 rung's runs: the highest of their last validation losses (so every seed reaches
+    it), or None unless every run finished."""
+    if not runs or any(r["status"] != "ok" or not r["curve"] for r in runs):
+        return None
+    return max(r["curve"][-1]["val_loss"] for r in runs)
+
+
+def timed_to(result: dict, target: float) -> dict:
+    """A run's figures to a target set after it ran, read off its validation curve: the training seconds, steps and
+    tokens at its first validation at or below the target. Its wall and validation seconds to that point are not
+    in the log: None."""
+    hit = next((point for point in result["curve"] if point["val_loss"] <= target), None)
+    if hit is None:
+        return {**result, "reached": False}
+    return {**result, "reached": True, "train_seconds": hit["train_seconds"], "steps": hit["step"],
+            "tokens": hit["tokens"], "wall_seconds": None, "validation_seconds": None}
 
 
 def train_run(cfg: TrainConfig, device, where: Path, caps, tokens, seed: int, resume: bool,

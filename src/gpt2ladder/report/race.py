@@ -68,11 +68,14 @@ def progress_line(row: dict, target: float) -> str:
             f"{row['tokens']['median']:,.0f} tokens, {row['ms_per_step']:.1f} ms/step")
 
 
-def run_line(rung: str, result: dict, target: float) -> str:
-    """What the race says when one run (a rung's seed) is done."""
+def run_line(rung: str, result: dict, target: float | None) -> str:
+    """What the race says when one run (a rung's seed) is done (target None: still to be set by this run's rung)."""
     head = f"  {rung} seed {result['seed']}: "
     if result["status"] != "ok":
         return head + f"{result['status']}: {result['reason']}"
+    if target is None:
+        last = result["curve"][-1]["val_loss"] if result["curve"] else float("nan")
+        return head + f"val loss {last:.4f} after all {result['steps_run']} steps ({result['planned_tokens']:,} tokens)"
     if not result["reached"]:
         return head + f"not reached in {result['steps_run']} steps ({result['planned_tokens']:,} tokens)"
     return (head + f"val loss {target:g} at step {result['steps']} in {result['train_seconds']:.1f} s of training "
