@@ -73,6 +73,30 @@ def test_its_muon_steps_as_torch_optim_muon_does():
         _assert_near(p - p0, r - p0)  # the updates agree
 
 
+def test_its_compiled_passes_step_as_its_plain_ones_do():
+    """With compile_backend (the compile rung's, here the eager backend: the same code traced) the momentum, the
+    stacked updates and the step onto the weights give the very numbers of the plain passes, step after step, with
+    a learning rate that changes every step and a split matrix beside square ones."""
+    params, grads = _pair()
+    split = torch.nn.Parameter(torch.randn(48, 16, generator=torch.Generator().manual_seed(3)))
+    split.muon_blocks = 3
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in (*params, split)]
+    twin[-1].muon_blocks = 3
+    start = [q.detach().clone() for q in twin]
+    plain = optim.MuonAdamW([{"params": [*params, split], "muon": True}], lr=0.05, momentum=0.9)
+    fused = optim.MuonAdamW([{"params": twin, "muon": True}], lr=0.05, momentum=0.9, compile_backend="eager")
+    assert fused._apply is not optim.apply_updates
+    for step in range(3):
+        for opt in (plain, fused):
+            opt.param_groups[0]["lr"] = 0.05 / (step + 1)
+        for p, q, g in zip((*params, split), twin, (*grads, torch.randn(48, 16))):
+            p.grad, q.grad = g.clone(), g.clone()
+        plain.step()
+        fused.step()
+    for p, q, q0 in zip((*params, split), twin, start):
+        assert torch.equal(p, q) and not torch.equal(q, q0)  # the same steps, and steps they were
+
+
 def test_a_split_matrix_is_orthogonalised_block_by_block():
     w = torch.nn.Parameter(torch.zeros(3 * 8, 8))
     w.muon_blocks = 3

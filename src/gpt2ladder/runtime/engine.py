@@ -71,9 +71,11 @@ def build_model(model_cfg: ModelConfig, setup: Setup, device: torch.device, seed
     return model
 
 
-def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, device: torch.device):
+def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, device: torch.device,
+                   compile_backend: str = "inductor"):
     """The named optimizer over the model's groups (`optim.param_groups`); AdamW decays matrices only (biases and
-    layer-norm gains are not shrunk)."""
+    layer-norm gains are not shrunk). Under the compile rung on a GPU, Muon's passes around its orthogonalisation
+    compile too."""
     groups = optim.param_groups(model, cfg.name, lr=cfg.lr, weight_decay=cfg.weight_decay, muon_lr=cfg.muon_lr,
                                 embed_lr=cfg.embed_lr, head_lr=cfg.head_lr)
     extra = {}
@@ -89,7 +91,9 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
     lr = groups[0]["lr"]
     betas = (cfg.beta1, cfg.beta2)
     if cfg.name == "muon":
-        return optim.MuonAdamW(groups, lr=lr, momentum=cfg.muon_momentum, betas=betas, eps=cfg.eps, **extra)
+        fuse = compile_backend if setup.compile and device.type == "cuda" else None
+        return optim.MuonAdamW(groups, lr=lr, momentum=cfg.muon_momentum, betas=betas, eps=cfg.eps,
+                               compile_backend=fuse, **extra)
     if setup.adamw_kernel:  # the same AdamW, its CUDA step one Triton launch
         from gpt2ladder.speedups import kernel_adamw
 
@@ -121,7 +125,7 @@ class Engine:
             torch.cuda.current_stream(device).wait_stream(self._stream)
         self.tied_grad_pass = None  # tied_grad's graph pass, where Inductor compiles (`_compiled`)
         self.forward = self._compiled(self.model, compile_backend)
-        self.optimizer = make_optimizer(self.raw_model, optim, setup, device)
+        self.optimizer = make_optimizer(self.raw_model, optim, setup, device, compile_backend)
         self.scaler = torch.amp.GradScaler(device.type) if setup.autocast == "float16" else None
         self._graph = None
         self._fused_clip = None  # whether the clipping factor goes to fused AdamW (`_clip`); known at the first step

@@ -46,19 +46,44 @@ def shape_scale(rows: int, cols: int) -> float:
     return math.sqrt(max(1.0, rows / cols))
 
 
+def momentum_update(grads: list[torch.Tensor], bufs: list[torch.Tensor], mu: float,
+                    nesterov: bool) -> torch.Tensor:
+    """Muon's momentum, B <- mu B + g for each matrix, and the updates to orthogonalise (g + mu B with Nesterov,
+    else B) stacked in bfloat16, (n, rows, cols): the precision `orthogonalise` computes in."""
+    torch._foreach_mul_(bufs, mu)
+    torch._foreach_add_(bufs, grads)
+    updates = torch._foreach_add(grads, bufs, alpha=mu) if nesterov else bufs
+    return torch.stack(updates).bfloat16()
+
+
+def apply_updates(params: list[torch.Tensor], ortho: torch.Tensor, step) -> None:
+    """p <- p - step x o for each parameter and its orthogonalised update (bfloat16, stacked), in the parameter's
+    dtype; `step` a number or a 0-d tensor (the learning rate under a CUDA graph)."""
+    for p, o in zip(params, ortho.unbind(0)):
+        p.sub_(o.to(p.dtype) * step)
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for the groups marked `muon`, AdamW (torch's, fused where asked) for the rest, as one optimizer.
 
     A parameter's `muon_blocks` (default 1) splits its rows into that many matrices orthogonalised apart
     (c_attn's weight holds q, k and v). AdamW's groups and state are this optimizer's own dicts, so its state
     dict, its learning rates and the CUDA graph's snapshot see one optimizer.
+
+    `compile_backend` (the compile rung's, on a GPU): the passes around the orthogonalisation (the momentum, the
+    stacked bfloat16 updates, the step onto the weights) are compiled, so each becomes one fused pass over the
+    matrices instead of several; the arithmetic is the same.
     """
 
     def __init__(self, groups: list[dict], *, lr, momentum: float = 0.95, nesterov: bool = True,
-                 betas=(0.9, 0.95), eps: float = 1e-8, **adamw_options):
+                 betas=(0.9, 0.95), eps: float = 1e-8, compile_backend: str | None = None, **adamw_options):
         super().__init__(groups, dict(lr=lr, weight_decay=0.0, muon=False, momentum=momentum, nesterov=nesterov))
         self._adamw_args = dict(lr=lr, betas=betas, eps=eps, **adamw_options)
         self._link_adamw()
+        self._momentum, self._apply = momentum_update, apply_updates
+        if compile_backend is not None:
+            self._momentum = torch.compile(momentum_update, backend=compile_backend, dynamic=False)
+            self._apply = torch.compile(apply_updates, backend=compile_backend, dynamic=False)
 
     def _link_adamw(self) -> None:
         adam_groups = [g for g in self.param_groups if not g["muon"]]
@@ -88,24 +113,23 @@ class MuonAdamW(torch.optim.Optimizer):
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
-        grads = [p.grad for p in params]
-        bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
-        mu = group["momentum"]
-        torch._foreach_mul_(bufs, mu)
-        torch._foreach_add_(bufs, grads)  # B <- mu B + g
-        updates = torch._foreach_add(grads, bufs, alpha=mu) if group["nesterov"] else bufs  # g + mu B
+        for p in params:
+            self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
         lr = group["lr"]
         if group["weight_decay"]:
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])  # decoupled, before the update
-        buckets: dict[tuple, list[int]] = defaultdict(list)
-        for i, p in enumerate(params):
-            buckets[(tuple(p.shape), getattr(p, "muon_blocks", 1))].append(i)
-        for (shape, blocks), index in buckets.items():
+        buckets: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+        for p in params:
+            buckets[(tuple(p.shape), getattr(p, "muon_blocks", 1))].append(p)
+        for (shape, blocks), same in buckets.items():
             rows, cols = shape[0] // blocks, shape[1]
-            stacked = torch.stack([updates[i] for i in index]).view(len(index) * blocks, rows, cols)
-            ortho = orthogonalise(stacked).view(len(index), *shape).to(params[index[0]].dtype)
-            ortho.mul_(lr * shape_scale(rows, cols))
-            torch._foreach_sub_([params[i] for i in index], list(ortho.unbind(0)))
+            bufs = [self.state[p]["momentum_buffer"] for p in same]
+            stacked = self._momentum([p.grad for p in same], bufs, group["momentum"], group["nesterov"])
+            ortho = orthogonalise(stacked.view(len(same) * blocks, rows, cols)).view(len(same), *shape)
+            step = lr * shape_scale(rows, cols)
+            if self._apply is not apply_updates and not isinstance(step, torch.Tensor):
+                step = torch.tensor(step, device=ortho.device)  # compiled once, whatever the schedule's rate
+            self._apply(same, ortho, step)
 
 
 def param_groups(model: torch.nn.Module, optimizer: str, *, lr: float, weight_decay: float, muon_lr: float,
