@@ -81,6 +81,27 @@ def test_the_reference_is_the_modern_attentions_own_expression(norm, rope):
     torch.testing.assert_close(ref.double(), qkv.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_the_references_take_the_models_epsilon_in_bfloat16():
+    """In bf16 (as under autocast) the norm's epsilon is bf16's, in the forward reference and in the gradient's,
+    which computes in fp32: both must follow the model's qk_norm, not the dtype they compute in."""
+    qkv = (torch.randn(1, 3, 24, generator=torch.Generator().manual_seed(2)) * 0.05).bfloat16()
+    x = qkv.float().requires_grad_()
+    q, k, v = split_heads(x.view(1, 3, 24), 2)
+    eps = torch.finfo(torch.bfloat16).eps
+    expected = [F_rms(t.transpose(1, 2), eps) for t in (q, k)]  # the model's expression at bf16's epsilon
+    got = rotary_reference(qkv, 2, None, None, True)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g.float(), e.detach().bfloat16().float())
+    grads = [torch.randn(1, 3, 2, 4) for _ in range(3)]
+    torch.autograd.backward([*expected, v.transpose(1, 2)], grads)
+    torch.testing.assert_close(rotary_grad_reference(*grads, qkv, 2, None, None, True).float(),
+                               x.grad.bfloat16().float())
+
+
+def F_rms(t: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.nn.functional.rms_norm(t, (t.shape[-1],), eps=eps)
+
+
 def test_the_rung_keeps_the_modern_models_function():
     """With the rotary_kernel rewrite a modern model (CPU: the reference path) gives the same loss and gradients."""
     from gpt2ladder.model.family import built

@@ -299,6 +299,23 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     assert json.loads((tmp_path / "race.json").read_text())["target_val_loss"] == last["val_loss"]
 
 
+def test_a_race_cut_off_inside_the_rung_that_sets_its_target_still_writes_its_record(tmp_path):
+    """race.md and race.png of a race stopped in the gpt2 rung under --target-val-loss gpt2: no target yet, said."""
+    from gpt2ladder.report.records import write_record
+
+    cfg = race.RaceConfig(rungs=(race.RaceRung("gpt2", "gpt2", ("baseline",), 2),), seeds=2,
+                          train=TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2),
+                          target_source="the gpt2 rung's", from_baseline=True)
+    runs = {"gpt2": [{**_logged(0, [(2, 1.0, 9.5), (4, 2.0, 9.1)]), "steps_run": 4, "planned_tokens": 256,
+                      "ms_per_step": 5.0, "mfu": None, "warmup_seconds": None, "validation_seconds": None}]}
+    record = race.race_record(cfg, torch.device("cpu"), CPU_CAPS, types.SimpleNamespace(source="t", n_tokens=9),
+                              runs, partial=True)
+    assert record["target_val_loss"] is None
+    paths = write_record(tmp_path, "race", record, report.format_markdown, report.race_chart)
+    assert "to validation loss gpt2's (not set: its rung did not finish)" in (tmp_path / "race.md").read_text()
+    assert all(p.stat().st_size > 0 for p in paths)
+
+
 def _check_rows(out, text) -> dict:
     record = json.loads((out / "race.json").read_text())
     assert record["command"] == "race" and record["target_val_loss"] == 10.6 and not record["partial"]

@@ -35,10 +35,11 @@ def norm_eps(dtype: torch.dtype) -> float:
 
 
 def rotary_reference(qkv: torch.Tensor, n_head: int, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                     qk_norm: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v as (B, T, nh, hs) in qkv's dtype: q and k RMS-normalised per head (if qk_norm), then each pair
-    (x1, x2) of a head's halves turned by its position's angle, (x1 cos - x2 sin, x1 sin + x2 cos) (if cos is
-    given), in fp32 from qkv's values; v as it is."""
+                     qk_norm: bool, eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as (B, T, nh, hs) in qkv's dtype: q and k RMS-normalised per head (if qk_norm; `eps` by default
+    qkv's dtype's, as the model's), then each pair (x1, x2) of a head's halves turned by its position's angle,
+    (x1 cos - x2 sin, x1 sin + x2 cos) (if cos is given), in fp32 from qkv's values; v as it is."""
+    eps = norm_eps(qkv.dtype) if eps is None else eps
     B, T, three_c = qkv.shape
     hs = three_c // (3 * n_head)
     q, k, v = qkv.view(B, T, 3, n_head, hs).unbind(2)
@@ -46,7 +47,7 @@ def rotary_reference(qkv: torch.Tensor, n_head: int, cos: torch.Tensor | None, s
     for x in (q, k):
         xf = x.float()
         if qk_norm:
-            xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + norm_eps(qkv.dtype))
+            xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
         if cos is not None:
             c, s = cos[:T, None, :].float(), sin[:T, None, :].float()  # (T, 1, hs/2): over batch and heads
             x1, x2 = xf.chunk(2, dim=-1)
@@ -57,10 +58,11 @@ def rotary_reference(qkv: torch.Tensor, n_head: int, cos: torch.Tensor | None, s
 
 def rotary_grad_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torch.Tensor, n_head: int,
                           cos: torch.Tensor | None, sin: torch.Tensor | None, qk_norm: bool) -> torch.Tensor:
-    """The gradient of `rotary_reference` with respect to qkv, (B, T, 3C), from those of q, k, v (B, T, nh, hs)."""
+    """The gradient of `rotary_reference` with respect to qkv, (B, T, 3C), from those of q, k, v (B, T, nh, hs),
+    computed in fp32 with qkv's dtype's epsilon."""
     with torch.enable_grad():
         x = qkv.detach().float().requires_grad_()
-        q, k, v = rotary_reference(x, n_head, cos, sin, qk_norm)
+        q, k, v = rotary_reference(x, n_head, cos, sin, qk_norm, norm_eps(qkv.dtype))
         torch.autograd.backward((q, k, v), (dq.float(), dk.float(), dv.float()))
     return x.grad.to(qkv.dtype)
 

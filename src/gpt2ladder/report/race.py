@@ -83,13 +83,19 @@ def run_line(rung: str, result: dict, target: float | None) -> str:
             f"apart; {result['wall_seconds']:.1f} s wall)")
 
 
+def target_text(record: dict) -> str:
+    """The target as the record says it; a race cut off inside the gpt2 rung that sets it has none yet."""
+    target = record["target_val_loss"]
+    return "gpt2's (not set: its rung did not finish)" if target is None else f"{target:g}"
+
+
 def format_markdown(record: dict) -> str:
     cfg, dev, s = record["config"], record["device"], record["config"]["settings"]
     source = "" if record["target_source"] == "given" else f" ({record['target_source']})"
     head = [
-        f"# gpt2ladder race: {s['preset']} on {dev['name']}, to validation loss {record['target_val_loss']:g}",
+        f"# gpt2ladder race: {s['preset']} on {dev['name']}, to validation loss {target_text(record)}",
         "",
-        f"- target: validation loss {record['target_val_loss']:g}{source}, on {record['data']['source']}",
+        f"- target: validation loss {target_text(record)}{source}, on {record['data']['source']}",
         f"- every run planned for {s['steps']:,} steps of {s['tokens_per_step']:,} tokens "
         f"({s['steps'] * s['tokens_per_step']:,} tokens), validated every {s['eval_every']} steps; "
         + (f"seeds 0 to {cfg['seeds'] - 1} per rung" if cfg["seeds"] > 1 else "one seed (0) per rung"),
@@ -126,8 +132,9 @@ def race_chart(record: dict, path: Path) -> Path:
     bars.set_xticks(range(len(rungs)), [("+ " if i else "") + r["name"] for i, r in enumerate(rungs)], rotation=30,
                     ha="right")
     bars.set_ylabel("training seconds to the target (median, range)")
-    bars.set_title(f"time to validation loss {record['target_val_loss']:g}", fontsize=10)
-    curves.axhline(record["target_val_loss"], color="#C44E52", linestyle="--", linewidth=1)
+    bars.set_title(f"time to validation loss {target_text(record)}", fontsize=10)
+    if record["target_val_loss"] is not None:
+        curves.axhline(record["target_val_loss"], color="#C44E52", linestyle="--", linewidth=1)
     curves.set_xlabel("training seconds (timed steps)")
     curves.set_ylabel("validation loss")
     curves.set_title(f"{record['config']['settings']['preset']} on {record['data']['source']}, "
