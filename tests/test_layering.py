@@ -12,8 +12,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpt2ladder"
 # Lowest first. kernels import nothing else of the package; cli and __main__ sit on top.
-LAYERS = ["version", "errors", "kernels", "model", "speedups", "data", "runtime", "ladder", "report", "evals",
-          "training", "measure", "api", "commands", "cli"]
+LAYERS = ["version", "errors", "defaults", "kernels", "model", "speedups", "data", "runtime", "ladder", "report",
+          "evals", "training", "measure", "api", "commands", "cli"]
 # The package root (`gpt2ladder/__init__.py`) looks its API up in `api` on first use, so importing it from below
 # runs back up the layers: it ranks with __main__, and only __main__ may import it (the version is in `version`).
 RANK = {name: i for i, name in enumerate(LAYERS)} | {"__main__": len(LAYERS), "__init__": len(LAYERS)}

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import defaults as rules
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, MUON_RATES, defaults
 from gpt2ladder.errors import DeviceOutOfMemory, LadderError, UsageError
 from gpt2ladder.ladder import (
@@ -151,44 +152,23 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
     cfg = TrainConfig(
         preset=name, rungs=usable_rungs(rungs, caps, strategy, notify, recipe), batch_size=batch, seq_len=seq_len,
         tokens_per_step=value("tokens_per_step") or batch * seq_len * dist.world_size, steps=steps, lr=lr,
-        min_lr=value("min_lr", lr / 10), warmup_steps=value("warmup_steps", int(0.05 * steps)),
+        min_lr=value("min_lr", rules.min_lr(lr)), warmup_steps=value("warmup_steps", rules.warmup_steps(steps)),
         weight_decay=value("weight_decay", d["weight_decay"]), grad_clip=value("grad_clip", d["grad_clip"]),
-        eval_every=(every := value("eval_every", default_eval_every(steps))),
-        eval_batches=value("eval_batches", default_eval_batches(steps, every, d["eval_batches"])),
-        ckpt_every=value("ckpt_every", max(1, steps // 5)), seed=value("seed", d["seed"]), data=value("data"),
+        eval_every=(every := value("eval_every", rules.eval_every(steps))),
+        eval_batches=value("eval_batches", rules.eval_batches(steps, every, d["eval_batches"])),
+        ckpt_every=value("ckpt_every", rules.ckpt_every(steps)), seed=value("seed", d["seed"]), data=value("data"),
         init_from=value("init_from"), compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", model=shape,
-        val_tokens=value("val_tokens"), hellaswag_every=value("hellaswag_every", 0),
+        val_tokens=value("val_tokens"), hellaswag_every=value("hellaswag_every", d["hellaswag_every"]),
         hellaswag_data=value("hellaswag_data"), target_val_loss=value("target_val_loss"), recipe=recipe.name,
         **{name: value(name, rate if recipe.optimizer == "muon" else None) for name, rate in MUON_RATES.items()},
     )
     return cfg, strategy
 
 
-# Validation is a bounded share of a run's time: a validation batch is a forward pass over a whole step's
-# tokens, about a third of a training step (no backward, no optimizer), and by default all validations
-# together cost at most about VALIDATION_SHARE of the run.
-VALIDATION_SHARE = 0.15
-EVAL_BATCH_COST = 1 / 3  # of a training step
-
-
-def default_eval_every(steps: int) -> int:
-    """A tenth of the run, at least every other step (one batch each way would otherwise be a quarter)."""
-    return max(2, steps // 10)
-
-
-def default_eval_batches(steps: int, eval_every: int, most: int) -> int:
-    """Validation batches for a run of `steps` validating every `eval_every` (and at the last step): as many
-    as keep validation within VALIDATION_SHARE of the run, at least 1, at most `most` (the table's)."""
-    if not eval_every:
-        return most
-    validations = -(-steps // eval_every)  # the last step validates too
-    budget = VALIDATION_SHARE / (1 - VALIDATION_SHARE) * steps / EVAL_BATCH_COST  # batches in all
-    return max(1, min(most, int(budget // validations)))
-
-
 def validation_share(steps: int, eval_every: int, eval_batches: int) -> float:
-    """The share of a run's time its validations take, at EVAL_BATCH_COST a batch."""
-    spent = -(-steps // eval_every) * eval_batches * EVAL_BATCH_COST if eval_every else 0
+    """The share of a run's time its validations take, at the table's cost of a validation batch
+    (`rules.eval_batches` keeps it within VALIDATION_SHARE)."""
+    spent = -(-steps // eval_every) * eval_batches * rules.EVAL_BATCH_COST if eval_every else 0
     return spent / (steps + spent)
 
 

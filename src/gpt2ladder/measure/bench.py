@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import defaults
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
 from gpt2ladder.measure.timing import StepRule
@@ -36,17 +37,20 @@ from gpt2ladder.runtime.hardware import Capabilities, detect, free_memory
 from gpt2ladder.runtime.metrics import TimingStats, flops_per_token, mfu, peak_flops
 
 
+_D = defaults.library("bench")  # a config built without a value: what `bench` decides on a CPU
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """What a bench times, every choice made: the command resolves flags and defaults into these once."""
 
-    preset: str = "tiny"
+    preset: str = _D["preset"]
     rungs: tuple[str, ...] = ()
-    batch_size: int = 4  # per process
-    seq_len: int = 128
-    steps: int = 10
-    warmup: int = 3
-    seed: int = 0
+    batch_size: int = _D["batch_size"]  # per process
+    seq_len: int = _D["seq_len"]
+    steps: int = _D["steps"]
+    warmup: int = _D["warmup"]
+    seed: int = _D["seed"]
     data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
     compile_backend: str = "inductor"
     strategy: str | None = None  # "ddp" or "fsdp" under torchrun, None for one process

@@ -38,6 +38,7 @@ import torch
 from torch.autograd import DeviceType
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import defaults
 from gpt2ladder.data.files import atomic_path
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import setup_for, why_unavailable
@@ -94,15 +95,18 @@ def categorize(kernel_name: str) -> str:
     return "other"
 
 
+_D = defaults.library("profile")  # a config built without a value: what `profile` decides on a CPU
+
+
 @dataclass(frozen=True)
 class ProfileConfig:
-    preset: str = "tiny"
-    rungs: tuple[str, ...] = ("baseline",)
-    batch_size: int = 4
-    seq_len: int = 128
-    steps: int = 5  # profiled steps per rung
-    warmup: int = 3  # unprofiled steps first: compile, autotuning, allocator growth
-    seed: int = 0
+    preset: str = _D["preset"]
+    rungs: tuple[str, ...] = _D["rungs"]
+    batch_size: int = _D["batch_size"]
+    seq_len: int = _D["seq_len"]
+    steps: int = _D["steps"]  # profiled steps per rung
+    warmup: int = _D["warmup"]  # unprofiled steps first: compile, autotuning, allocator growth
+    seed: int = _D["seed"]
     data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
     compile_backend: str = "inductor"
     trace_dir: str | None = None  # write a Chrome trace per rung here (trace-<rung>.json)
