@@ -33,7 +33,7 @@ from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import Engine, OptimConfig
-from gpt2ladder.runtime.hardware import Capabilities, detect, free_memory
+from gpt2ladder.runtime.hardware import Capabilities, free_memory
 from gpt2ladder.runtime.metrics import TimingStats, flops_per_token, mfu, peak_flops
 
 
@@ -74,14 +74,13 @@ class BenchConfig:
 
 def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = distributed.SINGLE, *,
               progress: bool = True, notify=print, tokens: data_mod.TokenData | None = None, on_row=None,
-              caps: Capabilities | None = None, rule: StepRule | None = None) -> dict:
+              caps: Capabilities, rule: StepRule | None = None) -> dict:
     """Measure every rung in `cfg.rungs` (cumulatively) and return the self-describing record.
 
     `on_row(record)`, if given, sees the record so far after each rung: a long run that is cut off
-    still leaves the rungs it measured. `caps` (default: detected) is what the record says of the device,
-    a --gpu-memory cap included. `rule` says how many steps each rung times (default: `cfg.steps`).
+    still leaves the rungs it measured. `caps` is what the caller detected of the device and what the record
+    says of it, a --gpu-memory cap included. `rule` says how many steps each rung times (default: `cfg.steps`).
     """
-    caps = detect(device) if caps is None else caps
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     rule = rule or StepRule.fixed(cfg.steps)
     rows = []

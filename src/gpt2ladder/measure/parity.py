@@ -36,7 +36,7 @@ from gpt2ladder.model.config import ModelConfig, preset
 from gpt2ladder.report.progress import on_terminal, progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.engine import Engine, OptimConfig
-from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.training.schedule import lr_at
 
@@ -311,13 +311,13 @@ def _context(cfg: ParityConfig, tokens: data_mod.TokenData, device: torch.device
 
 
 def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
-               shard: tuple[int, int] = (0, 1), caps=None, tokens: data_mod.TokenData | None = None) -> dict:
+               shard: tuple[int, int] = (0, 1), *, caps: Capabilities,
+               tokens: data_mod.TokenData | None = None) -> dict:
     """Train the baseline seeds and every rung (or shard k of n of those runs) on `tokens` (default:
-    `parity_tokens(cfg)`); the record.
+    `parity_tokens(cfg)`); the record. `caps` is what the caller detected of the device.
 
     With n > 1 the record holds this shard's raw results only; `merge_shards` makes the report.
     """
-    caps = detect(device) if caps is None else caps
     tokens = parity_tokens(cfg) if tokens is None else tokens
     ctx = _context(cfg, tokens, device, progress)
     units, skipped = work_units(cfg, caps)

@@ -49,7 +49,7 @@ from gpt2ladder.report.fd_filter import lines_dropped
 from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.engine import Engine, OptimConfig, compilations
-from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.runtime.hardware import Capabilities
 
 CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "copies", "other", "idle")
 CATEGORY_LABELS = {"matmul": "matmul", "attention": "attention", "elementwise": "elementwise & norms",
@@ -317,11 +317,10 @@ def top_fields(row: Row) -> dict:
             "summary": f"the top of the ladder here: {', '.join(row.applied)}, applied together"}
 
 
-def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, caps=None,
-                tokens: data_mod.TokenData | None = None) -> dict:
+def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, *,
+                caps: Capabilities, tokens: data_mod.TokenData | None = None) -> dict:
     """Profile every rung in `cfg.rungs` (cumulatively) on `tokens` (default: `cfg.data`'s, read now) and
-    return the self-describing record."""
-    caps = detect(device) if caps is None else caps
+    return the self-describing record; `caps` is what the caller detected of the device."""
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # one line now, not a failed row per rung
     rows = [profile_rung(row, cfg, tokens, device, progress)
