@@ -232,7 +232,8 @@ def test_best_batch_keeps_the_size_with_the_most_tokens_per_second(shakespeare_c
     import gpt2ladder.measure.bench as bench
 
     # On a GPU the memory plan gives the largest size; here, on a CPU, 8 stands in for it.
-    monkeypatch.setattr(command, "_choose_batch", lambda args, cfg, *a: (dataclasses.replace(cfg, batch_size=8), None))
+    monkeypatch.setattr(command, "_choose_batch",
+                        lambda request, *a: (dataclasses.replace(request.cfg, batch_size=8), None))
     real = bench._timed_steps
 
     def timed_steps(engine, batches, cfg, *args, **kwargs):

@@ -32,7 +32,9 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.evals import runner
+from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.gpt import describe_shape
+from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import Capabilities
@@ -147,7 +149,8 @@ def saved_run(out: Path, dist=distributed.SINGLE, resume: bool = True) -> Saved 
 
 def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Saved | None, *,
                   tokens: data_mod.TokenData, progress: bool = True, dist=distributed.SINGLE,
-                  strategy: str | None = None, allow_data_change: bool = False, caps: Capabilities, batch_plan=None,
+                  strategy: str | None = None, allow_data_change: bool = False, caps: Capabilities,
+                  setup: Setup | None = None, batch_plan=None,
                   notices=(), hellaswag: runner.Prepared | None = None) -> TrainResult:
     """The run in a directory this process holds: the loop set up (and resumed), then trained to its end.
 
@@ -155,10 +158,11 @@ def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Save
     checkpoint of another model or text) fails first. `batch_plan` (how the micro-batch was chosen) goes
     into config.json and the first line, `notices` (the command's, e.g. rungs left out) after it;
     `hellaswag` is what `prepared_hellaswag` read for cfg.hellaswag_every; `caps` what the device can do, as the
-    caller detected it."""
+    caller detected it; `setup` how the step runs, `setup_for(cfg.rungs)` (computed here when not given)."""
+    setup = setup_for(list(cfg.rungs)) if setup is None else setup
     if cfg.hellaswag_every and hellaswag is None:
         raise ValueError("cfg.hellaswag_every needs the examples: pass hellaswag=prepared_hellaswag(cfg, dist)")
-    trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps=caps, resuming=saved is not None,
+    trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps=caps, setup=setup, resuming=saved is not None,
                       hellaswag=hellaswag)
     changed = []
     if saved is not None:

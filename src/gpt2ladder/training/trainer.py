@@ -138,7 +138,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, device: torch.device, out: Path, tokens: data_mod.TokenData,
                  dist=distributed.SINGLE, strategy: str | None = None, *, caps: Capabilities,
-                 resuming: bool = False, hellaswag: runner.Prepared | None = None):
+                 setup: Setup | None = None, resuming: bool = False, hellaswag: runner.Prepared | None = None):
         self.cfg, self.device, self.out, self.tokens, self.dist = cfg, device, out, tokens, dist
         self.schedule = cfg.parsed_recipe.schedule
         self.clock = RunClock()  # from now: the wall time counts the model's building too
@@ -146,7 +146,7 @@ class Trainer:
         self.caps = caps  # what validation plans its memory against, as the caller detected it
         self.accum = cfg.grad_accum(dist.world_size)
         data_mod.check_splits(tokens, cfg.seq_len, validate=bool(cfg.eval_every))
-        self.setup = setup_for(list(cfg.rungs))
+        self.setup = setup_for(list(cfg.rungs)) if setup is None else setup  # the caller's, computed once
         parallelize = distributed.parallelize_for(dist, strategy)
         self.engine = build_engine(cfg, self.setup, device, parallelize, init_weights=not resuming)
         self.batches = training_batches(cfg, tokens, dist)
