@@ -12,8 +12,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpt2ladder"
 # Lowest first. kernels import nothing else of the package; cli and __main__ sit on top.
-LAYERS = ["version", "errors", "kernels", "model", "speedups", "data", "runtime", "ladder", "report", "evals",
-          "training", "measure", "api", "commands", "cli"]
+LAYERS = ["version", "errors", "defaults", "kernels", "model", "speedups", "data", "runtime", "ladder", "report",
+          "evals", "training", "measure", "api", "commands", "cli"]
 # The package root (`gpt2ladder/__init__.py`) looks its API up in `api` on first use, so importing it from below
 # runs back up the layers: it ranks with __main__, and only __main__ may import it (the version is in `version`).
 RANK = {name: i for i, name in enumerate(LAYERS)} | {"__main__": len(LAYERS), "__init__": len(LAYERS)}
@@ -158,3 +158,26 @@ def test_no_two_modules_import_each_other_even_inside_a_function():
     assert not _cycles(graph)
     circle = {"a": {"b"}, "b": {"c"}, "c": {"a"}}
     assert _cycles(circle) and not _cycles({"a": {"b"}, "b": set()})
+
+
+# Where the machine is read: a command (and the Python API) detects its capabilities once and passes them down.
+DETECTS = ("commands", "api", "cli")
+
+
+def _detect_calls(source: str) -> list[int]:
+    """The lines where `source` calls `detect` (runtime/hardware.py's), by name or as an attribute."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "detect"]
+
+
+def test_no_layer_below_the_commands_detects_the_machine_itself():
+    found = {str(p.relative_to(PACKAGE)): lines for p in MODULES
+             if _unit("gpt2ladder." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)) not in DETECTS
+             and (lines := _detect_calls(p.read_text()))}
+    assert not found, f"modules that detect the machine instead of taking the caller's capabilities: {found}"
+
+
+def test_the_detect_rule_finds_a_call_by_name_or_attribute():
+    assert _detect_calls("caps = detect(device) if caps is None else caps") == [1]
+    assert _detect_calls("x = 1\ncaps = hardware.detect(device)") == [2]
+    assert _detect_calls("text = 'detect(device)'\ndef detect(d): pass") == []

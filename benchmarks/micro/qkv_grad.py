@@ -1,12 +1,8 @@
 """The q, k, v gradient kernel (src/gpt2ladder/kernels/qkv.py) at GPT-2 124M's attention shape (B=16, 12 heads,
 T=1024, head size 64, bf16) on one GPU: the compiled PyTorch expressions it replaces (the copy into c_attn's output
 gradient and the bias gradient's column sums) against the kernel at several tile shapes, on the gradients SDPA's own
-backward returns (their strides as it makes them), with each one's bandwidth and whether it matches. With --fp8, the
-kernel that also writes the float8 copy and row scales (the fp8_dgrad rung's path) against the compiled copy,
-float8 cast and column sums.
-Run on a GPU: python benchmarks/micro/qkv_grad.py [--fp8]"""
-
-import sys
+backward returns (their strides as it makes them), with each one's bandwidth and whether it matches.
+Run on a GPU: python benchmarks/micro/qkv_grad.py"""
 
 import torch
 import torch.nn.functional as F
@@ -41,35 +37,6 @@ def against_compile(reference, op, moved: int, what: str, op_note: str) -> None:
     print(f"the op as the step calls it ({op_note}): {ms:.4f} ms")
 
 
-def fp8_sweep():
-    moved = B * T * 3 * C * (2 + 2 + 1)  # read the three gradients, write the bf16 gradient and its float8 copy
-    ref, ref8, ref_s, ref_db = qk.qkv_grad8_reference(dq, dk, dv, torch.float32)
-    against_compile(qk.qkv_grad8_reference, qk.qkv_grad8, moved, "copy, float8 cast, column sums",
-                    "its partial sums' sum included")
-    print("kernel (tokens per step, steps per program, warps): ms, GB/s, output / float8 / scales equal, "
-          "max abs error of the bias gradient")
-    best = []
-    tiles = [(1, 8, 4), (1, 16, 4), (1, 32, 4), (1, 8, 8), (1, 16, 8), (1, 32, 8), (1, 64, 8), (2, 4, 8),
-             (2, 8, 8), (2, 16, 8), (2, 8, 4), (4, 4, 8), (1, 16, 16), (2, 8, 16)]
-    for tile in tiles + [qk.TILE8] * (qk.TILE8 not in tiles):
-        out = torch.empty(B * T, 3 * C, device="cuda", dtype=torch.bfloat16)
-        out8 = torch.empty(B * T, 3 * C, device="cuda", dtype=torch.float8_e4m3fn)
-        scale = torch.empty(B * T, device="cuda")
-        part = torch.empty(qk.programs8(B * T, tile), 3 * C, device="cuda")
-        run = lambda: qk.launch8(dq, dk, dv, out, out8, scale, part, tile=tile)  # noqa: E731
-        run()
-        same = (torch.equal(out.view(B, T, -1), ref), torch.equal(out8.view(torch.uint8), ref8.view(torch.uint8)),
-                torch.equal(scale, ref_s))
-        err = (part.sum(0) - ref_db).abs().max().item()
-        ms = bench(run)
-        print(tile, f"{ms:.4f} ms", f"{moved / ms / 1e6:.0f} GB/s", same, f"{err:.1e}")
-        best.append((ms, tile))
-    print("fastest:", min(best))
-
-
-if "--fp8" in sys.argv:
-    fp8_sweep()
-    sys.exit()
 moved = 2 * B * T * 3 * C * 2  # read the three gradients, write c_attn's output gradient (bf16)
 ref, ref_db = qk.qkv_grad_reference(dq, dk, dv, torch.float32)
 against_compile(qk.qkv_grad_reference, qk.qkv_grad, moved, "copy and column sums", "its zeroed bias buffer included")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2ladder.commands.defaults import DEFAULTS, MUON_RATES, RUNGS_WHY
-from gpt2ladder.commands.defaults import default_text as D
+from gpt2ladder.defaults import DEFAULTS, MUON_RATES, RUNGS_WHY
+from gpt2ladder.defaults import default_text as D
 from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory, out_of_memory_advice
 from gpt2ladder.measure.timing import BOUND, SPREAD
 
@@ -150,7 +150,7 @@ def _add_bench(sub) -> None:
                        "model from the same seed and the same batches; write ladder.json, ladder.md and ladder.png.")
     _common(p)
     _recipe(p)
-    p.add_argument("--rungs", default="seed",
+    p.add_argument("--rungs", default=DEFAULTS["bench"]["any"]["rungs"],
                    help="'seed' (the write-up's five), 'all', 'auto' (every rung this machine supports but the opt-in "
                    "ones), 'best' (measure all, keep those that pay) or names, e.g. baseline,tf32,bf16 (default: seed, "
                    f"{RUNGS_WHY['bench']})")
@@ -170,7 +170,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--warmup", type=_count(MAX_TIMED_STEPS, zero=True),
                    help=f"untimed steps first (default: {D('bench', 'warmup')})")
     p.add_argument("--data", help=DATA_HELP)
-    p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
+    p.add_argument("--seed", type=_seed, default=DEFAULTS["bench"]["any"]["seed"],
+                   help=f"the weights and batches every rung shares (default: {D('bench', 'seed')})")
     _out(p, "bench", "output directory for ladder.json, ladder.md and ladder.png")
     _strategy(p)
     p.add_argument("--baseline-json", help="a one-GPU ladder.json of the same preset, batch and seq-len: report "
@@ -383,14 +384,18 @@ def _add_parity(sub) -> None:
                    f"is the largest divisor of it that fits (default: {D('parity', 'batch_size')})")
     p.add_argument("--seq-len", type=_positive_int,
                    help=f"tokens per sequence (default: {D('parity', 'seq_len')})")
-    p.add_argument("--seeds", type=_positive_int, default=2,
-                   help="fp32 baseline runs with different initial weights and data order, for the spread (default: 2)")
-    p.add_argument("--tolerance", type=float, default=0.02,
-                   help="largest relative loss gap accepted (default: 0.02 = 2%%)")
-    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
+    same = DEFAULTS["parity"]["any"]  # the same on every device
+    p.add_argument("--seeds", type=_positive_int, default=same["seeds"], help="fp32 baseline runs with different "
+                   f"initial weights and data order, for the spread (default: {same['seeds']})")
+    p.add_argument("--tolerance", type=float, default=same["tolerance"], help="largest relative loss gap accepted "
+                   f"(default: {same['tolerance']} = {same['tolerance'] * 100:g}%%)")
+    p.add_argument("--lr", type=float, default=same["lr"], help="peak learning rate (default: "
+                   f"{same['lr']:.0e})".replace("e-0", "e-"))  # 6e-4, as GPT-2's rate is usually written
     p.add_argument("--eval-every", type=_count(MAX_STEPS), help="validate every N steps (default: a tenth of --steps)")
-    p.add_argument("--eval-batches", type=_positive_int, default=10, help="validation batches (default: 10)")
-    p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
+    p.add_argument("--eval-batches", type=_positive_int, default=same["eval_batches"],
+                   help=f"validation batches (default: {same['eval_batches']})")
+    p.add_argument("--seed", type=_seed, default=same["seed"],
+                   help=f"the weights and batches every rung shares (default: {same['seed']})")
     p.add_argument("--data", help=DATA_HELP)
     _out(p, "parity", "output directory for parity.json, parity.md and parity.png")
     p.add_argument("--shard", metavar="K/N", help="run only every N-th training run from K (0-based), to spread "
@@ -421,11 +426,14 @@ def _add_profile(sub) -> None:
                    f"{DEFAULTS['profile']['cpu']['batch_size']} on CPU)")
     p.add_argument("--seq-len", type=_positive_int,
                    help=f"tokens per sequence (default: {D('profile', 'seq_len')})")
-    p.add_argument("--steps", type=_count(MAX_TIMED_STEPS), default=5, help="profiled steps per rung (default: 5)")
-    p.add_argument("--warmup", type=_count(MAX_TIMED_STEPS, zero=True), default=5,
-                   help="unprofiled steps first (default: 5)")
+    same = DEFAULTS["profile"]["any"]  # the same on every device
+    p.add_argument("--steps", type=_count(MAX_TIMED_STEPS), default=same["steps"],
+                   help=f"profiled steps per rung (default: {same['steps']})")
+    p.add_argument("--warmup", type=_count(MAX_TIMED_STEPS, zero=True), default=same["warmup"],
+                   help=f"unprofiled steps first (default: {same['warmup']})")
     p.add_argument("--data", help=DATA_HELP)
-    p.add_argument("--seed", type=_seed, default=0, help="the weights and batches every rung shares (default: 0)")
+    p.add_argument("--seed", type=_seed, default=same["seed"],
+                   help=f"the weights and batches every rung shares (default: {same['seed']})")
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace per rung, OUT/trace-<rung>.json "
                    "(off by default)")
     p.add_argument("--last-only", action="store_true", help="profile only the top rung, every named rung "

@@ -170,3 +170,60 @@ def test_settings_are_the_runs_precision_on_a_gpu(device, kind, setup, expected)
     got = _settings(loaded, torch.device(device), SimpleNamespace(compile_problem=None), args)
     assert (got["autocast"], got["matmul_precision"], got["compiled"], got["batch_size"]) == expected
     assert _settings(loaded, torch.device(device), SimpleNamespace(compile_problem="no compiler"), args)["compiled"] is False
+
+
+MODERN = "rope,relu2,rmsnorm,untied_head,softcap"
+
+
+def _direct_scores(model, prepared) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each ending's summed and mean cross-entropy, one unpadded forward per ending of the loaded model: what
+    the batched, padded evaluation must equal."""
+    vocab = model.config.vocab_size
+    sums, means = torch.zeros(len(prepared.labels), prepared.n_choices), torch.zeros(len(prepared.labels),
+                                                                                      prepared.n_choices)
+    with torch.no_grad():
+        for i, (context, endings) in enumerate(zip(prepared.contexts, prepared.endings)):
+            for j, ending in enumerate(endings):
+                ids = torch.tensor([list(context) + list(ending)])
+                logits, _ = model(ids)
+                predicted = logits[0, len(context) - 1:-1, :vocab].float()  # the logits before each ending token
+                losses = torch.nn.functional.cross_entropy(predicted, torch.tensor(ending), reduction="none")
+                sums[i, j], means[i, j] = losses.sum(), losses.mean()
+    return sums, means
+
+
+def test_eval_of_a_run_of_a_modern_recipe_scores_its_own_model(setup, tmp_path, capsys):
+    """A run trained with rotary positions, ReLU^2, RMSNorm, an untied head and soft-capped logits (a small shape,
+    so the test is quick) is loaded as that model, and eval's scores are a direct computation on it."""
+    from gpt2ladder.model.modern import SOFTCAP
+    from gpt2ladder.training.loading import load_model
+
+    from gpt2ladder.runtime.hardware import detect
+    from gpt2ladder.training.config import TrainConfig
+    from gpt2ladder.training.run import run_training
+
+    _, root = setup
+    text = tmp_path / "text.txt"
+    text.write_text("The chef cuts onions and the dog runs in the park while a man sits on the roof.\n" * 60)
+    run, cpu = tmp_path / "run", torch.device("cpu")
+    cfg = TrainConfig(recipe=MODERN, model=SMALL, data=str(text), steps=3, batch_size=2, seq_len=32,
+                      tokens_per_step=64, lr=1e-2, min_lr=1e-3, warmup_steps=0, eval_every=0, ckpt_every=0)
+    assert run_training(cfg, cpu, run, progress=False, caps=detect(cpu)).exit_code == 0
+    capsys.readouterr()
+    code, out, err = _eval(capsys, run, "--task-data", root / "hellaswag.jsonl", "--batch-size", 2)
+    assert code == 0 and err == "", err
+    record = json.loads((run / "eval.json").read_text())
+    assert record["model"]["config"]["parts"] == MODERN.split(",")
+
+    model = load_model(run, torch.device("cpu")).model
+    assert model.config.parts == tuple(MODERN.split(",")) and model.lm_head.softcap == SOFTCAP
+    prepared = runner.prepare("hellaswag", root / "hellaswag.jsonl")
+    sums, means = _direct_scores(model, prepared)
+    result = runner.evaluate(prepared, model, device=torch.device("cpu"), block_size=model.config.block_size,
+                             vocab_size=model.config.vocab_size, batch_size=2, progress=False)
+    torch.testing.assert_close(result.sums, sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result.means, means, rtol=1e-5, atol=1e-5)
+    labels = torch.tensor(prepared.labels)
+    assert record["correct"] == int((sums.argmin(1) == labels).sum())
+    assert record["correct_norm"] == int((means.argmin(1) == labels).sum())
+    assert (record["n"], record["acc"], record["acc_norm"]) == (3, result.acc, result.acc_norm)

@@ -229,41 +229,6 @@ def test_qkv_grad_kernel_assembles_what_sdpa_returns_at_gpt2_size():
 
 @needs_cuda
 @needs_triton
-@pytest.mark.parametrize("tile", [None, (2, 8, 8), (1, 24, 8)])  # default; 2 tokens a step; a part-full last program
-def test_qkv_grad_float8_kernel_writes_rows_to_fp8s_bytes_at_gpt2_size(monkeypatch, tile):
-    """The float8 kernel on SDPA's own q, k, v gradients: the assembled gradient as the plain kernel's; its row scales
-    and float8 copy byte for byte those of `rows_to_fp8` on the GPU (the amax times float32(1 / 448), as CUDA divides
-    a tensor by a scalar; each value's IEEE division by its scale; round to nearest even); the bias gradient from the
-    partial sums as the fp32 column sums."""
-    import torch.nn.functional as F
-
-    from gpt2ladder.kernels import qkv as qk
-    from gpt2ladder.kernels.norm import rows_to_fp8
-    from gpt2ladder.kernels.qkv import qkv_grad8, qkv_grad_reference
-    from gpt2ladder.model.gpt import split_heads
-
-    gen = torch.Generator().manual_seed(5)
-    qkv = torch.randn(16, 1024, 2304, generator=gen).to(GPU, torch.bfloat16)
-    q, k, v = (h.detach().requires_grad_() for h in split_heads(qkv, 12))
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    gy = torch.randn(y.shape, generator=gen) * torch.logspace(-3, 3, 1024)[:, None]  # tokens' gradients of unlike size
-    y.backward(gy.to(GPU, torch.bfloat16))
-    if tile is not None:
-        monkeypatch.setattr(qk, "TILE8", tile)
-    out, g8, scale, dbias = qkv_grad8(q.grad, k.grad, v.grad, torch.float32)
-    ref, ref_db = qkv_grad_reference(q.grad, k.grad, v.grad, torch.float32)
-    ref8, ref_scale = rows_to_fp8(ref.view(-1, 2304))
-    assert torch.equal(out, ref)
-    assert torch.equal(scale, ref_scale)
-    assert torch.equal(g8.view(torch.uint8), ref8.view(torch.uint8))
-    # fp32 sums of 16384 terms in another order: within 1e-5 of the sum of their magnitudes (columns that cancel
-    # are off by more than 1e-4 of their own value)
-    magnitude = ref.view(-1, 2304).abs().sum(0, dtype=torch.float32)
-    assert ((dbias - ref_db).abs() <= 1e-5 * magnitude).all()
-
-
-@needs_cuda
-@needs_triton
 @pytest.mark.parametrize("shape", [(2304, 768), (768, 3072)])  # GPT-2's c_attn weight, its MLP's c_proj weight
 def test_weight8_kernel_writes_rows_to_fp8s_bytes_at_gpt2_size(shape):
     """fp8_dgrad's weight cast by the kernel against `rows_to_fp8` of the transposed weight on the GPU: the same

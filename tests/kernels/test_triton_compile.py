@@ -57,12 +57,6 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
         {"dq_ptr": "*bf16", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "out_ptr": "*bf16", "dbias_ptr": "*fp32", "T": "i32",
          "nh": "i32", **{f"s{g}_{d}": "i32" for g in "qkv" for d in "bht"}, "HS": C, "BLOCK_T": C, "ROW_TILES": C},
         {"HS": 64, "BLOCK_T": 64, "ROW_TILES": 4}),
-    "kernels.qkv._qkv_grad8_kernel": (
-        {"dq_ptr": "*bf16", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
-         "scale_ptr": "*fp32", "part_ptr": "*fp32", "n_tokens": "i32", "T": "i32", "nh": "i32",
-         **{f"s{g}_{d}": "i32" for g in "qkv" for d in "bht"}, "INV_Q_MAX": C, "HS": C, "NH": C, "BLOCK_T": C,
-         "STEPS": C},
-        {"INV_Q_MAX": 1 / 448, "HS": 64, "NH": 16, "BLOCK_T": 1, "STEPS": 16}),
     "kernels.weight8._weight8_kernel": (  # a row-major weight: Triton's launcher makes a unit stride a constant
         {"w_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
          "stride_r": "i32", "stride_c": C, "INV_Q_MAX": C, "BLOCK_C": C, "BLOCK_R": C, "STEPS": C},

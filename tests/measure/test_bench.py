@@ -9,8 +9,10 @@ from gpt2ladder.cli import main
 from gpt2ladder.errors import UsageError
 from gpt2ladder.measure.bench import BenchConfig, add_speedups, run_bench
 from gpt2ladder.measure.best import decide
+from gpt2ladder.runtime.hardware import detect
 
 CPU = torch.device("cpu")
+CPU_CAPS = detect(CPU)  # what a command detects once and passes down
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +21,7 @@ def record(shakespeare_cache):
                                             "fused_loss", "fp8_head", "loss_kernel", "cuda_graph", "bf16_residual",
                                             "gelu_kernel", "fp32_wgrad"),
                       batch_size=2, seq_len=32, steps=3, warmup=1, compile_backend="eager")
-    return run_bench(cfg, CPU, progress=False)
+    return run_bench(cfg, CPU, progress=False, caps=CPU_CAPS)
 
 
 def test_record_describes_itself(record):
@@ -128,7 +130,7 @@ def test_each_rung_is_printed_and_kept_as_it_finishes(shakespeare_cache, tmp_pat
 
     cfg = BenchConfig(preset="tiny", rungs=("baseline", "flash", "vocab"), batch_size=2, seq_len=32, steps=2,
                       warmup=1, compile_backend="eager")
-    final = run_bench(cfg, CPU, progress=False, on_row=on_row)
+    final = run_bench(cfg, CPU, progress=False, caps=CPU_CAPS, on_row=on_row)
     assert seen == [["baseline"], ["baseline", "flash"], ["baseline", "flash", "vocab"]]
     assert final["partial"] is False
 
@@ -176,7 +178,7 @@ def test_the_default_bench_climbs_the_write_ups_ladder(shakespeare_cache, tmp_pa
 def test_last_only_times_just_the_top_rung(shakespeare_cache):
     cfg = BenchConfig(preset="tiny", rungs=("baseline", "tf32", "compile", "flash"), batch_size=2, seq_len=32,
                       steps=2, warmup=1, compile_backend="eager", last_only=True)
-    rows = run_bench(cfg, CPU, progress=False)["rungs"]
+    rows = run_bench(cfg, CPU, progress=False, caps=CPU_CAPS)["rungs"]
     assert [r["name"] for r in rows] == ["flash"]  # tf32 cannot run on a CPU, the rest stack up
     assert rows[0]["status"] == "ok" and rows[0]["setup"]["compile"] and rows[0]["setup"]["attention"] == "sdpa"
     assert rows[0]["setup"]["matmul_precision"] == "highest"
@@ -230,7 +232,8 @@ def test_best_batch_keeps_the_size_with_the_most_tokens_per_second(shakespeare_c
     import gpt2ladder.measure.bench as bench
 
     # On a GPU the memory plan gives the largest size; here, on a CPU, 8 stands in for it.
-    monkeypatch.setattr(command, "_choose_batch", lambda args, cfg, *a: (dataclasses.replace(cfg, batch_size=8), None))
+    monkeypatch.setattr(command, "_choose_batch",
+                        lambda request, *a: (dataclasses.replace(request.cfg, batch_size=8), None))
     real = bench._timed_steps
 
     def timed_steps(engine, batches, cfg, *args, **kwargs):
@@ -308,7 +311,7 @@ def test_a_rung_whose_loss_is_not_a_number_fails_instead_of_reporting_a_time(sha
 
     monkeypatch.setattr(bench_module.Engine, "step", diverging)
     cfg = BenchConfig(preset="tiny", rungs=("baseline", "flash"), batch_size=2, seq_len=32, steps=2, warmup=1)
-    rows = {r["name"]: r for r in run_bench(cfg, CPU, progress=False)["rungs"]}
+    rows = {r["name"]: r for r in run_bench(cfg, CPU, progress=False, caps=CPU_CAPS)["rungs"]}
     assert rows["baseline"]["status"] == "ok"
     flash = rows["flash"]
     assert flash["status"] == "failed" and "ms_per_step" not in flash

@@ -155,8 +155,9 @@ def test_steps_given_fix_the_count_however_noisy_the_rung(card, tmp_path, capsys
 
 def test_a_cpu_keeps_the_count_without_steps():
     cfg = bench.BenchConfig(preset="tiny", steps=10)
-    assert command.step_rule(SimpleNamespace(steps=None), cfg, torch.device("cpu")) == StepRule.fixed(10)
-    assert command.step_rule(SimpleNamespace(steps=None), cfg, CUDA) == StepRule.until_narrow(10)
+    assert command.step_rule(False, cfg, torch.device("cpu")) == StepRule.fixed(10)
+    assert command.step_rule(False, cfg, CUDA) == StepRule.until_narrow(10)
+    assert command.step_rule(True, cfg, CUDA) == StepRule.fixed(10)
 
 
 def test_under_torchrun_every_rank_judges_the_slowest_ranks_steps(monkeypatch):

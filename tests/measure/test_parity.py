@@ -22,9 +22,11 @@ from gpt2ladder.measure.parity import (
     verdict,
 )
 from gpt2ladder.report import parity as parity_report
+from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training.schedule import lr_at
 
 CPU = torch.device("cpu")
+CPU_CAPS = detect(CPU)  # what a command detects once and passes down
 TINY = dict(batch_size=2, seq_len=32, eval_batches=2, compile_backend="eager")
 
 
@@ -32,7 +34,7 @@ TINY = dict(batch_size=2, seq_len=32, eval_batches=2, compile_backend="eager")
 def record(shakespeare_cache):
     """The whole ladder on CPU: the fp32 rungs run (compile with the eager backend), the rest are skipped."""
     cfg = ParityConfig(rungs=tuple(parse_rungs("all")), steps=4, eval_every=2, **TINY)
-    return run_parity(cfg, CPU, progress=False)
+    return run_parity(cfg, CPU, progress=False, caps=CPU_CAPS)
 
 
 def _ok(record):
@@ -178,7 +180,7 @@ def test_the_table_is_aligned_and_shows_no_negative_zero(record):
 
 def test_off_a_terminal_each_training_run_is_one_line_as_it_finishes(shakespeare_cache, capsys):
     cfg = ParityConfig(rungs=("baseline", "flash"), steps=1, **TINY)
-    run_parity(cfg, CPU, progress=True)
+    run_parity(cfg, CPU, progress=True, caps=CPU_CAPS)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("parity: ")]
     assert [line.split(":")[1].strip() for line in lines] == ["1/3 fp32 seed 0", "2/3 fp32 seed 1", "3/3 flash"]
     assert all("final val loss" in line and line.endswith(" s") for line in lines)
@@ -224,7 +226,7 @@ def test_a_rung_that_breaks_is_a_failed_row(shakespeare_cache, monkeypatch):
         "fused_adamw": torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"),
     }))
     cfg = ParityConfig(rungs=("baseline", "fused_adamw", "fused_loss"), steps=2, **TINY)
-    record = run_parity(cfg, CPU, progress=False)
+    record = run_parity(cfg, CPU, progress=False, caps=CPU_CAPS)
     rows = {r["name"]: r for r in record["rungs"]}
     assert rows["baseline"]["verdict"] == "PASS"
     assert rows["fused_adamw"]["status"] == "oom" and "out of memory" in rows["fused_adamw"]["reason"]
@@ -237,7 +239,7 @@ def test_a_rung_that_breaks_is_a_failed_row(shakespeare_cache, monkeypatch):
 def test_a_broken_baseline_stops_the_run(shakespeare_cache, monkeypatch):
     monkeypatch.setattr(parity, "train_run", _breaking(parity.train_run, {"matmul_precision": RuntimeError("x")}))
     with pytest.raises(LadderError, match="fp32 baseline .* failed"):
-        run_parity(ParityConfig(steps=1, **TINY), CPU, progress=False)
+        run_parity(ParityConfig(steps=1, **TINY), CPU, progress=False, caps=CPU_CAPS)
 
 
 # --- the command ----------------------------------------------------------------------------------

@@ -22,8 +22,10 @@ from gpt2ladder.measure.profile import (
     settled_steps,
 )
 from gpt2ladder.report import profile as profile_report
+from gpt2ladder.runtime.hardware import detect
 
 CPU = torch.device("cpu")
+CPU_CAPS = detect(CPU)  # what a command detects once and passes down
 
 KERNELS = [
     # the loss_kernel rung's own Triton kernels, and its custom op as the CPU profiler names it
@@ -193,7 +195,7 @@ def record(shakespeare_cache, tmp_path_factory):
     trace_dir = tmp_path_factory.mktemp("traces")
     cfg = ProfileConfig(rungs=("baseline", "tf32", "flash"), batch_size=2, seq_len=32, steps=2, warmup=1,
                         compile_backend="eager", trace_dir=str(trace_dir))
-    return run_profile(cfg, CPU, progress=False)
+    return run_profile(cfg, CPU, progress=False, caps=CPU_CAPS)
 
 
 def test_cpu_profile_of_two_rungs(record):
@@ -280,13 +282,13 @@ def test_the_unprofiled_time_comes_from_the_later_steps_after_the_last_compile()
 def test_a_compiled_rung_is_timed_unprofiled_only_after_compiling(shakespeare_cache):
     cfg = ProfileConfig(rungs=("baseline", "compile"), batch_size=2, seq_len=16, steps=1, warmup=2,
                         compile_backend="eager")
-    plain, compiled = run_profile(cfg, CPU, progress=False)["rungs"]
+    plain, compiled = run_profile(cfg, CPU, progress=False, caps=CPU_CAPS)["rungs"]
     assert [s["compiled"] for s in plain["warmup_steps"]] == [False, False]
     assert [s["compiled"] for s in compiled["warmup_steps"]] == [True, False]
     assert compiled["unprofiled_ms_per_step"] == compiled["warmup_steps"][1]["ms"]
     assert compiled["unprofiled_steps"] == 1
     # One warm-up step, and it compiles: no step to take the figure from, so none is given.
-    record = run_profile(dataclasses.replace(cfg, warmup=1, last_only=True), CPU, progress=False)
+    record = run_profile(dataclasses.replace(cfg, warmup=1, last_only=True), CPU, progress=False, caps=CPU_CAPS)
     (row,) = record["rungs"]
     assert row["warmup_steps"][0]["compiled"] and row["unprofiled_ms_per_step"] is None
     table = profile_report.format_table(record)

@@ -27,6 +27,7 @@ from gpt2ladder.errors import LadderError
 from gpt2ladder.evals import runner
 from gpt2ladder.runtime.distributed import Dist
 from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training import trainer as trainer_mod
 from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.loading import load_model
@@ -158,8 +159,10 @@ def _rows(x) -> set[tuple[int, ...]]:
 def test_two_ranks_train_on_disjoint_shard_windows_that_make_up_the_one_process_batch(tmp_path):
     """The trainer hands its rank to the ordered loader (tests/data/test_loader.py checks the loader's split)."""
     corpus, cfg = _corpus(tmp_path), _cfg(tokens_per_step=4 * 32)  # 2 ranks x micro-batch 2 x 32 tokens
-    ranks = [trainer_mod.Trainer(cfg, CPU, tmp_path / f"r{r}", corpus, Dist(rank=r, world_size=2)) for r in (0, 1)]
-    one = trainer_mod.Trainer(cfg, CPU, tmp_path / "one", corpus)
+    caps = detect(CPU)
+    ranks = [trainer_mod.Trainer(cfg, CPU, tmp_path / f"r{r}", corpus, Dist(rank=r, world_size=2), caps=caps)
+             for r in (0, 1)]
+    one = trainer_mod.Trainer(cfg, CPU, tmp_path / "one", corpus, caps=caps)
     assert all(type(t.batches) is data.OrderedBatches for t in (*ranks, one))
     seen = set()
     for step in range(5):
@@ -172,13 +175,14 @@ def test_two_ranks_train_on_disjoint_shard_windows_that_make_up_the_one_process_
 def test_val_tokens_are_the_start_of_the_validation_shards(tmp_path):
     corpus = _corpus(tmp_path)
     trainer = trainer_mod.Trainer(_cfg(tokens_per_step=128, eval_every=1, val_tokens=320), CPU, tmp_path / "r",
-                                  corpus)
+                                  corpus, caps=detect(CPU))
     x = torch.cat([x for x, _ in trainer.val])
     # 320 tokens are 10 windows of 32; whole batches of a step's 4 sequences: 8, cut to micro-batches of 2
     assert [len(b) for b, _ in trainer.val] == [2, 2, 2, 2]
     first = len(corpus.train)
     assert torch.equal(x, first + torch.arange(8 * 32).view(8, 32))
-    default = trainer_mod.Trainer(_cfg(tokens_per_step=128, eval_every=1), CPU, tmp_path / "d", corpus)
+    default = trainer_mod.Trainer(_cfg(tokens_per_step=128, eval_every=1), CPU, tmp_path / "d", corpus,
+                                  caps=detect(CPU))
     assert sum(len(b) for b, _ in default.val) == 2 * 4  # --eval-batches 2 steps' worth
 
 

@@ -13,6 +13,7 @@ from gpu_support import GPU, needs_cuda
 
 from gpt2ladder.errors import LadderError
 from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training import trainer as trainer_mod
 from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.config import TrainConfig
@@ -42,7 +43,7 @@ def _cfg(**kw) -> TrainConfig:
 
 def _run(out, monkeypatch, lag: int, **kw) -> list[dict]:
     monkeypatch.setattr(trainer_mod, "readback_lag", lambda device: lag)
-    run_training(_cfg(**kw), GPU, out, progress=False)
+    run_training(_cfg(**kw), GPU, out, progress=False, caps=detect(GPU))
     return read_log(out / "log.jsonl")
 
 

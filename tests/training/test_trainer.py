@@ -178,7 +178,7 @@ def test_training_and_evaluation_under_compile(tmp_path):
 
 def test_other_ranks_write_nothing_and_get_their_share_of_each_batch(tmp_path):
     cfg = _cfg(tokens_per_step=128, steps=2)  # 2 processes x micro-batch 2 x 32 tokens
-    trainer = Trainer(cfg, CPU, tmp_path, data.load_tokens(None), Dist(rank=1, world_size=2))
+    trainer = Trainer(cfg, CPU, tmp_path, data.load_tokens(None), Dist(rank=1, world_size=2), caps=detect(CPU))
     full = data.Batches(trainer.tokens.train, 4, 32, seed=0).batch(0)[0]
     assert torch.equal(trainer.batches.batch(0)[0], full[2:])
     result = _train(cfg, tmp_path, dist=Dist(rank=1, world_size=2))

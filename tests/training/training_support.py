@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from gpt2ladder.runtime.engine import Engine
+from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training.checkpoint import rng_state, set_rng_state
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.run import run_training
 
 CPU = torch.device("cpu")
+CPU_CAPS = detect(CPU)  # what a command detects once and passes down
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +56,7 @@ def small_config(**kw) -> TrainConfig:
 
 
 def train_in(cfg: TrainConfig, out, **kw):
-    return run_training(cfg, CPU, out, progress=False, **kw)
+    return run_training(cfg, CPU, out, progress=False, **{"caps": CPU_CAPS, **kw})
 
 
 def nan_at_step(monkeypatch, out, n: int) -> tuple[list, dict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,59 +49,86 @@ def bench_command(args) -> int:
         return _bench(args, dist)
 
 
+@dataclass(frozen=True)
+class BenchRequest:
+    """Everything `bench` decided from its flags: what is measured (`cfg`, written into ladder.json) and how this
+    invocation chooses the batch, counts steps, reports and writes. Once it exists, nothing reads the flags again."""
+
+    cfg: BenchConfig
+    batch: int | str | None  # --batch-size: a number (kept as given), "auto", "best", or None (planned on a GPU)
+    shorten: bool  # no --seq-len: on a card where not even one default sequence fits, a shorter one
+    rule: StepRule  # how many steps each rung times
+    rungs: str  # --rungs as given: "best" adds its row, "auto" names the rungs it leaves out
+    baseline_json: str | None
+    out: str
+    progress: bool
+
+
+def bench_request(args, device: torch.device, caps: Capabilities, dist: distributed.Dist) -> BenchRequest:
+    """The flags and this device's defaults decided into one `BenchRequest`."""
+    cfg = bench_config(args, device, caps, dist)
+    return BenchRequest(cfg=cfg, batch=args.batch_size, shorten=args.seq_len is None,
+                        rule=step_rule(args.steps is not None, cfg, device), rungs=args.rungs,
+                        baseline_json=args.baseline_json, out=args.out, progress=not args.no_progress)
+
+
 def _bench(args, dist: distributed.Dist) -> int:
     """Every decision first (config, baseline, text, batch), each once; then the climb; then the files."""
     check_own_out(Path(args.out), "bench", OWN_FILES)
     device = distributed.local_device(dist, args.device)
     caps = cap_memory(device, detect(device), args.gpu_memory)
-    cfg = bench_config(args, device, caps, dist)
+    return _climb(bench_request(args, device, caps, dist), device, caps, dist)
+
+
+def _climb(request: BenchRequest, device, caps: Capabilities, dist: distributed.Dist) -> int:
+    cfg, rule = request.cfg, request.rule
     # a step too large for this host fails here in one line, not after the kernel has killed the process
     batch_search.check_sizes(cfg.model, _rungs_run(cfg, caps), cfg.batch_size, cfg.seq_len, caps,
                              batch_tokens=cfg.batch_size * cfg.seq_len, fewer_tokens="--batch-size or --seq-len")
-    baseline = load_baseline(args.baseline_json) if args.baseline_json else None  # its step: once planned
+    baseline = load_baseline(request.baseline_json) if request.baseline_json else None  # its step: once planned
     say = print if dist.is_main else (lambda *a, **k: None)
     tokens = tokens_for(cfg.data, cfg.seed, notify=say)  # a bad --data fails here, in one line, before any work
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # as does a text too short for one sequence
-    cfg, plan = _choose_batch(args, cfg, device, caps, dist)
-    if baseline and args.batch_size != "best":  # the step as it will run, the batch and length planned
+    cfg, plan = _choose_batch(request, device, caps, dist)
+    if baseline and request.batch != "best":  # the step as it will run, the batch and length planned
         check_baseline(baseline, cfg.to_dict())
-    out = prepare_out_dir(args.out)
-    rule = step_rule(args, cfg, device)
-    progress = not args.no_progress
+    out = prepare_out_dir(request.out)
     search = winner = None
-    if args.batch_size == "best":
-        cfg, search, winner = batch_search.fastest_batch(cfg, device, tokens, progress, say, caps, rule=rule)
+    if request.batch == "best":
+        cfg, search, winner = batch_search.fastest_batch(cfg, device, tokens, request.progress, say, caps, rule=rule)
         if baseline:  # the batch the search found
             check_baseline(baseline, cfg.to_dict())
-    _announce(args, cfg, caps, device, dist, plan, say, rule)
+    request = dataclasses.replace(request, cfg=cfg)
+    _announce(request, caps, device, dist, plan, say)
     on_row = _row_writer(out, say) if dist.is_main else None
     if winner and cfg.last_only and cfg.start is None:
         record = winner  # the top rung at the chosen size was just measured
     else:
-        record = run_bench(cfg, device, dist, progress=progress, notify=say, tokens=tokens, on_row=on_row, caps=caps,
-                           rule=rule)
+        record = run_bench(cfg, device, dist, progress=request.progress, notify=say, tokens=tokens, on_row=on_row,
+                           caps=caps, rule=rule)
     if plan:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}
     if search:
         record["batch_search"] = search
-    return _finish(args, record, cfg, device, caps, dist, tokens, baseline, out, say, rule)
+    return _finish(request, record, device, caps, dist, tokens, baseline, out, say)
 
 
-def step_rule(args, cfg: BenchConfig, device) -> StepRule:
+def step_rule(steps_given: bool, cfg: BenchConfig, device) -> StepRule:
     """How many steps each rung times: exactly --steps when given; else, on a GPU, the default count and
     more while the rung's p10-p90 range is wide (small batches make short, uneven steps). A CPU keeps the
     count: its steps are long, and a CPU shared with other work rarely steadies however long it runs."""
-    if args.steps is None and device.type == "cuda":
+    if not steps_given and device.type == "cuda":
         return StepRule.until_narrow(cfg.steps)
     return StepRule.fixed(cfg.steps)
 
 
-def _finish(args, record: dict, cfg: BenchConfig, device, caps, dist: distributed.Dist, tokens, baseline,
-            out: Path, say, rule: StepRule) -> int:
+def _finish(request: BenchRequest, record: dict, device, caps, dist: distributed.Dist, tokens, baseline,
+            out: Path, say) -> int:
     """--rungs best's extra row, the scaling against --baseline-json, then the files (rank 0)."""
+    cfg, rule = request.cfg, request.rule
     failure = nothing_measured(record, out / "ladder.json", auto_batch=True)
-    if args.rungs == "best" and failure is None:
-        add_best(record, cfg, device, caps, tokens, dist, progress=not args.no_progress, rule=rule)
+    if request.rungs == "best" and failure is None:
+        add_best(record, cfg, device, caps, tokens, dist, progress=request.progress, rule=rule)
         say(best_summary(record), flush=True)
     scaled = dist.enabled or baseline is not None
     if scaled:
@@ -113,20 +141,21 @@ def _finish(args, record: dict, cfg: BenchConfig, device, caps, dist: distribute
     return 0
 
 
-def _choose_batch(args, cfg: BenchConfig, device, caps: Capabilities, dist: distributed.Dist):
+def _choose_batch(request: BenchRequest, device, caps: Capabilities, dist: distributed.Dist):
     """On a GPU, one batch that fits every rung measured (`measure.batch.plan_bench_batch`): at most the
     size asked for (16 by default), as large as fits with --batch-size auto, the top rung's largest with
     best; where not even one sequence of the default length fits every rung, every rung runs at the
     longest power of two that does (a --seq-len given is kept, and fails in one line if nothing fits).
     A number given is kept as it is; on a CPU the default stays."""
-    if device.type != "cuda" or isinstance(args.batch_size, int):
+    cfg = request.cfg
+    if device.type != "cuda" or isinstance(request.batch, int):
         return cfg, None
     rows = _rungs_run(cfg, caps)
-    if args.batch_size == "best":
+    if request.batch == "best":
         rows = rows[-1:]
-    want = cfg.batch_size if args.batch_size is None else None
+    want = cfg.batch_size if request.batch is None else None
     plan = batch_search.plan_bench_batch(cfg.model, rows, cfg.seq_len, caps, device, want=want, seed=cfg.seed,
-                                         shorten=args.seq_len is None)
+                                         shorten=request.shorten)
     # Every rank runs the same step: the smaller of each (a shorter sequence only leaves more room).
     batch, seq_len = (int(v) for v in distributed.reduce_floats([plan.batch, plan.seq_len], dist, "min"))
     return dataclasses.replace(cfg, batch_size=batch, seq_len=seq_len), plan
@@ -139,9 +168,9 @@ def _rungs_run(cfg: BenchConfig, caps: Capabilities) -> list[tuple[str, Setup]]:
             if r.reason is None]
 
 
-def _announce(args, cfg: BenchConfig, caps: Capabilities, device, dist: distributed.Dist, plan, say,
-              rule: StepRule) -> None:
+def _announce(request: BenchRequest, caps: Capabilities, device, dist: distributed.Dist, plan, say) -> None:
     """The first lines: the batch and why, what is timed, the processes, and what --rungs auto leaves out."""
+    cfg, rule = request.cfg, request.rule
     if plan:
         say(f"gpt2ladder bench: {plan.reason()}", flush=True)
     say(f"{'' if plan else 'gpt2ladder bench: '}{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
@@ -149,7 +178,7 @@ def _announce(args, cfg: BenchConfig, caps: Capabilities, device, dist: distribu
     if dist.enabled:
         say(f"{dist.world_size} processes ({dist.backend}, {cfg.strategy}):"
             f" --batch-size {cfg.batch_size} per GPU, global batch {cfg.batch_size * dist.world_size}", flush=True)
-    if args.rungs == "auto":
+    if request.rungs == "auto":
         for name, why in left_out_of_auto(caps, cfg.strategy, parse_recipe(cfg.recipe)).items():
             say(f"notice: auto leaves out rung {name}: {why}", flush=True)
     if device.type == "cpu" and cfg.preset != "tiny":

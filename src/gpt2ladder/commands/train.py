@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import defaults as rules
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, MUON_RATES, defaults
 from gpt2ladder.errors import DeviceOutOfMemory, LadderError, UsageError
 from gpt2ladder.ladder import (
@@ -51,6 +53,33 @@ def train_command(args) -> int:
         return _train_command(args, dist)
 
 
+@dataclass(frozen=True)
+class TrainRequest:
+    """Everything `train` decided from its flags: the run's settings (`cfg`, saved with the run) and how this
+    invocation runs them. Once it exists, nothing reads the flags again."""
+
+    cfg: TrainConfig
+    strategy: str | None  # "ddp" or "fsdp" under torchrun, None for one process
+    plan_batch: bool  # no --batch-size: on a GPU the micro-batch is planned (`planned_config`)
+    graph_only_too: bool  # auto's rungs that pay only in a CUDA graph may be kept (--rungs auto, a new run)
+    val_tokens_given: bool  # --val-tokens, which only a corpus of shards reads
+    hellaswag_data_given: bool  # --hellaswag-data, which only --hellaswag-every reads
+    progress: bool
+    allow_data_change: bool
+
+
+def train_request(args, device: torch.device, caps, dist=distributed.SINGLE, notify=print,
+                  saved: Saved | None = None) -> TrainRequest:
+    """The flags, the checkpoint and the defaults decided into one `TrainRequest`."""
+    refuse_ignored_on_resume(args, saved)
+    cfg, strategy = config_from_args(args, device, caps, dist, notify, saved)
+    return TrainRequest(cfg=cfg, strategy=strategy, plan_batch=not args.batch_size,
+                        graph_only_too=args.rungs in (None, "auto") and not args.resume,
+                        val_tokens_given=args.val_tokens is not None,
+                        hellaswag_data_given=args.hellaswag_data is not None, progress=not args.no_progress,
+                        allow_data_change=args.allow_data_change)
+
+
 def _train_command(args, dist: distributed.Dist) -> int:
     device = distributed.local_device(dist, args.device)
     caps = tightest_rank(cap_memory(device, detect(device), args.gpu_memory), dist)
@@ -58,23 +87,31 @@ def _train_command(args, dist: distributed.Dist) -> int:
     check_run_out(Path(args.out))  # a folder of the user's own files is never written into
     with output_dir(args.out) as out, claimed(out, dist):  # the folder goes again if nothing was written
         saved = saved_run(out, dist, args.resume)
-        refuse_ignored_on_resume(args, saved)
-        cfg, strategy = config_from_args(args, device, caps, dist, notices.append, saved)
-        tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent,  # no random stand-in
-                                      check=lambda t: data_mod.check_splits(t, cfg.seq_len, bool(cfg.eval_every)))
-        refuse_idle_flags(args, cfg, tokens)
-        cfg, plan = planned_config(args, cfg, device, caps, dist, notices.append)
-        problem = check_fits(cfg.model, setup_for(list(cfg.rungs)), cfg.batch_size, cfg.seq_len, caps,
-                             batch_tokens=host_batch_tokens(cfg, tokens, dist))
-        if problem:  # before anything of that size is allocated
-            raise UsageError(problem)
-        hellaswag = prepared_hellaswag(cfg, dist)  # downloaded or refused before the run says anything
-        try:
-            result = train_claimed(cfg, device, out, saved, tokens=tokens, progress=not args.no_progress, dist=dist,
-                                   strategy=strategy, allow_data_change=args.allow_data_change, caps=caps,
-                                   batch_plan=plan, notices=notices, hellaswag=hellaswag)
-        except torch.OutOfMemoryError as err:  # the one line names what to change at this micro-batch
-            raise DeviceOutOfMemory(cfg.batch_size, "micro-batch") from err
+        request = train_request(args, device, caps, dist, notices.append, saved)
+        return _train(request, saved, device, caps, dist, out, notices)
+
+
+def _train(request: TrainRequest, saved: Saved | None, device: torch.device, caps, dist: distributed.Dist,
+           out: Path, notices: list[str]) -> int:
+    """The decided run (`saved`: the checkpoint it continues): its text read, its micro-batch planned, its
+    size checked, then trained."""
+    cfg = request.cfg
+    tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent,  # no random stand-in
+                                  check=lambda t: data_mod.check_splits(t, cfg.seq_len, bool(cfg.eval_every)))
+    refuse_idle_flags(request, tokens)
+    cfg, plan = planned_config(request, device, caps, dist, notices.append)
+    setup = setup_for(list(cfg.rungs))  # once: the size check and the run take the same
+    problem = check_fits(cfg.model, setup, cfg.batch_size, cfg.seq_len, caps,
+                         batch_tokens=host_batch_tokens(cfg, tokens, dist))
+    if problem:  # before anything of that size is allocated
+        raise UsageError(problem)
+    hellaswag = prepared_hellaswag(cfg, dist)  # downloaded or refused before the run says anything
+    try:
+        result = train_claimed(cfg, device, out, saved, tokens=tokens, progress=request.progress, dist=dist,
+                               strategy=request.strategy, allow_data_change=request.allow_data_change, caps=caps,
+                               setup=setup, batch_plan=plan, notices=notices, hellaswag=hellaswag)
+    except torch.OutOfMemoryError as err:  # the one line names what to change at this micro-batch
+        raise DeviceOutOfMemory(cfg.batch_size, "micro-batch") from err
     return result.exit_code
 
 
@@ -99,12 +136,12 @@ def refuse_ignored_on_resume(args, saved: Saved | None) -> None:
                              f"{why.format(kept=kept.get(name))}; drop {flag}, or start a new run in another --out")
 
 
-def refuse_idle_flags(args, cfg: TrainConfig, tokens: data_mod.TokenData) -> None:
+def refuse_idle_flags(request: TrainRequest, tokens: data_mod.TokenData) -> None:
     """A UsageError for a flag given where it would do nothing (a setting kept from the checkpoint is let be)."""
-    if args.val_tokens is not None and not isinstance(tokens.val, data_mod.ShardedTokens):
+    if request.val_tokens_given and not isinstance(tokens.val, data_mod.ShardedTokens):
         raise UsageError("--val-tokens is for a corpus of token shards; a text validates on --eval-batches "
                          "random windows of its last 10%")
-    if args.hellaswag_data is not None and not cfg.hellaswag_every:
+    if request.hellaswag_data_given and not request.cfg.hellaswag_every:
         raise UsageError("--hellaswag-data is read by --hellaswag-every N; give that too")
 
 
@@ -151,44 +188,23 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
     cfg = TrainConfig(
         preset=name, rungs=usable_rungs(rungs, caps, strategy, notify, recipe), batch_size=batch, seq_len=seq_len,
         tokens_per_step=value("tokens_per_step") or batch * seq_len * dist.world_size, steps=steps, lr=lr,
-        min_lr=value("min_lr", lr / 10), warmup_steps=value("warmup_steps", int(0.05 * steps)),
+        min_lr=value("min_lr", rules.min_lr(lr)), warmup_steps=value("warmup_steps", rules.warmup_steps(steps)),
         weight_decay=value("weight_decay", d["weight_decay"]), grad_clip=value("grad_clip", d["grad_clip"]),
-        eval_every=(every := value("eval_every", default_eval_every(steps))),
-        eval_batches=value("eval_batches", default_eval_batches(steps, every, d["eval_batches"])),
-        ckpt_every=value("ckpt_every", max(1, steps // 5)), seed=value("seed", d["seed"]), data=value("data"),
+        eval_every=(every := value("eval_every", rules.eval_every(steps))),
+        eval_batches=value("eval_batches", rules.eval_batches(steps, every, d["eval_batches"])),
+        ckpt_every=value("ckpt_every", rules.ckpt_every(steps)), seed=value("seed", d["seed"]), data=value("data"),
         init_from=value("init_from"), compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", model=shape,
-        val_tokens=value("val_tokens"), hellaswag_every=value("hellaswag_every", 0),
+        val_tokens=value("val_tokens"), hellaswag_every=value("hellaswag_every", d["hellaswag_every"]),
         hellaswag_data=value("hellaswag_data"), target_val_loss=value("target_val_loss"), recipe=recipe.name,
         **{name: value(name, rate if recipe.optimizer == "muon" else None) for name, rate in MUON_RATES.items()},
     )
     return cfg, strategy
 
 
-# Validation is a bounded share of a run's time: a validation batch is a forward pass over a whole step's
-# tokens, about a third of a training step (no backward, no optimizer), and by default all validations
-# together cost at most about VALIDATION_SHARE of the run.
-VALIDATION_SHARE = 0.15
-EVAL_BATCH_COST = 1 / 3  # of a training step
-
-
-def default_eval_every(steps: int) -> int:
-    """A tenth of the run, at least every other step (one batch each way would otherwise be a quarter)."""
-    return max(2, steps // 10)
-
-
-def default_eval_batches(steps: int, eval_every: int, most: int) -> int:
-    """Validation batches for a run of `steps` validating every `eval_every` (and at the last step): as many
-    as keep validation within VALIDATION_SHARE of the run, at least 1, at most `most` (the table's)."""
-    if not eval_every:
-        return most
-    validations = -(-steps // eval_every)  # the last step validates too
-    budget = VALIDATION_SHARE / (1 - VALIDATION_SHARE) * steps / EVAL_BATCH_COST  # batches in all
-    return max(1, min(most, int(budget // validations)))
-
-
 def validation_share(steps: int, eval_every: int, eval_batches: int) -> float:
-    """The share of a run's time its validations take, at EVAL_BATCH_COST a batch."""
-    spent = -(-steps // eval_every) * eval_batches * EVAL_BATCH_COST if eval_every else 0
+    """The share of a run's time its validations take, at the table's cost of a validation batch
+    (`rules.eval_batches` keeps it within VALIDATION_SHARE)."""
+    spent = -(-steps // eval_every) * eval_batches * rules.EVAL_BATCH_COST if eval_every else 0
     return spent / (steps + spent)
 
 
@@ -243,16 +259,16 @@ def tightest_rank(caps, dist=distributed.SINGLE):
     return dataclasses.replace(caps, free_memory=least)  # 0 where one rank cannot tell: the card's size then
 
 
-def planned_config(args, cfg: TrainConfig, device: torch.device, caps, dist=distributed.SINGLE, notify=print):
+def planned_config(request: TrainRequest, device: torch.device, caps, dist=distributed.SINGLE, notify=print):
     """The config with, on a GPU when --batch-size is not given, the largest micro-batch that fits and
     divides the step, the same on every rank, and the CUDA graph left out (said in a notice) where only
     the step without it fits (`measure.batch.plan_training`); and that plan (or None)."""
-    if args.batch_size or device.type != "cuda":
+    cfg = request.cfg
+    if not request.plan_batch or device.type != "cuda":
         return cfg, None
     per_rank = cfg.tokens_per_step // (cfg.seq_len * dist.world_size)
-    graph_only_too = args.rungs in (None, "auto") and not args.resume  # auto's rungs that pay only in a graph
     rungs, plan, notice = plan_training(cfg.model, cfg.rungs, cfg.seq_len, caps, device, per_rank,
-                                        validates=bool(cfg.eval_every), graph_only_too=graph_only_too,
+                                        validates=bool(cfg.eval_every), graph_only_too=request.graph_only_too,
                                         seed=cfg.seed)
     if notice:
         notify(notice)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import defaults
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded, timed_step, tokens_for
 from gpt2ladder.measure.timing import StepRule
@@ -32,21 +33,24 @@ from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import Engine, OptimConfig
-from gpt2ladder.runtime.hardware import Capabilities, detect, free_memory
+from gpt2ladder.runtime.hardware import Capabilities, free_memory
 from gpt2ladder.runtime.metrics import TimingStats, flops_per_token, mfu, peak_flops
+
+
+_D = defaults.library("bench")  # a config built without a value: what `bench` decides on a CPU
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     """What a bench times, every choice made: the command resolves flags and defaults into these once."""
 
-    preset: str = "tiny"
+    preset: str = _D["preset"]
     rungs: tuple[str, ...] = ()
-    batch_size: int = 4  # per process
-    seq_len: int = 128
-    steps: int = 10
-    warmup: int = 3
-    seed: int = 0
+    batch_size: int = _D["batch_size"]  # per process
+    seq_len: int = _D["seq_len"]
+    steps: int = _D["steps"]
+    warmup: int = _D["warmup"]
+    seed: int = _D["seed"]
     data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
     compile_backend: str = "inductor"
     strategy: str | None = None  # "ddp" or "fsdp" under torchrun, None for one process
@@ -70,14 +74,13 @@ class BenchConfig:
 
 def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = distributed.SINGLE, *,
               progress: bool = True, notify=print, tokens: data_mod.TokenData | None = None, on_row=None,
-              caps: Capabilities | None = None, rule: StepRule | None = None) -> dict:
+              caps: Capabilities, rule: StepRule | None = None) -> dict:
     """Measure every rung in `cfg.rungs` (cumulatively) and return the self-describing record.
 
     `on_row(record)`, if given, sees the record so far after each rung: a long run that is cut off
-    still leaves the rungs it measured. `caps` (default: detected) is what the record says of the device,
-    a --gpu-memory cap included. `rule` says how many steps each rung times (default: `cfg.steps`).
+    still leaves the rungs it measured. `caps` is what the caller detected of the device and what the record
+    says of it, a --gpu-memory cap included. `rule` says how many steps each rung times (default: `cfg.steps`).
     """
-    caps = detect(device) if caps is None else caps
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     rule = rule or StepRule.fixed(cfg.steps)
     rows = []

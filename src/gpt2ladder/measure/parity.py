@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import defaults
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded
@@ -35,32 +36,35 @@ from gpt2ladder.model.config import ModelConfig, preset
 from gpt2ladder.report.progress import on_terminal, progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.engine import Engine, OptimConfig
-from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.training.schedule import lr_at
 
 MIN_LR_FRACTION = 0.1  # the cosine decays to lr/10, as nanoGPT does
-GRAD_CLIP = 1.0
+GRAD_CLIP = defaults.GRAD_CLIP  # every run clips, as a training run does
 MAX_SEEDS = 100  # the run list is built up front: a huge --seeds would fill the memory, not fail in one line
 MAX_EVAL_BATCHES = 10_000  # on the device for the whole command
 
 
+_D = defaults.library("parity")  # a config built without a value: what `parity` decides on a CPU
+
+
 @dataclass(frozen=True)
 class ParityConfig:
-    preset: str = "tiny"
-    rungs: tuple[str, ...] = ("baseline",)
-    batch_size: int = 4  # sequences per optimizer step
+    preset: str = _D["preset"]
+    rungs: tuple[str, ...] = _D["rungs"]
+    batch_size: int = _D["batch_size"]  # sequences per optimizer step
     micro_batch: int | None = None  # sequences per forward pass (gradient accumulation); None: batch_size
-    seq_len: int = 64
-    steps: int = 60
-    seeds: int = 2  # fp32 baseline runs (seed, seed+1, ...) whose spread is the yardstick
-    tolerance: float = 0.02  # the largest relative val-loss gap ever accepted
-    floor: float = 0.005  # the smallest relative gap always accepted (inside the tolerance)
-    lr: float = 6e-4
+    seq_len: int = _D["seq_len"]
+    steps: int = _D["steps"]
+    seeds: int = _D["seeds"]  # fp32 baseline runs (seed, seed+1, ...) whose spread is the yardstick
+    tolerance: float = _D["tolerance"]  # the largest relative val-loss gap ever accepted
+    floor: float = _D["floor"]  # the smallest relative gap always accepted (inside the tolerance)
+    lr: float = _D["lr"]
     warmup_steps: int | None = None  # None: 5% of the steps
     eval_every: int | None = None  # None: a tenth of the steps
-    eval_batches: int = 10
-    seed: int = 0  # the reference seed: every rung starts from these weights and sees these batches
+    eval_batches: int = _D["eval_batches"]
+    seed: int = _D["seed"]  # the reference seed: every rung starts from these weights and sees these batches
     data: str | None = None  # a text file; None = Tiny Shakespeare
     compile_backend: str = "inductor"
     model: ModelConfig | None = None  # the preset's shape; None: looked up here, once (the record's "model")
@@ -307,13 +311,13 @@ def _context(cfg: ParityConfig, tokens: data_mod.TokenData, device: torch.device
 
 
 def run_parity(cfg: ParityConfig, device: torch.device, progress: bool = True,
-               shard: tuple[int, int] = (0, 1), caps=None, tokens: data_mod.TokenData | None = None) -> dict:
+               shard: tuple[int, int] = (0, 1), *, caps: Capabilities,
+               tokens: data_mod.TokenData | None = None) -> dict:
     """Train the baseline seeds and every rung (or shard k of n of those runs) on `tokens` (default:
-    `parity_tokens(cfg)`); the record.
+    `parity_tokens(cfg)`); the record. `caps` is what the caller detected of the device.
 
     With n > 1 the record holds this shard's raw results only; `merge_shards` makes the report.
     """
-    caps = detect(device) if caps is None else caps
     tokens = parity_tokens(cfg) if tokens is None else tokens
     ctx = _context(cfg, tokens, device, progress)
     units, skipped = work_units(cfg, caps)

@@ -38,6 +38,7 @@ import torch
 from torch.autograd import DeviceType
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import defaults
 from gpt2ladder.data.files import atomic_path
 from gpt2ladder.errors import LadderError
 from gpt2ladder.ladder import setup_for, why_unavailable
@@ -48,7 +49,7 @@ from gpt2ladder.report.fd_filter import lines_dropped
 from gpt2ladder.report.progress import progress_bar
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.engine import Engine, OptimConfig, compilations
-from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.runtime.hardware import Capabilities
 
 CATEGORIES = ("matmul", "attention", "elementwise", "loss", "optimizer", "copies", "other", "idle")
 CATEGORY_LABELS = {"matmul": "matmul", "attention": "attention", "elementwise": "elementwise & norms",
@@ -94,15 +95,18 @@ def categorize(kernel_name: str) -> str:
     return "other"
 
 
+_D = defaults.library("profile")  # a config built without a value: what `profile` decides on a CPU
+
+
 @dataclass(frozen=True)
 class ProfileConfig:
-    preset: str = "tiny"
-    rungs: tuple[str, ...] = ("baseline",)
-    batch_size: int = 4
-    seq_len: int = 128
-    steps: int = 5  # profiled steps per rung
-    warmup: int = 3  # unprofiled steps first: compile, autotuning, allocator growth
-    seed: int = 0
+    preset: str = _D["preset"]
+    rungs: tuple[str, ...] = _D["rungs"]
+    batch_size: int = _D["batch_size"]
+    seq_len: int = _D["seq_len"]
+    steps: int = _D["steps"]  # profiled steps per rung
+    warmup: int = _D["warmup"]  # unprofiled steps first: compile, autotuning, allocator growth
+    seed: int = _D["seed"]
     data: str | None = None  # a text file; None = Tiny Shakespeare (random tokens if unavailable)
     compile_backend: str = "inductor"
     trace_dir: str | None = None  # write a Chrome trace per rung here (trace-<rung>.json)
@@ -313,11 +317,10 @@ def top_fields(row: Row) -> dict:
             "summary": f"the top of the ladder here: {', '.join(row.applied)}, applied together"}
 
 
-def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, caps=None,
-                tokens: data_mod.TokenData | None = None) -> dict:
+def run_profile(cfg: ProfileConfig, device: torch.device, progress: bool = True, notify=print, *,
+                caps: Capabilities, tokens: data_mod.TokenData | None = None) -> dict:
     """Profile every rung in `cfg.rungs` (cumulatively) on `tokens` (default: `cfg.data`'s, read now) and
-    return the self-describing record."""
-    caps = detect(device) if caps is None else caps
+    return the self-describing record; `caps` is what the caller detected of the device."""
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     data_mod.check_splits(tokens, cfg.seq_len, validate=False)  # one line now, not a failed row per rung
     rows = [profile_rung(row, cfg, tokens, device, progress)

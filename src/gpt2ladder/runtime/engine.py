@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from gpt2ladder import speedups
+from gpt2ladder.defaults import OPTIM
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model import family
 from gpt2ladder.model.gpt import GPT
@@ -41,19 +42,21 @@ DDP_WARMUP_STEPS = 11  # PyTorch's CUDA-graph notes: DDP needs 11 eager iteratio
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 6e-4
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 0.0  # 0 disables clipping (the write-up's step does not clip)
-    name: str = "adamw"  # or "muon" (`runtime/optim.py`)
+    """The optimizer's settings; each default is the table's (`gpt2ladder/defaults.py`, OPTIM)."""
+
+    lr: float = OPTIM["lr"]
+    weight_decay: float = OPTIM["weight_decay"]
+    beta1: float = OPTIM["beta1"]
+    beta2: float = OPTIM["beta2"]
+    eps: float = OPTIM["eps"]
+    grad_clip: float = OPTIM["grad_clip"]  # 0 disables clipping (the write-up's step does not clip)
+    name: str = OPTIM["name"]  # or "muon" (`runtime/optim.py`)
     # muon only: the Blocks' matrices' peak rate and momentum; the embeddings' and an untied head's AdamW rates
     # (None: lr). The schedule scales every rate alike.
-    muon_lr: float = 0.02
-    muon_momentum: float = 0.95
-    embed_lr: float | None = None
-    head_lr: float | None = None
+    muon_lr: float = OPTIM["muon_lr"]
+    muon_momentum: float = OPTIM["muon_momentum"]
+    embed_lr: float | None = OPTIM["embed_lr"]
+    head_lr: float | None = OPTIM["head_lr"]
 
 
 def built_model_config(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:

@@ -8,6 +8,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from gpt2ladder import defaults
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.config import ModelConfig, preset
 from gpt2ladder.model.recipe import Recipe, parse_recipe
@@ -17,36 +18,42 @@ from gpt2ladder.model.recipe import Recipe, parse_recipe
 MAX_EVAL_BATCHES = 10_000
 
 
+# A config built without a value takes what `train` decides on a CPU with no flags (`gpt2ladder/defaults.py`),
+# its rungs the plain step's.
+_D = defaults.library("train")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    preset: str = "tiny"
-    rungs: tuple[str, ...] = ("baseline",)
-    batch_size: int = 8  # micro-batch, sequences per forward pass on one device
-    seq_len: int = 128
-    tokens_per_step: int = 1024  # all devices, all micro-batches: accumulation fills the gap
-    steps: int = 200
-    lr: float = 6e-4
-    min_lr: float = 6e-5
-    warmup_steps: int = 10
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0  # 0 = off
-    eval_every: int = 20  # 0 = never (the last step is always validated when this is on)
-    eval_batches: int = 20
-    ckpt_every: int = 40  # 0 = only at the end and on a signal
+    preset: str = _D["preset"]
+    rungs: tuple[str, ...] = _D["rungs"]
+    batch_size: int = _D["batch_size"]  # micro-batch, sequences per forward pass on one device
+    seq_len: int = _D["seq_len"]
+    # all devices, all micro-batches: accumulation fills the gap
+    tokens_per_step: int = _D["batch_size"] * _D["seq_len"]
+    steps: int = _D["steps"]
+    lr: float = _D["lr"]
+    min_lr: float = defaults.min_lr(_D["lr"])
+    warmup_steps: int = defaults.warmup_steps(_D["steps"])
+    weight_decay: float = _D["weight_decay"]
+    grad_clip: float = _D["grad_clip"]  # 0 = off
+    eval_every: int = defaults.eval_every(_D["steps"])  # 0 = never (the last step is always validated when this is on)
+    eval_batches: int = defaults.eval_batches(_D["steps"], defaults.eval_every(_D["steps"]), _D["eval_batches"])
+    ckpt_every: int = defaults.ckpt_every(_D["steps"])  # 0 = only at the end and on a signal
     # A corpus of shards: the tokens of its validation shards every evaluation reads, from their start;
     # None = eval_batches steps' worth. A text validates on eval_batches random windows instead.
     val_tokens: int | None = None
-    hellaswag_every: int = 0  # 0 = never (the last step is always scored when this is on)
+    hellaswag_every: int = _D["hellaswag_every"]  # 0 = never (the last step is always scored when this is on)
     hellaswag_data: str | None = None  # a file in HellaSwag's format; None = the official validation set
     target_val_loss: float | None = None  # stop at the first validation at or below it; None = run all steps
-    seed: int = 0
+    seed: int = _D["seed"]
     data: str | None = None  # a text file; None = Tiny Shakespeare (never random tokens)
     init_from: str | None = None  # local Hugging Face GPT-2 weights: a folder, or its model.safetensors
     compile_backend: str = "inductor"
     # What is trained (`model/recipe.py`): "gpt2", or the canonical list of parts on top of it. Its model parts
     # are set on `model`; its optimizer and schedule are read by the trainer.
     recipe: str = "gpt2"
-    muon_lr: float | None = None  # the muon part's peak rate for the Blocks' matrices; None: OptimConfig's
+    muon_lr: float | None = None  # the muon part's peak rate for the Blocks' matrices; None: the optimizer's default
     embed_lr: float | None = None  # the muon part's AdamW rate for the embeddings; None: lr
     head_lr: float | None = None  # the muon part's AdamW rate for an untied head; None: lr
     # The shape (layers, heads, width, positions), before any rung pads or rewires it; None: the preset's.

@@ -32,10 +32,12 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.evals import runner
+from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.gpt import describe_shape
+from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
 from gpt2ladder.runtime import distributed
-from gpt2ladder.runtime.hardware import detect
+from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.training import lock
 from gpt2ladder.training.outdirs import check_run_out
 from gpt2ladder.training.checkpoint import BEST, FILENAME, PREVIOUS, RESUME_KEYS, last_good, remove_stale_temps
@@ -66,16 +68,18 @@ class Saved:
 
 def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: bool = False,
                  progress: bool = True, dist=distributed.SINGLE, strategy: str | None = None,
-                 tokens: data_mod.TokenData | None = None, allow_data_change: bool = False, caps=None) -> TrainResult:
+                 tokens: data_mod.TokenData | None = None, allow_data_change: bool = False,
+                 caps: Capabilities) -> TrainResult:
     """Train (or continue, with `cfg` as it is) the run in `out`, which this process holds locked
-    meanwhile. `tokens` (default: `cfg.data`, read now) are the text; `caps` (default: detected) what
-    the device can do. `gpt2ladder train` takes these steps itself, deciding the settings in between."""
+    meanwhile. `tokens` (default: `cfg.data`, read now) are the text; `caps` what the device can do, as the
+    caller detected it (`runtime.hardware.detect`, once). `gpt2ladder train` takes these steps itself, deciding
+    the settings in between."""
     check_run_out(out)
     with claimed(out, dist):
         saved = saved_run(out, dist, resume)
         tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent) if tokens is None else tokens
         return train_claimed(cfg, device, out, saved, tokens=tokens, progress=progress, dist=dist, strategy=strategy,
-                             allow_data_change=allow_data_change, caps=caps or detect(device),
+                             allow_data_change=allow_data_change, caps=caps,
                              hellaswag=prepared_hellaswag(cfg, dist))
 
 
@@ -145,18 +149,20 @@ def saved_run(out: Path, dist=distributed.SINGLE, resume: bool = True) -> Saved 
 
 def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Saved | None, *,
                   tokens: data_mod.TokenData, progress: bool = True, dist=distributed.SINGLE,
-                  strategy: str | None = None, allow_data_change: bool = False, caps=None, batch_plan=None,
+                  strategy: str | None = None, allow_data_change: bool = False, caps: Capabilities,
+                  setup: Setup | None = None, batch_plan=None,
                   notices=(), hellaswag: runner.Prepared | None = None) -> TrainResult:
     """The run in a directory this process holds: the loop set up (and resumed), then trained to its end.
 
     Nothing is printed before the loop is ready, so any input the loop refuses (a text too short, a
     checkpoint of another model or text) fails first. `batch_plan` (how the micro-batch was chosen) goes
     into config.json and the first line, `notices` (the command's, e.g. rungs left out) after it;
-    `hellaswag` is what `prepared_hellaswag` read for cfg.hellaswag_every."""
-    caps = detect(device) if caps is None else caps
+    `hellaswag` is what `prepared_hellaswag` read for cfg.hellaswag_every; `caps` what the device can do, as the
+    caller detected it; `setup` how the step runs, `setup_for(cfg.rungs)` (computed here when not given)."""
+    setup = setup_for(list(cfg.rungs)) if setup is None else setup
     if cfg.hellaswag_every and hellaswag is None:
         raise ValueError("cfg.hellaswag_every needs the examples: pass hellaswag=prepared_hellaswag(cfg, dist)")
-    trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps, resuming=saved is not None,
+    trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps=caps, setup=setup, resuming=saved is not None,
                       hellaswag=hellaswag)
     changed = []
     if saved is not None:

@@ -50,7 +50,7 @@ from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import Engine, OptimConfig, build_model
-from gpt2ladder.runtime.hardware import Capabilities, detect, free_memory
+from gpt2ladder.runtime.hardware import Capabilities, free_memory
 from gpt2ladder.runtime.memory import HEADROOM, eval_bytes_per_sequence
 from gpt2ladder.runtime.metrics import flops_per_token, mfu, peak_flops
 from gpt2ladder.training.checkpoint import (
@@ -137,16 +137,16 @@ class Trainer:
     """The loop's state: engine, batches, step; `run` trains to cfg.steps, a signal or the target."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device, out: Path, tokens: data_mod.TokenData,
-                 dist=distributed.SINGLE, strategy: str | None = None, caps: Capabilities | None = None,
-                 resuming: bool = False, hellaswag: runner.Prepared | None = None):
+                 dist=distributed.SINGLE, strategy: str | None = None, *, caps: Capabilities,
+                 setup: Setup | None = None, resuming: bool = False, hellaswag: runner.Prepared | None = None):
         self.cfg, self.device, self.out, self.tokens, self.dist = cfg, device, out, tokens, dist
         self.schedule = cfg.parsed_recipe.schedule
         self.clock = RunClock()  # from now: the wall time counts the model's building too
         self.strategy = strategy  # "ddp" or "fsdp" under torchrun, None for one process
-        self.caps = detect(device) if caps is None else caps  # what validation plans its memory against
+        self.caps = caps  # what validation plans its memory against, as the caller detected it
         self.accum = cfg.grad_accum(dist.world_size)
         data_mod.check_splits(tokens, cfg.seq_len, validate=bool(cfg.eval_every))
-        self.setup = setup_for(list(cfg.rungs))
+        self.setup = setup_for(list(cfg.rungs)) if setup is None else setup  # the caller's, computed once
         parallelize = distributed.parallelize_for(dist, strategy)
         self.engine = build_engine(cfg, self.setup, device, parallelize, init_weights=not resuming)
         self.batches = training_batches(cfg, tokens, dist)
