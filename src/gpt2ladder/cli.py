@@ -135,13 +135,13 @@ def _no_progress(p: argparse.ArgumentParser) -> None:
 
 
 def _recipe(p: argparse.ArgumentParser, resumable: bool = False) -> None:
-    from gpt2ladder.model.recipe import PARTS
+    from gpt2ladder.model.recipe import PARTS, SPEEDRUN
 
     kept = "; a resumed run keeps its own" if resumable else ""
     p.add_argument("--recipe", default=None if resumable else "gpt2",
-                   help="what is trained: 'gpt2' (GPT-2, AdamW, warm-up + cosine), 'speedrun' (every part below), or "
-                   f"a comma list of parts switched on top of GPT-2: {', '.join(p.name for p in PARTS)} "
-                   f"(default: gpt2{kept})")
+                   help="what is trained: 'gpt2' (GPT-2, AdamW, warm-up + cosine), 'speedrun' (the race's top: "
+                   f"{','.join(SPEEDRUN)}), or a comma list of parts switched on top of GPT-2: "
+                   f"{', '.join(p.name for p in PARTS)} (default: gpt2{kept})")
 
 
 def _add_bench(sub) -> None:

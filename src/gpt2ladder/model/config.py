@@ -45,6 +45,8 @@ class ModelConfig:
             raise UsageError(f"unknown model part {', '.join(unknown)}; choose from: {', '.join(MODEL_PARTS)}")
         if "rope" in self.parts and self.head_size % 2:
             raise UsageError(f"rotary positions need an even head size; {self.n_embd} / {self.n_head} is odd")
+        if "unet_skips" in self.parts and self.n_layer < 2:
+            raise UsageError("U-Net skips join a first half of the Blocks to a second; n_layer=1 has no halves")
         if self.n_embd % self.n_head:
             raise UsageError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.attention not in ("manual", "sdpa"):

@@ -170,9 +170,14 @@ class GPT(nn.Module):
             # From here on every residual add, layer-norm input and their gradients are bf16: half the
             # bytes. Cast after the embedding sum, so the embeddings' gradients still add up in fp32.
             x = x.to(torch.get_autocast_dtype(device))
+        return self.transformer.ln_f(self.run_blocks(x, idx))
+
+    def run_blocks(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The Blocks in turn on the embedded tokens x, (B, T, C); idx, the tokens, is for a family whose Blocks
+        read them too (`modern.py`)."""
         for block in self.transformer.h:
             x = block(x)
-        return self.transformer.ln_f(x)
+        return x
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """The token and position embeddings' sum, (B, T, C)."""
@@ -242,7 +247,10 @@ def init_weights(model: GPT, seed: int) -> GPT:
 
 
 def _real_rows(model: GPT, module: nn.Embedding) -> int:
-    return model.config.vocab_size if module is model.transformer.wte else module.num_embeddings
+    """The rows drawn: a table of the vocabulary (the token embedding, or one marked `token_table`) has its padded
+    rows left at zero."""
+    token_table = module is model.transformer.wte or getattr(module, "token_table", False)
+    return model.config.vocab_size if token_table else module.num_embeddings
 
 
 def _normal_(weight: torch.Tensor, std: float, gen: torch.Generator, rows: int | None = None) -> None:

@@ -1,8 +1,8 @@
 """The modern family: GPT-2's network with the parts of the recipes switched on one at a time.
 
 Each part is a small named unit below (rotary positions, QK-norm, ReLU^2, RMS norm without gains and no
-biases, zero-initialised output projections, an untied head, soft-capped logits); `ModelConfig.parts` says
-which are on. With none on, `ModernGPT` builds the same modules, in the same order and under the same
+biases, zero-initialised output projections, an untied head, soft-capped logits, value embeddings, U-Net skips,
+attention within documents and a sliding window); `ModelConfig.parts` says which are on. With none on, `ModernGPT` builds the same modules, in the same order and under the same
 names, as `GPT`, draws the same initial weights and computes the same function: each part is then the only
 difference from GPT-2 (a test holds both). The module names stay GPT-2's (`c_attn`, `c_fc`, `c_proj`, `ln_1`,
 ...), so the generic step rungs find the same seams; the rewrites written for GPT-2's exact blocks decline
@@ -17,9 +17,16 @@ import torch.nn.functional as F
 
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, Branch, Classifier, init_weights, manual_attention, split_heads
-from gpt2ladder.model.recipe import SOFTCAP
+from gpt2ladder.model.recipe import DOC_WINDOW, SOFTCAP, VALUE_EMBED_TABLES
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 ROPE_BASE = 10000.0  # the rotary frequencies' base, as in RoFormer and Llama
+# The value_embeds part's (a, b) in v <- a v + b ve at the start: both weigh the same, so the tables get a gradient
+# from the first step, and the mixed value keeps about v's scale.
+VALUE_MIX_INIT = (0.5, 0.5)
+# The unet_skips part's weights at the start: each kept output is added whole, as the residual stream carries it,
+# so the skips act from the first step (the vectors' learning rate moves a weight slowly).
+SKIP_INIT = 1.0
 
 
 class RMSNorm(nn.Module):
@@ -64,8 +71,69 @@ def relu2(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x).square()
 
 
+def value_embed_tables(n_layer: int) -> tuple[int | None, ...]:
+    """The value_embeds part: which table each Block mixes into its values (None: none). The first k Blocks use
+    tables 0..k-1 and the last k Blocks the same tables in the same order, k = VALUE_EMBED_TABLES; with fewer than
+    2 VALUE_EMBED_TABLES Blocks, k is half of them (at least 1), so no Block is at both ends with two tables."""
+    k = max(1, min(VALUE_EMBED_TABLES, n_layer // 2))
+    tables: list[int | None] = [None] * n_layer
+    for i in range(k):
+        tables[i] = tables[n_layer - k + i] = i
+    return tuple(tables)
+
+
+def value_embed_count(n_layer: int) -> int:
+    return len({t for t in value_embed_tables(n_layer) if t is not None})
+
+
+def mix_values(v: torch.Tensor, ve: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """The value_embeds part: a v + b ve for mix = (a, b); v (B, nh, T, hs), ve (B, T, C) split into v's heads. In
+    v's dtype, so that under autocast the attention's operands stay alike."""
+    B, nh, T, hs = v.shape
+    ve = ve.view(B, T, nh, hs).transpose(1, 2).to(v.dtype)  # (B, nh, T, hs)
+    mix = mix.to(v.dtype)
+    return mix[0] * v + mix[1] * ve
+
+
+def document_ids(idx: torch.Tensor, end_of_text: int) -> torch.Tensor:
+    """The doc_windows part: each token's document, (B, T), the count of end_of_text tokens up to and including
+    it: a document begins at its <|endoftext|> (the data puts one before each document)."""
+    return (idx == end_of_text).cumsum(dim=1)
+
+
+def doc_window_mask(docs: torch.Tensor, window: int = DOC_WINDOW) -> torch.Tensor:
+    """The doc_windows part as a boolean mask, (B, 1, T, T): query i sees key j when j <= i, i - j < window and both
+    are of one document. The plain attention's mask (every row holds at least its diagonal)."""
+    pos = torch.arange(docs.shape[1], device=docs.device)
+    back = pos[:, None] - pos[None, :]  # (T, T): how far back key j lies from query i
+    same = docs[:, :, None] == docs[:, None, :]  # (B, T, T)
+    return ((back >= 0) & (back < window) & same)[:, None]
+
+
+def doc_window_block_mask(docs: torch.Tensor, window: int = DOC_WINDOW) -> BlockMask:
+    """The same mask as FlexAttention's BlockMask, built from this batch's documents: its kernel skips the tiles
+    that no query of a tile may see."""
+    B, T = docs.shape
+
+    def may_attend(b, h, q, k):
+        return (k <= q) & (q - k < window) & (docs[b, q] == docs[b, k])
+
+    return create_block_mask(may_attend, B, None, T, T, device=docs.device)
+
+
+def masked_attention(q, k, v, mask: torch.Tensor | BlockMask, manual: bool) -> torch.Tensor:
+    """The doc_windows part's attention of q, k, v (B, nh, T, hs) under its mask: FlexAttention for a BlockMask (q
+    and k in v's dtype, where autocast may have left them in fp32), else the four-line attention (`manual`) or SDPA
+    with the boolean mask."""
+    if isinstance(mask, BlockMask):
+        return flex_attention(q.to(v.dtype), k.to(v.dtype), v, block_mask=mask)
+    if manual:
+        return manual_attention(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 class ModernAttention(Branch):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, value_embed: bool = False):
         super().__init__()
         bias = not cfg.has("rmsnorm")
         self.n_head = cfg.n_head
@@ -79,21 +147,34 @@ class ModernAttention(Branch):
             cos, sin = rotary_tables(cfg)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-        if cfg.attention == "manual":
+        if value_embed:  # the value_embeds part's (a, b), set by init_modern_weights
+            self.value_mix = nn.Parameter(torch.tensor(VALUE_MIX_INIT))
+        if cfg.attention == "manual" and not cfg.has("doc_windows"):
             mask = torch.tril(torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool))
             self.register_buffer("bias", mask.view(1, 1, cfg.block_size, cfg.block_size), persistent=False)
+
+    def forward(self, x: torch.Tensor, ve: torch.Tensor | None = None,
+                mask: torch.Tensor | BlockMask | None = None) -> torch.Tensor:
+        """x (B, T, C); ve, this Block's value embedding of the input tokens (value_embeds); mask, the batch's
+        doc_windows mask (else causal)."""
+        return self.c_proj(self.after_in_proj(self.in_product(x), ve, mask))
 
     def in_proj(self) -> tuple[nn.Linear, bool]:
         return self.c_attn, self.c_attn.bias is not None
 
-    def after_in_proj(self, qkv: torch.Tensor) -> torch.Tensor:
+    def after_in_proj(self, qkv: torch.Tensor, ve: torch.Tensor | None = None,
+                      mask: torch.Tensor | BlockMask | None = None) -> torch.Tensor:
         q, k, v = split_heads(qkv, self.n_head)  # (B, nh, T, hs) each
         if self.qk_norm:
             q, k = qk_norm(q), qk_norm(k)
         if self.rope:
             q, k = rotate(q, self.rope_cos, self.rope_sin), rotate(k, self.rope_cos, self.rope_sin)
+        if ve is not None:
+            v = mix_values(v, ve, self.value_mix)
         B, nh, T, hs = q.shape
-        if self.attention == "sdpa":
+        if mask is not None:
+            y = masked_attention(q, k, v, mask, manual=self.attention == "manual")
+        elif self.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             y = manual_attention(q, k, v, self.bias[:, :, :T, :T])
@@ -117,15 +198,16 @@ class ModernMLP(Branch):
 
 
 class ModernBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, value_embed: bool = False):
         super().__init__()
         self.ln_1 = norm(cfg)
-        self.attn = ModernAttention(cfg)
+        self.attn = ModernAttention(cfg, value_embed)
         self.ln_2 = norm(cfg)
         self.mlp = ModernMLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, ve: torch.Tensor | None = None,
+                mask: torch.Tensor | BlockMask | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), ve, mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -135,16 +217,25 @@ class ModernGPT(GPT):
     def __init__(self, cfg: ModelConfig):
         nn.Module.__init__(self)
         self.config = cfg
+        self.value_embed_of = value_embed_tables(cfg.n_layer) if cfg.has("value_embeds") else (None,) * cfg.n_layer
         modules = dict(wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd))
         if not cfg.has("rope"):
             modules["wpe"] = nn.Embedding(cfg.block_size, cfg.n_embd)
-        modules.update(h=nn.ModuleList(ModernBlock(cfg) for _ in range(cfg.n_layer)), ln_f=norm(cfg))
+        blocks = (ModernBlock(cfg, value_embed=table is not None) for table in self.value_embed_of)
+        modules.update(h=nn.ModuleList(blocks), ln_f=norm(cfg))
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = Classifier(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         if cfg.has("softcap"):
             self.lm_head.softcap = SOFTCAP
         if not cfg.has("untied_head"):
             self.transformer.wte.weight = self.lm_head.weight  # tied, as in GPT-2
+        if cfg.has("value_embeds"):  # after the classifier: GPT-2's weights are drawn first, as without them
+            tables = (nn.Embedding(cfg.padded_vocab_size, cfg.n_embd) for _ in range(value_embed_count(cfg.n_layer)))
+            self.value_embeds = nn.ModuleList(tables)
+            for table in self.value_embeds:
+                table.token_table = True  # drawn as the token embedding is (`gpt.init_weights`)
+        if cfg.has("unet_skips"):  # one weight per kept output, set by init_modern_weights
+            self.skip_weights = nn.Parameter(torch.full((cfg.n_layer // 2,), SKIP_INIT))
 
     @property
     def tied(self) -> bool:
@@ -156,15 +247,49 @@ class ModernGPT(GPT):
             x = x + self.transformer.wpe(torch.arange(idx.shape[1], device=idx.device))
         return x
 
+    def run_blocks(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The Blocks, with what the parts give them beside x: each its value embedding of idx (value_embeds), the
+        batch's attention mask (doc_windows), the first half's outputs kept for the second's inputs (unet_skips)."""
+        values = [table(idx) for table in self.value_embeds] if self.config.has("value_embeds") else []
+        mask = self.attention_mask(idx) if self.config.has("doc_windows") else None
+        n = len(self.transformer.h)
+        half = n // 2 if self.config.has("unet_skips") else 0
+        kept = []
+        for i, block in enumerate(self.transformer.h):
+            if i >= n - half:  # the second half: the first half's outputs, the last kept first
+                x = unet_skip(x, kept.pop(), self.skip_weights[n - 1 - i])
+            table = self.value_embed_of[i]
+            x = block(x, None if table is None else values[table], mask)
+            if i < half:
+                kept.append(x)
+        return x
+
+    def attention_mask(self, idx: torch.Tensor) -> torch.Tensor | BlockMask:
+        """The doc_windows part's mask for this batch of tokens, made inside the forward since it depends on them:
+        FlexAttention's BlockMask where the model is being compiled for a GPU (its fused kernel then runs; uncompiled
+        it would compute every score), else the boolean mask the plain attention takes."""
+        docs = document_ids(idx, end_of_text=self.config.vocab_size - 1)  # <|endoftext|>, 50256 in GPT-2's
+        if idx.is_cuda and torch.compiler.is_compiling():
+            return doc_window_block_mask(docs)
+        return doc_window_mask(docs)
+
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters counted once; with non_embedding, less the tables that are looked up rather than multiplied
-        (the position table, and an untied token embedding), so 6N counts the matmuls' FLOPs."""
+        (the position table, an untied token embedding and the value embeddings), so 6N counts the matmuls' FLOPs."""
         n = sum(p.numel() for p in self.parameters())
         if not non_embedding:
             return n
         if "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
+        if self.config.has("value_embeds"):
+            n -= sum(table.weight.numel() for table in self.value_embeds)
         return n if self.tied else n - self.transformer.wte.weight.numel()
+
+
+def unet_skip(x: torch.Tensor, kept: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The unet_skips part: a second-half Block's input x plus its first-half partner's output, scaled by the pair's
+    learned weight, in x's dtype (a bf16 residual stream stays bf16)."""
+    return x + weight.to(x.dtype) * kept.to(x.dtype)
 
 
 def parameter_count(cfg: ModelConfig, padded_vocab: int) -> int:
@@ -175,15 +300,27 @@ def parameter_count(cfg: ModelConfig, padded_vocab: int) -> int:
     block = 12 * C * C + (9 * C if bias else 0) + 2 * gains  # c_attn, c_proj, c_fc, c_proj; biases; two norms
     table = padded_vocab * C * (2 if cfg.has("untied_head") else 1)
     positions = 0 if cfg.has("rope") else cfg.block_size * C
-    return table + positions + cfg.n_layer * block + gains
+    n = table + positions + cfg.n_layer * block + gains
+    if cfg.has("value_embeds"):  # the tables, and each using Block's (a, b)
+        uses = sum(t is not None for t in value_embed_tables(cfg.n_layer))
+        n += value_embed_count(cfg.n_layer) * padded_vocab * C + 2 * uses
+    if cfg.has("unet_skips"):
+        n += cfg.n_layer // 2
+    return n
 
 
 @torch.no_grad()
 def init_modern_weights(model: ModernGPT, seed: int) -> ModernGPT:
-    """GPT-2's initialisation (`gpt.init_weights`: the same draws in the same order), then the parts' own: zero
-    output projections (zero_init; drawn first, so the other weights keep GPT-2's numbers), a zero classifier
-    (untied_head)."""
+    """GPT-2's initialisation (`gpt.init_weights`: the same draws in the same order, then the value embeddings'
+    tables as the token embedding's), then the parts' own: zero output projections (zero_init; drawn first, so the
+    other weights keep GPT-2's numbers), a zero classifier (untied_head), the value mixes at VALUE_MIX_INIT
+    (value_embeds) and the skip weights at SKIP_INIT (unet_skips)."""
     init_weights(model, seed)
+    for module in model.modules():
+        if isinstance(module, ModernAttention) and hasattr(module, "value_mix"):
+            module.value_mix.copy_(torch.tensor(VALUE_MIX_INIT))
+    if model.config.has("unet_skips"):
+        model.skip_weights.fill_(SKIP_INIT)
     if model.config.has("zero_init"):
         for module in model.modules():
             if isinstance(module, nn.Linear) and getattr(module, "residual_scaled", False):

@@ -25,6 +25,11 @@ class Part:
     summary: str  # one sentence: what it changes
 
 
+VALUE_EMBED_TABLES = 3  # the value_embeds part's tables: the first and the last this many Blocks use one each
+# The doc_windows part's sliding window, in tokens: half the default sequence of 1024, so that the window cuts the
+# attention's work in long documents (a query sees at most this many keys) and still reaches far back.
+DOC_WINDOW = 512
+
 # In the race's order: rung k of the race is parts 0..k on top of GPT-2 (`gpt2`, the race's first rung).
 PARTS: tuple[Part, ...] = (
     Part("muon", "optimizer", "The Blocks' matrices are updated by Muon (momentum, then orthogonalised by a "
@@ -41,6 +46,14 @@ PARTS: tuple[Part, ...] = (
     Part("untied_head", "model", "The classifier gets its own weight (initialised at zero) instead of sharing the "
          "token embedding's."),
     Part("softcap", "model", "The logits are soft-capped, 15 tanh(z / 15), which keeps them bounded."),
+    Part("value_embeds", "model", f"{VALUE_EMBED_TABLES} more token-embedding tables are looked up from the input tokens and mixed "
+         f"into the values of the first {VALUE_EMBED_TABLES} and the last {VALUE_EMBED_TABLES} Blocks' attention, v <- a v + b ve, with a and b "
+         "learned per Block."),
+    Part("unet_skips", "model", "The outputs of the first half of the Blocks are kept and added, in reverse order "
+         "and each scaled by a learned weight, to the inputs of the second half."),
+    Part("doc_windows", "model", "A token attends only to the earlier tokens of its own document (documents begin "
+         f"at <|endoftext|>) within a sliding window of the last {DOC_WINDOW}, through FlexAttention where it "
+         "compiles on a GPU."),
     Part("wsd", "schedule", "The learning rate stays at its peak after warm-up and decays linearly to the floor "
          "over the last 40% of the steps (stable, then decay), where cosine decays all along."),
 )
@@ -49,9 +62,9 @@ PARTS_BY_NAME = {p.name: p for p in PARTS}
 MODEL_PARTS = tuple(p.name for p in PARTS if p.kind == "model")
 SOFTCAP = 15.0  # the softcap part's cap on the logits
 WSD_DECAY_FRACTION = 0.4  # the wsd part's share of the steps spent decaying
-# The race's top: every part that beat the rung before it by more than the seeds' spread. Until the race
-# has shown which do, the full modern recipe.
-SPEEDRUN = tuple(p.name for p in PARTS)
+# The race's top, written out: a part joins it only once the race has shown it beats the rung before it by more
+# than the seeds' spread (a new part is not in it by being in PARTS).
+SPEEDRUN = ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "wsd")
 
 
 @dataclass(frozen=True)
