@@ -178,6 +178,13 @@ def _adamw_only(recipe: Recipe) -> str | None:
     return None if recipe.optimizer == "adamw" else "the adamw_kernel rung updates by AdamW alone; this recipe uses Muon"
 
 
+def _causal_attention(recipe: Recipe) -> str | None:
+    if recipe.has("doc_windows"):
+        return ("the flash rung's causal SDPA is replaced by doc_windows' attention within documents and a window "
+                "(FlexAttention where compiled on a GPU)")
+    return None
+
+
 LADDER: tuple[Rung, ...] = (
     Rung("baseline", "fp32 everywhere, the four-line attention, vocabulary 50257, eager PyTorch.",
          "precision", {}, writeup=True),
@@ -191,7 +198,7 @@ LADDER: tuple[Rung, ...] = (
     Rung("compile", "torch.compile removes the Python interpreter and fuses elementwise chains into single kernels.",
          "memory", {"compile": True}, _needs_compile, writeup=True),
     Rung("flash", "scaled_dot_product_attention(is_causal=True) never writes the T x T score matrix to memory.",
-         "memory", {"attention": "sdpa"}, writeup=True),
+         "memory", {"attention": "sdpa"}, writeup=True, declines=_causal_attention),
     Rung("vocab", "The classifier gets 50304 rows (a multiple of 128), so its matmul tiles evenly.",
          "memory", {"vocab_multiple": 128}, writeup=True),
     Rung("fused_adamw", "AdamW updates every parameter in a few fused kernels instead of a loop of small ones.",

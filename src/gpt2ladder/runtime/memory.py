@@ -5,7 +5,8 @@ saved for backward; per sequence of T tokens
 
     L * T * C * block  +  L * H * T^2 * attention (the four-line attention only)  +  T * Vp * head
 
-bytes, with per-element byte counts that depend on how the step runs:
+bytes (the doc_windows part changes the attention's term: `_attention_bytes`), with per-element byte counts that
+depend on how the step runs:
 - block, every Block's saved activations per channel: 63 bytes in fp32, 36 under 16-bit autocast;
 - attention, the (T, T) scores the four-line attention keeps: 4 bytes in fp32 (the softmax output),
   6 under eager autocast (that fp32 output and its bf16 copy for the matmul), 4 compiled;
@@ -82,10 +83,12 @@ def _bytes_per_element(setup: Setup) -> tuple[int, int, int]:
 
 
 # What the modern family's parts save for backward beyond GPT-2's Block, per channel element in 16 bits: rope's
-# rotated q and k (2 + 2), qk_norm's normalised q and k (2 + 2), relu2's ReLU output over the 4C-wide hidden (8). Not
-# fitted to a measurement: an allowance that errs high (an eager step keeps more of each part's temporaries than a
-# compiled one, and the batch planner's probe of an eager step must pass).
-MODERN_PART_BYTES = {"rope": 4, "qk_norm": 4, "relu2": 8}
+# rotated q and k (2 + 2), qk_norm's normalised q and k (2 + 2), relu2's ReLU output over the 4C-wide hidden (8),
+# value_embeds' looked-up value embedding and the mixed v (2 + 2, counted in every Block though at most six use one),
+# unet_skips' kept first-half outputs, held until the second half adds them (4: one fp32 copy, though the Blocks
+# save most of them anyway). Not fitted to a measurement: an allowance that errs high (an eager step keeps more of
+# each part's temporaries than a compiled one, and the batch planner's probe of an eager step must pass).
+MODERN_PART_BYTES = {"rope": 4, "qk_norm": 4, "relu2": 8, "value_embeds": 4, "unet_skips": 4}
 
 
 def _modern_block_bytes(cfg: ModelConfig, setup: Setup) -> int:
@@ -111,13 +114,23 @@ def step_memory(cfg: ModelConfig, setup: Setup, seq_len: int, accumulates: bool 
                 validates: bool = False) -> StepMemory:
     """The estimate for one training step of this setup at sequences of `seq_len` tokens; `accumulates`:
     over several micro-batches; `validates`: with validation between steps (train)."""
-    T, C, L, H = seq_len, cfg.n_embd, cfg.n_layer, cfg.n_head
+    T, C, L = seq_len, cfg.n_embd, cfg.n_layer
     block, attention, head = _bytes_per_element(setup)
     block += _modern_block_bytes(cfg, setup)
-    per_sequence = L * T * C * block + T * _vocab(cfg, setup) * head
-    if setup.attention == "manual":
-        per_sequence += L * H * T * T * attention
+    per_sequence = L * T * C * block + T * _vocab(cfg, setup) * head + _attention_bytes(cfg, setup, T, attention)
     return StepMemory(_fixed(cfg, setup, seq_len, accumulates, validates), per_sequence)
+
+
+def _attention_bytes(cfg: ModelConfig, setup: Setup, T: int, per_score: int) -> int:
+    """What a sequence's attention keeps beyond the Blocks' per-channel bytes: the four-line attention's (T, T) scores
+    in every layer. With doc_windows, a compiled step on a GPU runs FlexAttention, which keeps no scores (its block
+    mask is a few integers per 128 x 128 tile; a step compiled on a CPU keeps the plain attention's, which this
+    leaves out), and an eager one the plain attention under a boolean (T, T) mask made once a batch (1 byte a
+    score), with the four-line attention's scores besides."""
+    scores = cfg.n_layer * cfg.n_head * T * T * per_score if setup.attention == "manual" else 0
+    if cfg.has("doc_windows"):
+        return 0 if setup.compile else T * T + scores
+    return scores
 
 
 def _fixed(cfg: ModelConfig, setup: Setup, seq_len: int, accumulates: bool, validates: bool) -> int:

@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass
 
 from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.model.recipe import DOC_WINDOW
 
 # Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' datasheets. One peak per device
 # for every rung, so MFU compares rungs: a fp32 rung's MFU is low because it does not use this peak.
@@ -39,12 +40,15 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 def flops_per_token(cfg: ModelConfig, seq_len: int, n_params: int) -> float:
     """Training FLOPs per token: 6N for the weights (2 forward, 4 backward) plus attention scores.
 
-    N = parameters without the position embedding (the tied classifier counted once); the attention
-    term 12*L*H*Q*T counts the QK^T and AV products, forward and backward, for a full T x T matrix,
-    as nanoGPT and PaLM do (the causal half is not subtracted).
+    N = parameters without the tables that are looked up (the position embedding, the value embeddings; the tied
+    classifier counted once); the attention term 12*L*H*Q*T counts the QK^T and AV products, forward and backward,
+    for a full T x T matrix, as nanoGPT and PaLM do (the causal half is not subtracted). With the doc_windows part
+    a query sees at most DOC_WINDOW keys, so the width counted is min(T, DOC_WINDOW) (the keys its documents cut
+    off depend on the data, and are not subtracted either).
     """
     L, H, Q = cfg.n_layer, cfg.n_head, cfg.head_size
-    return 6 * n_params + 12 * L * H * Q * seq_len
+    keys = min(seq_len, DOC_WINDOW) if cfg.has("doc_windows") else seq_len
+    return 6 * n_params + 12 * L * H * Q * keys
 
 
 def peak_flops(device_name: str) -> float | None:

@@ -137,8 +137,9 @@ def param_groups(model: torch.nn.Module, optimizer: str, *, lr: float, weight_de
     """The optimizer's groups, each with `lr_scale`: its peak learning rate over `lr`, the one the schedule sets.
 
     adamw: matrices with weight decay, vectors (biases, gains) without, all at lr.
-    muon: the Blocks' matrices (Muon, at muon_lr, no decay); the token embedding and position table (AdamW at
-    embed_lr), an untied head (at head_lr) and the vectors (at lr), none decayed.
+    muon: the Blocks' matrices (Muon, at muon_lr, no decay); the token embedding, position table and value
+    embeddings (AdamW at embed_lr), an untied head (at head_lr) and the vectors, the parts' learned scalars among
+    them (at lr), none decayed.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     if optimizer == "adamw":
