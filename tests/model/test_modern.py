@@ -11,7 +11,8 @@ from gpt2ladder.errors import UsageError
 from gpt2ladder.model import family
 from gpt2ladder.model.config import PRESETS, ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
-from gpt2ladder.model.modern import ModernGPT, qk_norm, relu2, rotary_tables, rotate
+from gpt2ladder.model.modern import (ModernGPT, doc_window_block_mask, doc_window_mask, document_ids, masked_attention,
+                                     mix_values, qk_norm, relu2, rotary_tables, rotate, value_embed_tables)
 from gpt2ladder.model.recipe import MODEL_PARTS, SOFTCAP
 
 SHAPE = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
@@ -34,6 +35,7 @@ def test_with_no_part_on_it_is_gpt2_weight_for_weight_and_logit_for_logit():
 @pytest.mark.parametrize("part", MODEL_PARTS)
 def test_each_part_alone_changes_the_function_and_trains(part):
     x = torch.randint(0, 300, (2, 12))
+    x[:, 5] = SHAPE.vocab_size - 1  # <|endoftext|>: a second document begins (doc_windows)
     base_loss = _model()(x, x)[1]
     model = _model(part)
     loss = model(x, x)[1]
@@ -42,10 +44,14 @@ def test_each_part_alone_changes_the_function_and_trains(part):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-@pytest.mark.parametrize("parts", [(), ("rope",), ("rmsnorm",), ("untied_head",), tuple(MODEL_PARTS)])
+@pytest.mark.parametrize("parts", [(), ("rope",), ("rmsnorm",), ("untied_head",), ("value_embeds",), ("unet_skips",),
+                                   ("doc_windows",), ("rmsnorm", "value_embeds", "unet_skips"), tuple(MODEL_PARTS)])
 def test_the_parameter_count_from_the_shape_is_the_built_models(parts):
     for multiple in (1, 128):
         cfg = dataclasses.replace(SHAPE, parts=parts, vocab_multiple=multiple)
+        assert family.parameters(cfg) == family.build(cfg).num_params(non_embedding=False)
+    for n_layer in (2, 3, 5, 12):  # the value embeddings' and skips' share of a shape depends on its depth
+        cfg = dataclasses.replace(SHAPE, parts=parts, n_layer=n_layer)
         assert family.parameters(cfg) == family.build(cfg).num_params(non_embedding=False)
 
 
@@ -115,3 +121,116 @@ def test_the_model_config_records_parts_only_when_there_are_any():
     assert "parts" not in SHAPE.to_dict()
     cfg = dataclasses.replace(SHAPE, parts=("rope", "relu2"))
     assert ModelConfig(**cfg.to_dict()) == cfg and cfg.family == "modern" and SHAPE.family == "gpt2"
+
+
+# --- value_embeds ---------------------------------------------------------------------------------------------
+
+
+def test_the_first_and_last_blocks_use_the_value_tables_in_order_and_a_shallow_model_uses_fewer():
+    assert value_embed_tables(12) == (0, 1, 2) + (None,) * 6 + (0, 1, 2)
+    assert value_embed_tables(6) == (0, 1, 2, 0, 1, 2)
+    assert value_embed_tables(5) == (0, 1, None, 0, 1)  # half of 5 Blocks: two tables
+    assert value_embed_tables(3) == (0, None, 0)
+    assert value_embed_tables(2) == (0, 0)
+    assert value_embed_tables(1) == (0,)  # one Block, both ends: one table
+    model = _model("value_embeds", shape=dataclasses.replace(SHAPE, n_layer=5))
+    assert len(model.value_embeds) == 2
+    assert [hasattr(b.attn, "value_mix") for b in model.transformer.h] == [True, True, False, True, True]
+
+
+def test_mix_values_is_a_v_plus_b_ve_head_by_head():
+    v, ve, mix = torch.randn(2, 3, 5, 4), torch.randn(2, 5, 12), torch.tensor([0.7, -1.3])
+    expected = torch.stack([0.7 * v[:, h] - 1.3 * ve[..., 4 * h:4 * h + 4] for h in range(3)], dim=1)
+    torch.testing.assert_close(mix_values(v, ve, mix), expected)
+    assert mix_values(v.bfloat16(), ve, mix).dtype == torch.bfloat16  # the attention's operands stay alike
+
+
+def test_value_embeds_start_half_and_half_are_drawn_after_gpt2s_weights_and_mix_into_the_values():
+    x = torch.randint(0, 300, (2, 12))
+    model = _model("value_embeds", shape=dataclasses.replace(SHAPE, vocab_multiple=128))
+    assert all(b.attn.value_mix.tolist() == [0.5, 0.5] for b in model.transformer.h)
+    table = model.value_embeds[0].weight
+    assert table.shape == (384, 32) and not table[300:].any() and table[:300].std().item() == pytest.approx(0.02, rel=0.1)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.value_mix.copy_(torch.tensor([1.0, 0.0]))  # a v + b ve with a = 1, b = 0: the values alone
+    assert torch.equal(model(x, x)[1], _model(shape=dataclasses.replace(SHAPE, vocab_multiple=128))(x, x)[1])
+    fresh = _model("value_embeds")
+    fresh(x, x)[1].backward()
+    assert fresh.value_embeds[0].weight.grad[x.unique()].abs().sum(-1).all()  # learned from the first step on
+
+
+# --- unet_skips ---------------------------------------------------------------------------------------------
+
+
+def test_unet_skips_add_the_first_halfs_outputs_in_reverse_each_scaled_by_its_weight():
+    shape = dataclasses.replace(SHAPE, n_layer=5)
+    model = _model("unet_skips", shape=shape)
+    assert model.skip_weights.tolist() == [1.0, 1.0]  # one weight per pair, starting whole
+    with torch.no_grad():
+        model.skip_weights.copy_(torch.tensor([0.3, -0.6]))
+    idx = torch.randint(0, 300, (2, 12))
+    h = model.transformer.h
+    o0 = h[0](model.embed(idx))
+    o1 = h[1](o0)
+    o2 = h[2](o1)  # the middle Block of an odd count: no pair
+    o3 = h[3](o2 + -0.6 * o1)  # the second half's first input takes the first half's last output
+    o4 = h[4](o3 + 0.3 * o0)
+    torch.testing.assert_close(model.hidden(idx), model.transformer.ln_f(o4))
+    with torch.no_grad():
+        model.skip_weights.zero_()
+    assert torch.equal(model(idx, idx)[1], _model(shape=shape)(idx, idx)[1])  # no skip: the model without the part
+
+
+def test_unet_skips_need_two_halves():
+    with pytest.raises(UsageError, match="n_layer=1 has no halves") as err:
+        ModelConfig(n_layer=1, n_head=2, n_embd=32, parts=("unet_skips",))
+    assert "\n" not in str(err.value)
+
+
+# --- doc_windows ---------------------------------------------------------------------------------------------
+
+
+def _reference_attention(q, k, v, docs, window):
+    """Masked softmax written out: query i over the keys j <= i of its own document less than `window` back."""
+    T = q.shape[-2]
+    allowed = torch.tensor([[[j <= i and i - j < window and docs[b, i] == docs[b, j] for j in range(T)]
+                             for i in range(T)] for b in range(q.shape[0])])  # (B, T, T)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, allowed
+
+
+def test_a_document_begins_at_its_end_of_text_token():
+    idx = torch.tensor([[5, 7, 9, 9, 5, 9, 1]])
+    assert document_ids(idx, end_of_text=9).tolist() == [[0, 0, 1, 2, 2, 3, 3]]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("window", [3, 64])
+def test_the_doc_window_attention_is_the_masked_softmax_on_every_path(window):
+    gen = torch.Generator().manual_seed(0)
+    B, H, T, D = 2, 2, 20, 8
+    q, k, v = (torch.randn(B, H, T, D, generator=gen) for _ in range(3))
+    idx = torch.randint(0, 8, (B, T), generator=gen)
+    idx[0, 7] = idx[0, 13] = idx[1, 0] = 9
+    docs = document_ids(idx, end_of_text=9)
+    expected, allowed = _reference_attention(q, k, v, docs, window)
+    assert torch.equal(doc_window_mask(docs, window)[:, 0], allowed)
+    torch.testing.assert_close(masked_attention(q, k, v, doc_window_mask(docs, window), manual=True), expected)
+    torch.testing.assert_close(masked_attention(q, k, v, doc_window_mask(docs, window), manual=False), expected)
+    flex = masked_attention(q, k, v, doc_window_block_mask(docs, window), manual=False)  # FlexAttention, eager
+    torch.testing.assert_close(flex, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_token_sees_nothing_of_an_earlier_document():
+    model = _model("doc_windows").eval()
+    eot = SHAPE.vocab_size - 1
+    x = torch.randint(0, 299, (1, 12))
+    x[0, 6] = eot
+    other = x.clone()
+    other[0, :6] = torch.randint(0, 299, (6,))  # another first document
+    assert isinstance(model.attention_mask(x), torch.Tensor)  # on a CPU, uncompiled: the plain attention's mask
+    a, b = model(x)[0], model(other)[0]
+    torch.testing.assert_close(a[0, 6:], b[0, 6:])  # the second document's logits do not move
+    assert not torch.allclose(a[0, :6], b[0, :6])
