@@ -226,6 +226,20 @@ def test_auto_leaves_out_the_graph_only_rungs_where_no_graph_can_be_captured():
     assert set(graph_only) <= set(resolve_rungs("best", H200_TRITON, "fsdp"))  # best measures them anyway
 
 
+def test_the_flash_rung_declines_doc_windows_in_one_line_and_the_other_new_parts_keep_every_generic_rung():
+    from gpt2ladder.model.recipe import parse_recipe
+
+    windowed = parse_recipe("muon,rope,value_embeds,unet_skips,doc_windows")
+    reason = why_unavailable("flash", H200_TRITON, recipe=windowed)
+    assert reason and "doc_windows" in reason and "\n" not in reason and len(reason) < 200
+    assert "flash" not in available_rungs(H200_TRITON, recipe=windowed)
+    generic = ("compile", "vocab", "fused_adamw", "fused_loss", "fp8_head", "cuda_graph", "bf16_residual",
+               "memset_fill", "cublaslt")
+    assert set(generic) <= set(available_rungs(H200_TRITON, recipe=windowed))
+    skips = parse_recipe("muon,rope,value_embeds,unet_skips")
+    assert available_rungs(H200_TRITON, recipe=skips) == available_rungs(H200_TRITON, recipe=parse_recipe("muon,rope"))
+
+
 def test_a_recipe_that_changes_gpt2s_blocks_keeps_the_generic_rungs_and_says_why_for_the_others():
     from gpt2ladder.model.recipe import parse_recipe
 

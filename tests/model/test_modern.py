@@ -150,7 +150,8 @@ def test_value_embeds_start_half_and_half_are_drawn_after_gpt2s_weights_and_mix_
     model = _model("value_embeds", shape=dataclasses.replace(SHAPE, vocab_multiple=128))
     assert all(b.attn.value_mix.tolist() == [0.5, 0.5] for b in model.transformer.h)
     table = model.value_embeds[0].weight
-    assert table.shape == (384, 32) and not table[300:].any() and table[:300].std().item() == pytest.approx(0.02, rel=0.1)
+    assert table.shape == (384, 32) and not table[300:].any()  # padded rows stay zero, as the token embedding's
+    assert table[:300].std().item() == pytest.approx(0.02, rel=0.1)
     with torch.no_grad():
         for block in model.transformer.h:
             block.attn.value_mix.copy_(torch.tensor([1.0, 0.0]))  # a v + b ve with a = 1, b = 0: the values alone

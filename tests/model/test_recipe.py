@@ -41,3 +41,12 @@ def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
     assert lr_at(100, 1.0, 0.1, 10, 100, "wsd") == 0.1
     assert all(a >= b for a, b in zip(rates[10:], rates[11:]))
     assert lr_at(50, 1.0, 0.1, 10, 100) < 1.0  # cosine decays all along
+
+
+def test_the_new_model_parts_race_after_softcap_and_the_speedrun_is_the_list_the_race_has_shown():
+    names = [p.name for p in PARTS]
+    assert names[names.index("softcap"):] == ["softcap", "value_embeds", "unet_skips", "doc_windows", "wsd"]
+    assert SPEEDRUN == ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "wsd")
+    assert not {"value_embeds", "unet_skips", "doc_windows"} & set(parse_recipe("speedrun").parts)
+    recipe = parse_recipe("doc_windows,value_embeds,unet_skips")
+    assert recipe.model_parts == ("value_embeds", "unet_skips", "doc_windows") and recipe.family == "modern"

@@ -185,6 +185,28 @@ def test_a_graph_beside_validation_leaves_room_for_one_sequence_of_it():
     assert padded == 1024 * 50304 * 10 + 4 * 1024 * 768 * 16
 
 
+def test_value_embeds_and_unet_skips_add_their_tables_and_activations():
+    gpt2 = preset("gpt2")
+    for setup in (setup_for(["baseline"]), setup_for(["baseline", "tf32", "bf16", "compile", "flash", "vocab"])):
+        plain = step_memory(gpt2, setup, 1024)
+        for part in ("value_embeds", "unet_skips"):
+            modern = step_memory(dataclasses.replace(gpt2, parts=(part,)), setup, 1024)
+            assert modern.per_sequence > plain.per_sequence
+        tables = step_memory(dataclasses.replace(gpt2, parts=("value_embeds",)), setup, 1024)
+        rows = 50304 if setup.vocab_multiple == 128 else 50257
+        assert tables.fixed - plain.fixed == 16 * (3 * rows * 768 + 2 * 6)  # three tables, six Blocks' (a, b)
+
+
+def test_doc_windows_keep_no_scores_under_flex_attention_and_a_mask_besides_them_eager():
+    gpt2, windowed = preset("gpt2"), dataclasses.replace(preset("gpt2"), parts=("doc_windows",))
+    compiled = setup_for(["baseline", "tf32", "bf16", "compile"])  # the four-line attention: flash declines
+    scores = 12 * 12 * 1024 * 1024 * 4  # what the four-line attention keeps compiled
+    assert step_memory(gpt2, compiled, 1024).per_sequence - step_memory(windowed, compiled, 1024).per_sequence == scores
+    eager = setup_for(["baseline"])
+    assert (step_memory(windowed, eager, 1024).per_sequence - step_memory(gpt2, eager, 1024).per_sequence
+            == 1024 * 1024)  # the boolean mask, once a sequence
+
+
 def test_the_modern_familys_parts_add_to_a_steps_estimate_never_take_from_it():
     import dataclasses
 

@@ -18,6 +18,15 @@ def test_flops_per_token_matches_hand_computation():
     assert 16 * 1024 * flops_per_token(cfg, 1024, n) == pytest.approx(14.0e12, rel=5e-3)
 
 
+def test_flops_per_token_with_doc_windows_counts_the_window_not_the_sequence():
+    from gpt2ladder.model.recipe import DOC_WINDOW
+
+    cfg = dataclasses.replace(preset("gpt2"), parts=("doc_windows",))
+    n = 85_000_000
+    assert flops_per_token(cfg, 1024, n) == 6 * n + 12 * 12 * 12 * 64 * DOC_WINDOW
+    assert flops_per_token(cfg, 256, n) == flops_per_token(preset("gpt2"), 256, n)  # a window longer than T
+
+
 def test_mfu_against_hand_computation():
     # 16,384 tokens in 40 ms at 0.855 GFLOP/token on a 989 TFLOP/s card: 35.4% MFU.
     tok_s = 16384 / 0.040

@@ -13,7 +13,7 @@ from gpt2ladder.training.runlog import read_log
 
 from training_support import one_line_error, real_text_offline, run_cli  # noqa: F401  (the real text, offline)
 
-RECIPE = "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,wsd"
+RECIPE = "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,value_embeds,unet_skips,doc_windows,wsd"
 
 
 def _args(out, *extra):
@@ -37,8 +37,9 @@ def test_the_run_records_its_recipe_and_trains(modern_run):
     assert config["train_config"]["recipe"] == RECIPE and config["train_config"]["muon_lr"] == 0.01
     state = load_checkpoint(modern_run)
     assert state["model_config"]["parts"] == ["rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head",
-                                              "softcap"]
+                                              "softcap", "value_embeds", "unet_skips", "doc_windows"]
     assert "transformer.wpe.weight" not in state["model"] and "lm_head.weight" in state["model"]
+    assert {"value_embeds.0.weight", "skip_weights", "transformer.h.1.attn.value_mix"} <= set(state["model"])
     log = read_log(modern_run / "log.jsonl")
     assert log[-1]["step"] == 6 and log[-1]["val_loss"] < log[2]["val_loss"] < 10.9
 

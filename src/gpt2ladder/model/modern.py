@@ -1,12 +1,13 @@
 """The modern family: GPT-2's network with the parts of the recipes switched on one at a time.
 
 Each part is a small named unit below (rotary positions, QK-norm, ReLU^2, RMS norm without gains and no
-biases, zero-initialised output projections, an untied head, soft-capped logits, value embeddings, U-Net skips,
-attention within documents and a sliding window); `ModelConfig.parts` says which are on. With none on, `ModernGPT` builds the same modules, in the same order and under the same
-names, as `GPT`, draws the same initial weights and computes the same function: each part is then the only
-difference from GPT-2 (a test holds both). The module names stay GPT-2's (`c_attn`, `c_fc`, `c_proj`, `ln_1`,
-...), so the generic step rungs find the same seams; the rewrites written for GPT-2's exact blocks decline
-this family in one line (`ladder.py`).
+biases, zero-initialised output projections, an untied head, soft-capped logits, value embeddings mixed into
+the attention's values, U-Net skips from the first half of the Blocks to the second, attention within
+documents and a sliding window); `ModelConfig.parts` says which are on. With none on, `ModernGPT` builds the
+same modules, in the same order and under the same names, as `GPT`, draws the same initial weights and
+computes the same function: each part is then the only difference from GPT-2 (a test holds both). The module
+names stay GPT-2's (`c_attn`, `c_fc`, `c_proj`, `ln_1`, ...), so the generic step rungs find the same seams;
+the rewrites written for GPT-2's exact blocks decline this family in one line (`ladder.py`).
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ PARTS: tuple[Part, ...] = (
     Part("untied_head", "model", "The classifier gets its own weight (initialised at zero) instead of sharing the "
          "token embedding's."),
     Part("softcap", "model", "The logits are soft-capped, 15 tanh(z / 15), which keeps them bounded."),
-    Part("value_embeds", "model", f"{VALUE_EMBED_TABLES} more token-embedding tables are looked up from the input tokens and mixed "
-         f"into the values of the first {VALUE_EMBED_TABLES} and the last {VALUE_EMBED_TABLES} Blocks' attention, v <- a v + b ve, with a and b "
-         "learned per Block."),
+    Part("value_embeds", "model", f"{VALUE_EMBED_TABLES} more token-embedding tables are looked up from the input "
+         f"tokens and mixed into the values of the first {VALUE_EMBED_TABLES} and the last {VALUE_EMBED_TABLES} "
+         "Blocks' attention, v <- a v + b ve, with a and b learned per Block."),
     Part("unet_skips", "model", "The outputs of the first half of the Blocks are kept and added, in reverse order "
          "and each scaled by a learned weight, to the inputs of the second half."),
     Part("doc_windows", "model", "A token attends only to the earlier tokens of its own document (documents begin "
