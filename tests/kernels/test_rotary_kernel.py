@@ -102,20 +102,23 @@ def F_rms(t: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.nn.functional.rms_norm(t, (t.shape[-1],), eps=eps)
 
 
-def test_the_rung_keeps_the_modern_models_function():
-    """With the rotary_kernel rewrite a modern model (CPU: the reference path) gives the same loss and gradients."""
+@pytest.mark.parametrize("more", [(), ("value_embeds", "unet_skips", "doc_windows")])
+def test_the_rung_keeps_the_modern_models_function(more):
+    """With the rotary_kernel rewrite a modern model (CPU: the reference path) gives the same loss and gradients,
+    with the value embeddings and document windows after the kernel's q, k and v too."""
     from gpt2ladder.model.family import built
     from gpt2ladder.model.setup import Setup
     from gpt2ladder.speedups import apply
 
     cfg = ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=64,
-                      parts=("rope", "qk_norm", "relu2", "rmsnorm"))
+                      parts=("rope", "qk_norm", "relu2", "rmsnorm", *more))
     plain = built(cfg, seed=0)
     fast = built(cfg, seed=0)
     replaced = apply(fast, Setup(rotary_kernel=True))["rotary_kernel"]
     assert replaced == ["transformer.h.0.attn", "transformer.h.1.attn"]
     assert fast.state_dict().keys() == plain.state_dict().keys()
     idx = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(1))
+    idx[:, 7] = 63  # <|endoftext|>: a second document (doc_windows)
     losses = []
     for model in (plain, fast):
         _, loss = model(idx, idx)

@@ -163,13 +163,19 @@ class ModernAttention(Branch):
     def in_proj(self) -> tuple[nn.Linear, bool]:
         return self.c_attn, self.c_attn.bias is not None
 
-    def after_in_proj(self, qkv: torch.Tensor, ve: torch.Tensor | None = None,
-                      mask: torch.Tensor | BlockMask | None = None) -> torch.Tensor:
+    def heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v, (B, nh, T, hs) each, from c_attn's output (B, T, 3C): q and k RMS-normalised (qk_norm) and turned
+        by their positions (rope). The rotary_kernel rung replaces this alone."""
         q, k, v = split_heads(qkv, self.n_head)  # (B, nh, T, hs) each
         if self.qk_norm:
             q, k = qk_norm(q), qk_norm(k)
         if self.rope:
             q, k = rotate(q, self.rope_cos, self.rope_sin), rotate(k, self.rope_cos, self.rope_sin)
+        return q, k, v
+
+    def after_in_proj(self, qkv: torch.Tensor, ve: torch.Tensor | None = None,
+                      mask: torch.Tensor | BlockMask | None = None) -> torch.Tensor:
+        q, k, v = self.heads(qkv)
         if ve is not None:
             v = mix_values(v, ve, self.value_mix)
         B, nh, T, hs = q.shape

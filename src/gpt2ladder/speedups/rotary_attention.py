@@ -11,24 +11,19 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gpt2ladder.kernels.rotary import Rotary
-from gpt2ladder.model.gpt import manual_attention
 from gpt2ladder.model.modern import ModernAttention
 from gpt2ladder.speedups.common import replace_modules
 
 
 class RotaryKernelAttention(ModernAttention):
-    def after_in_proj(self, qkv: torch.Tensor) -> torch.Tensor:
-        B, T, _ = qkv.shape
+    def heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, nh, T, hs) from the kernel's one pass; the attention after them is ModernAttention's (with the
+        value embeddings and the document windows where the recipe has them)."""
+        T = qkv.shape[1]
         cos, sin = (self.rope_cos[:T], self.rope_sin[:T]) if self.rope else (None, None)
-        q, k, v = (t.transpose(1, 2) for t in Rotary.apply(qkv, cos, sin, self.n_head, self.qk_norm))  # (B, nh, T, hs)
-        if self.attention == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = manual_attention(q, k, v, self.bias[:, :, :T, :T])
-        return y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, C)
+        return tuple(t.transpose(1, 2) for t in Rotary.apply(qkv, cos, sin, self.n_head, self.qk_norm))
 
 
 def _rebuilt(attention: ModernAttention) -> RotaryKernelAttention:
