@@ -103,7 +103,12 @@ def _positive_float(text: str) -> float:
 
 def _race_target(text: str) -> float | str:
     """race --target-val-loss: a positive number, or gpt2 (read off the gpt2 rung)."""
-    return "gpt2" if text.strip() == "gpt2" else _positive_float(text)
+    if text.strip() == "gpt2":
+        return "gpt2"
+    try:
+        return _positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive number or gpt2, got {text}") from None
 
 
 def _gib(text: str) -> float:

@@ -377,6 +377,7 @@ def _corpus(folder, train_tokens=2000):
     (["--target-val-loss", "11"], "--target-val-loss must be above 0 and at most 10.9"),
     (["--target-val-loss", "-1"], "argument --target-val-loss: expected a positive number"),
     (["--rungs", "muon", "--target-val-loss", "gpt2"], "--rungs must start with gpt2"),
+    (["--target-val-loss", "abc"], "expected a positive number or gpt2, got abc"),
     (["--data", "TEXT"], "no --target-val-loss, and text.txt has no known target"),
     (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "100"], "fewer than one rung's 6,400"),
 ])
