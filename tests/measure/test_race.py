@@ -186,6 +186,21 @@ def test_a_run_read_back_from_its_log_to_the_target_or_to_its_end():
                             {"step": 4, "tokens": 256, "train_seconds": 0.33, "val_loss": 8.9}]
     missed = race.run_result(log[:3] + [{k: v for k, v in log[3].items() if k != "target"}], cfg, 1, "d")
     assert not missed["reached"] and missed["train_seconds"] is None and missed["steps_run"] == 4
+    assert got["card"] is None  # no config.json in "d": a run made apart names no card
+
+
+def test_a_run_names_the_card_its_config_records_and_one_race_card_is_said_without_a_mixed_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"device": {"name": "NVIDIA H200"}}))
+    assert race.run_card(tmp_path) == "NVIDIA H200"
+    (tmp_path / "config.json").write_text("{damaged")
+    assert race.run_card(tmp_path) is None
+    rows = [{"name": "gpt2", "cards": ["NVIDIA H200"], "runs": [{"card": "NVIDIA H200"}, {"card": None}]}]
+    assert race.cards_of(rows) == ["NVIDIA H200"]
+    record = {"cards": ["NVIDIA H200"], "device": {"name": "NVIDIA H200"}, "rungs": rows}
+    assert report.cards_text(record) == "NVIDIA H200" and report.mixed_cards_line(record) == []
+    assert report.cards_text({"device": {"name": "cpu"}}) == "cpu"  # a record from before runs named their card
+    assert race.other_cards({"cards": ["NVIDIA H200", "cpu"]}, "cpu") == ["NVIDIA H200"]
+    assert race.other_cards(None, "cpu") == []
 
 
 def test_a_race_cut_off_keeps_the_runs_it_finished(tmp_path, monkeypatch):
@@ -294,9 +309,22 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     assert muon["status"] == "ok" and muon["reached"] == (muon["runs"][0]["curve"][-1]["val_loss"] <= last["val_loss"])
     assert f"target: validation loss {last['val_loss']:g}, the gpt2 rung's after 4 steps" in text
     assert (tmp_path / "race.md").is_file() and (tmp_path / "race.png").stat().st_size > 0
+    card = record["device"]["name"]
+    assert record["cards"] == [card] and gpt2["cards"] == muon["cards"] == [card]
+    assert all(json.loads((tmp_path / r / "seed0" / "config.json").read_text())["train_config"]["ckpt_every"] == 0
+               for r in ("gpt2", "muon"))  # saved at the end only
+    # the gpt2 run as if it had trained on another card: the race read back says so, and names both
+    ran = tmp_path / "gpt2" / "seed0" / "config.json"
+    ran.write_text(ran.read_text().replace(json.dumps(card), json.dumps("NVIDIA H100 80GB HBM3")))
+    (tmp_path / "race.json").write_text(json.dumps({**record, "cards": ["NVIDIA H100 80GB HBM3", card]}))
     code, text = _main([*argv, "--resume"])  # read back: the same target, nothing trained
     assert code == 0 and text.count("(finished earlier)") == 2
-    assert json.loads((tmp_path / "race.json").read_text())["target_val_loss"] == last["val_loss"]
+    assert f"notice: runs of this race trained on NVIDIA H100 80GB HBM3, and this one trains on {card}" in text
+    again = json.loads((tmp_path / "race.json").read_text())
+    assert again["target_val_loss"] == last["val_loss"] and again["cards"] == ["NVIDIA H100 80GB HBM3", card]
+    md = (tmp_path / "race.md").read_text()
+    assert f"on NVIDIA H100 80GB HBM3 and {card} (mixed cards), to validation loss" in md
+    assert f"- mixed cards: gpt2 on NVIDIA H100 80GB HBM3; muon on {card}." in md
 
 
 def test_a_race_cut_off_inside_the_rung_that_sets_its_target_still_writes_its_record(tmp_path):

@@ -36,6 +36,10 @@ OWN_FILES = r"race\.(json|md|png)|" + "|".join(race.RACE_RUNGS)
 # the default steps on this text (a demonstration of the race, not a yardstick).
 SHAKESPEARE_DEMO_TARGETS = {"tiny": 6.8}
 SHAKESPEARE_DEMO_TARGET = 5.4  # every other preset
+# A race's runs save their checkpoint at their end (the target, or the last step) and when a signal stops them, not
+# on the way: GPT-2's weights and AdamW's moments are 1.5 GB, and five saves on the way cost a 1500-step run about a
+# minute of wall time outside its training time. A run killed without a signal starts again on --resume.
+RACE_CKPT_EVERY = 0
 
 
 def race_command(args) -> int:
@@ -58,7 +62,7 @@ def race_command(args) -> int:
     check_corpus(cfg, tokens)
     race.check_same_race(cfg, earlier)
     with output_dir(out) as out:
-        return _race(args, cfg, device, caps, tokens, out)
+        return _race(args, cfg, device, caps, tokens, out, earlier)
 
 
 def _earlier(out: Path) -> dict | None:
@@ -113,7 +117,7 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
     train = TrainConfig(
         preset=name, model=shape, batch_size=batch, seq_len=seq_len, steps=steps, lr=lr, min_lr=lr / 10,
         tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=int(0.05 * steps), eval_every=every,
-        eval_batches=d["eval_batches"], ckpt_every=max(every, steps // 5), target_val_loss=target, data=args.data,
+        eval_batches=d["eval_batches"], ckpt_every=RACE_CKPT_EVERY, target_val_loss=target, data=args.data,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", **{name: getattr(args, name) or rate for name, rate in MUON_RATES.items()},
     )
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
@@ -153,7 +157,7 @@ def check_corpus(cfg: race.RaceConfig, tokens: data_mod.TokenData) -> None:
                          "use a larger corpus or fewer --steps")
 
 
-def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path) -> int:
+def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: dict | None) -> int:
     say = print
     s = cfg.train
     goal = "gpt2's" if cfg.target is None else f"{cfg.target:g}"
@@ -162,6 +166,10 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path) -> int:
         f"of {s.tokens_per_step:,} tokens, validated every {s.eval_every}; runs in {out}/<rung>/seed<k>/", flush=True)
     if device.type != "cuda":
         say(f"notice: {race.CPU_COMPILE}", flush=True)
+    others = race.other_cards(earlier, caps.name)
+    if others:
+        say(f"notice: runs of this race trained on {', '.join(others)}, and this one trains on {caps.name}: its record "
+            "will name both cards, and seconds from two cards are not one race's", flush=True)
 
     def on_record(record: dict) -> None:
         for stale in ("race.md", "race.png"):

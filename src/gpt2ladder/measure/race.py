@@ -15,13 +15,16 @@ time read is that of a run planned for a fixed budget, the same way for every ru
 and the range (lowest to highest). A rung is "within noise" of the rung before when their ranges overlap.
 
 Everything a row says is read back from its runs' log.jsonl, so a race cut off keeps the runs it finished, and
-continuing it (`resume`) skips them; a run stopped part-way continues from its checkpoint.
+continuing it (`resume`) skips them; a run stopped part-way by a signal continues from the checkpoint it saved then.
+Each run records the card it ran on (its config.json): a race continued on another card says so in its record, as
+seconds measured on two cards are not one race's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +191,11 @@ def check_new_race(out: Path, resume: bool) -> None:
         raise UsageError(f"{out} already holds a race ({held[0]}); pass --resume to continue it, or another --out")
 
 
+def other_cards(earlier: dict | None, card: str) -> list[str]:
+    """The cards other than this one that the runs of the race in this folder trained on."""
+    return [c for c in (earlier or {}).get("cards") or [] if c != card]
+
+
 def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
     """--resume continues a race of the same settings, each rung training the same recipe (rungs may be added after
     the last, and seeds)."""
@@ -305,7 +313,7 @@ def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) ->
                           "train_seconds": round(train_ms / 1000, 3), "val_loss": e["val_loss"]})
     timed = entries[1:] or entries
     mfus = [e["mfu"] for e in timed if e.get("mfu") is not None]
-    result = {"seed": seed, "dir": str(where), "status": "ok", "reached": hit is not None,
+    result = {"seed": seed, "dir": str(where), "status": "ok", "card": run_card(where), "reached": hit is not None,
               "steps_run": entries[-1]["step"], "planned_tokens": cfg.steps * cfg.tokens_per_step,
               "ms_per_step": statistics.median(e["ms"] for e in timed),
               "mfu": statistics.median(mfus) if mfus else None, "curve": curve}
@@ -316,12 +324,28 @@ def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) ->
     return {**result, **figures}
 
 
+def run_card(where) -> str | None:
+    """The card a run trained on, as its config.json names it (None where it has none: a run made apart)."""
+    try:
+        return json.loads((Path(where) / "config.json").read_text(encoding="utf-8"))["device"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def cards_of(rows: list[dict]) -> list[str]:
+    """The cards the race's runs trained on, in the order they first appear: more than one, and their seconds are
+    not one race's."""
+    seen = [run.get("card") for row in rows for run in row["runs"]]
+    return list(dict.fromkeys(c for c in seen if c))
+
+
 def race_record(cfg: RaceConfig, device, caps: Capabilities, tokens, runs: dict[str, list[dict]],
                 partial: bool) -> dict:
-    """race.json: the record header, what was raced, and a row per rung that has run."""
+    """race.json: the record header, what was raced, and a row per rung that has run; `cards` the cards its runs
+    trained on (the header's `device` is the card of the session that wrote it)."""
     rows = [rung_row(r, runs[r.name], cfg) for r in cfg.rungs if runs[r.name]]
     add_gains(rows)
-    return {**record_header(caps, device), "command": "race", "config": cfg.to_dict(),
+    return {**record_header(caps, device), "command": "race", "config": cfg.to_dict(), "cards": cards_of(rows),
             "target_val_loss": cfg.target, "target_source": cfg.target_source,
             "model": cfg.train.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
             "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": rows}
@@ -338,7 +362,8 @@ def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
            "batch_size": rung.batch_size, "status": status,
            "reason": failed[0]["reason"] if failed else None, "seeds_run": len(ok),
            "seeds_reached": sum(r["reached"] for r in ok), "reached": reached,
-           "planned_tokens": cfg.train.steps * cfg.train.tokens_per_step, "tokens_per_step": cfg.train.tokens_per_step}
+           "planned_tokens": cfg.train.steps * cfg.train.tokens_per_step, "tokens_per_step": cfg.train.tokens_per_step,
+           "cards": list(dict.fromkeys(r["card"] for r in runs if r.get("card")))}
     for key in METRICS:
         row[key] = spread([r[key] for r in ok], reached)
     for key in ("ms_per_step", "mfu"):

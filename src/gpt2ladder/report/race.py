@@ -89,11 +89,27 @@ def target_text(record: dict) -> str:
     return "gpt2's (not set: its rung did not finish)" if target is None else f"{target:g}"
 
 
+def cards_text(record: dict) -> str:
+    """The card the race's runs trained on; 'X and Y (mixed cards)' where they trained on more than one (a record
+    written before runs named their card: the header's)."""
+    cards = record.get("cards") or [record["device"]["name"]]
+    return cards[0] if len(cards) == 1 else f"{' and '.join(cards)} (mixed cards)"
+
+
+def mixed_cards_line(record: dict) -> list[str]:
+    """The line race.md adds where the runs trained on more than one card: which rung's seeds ran where."""
+    if len(record.get("cards") or []) < 2:
+        return []
+    where = "; ".join(f"{row['name']} on {', '.join(row['cards'])}" for row in record["rungs"] if row.get("cards"))
+    return [f"- mixed cards: {where}. Seconds from two cards are not one race's: compare the tokens and steps, or run "
+            "the race again on one card"]
+
+
 def format_markdown(record: dict) -> str:
-    cfg, dev, s = record["config"], record["device"], record["config"]["settings"]
+    cfg, s = record["config"], record["config"]["settings"]
     source = "" if record["target_source"] == "given" else f" ({record['target_source']})"
     head = [
-        f"# gpt2ladder race: {s['preset']} on {dev['name']}, to validation loss {target_text(record)}",
+        f"# gpt2ladder race: {s['preset']} on {cards_text(record)}, to validation loss {target_text(record)}",
         "",
         f"- target: validation loss {target_text(record)}{source}, on {record['data']['source']}",
         f"- every run planned for {s['steps']:,} steps of {s['tokens_per_step']:,} tokens "
@@ -106,6 +122,7 @@ def format_markdown(record: dict) -> str:
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",
         f"- {record['date']}",
+        *mixed_cards_line(record),
     ]
     if record.get("partial"):
         head.append("- partial: the race stopped before every rung had run; the rows below are the ones it finished")
@@ -138,7 +155,7 @@ def race_chart(record: dict, path: Path) -> Path:
     curves.set_xlabel("training seconds (timed steps)")
     curves.set_ylabel("validation loss")
     curves.set_title(f"{record['config']['settings']['preset']} on {record['data']['source']}, "
-                     f"{record['device']['name']}", fontsize=10)
+                     f"{cards_text(record)}", fontsize=10)
     curves.legend(frameon=False, fontsize=7)
     for ax in (bars, curves):
         ax.spines[["top", "right"]].set_visible(False)
