@@ -189,6 +189,18 @@ def test_a_run_read_back_from_its_log_to_the_target_or_to_its_end():
     assert got["card"] is None  # no config.json in "d": a run made apart names no card
 
 
+def test_a_resumed_runs_curve_leaves_out_each_sessions_first_step_as_the_trainers_clock_does():
+    cfg = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2)
+    log = [{"step": 1, "ms": 900.0, "mfu": None, "warmup": True}, {"step": 2, "ms": 100.0, "mfu": None, "val_loss": 9.5},
+           {"step": 3, "ms": 800.0, "mfu": None, "warmup": True},  # resumed here: compiled again
+           {"step": 4, "ms": 110.0, "mfu": None, "val_loss": 8.9}]
+    got = race.run_result(log, cfg, 0, "d")
+    assert [p["train_seconds"] for p in got["curve"]] == [0.1, 0.21] and got["ms_per_step"] == 105.0
+    assert race.warmup_steps(log) == {0, 2}
+    assert race.warmup_steps([{k: v for k, v in e.items() if k != "warmup"} for e in log]) == {0}  # an older log
+    assert race.warmup_steps([]) == set()
+
+
 def test_a_run_names_the_card_its_config_records_and_one_race_card_is_said_without_a_mixed_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"device": {"name": "NVIDIA H200"}}))
     assert race.run_card(tmp_path) == "NVIDIA H200"
@@ -311,8 +323,10 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     assert (tmp_path / "race.md").is_file() and (tmp_path / "race.png").stat().st_size > 0
     card = record["device"]["name"]
     assert record["cards"] == [card] and gpt2["cards"] == muon["cards"] == [card]
-    assert all(json.loads((tmp_path / r / "seed0" / "config.json").read_text())["train_config"]["ckpt_every"] == 0
-               for r in ("gpt2", "muon"))  # saved at the end only
+    for r in ("gpt2", "muon"):  # saved at the end only, and no best.pt on the way
+        ran = json.loads((tmp_path / r / "seed0" / "config.json").read_text())["train_config"]
+        assert ran["ckpt_every"] == 0 and ran["keep_best"] is False
+        assert (tmp_path / r / "seed0" / "ckpt.pt").is_file() and not (tmp_path / r / "seed0" / "best.pt").exists()
     # the gpt2 run as if it had trained on another card: the race read back says so, and names both
     ran = tmp_path / "gpt2" / "seed0" / "config.json"
     ran.write_text(ran.read_text().replace(json.dumps(card), json.dumps("NVIDIA H100 80GB HBM3")))

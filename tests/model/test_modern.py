@@ -11,7 +11,7 @@ from gpt2ladder.errors import UsageError
 from gpt2ladder.model import family
 from gpt2ladder.model.config import PRESETS, ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
-from gpt2ladder.model.modern import (ModernGPT, doc_window_block_mask, doc_window_mask, document_ids, masked_attention,
+from gpt2ladder.model.modern import (ModernGPT, doc_window_block_mask, doc_window_mask, doc_window_tiles, document_ids, masked_attention,
                                      mix_values, qk_norm, relu2, rotary_tables, rotate, value_embed_tables)
 from gpt2ladder.model.recipe import MODEL_PARTS, SOFTCAP
 
@@ -221,6 +221,29 @@ def test_the_doc_window_attention_is_the_masked_softmax_on_every_path(window):
     torch.testing.assert_close(masked_attention(q, k, v, doc_window_mask(docs, window), manual=True), expected)
     torch.testing.assert_close(masked_attention(q, k, v, doc_window_mask(docs, window), manual=False), expected)
     flex = masked_attention(q, k, v, doc_window_block_mask(docs, window), manual=False)  # FlexAttention, eager
+    torch.testing.assert_close(flex, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("window", [3, 12, 64])
+def test_the_tiles_read_off_the_documents_are_those_the_mask_makes(window):
+    """doc_window_tiles against the mask itself, tile by tile (tiles of 4 over a row of 20): a tile is full when every
+    query of its tile may see every key of it, partial when some may; and FlexAttention with the BlockMask built
+    from them is the masked softmax."""
+    gen = torch.Generator().manual_seed(1)
+    B, H, T, D, block = 3, 2, 20, 8, 4
+    idx = torch.randint(0, 8, (B, T), generator=gen)
+    idx[0, 7] = idx[0, 8] = idx[0, 13] = idx[1, 0] = idx[2, 4] = 9  # documents starting mid-tile and on a tile's edge
+    docs = document_ids(idx, end_of_text=9)
+    q, k, v = (torch.randn(B, H, T, D, generator=gen) for _ in range(3))
+    expected, allowed = _reference_attention(q, k, v, docs, window)
+    n = T // block
+    tiles = allowed.view(B, n, block, n, block)
+    every, some = tiles.all(dim=4).all(dim=2), tiles.any(dim=4).any(dim=2)
+    partial, full = doc_window_tiles(docs, window, block)
+    assert torch.equal(full, every) and torch.equal(partial, some & ~every)
+    assert partial.any() and full.any() == (window >= 2 * block)  # a full tile needs a window past two tiles
+    flex = masked_attention(q, k, v, doc_window_block_mask(docs, window, block=block), manual=False)
     torch.testing.assert_close(flex, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -3,11 +3,13 @@ window against the plain path's in bfloat16, and compiled training steps of the 
 top of the other model parts), which build the batch's block mask inside the compiled forward."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from gpu_support import GPU, TINY, needs_cuda, random_batches
+from gpt2ladder.model.config import PRESETS
 from gpt2ladder.ladder import resolve_rungs, setup_for
 from gpt2ladder.model import modern
 from gpt2ladder.model.modern import doc_window_block_mask, doc_window_mask, document_ids, masked_attention
@@ -95,3 +97,35 @@ def test_the_top_of_auto_for_the_three_parts_trains():
     assert "compile" in names and "flash" not in names  # doc_windows takes the place of SDPA
     losses = _losses(setup_for(names))
     assert losses[-1] < losses[0] - 0.5
+
+
+def test_the_tiles_found_from_the_documents_are_create_block_masks_at_gpt2s_size():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    docs = document_ids(_documents(16, 1024), EOT)
+    ours = doc_window_block_mask(docs)
+
+    def may_attend(b, h, q, k):
+        return (k <= q) & (q - k < DOC_WINDOW) & (docs[b, q] == docs[b, k])
+
+    theirs = create_block_mask(may_attend, 16, None, 1024, 1024, device=GPU)  # eager: its search is not compiled
+    assert torch.equal(ours.to_dense(), theirs.to_dense())
+    assert torch.equal(ours.full_kv_num_blocks, theirs.full_kv_num_blocks)
+
+
+def test_the_top_of_auto_for_the_three_parts_trains_and_validates_at_gpt2s_attention_size():
+    """GPT-2's width, heads and sequence (two Blocks, to keep it quick), 16 x 1024 tokens: eight tiles a row, the
+    window cutting in, CUDA graphs and the rotary kernel with FlexAttention; a few steps, then a validation's
+    forward, each synchronised so a kernel's fault is caught here."""
+    shape = dataclasses.replace(PRESETS["gpt2"], n_layer=2, parts=RECIPE.model_parts)
+    names = resolve_rungs("auto", detect(GPU), recipe=RECIPE)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, EOT, (16, 1025), generator=gen)
+    x[torch.rand(16, 1025, generator=gen) < 3 / 1024] = EOT
+    x, y = x[:, :-1].to(GPU), x[:, 1:].to(GPU)
+    engine = Engine(shape, setup_for(names), GPU, seed=0, optim=OptimConfig(name="muon", lr=3e-3, muon_lr=0.02))
+    losses = [engine.step(x, y).item() for _ in range(6)]
+    with torch.no_grad():
+        val = engine.loss(x, y).item()
+    torch.cuda.synchronize()
+    assert losses[-1] < losses[0] - 0.5 and math.isfinite(val) and val < losses[0], (losses, val)

@@ -467,6 +467,7 @@ def test_the_time_to_a_target_adds_up_across_a_resume(tmp_path, monkeypatch, val
     assert got["warmup_s"] == pytest.approx((log[0]["ms"] + log[2]["ms"]) / 1000, abs=2e-3)
     assert got["train_s"] == pytest.approx((log[1]["ms"] + log[3]["ms"]) / 1000, abs=2e-3)
     assert got["from_step"] == 0
+    assert [e["step"] for e in log if e.get("warmup")] == [1, 3]  # the log marks the steps the clock left out
 
 
 def test_a_target_needs_validation():

@@ -37,8 +37,10 @@ OWN_FILES = r"race\.(json|md|png)|" + "|".join(race.RACE_RUNGS)
 SHAKESPEARE_DEMO_TARGETS = {"tiny": 6.8}
 SHAKESPEARE_DEMO_TARGET = 5.4  # every other preset
 # A race's runs save their checkpoint at their end (the target, or the last step) and when a signal stops them, not
-# on the way: GPT-2's weights and AdamW's moments are 1.5 GB, and five saves on the way cost a 1500-step run about a
-# minute of wall time outside its training time. A run killed without a signal starts again on --resume.
+# on the way, and keep no best.pt (ckpt.pt at the end holds the weights `sample` and `eval` read): GPT-2's weights
+# with AdamW's moments are 1.5 GB, and the saves on the way, best.pt at each new lowest validation loss most of them,
+# cost a gpt2 run over one pass of a corpus tens of seconds of wall time outside its training time
+# (benchmarks/RECORDS.md). A run killed without a signal starts again on --resume.
 RACE_CKPT_EVERY = 0
 
 
@@ -117,7 +119,8 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
     train = TrainConfig(
         preset=name, model=shape, batch_size=batch, seq_len=seq_len, steps=steps, lr=lr, min_lr=lr / 10,
         tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=int(0.05 * steps), eval_every=every,
-        eval_batches=d["eval_batches"], ckpt_every=RACE_CKPT_EVERY, target_val_loss=target, data=args.data,
+        eval_batches=d["eval_batches"], ckpt_every=RACE_CKPT_EVERY, keep_best=False, target_val_loss=target,
+        data=args.data,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", **{name: getattr(args, name) or rate for name, rate in MUON_RATES.items()},
     )
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))

@@ -303,15 +303,17 @@ def finished_run(where: Path, cfg: TrainConfig, seed: int) -> dict | None:
 
 def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) -> dict:
     """A finished run's figures from its log: to the target (None where it was not reached), its step time,
-    MFU and validation curve. The curve's training seconds add up every logged step but the first."""
+    MFU and validation curve. The curve's training seconds add up every logged step but each session's first
+    (`warmup_steps`), as the trainer's clock does."""
     hit = next((e for e in entries if "target" in e), None)
+    warm = warmup_steps(entries)
     curve, train_ms = [], 0.0
     for i, e in enumerate(entries):
-        train_ms += e["ms"] if i else 0.0
+        train_ms += 0.0 if i in warm else e["ms"]
         if "val_loss" in e:
             curve.append({"step": e["step"], "tokens": e["step"] * cfg.tokens_per_step,
                           "train_seconds": round(train_ms / 1000, 3), "val_loss": e["val_loss"]})
-    timed = entries[1:] or entries
+    timed = [e for i, e in enumerate(entries) if i not in warm] or entries
     mfus = [e["mfu"] for e in timed if e.get("mfu") is not None]
     result = {"seed": seed, "dir": str(where), "status": "ok", "card": run_card(where), "reached": hit is not None,
               "steps_run": entries[-1]["step"], "planned_tokens": cfg.steps * cfg.tokens_per_step,
@@ -322,6 +324,13 @@ def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) ->
                "steps": hit["step"] if hit else None, "warmup_seconds": got.get("warmup_s"),
                "validation_seconds": got.get("validation_s")}
     return {**result, **figures}
+
+
+def warmup_steps(entries: list[dict]) -> set[int]:
+    """The positions in a log of the steps that compiled and captured: those marked `warmup` (each session's first);
+    in a log from before steps were marked, its first."""
+    marked = {i for i, e in enumerate(entries) if e.get("warmup")}
+    return marked if marked else ({0} if entries else set())
 
 
 def run_card(where) -> str | None:

@@ -111,15 +111,56 @@ def doc_window_mask(docs: torch.Tensor, window: int = DOC_WINDOW) -> torch.Tenso
     return ((back >= 0) & (back < window) & same)[:, None]
 
 
-def doc_window_block_mask(docs: torch.Tensor, window: int = DOC_WINDOW) -> BlockMask:
+# FlexAttention's tile: the queries and keys its kernel takes at a time, and the grain of a BlockMask.
+FLEX_BLOCK = 128
+
+
+def doc_window_block_mask(docs: torch.Tensor, window: int = DOC_WINDOW, block: int = FLEX_BLOCK) -> BlockMask:
     """The same mask as FlexAttention's BlockMask, built from this batch's documents: its kernel skips the tiles
-    that no query of a tile may see."""
+    that no query of a tile may see, and skips the mask's test on the tiles every query sees whole.
+
+    The tiles are found with plain tensor arithmetic on each tile's first and last document (the documents never
+    decrease along a row), not with `create_block_mask`: built with it inside the compiled forward, GPT-2's step at
+    its full size stopped on an illegal memory access (torch 2.11), which pytorch/pytorch#160018 reports of a
+    compiled `create_block_mask` whose mask reads a tensor, as this one reads the documents. A row that is not a
+    whole number of tiles takes `create_block_mask`."""
     B, T = docs.shape
 
     def may_attend(b, h, q, k):
         return (k <= q) & (q - k < window) & (docs[b, q] == docs[b, k])
 
-    return create_block_mask(may_attend, B, None, T, T, device=docs.device)
+    if T % block:
+        return create_block_mask(may_attend, B, None, T, T, device=docs.device)
+    partial, full = doc_window_tiles(docs, window, block)
+    return BlockMask.from_kv_blocks(*_kv_blocks(partial), *_kv_blocks(full), BLOCK_SIZE=block, mask_mod=may_attend)
+
+
+def doc_window_tiles(docs: torch.Tensor, window: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full), each (B, n, n) over (query tile, key tile) for n = T / block: a full tile is one every query
+    of its tile sees whole (no test needed), a partial one is one some query sees part of.
+
+    Key tile j lies at or before query tile i. The pair nearest each other, the key tile's last token and the query
+    tile's first, is (i - j) * block - (block - 1) apart and is of one document when the key tile's last document is
+    the query tile's first: a query sees part of the tile exactly when that pair (or, on the diagonal, a token and
+    itself) may attend. Every query sees the whole tile when j < i, the farthest pair, (i - j) * block + block - 1
+    apart, is inside the window, and one document spans both tiles."""
+    B, T = docs.shape
+    n = T // block
+    tiles = docs.view(B, n, block)
+    first, last = tiles[:, :, 0], tiles[:, :, -1]
+    i = torch.arange(n, device=docs.device)
+    apart = (i[:, None] - i[None, :]) * block  # (n, n): how far key tile j starts before query tile i
+    near = (apart >= 0) & (apart - (block - 1) < window) & (last[:, None, :] >= first[:, :, None])
+    whole = (apart > 0) & (apart + block - 1 < window) & (first[:, None, :] == last[:, :, None])
+    return near & ~whole, whole
+
+
+def _kv_blocks(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (B, n, n) tile map as a BlockMask's (count, indices) for one head shared by all: each query tile's key tiles
+    listed first, in order, then the rest."""
+    count = tiles.sum(dim=-1, dtype=torch.int32)
+    order = torch.argsort(tiles.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return count[:, None].contiguous(), order[:, None].contiguous()
 
 
 def masked_attention(q, k, v, mask: torch.Tensor | BlockMask, manual: bool) -> torch.Tensor:

@@ -40,6 +40,7 @@ class TrainConfig:
     eval_every: int = defaults.eval_every(_D["steps"])  # 0 = never (the last step is always validated when this is on)
     eval_batches: int = defaults.eval_batches(_D["steps"], defaults.eval_every(_D["steps"]), _D["eval_batches"])
     ckpt_every: int = defaults.ckpt_every(_D["steps"])  # 0 = only at the end and on a signal
+    keep_best: bool = True  # best.pt, the weights at each new lowest validation loss (a race's runs keep none)
     # A corpus of shards: the tokens of its validation shards every evaluation reads, from their start;
     # None = eval_batches steps' worth. A text validates on eval_batches random windows instead.
     val_tokens: int | None = None
@@ -121,14 +122,14 @@ def _flag(name: str) -> str:
 
 
 # Each setting's type as a checkpoint holds it (JSON-like: rungs as a list, a float may be written as an int).
-_INT, _NUM, _STR = (int,), (int, float), (str,)
+_INT, _NUM, _STR, _BOOL = (int,), (int, float), (str,), (bool,)
 KINDS = {"preset": _STR, "rungs": (list, tuple), "batch_size": _INT, "seq_len": _INT, "tokens_per_step": _INT,
          "steps": _INT, "lr": _NUM, "min_lr": _NUM, "warmup_steps": _INT, "weight_decay": _NUM, "grad_clip": _NUM,
          "eval_every": _INT, "eval_batches": _INT, "ckpt_every": _INT, "val_tokens": _INT + (type(None),),
          "hellaswag_every": _INT, "hellaswag_data": _STR + (type(None),), "target_val_loss": _NUM + (type(None),),
          "seed": _INT, "data": _STR + (type(None),), "init_from": _STR + (type(None),), "compile_backend": _STR,
          "recipe": _STR, "muon_lr": _NUM + (type(None),), "embed_lr": _NUM + (type(None),),
-         "head_lr": _NUM + (type(None),)}
+         "head_lr": _NUM + (type(None),), "keep_best": _BOOL}
 
 
 def settings_problem(saved: dict, shape: ModelConfig) -> str | None:
@@ -137,7 +138,7 @@ def settings_problem(saved: dict, shape: ModelConfig) -> str | None:
     (a newer version's)."""
     for name, kinds in KINDS.items():
         value = saved.get(name)
-        if name in saved and (not isinstance(value, kinds) or isinstance(value, bool)
+        if name in saved and (not isinstance(value, kinds) or (isinstance(value, bool) and kinds != _BOOL)
                               or (name == "rungs" and not all(isinstance(r, str) for r in value))):
             return f"train_config.{name} = {value!r:.40}"
     try:

@@ -315,6 +315,8 @@ class Trainer:
         entry = {"step": step, "loss": loss, "lr": done.facts["lr"], "ms": round(done.ms, 3),
                  "tokens_per_s": round(tokens_per_s, 1),
                  "mfu": mfu(tokens_per_s / self.dist.world_size, self.flops_per_token, self.peak)}
+        if step == self.first_step:
+            entry["warmup"] = True  # this session's first step: compile and capture, outside the training time
         if self.dist.world_size > 1:
             entry["tokens_per_s_per_gpu"] = round(tokens_per_s / self.dist.world_size, 1)
         return {**entry, **done.facts.get("data", {})}
@@ -500,7 +502,7 @@ class Trainer:
         stopping = interrupted or self._stopping(stop)
         if again or self._due(cfg.ckpt_every) or stopping or reached:
             self._save_unless_forced(stop)
-        if best:
+        if best and cfg.keep_best:
             self.save_best()
         if stopping:
             return 128 + (stop.signum or signal.SIGTERM)
