@@ -238,6 +238,10 @@ def test_resume_refuses_a_rung_that_would_train_another_recipe_in_the_same_folde
                                          "train muon,rope"):
         race.check_same_race(cfg, earlier)
     race.check_same_race(cfg, {**earlier, "rungs": earlier["rungs"][:1]})  # rungs added: fine
+    saved_otherwise = {**cfg.to_dict(), "settings": {**cfg.settings(), "ckpt_every": 7, "keep_best": True}}
+    race.check_same_race(cfg, {"config": saved_otherwise, "rungs": []})  # how runs save: not a setting raced
+    with pytest.raises(UsageError, match=r"other settings \(lr\)"):
+        race.check_same_race(cfg, {"config": {**cfg.to_dict(), "settings": {**cfg.settings(), "lr": 1.0}}, "rungs": []})
 
 
 # --- a real race, through the command ---------------------------------------------------------------------

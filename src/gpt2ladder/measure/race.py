@@ -56,6 +56,9 @@ KNOWN_TARGETS = {"huggingfacefw/fineweb": 3.28}
 # Why a CPU's race runs no step rung that compiles: Inductor compiling each recipe's model on a CPU takes longer
 # than the run it would speed up.
 CPU_COMPILE = "on a CPU the race does not compile: compiling each rung's model would take longer than its run"
+# The settings of how a run saves itself: they change no figure of the race, so a race continued by a version that
+# saves otherwise is the same race.
+SAVING = ("ckpt_every", "keep_best")
 METRICS = ("train_seconds", "wall_seconds", "tokens", "steps", "warmup_seconds", "validation_seconds")
 
 
@@ -202,7 +205,8 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
     if earlier is None:
         return
     before = (earlier.get("config") or {}).get("settings") or {}
-    changed = sorted(k for k in set(before) | set(cfg.settings()) if before.get(k) != cfg.settings().get(k))
+    changed = sorted(k for k in set(before) | set(cfg.settings())
+                     if k not in SAVING and before.get(k) != cfg.settings().get(k))
     if changed:
         raise UsageError(f"--resume: the race in this folder ran with other settings ({', '.join(changed)}); give "
                          "the same flags, or another --out")
