@@ -470,6 +470,23 @@ def test_the_time_to_a_target_adds_up_across_a_resume(tmp_path, monkeypatch, val
     assert [e["step"] for e in log if e.get("warmup")] == [1, 3]  # the log marks the steps the clock left out
 
 
+def test_config_json_names_every_card_a_resumed_run_trained_on(tmp_path, monkeypatch):
+    cfg = _cfg(steps=4, eval_every=2, ckpt_every=2)
+    real_step = signal_at_step(monkeypatch, 2)
+    assert _train(cfg, tmp_path / "run").exit_code == 130
+    path = tmp_path / "run" / "config.json"
+    first = json.loads(path.read_text())
+    here = first["device"]["name"]
+    assert first["cards"] == [here]
+    path.write_text(json.dumps({**first, "device": {**first["device"], "name": "NVIDIA H100 80GB HBM3"},
+                                "cards": ["NVIDIA H100 80GB HBM3"]}))  # as if the first session ran there
+    monkeypatch.setattr(Engine, "step", real_step)
+    assert _train(cfg, tmp_path / "run", resume=True).exit_code == 0
+    assert json.loads(path.read_text())["cards"] == ["NVIDIA H100 80GB HBM3", here]
+    assert _train(cfg, tmp_path / "fresh").exit_code == 0  # a fresh run names its own card alone
+    assert json.loads((tmp_path / "fresh" / "config.json").read_text())["cards"] == [here]
+
+
 def test_a_target_needs_validation():
     with pytest.raises(Exception, match="--target-val-loss needs validation"):
         _cfg(target_val_loss=3.0)

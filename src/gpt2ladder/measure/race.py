@@ -196,7 +196,10 @@ def check_new_race(out: Path, resume: bool) -> None:
 
 def other_cards(earlier: dict | None, card: str) -> list[str]:
     """The cards other than this one that the runs of the race in this folder trained on."""
-    return [c for c in (earlier or {}).get("cards") or [] if c != card]
+    if not earlier:
+        return []
+    named = earlier.get("cards") or [(earlier.get("device") or {}).get("name")]  # a record from before `cards`
+    return [c for c in named if c and c != card]
 
 
 def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
@@ -319,7 +322,7 @@ def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) ->
                           "train_seconds": round(train_ms / 1000, 3), "val_loss": e["val_loss"]})
     timed = [e for i, e in enumerate(entries) if i not in warm] or entries
     mfus = [e["mfu"] for e in timed if e.get("mfu") is not None]
-    result = {"seed": seed, "dir": str(where), "status": "ok", "card": run_card(where), "reached": hit is not None,
+    result = {"seed": seed, "dir": str(where), "status": "ok", "cards": run_cards(where), "reached": hit is not None,
               "steps_run": entries[-1]["step"], "planned_tokens": cfg.steps * cfg.tokens_per_step,
               "ms_per_step": statistics.median(e["ms"] for e in timed),
               "mfu": statistics.median(mfus) if mfus else None, "curve": curve}
@@ -331,25 +334,26 @@ def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) ->
 
 
 def warmup_steps(entries: list[dict]) -> set[int]:
-    """The positions in a log of the steps that compiled and captured: those marked `warmup` (each session's first);
-    in a log from before steps were marked, its first."""
+    """The positions in a log of the steps that compiled and captured: those marked `warmup` (each session's first),
+    and the log's first, which began a session whether or not the version that wrote it marked it."""
     marked = {i for i, e in enumerate(entries) if e.get("warmup")}
-    return marked if marked else ({0} if entries else set())
+    return {0} | marked if entries else set()  # the first entry began a session, marked or not (an older version's)
 
 
-def run_card(where) -> str | None:
-    """The card a run trained on, as its config.json names it (None where it has none: a run made apart)."""
+def run_cards(where) -> list[str]:
+    """The cards a run trained on, as its config.json names them: every session's (`cards`), or the one it names
+    (`device`); none where it has no config.json (a run made apart)."""
     try:
-        return json.loads((Path(where) / "config.json").read_text(encoding="utf-8"))["device"]["name"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        record = json.loads((Path(where) / "config.json").read_text(encoding="utf-8"))
+        return [c for c in record.get("cards") or [record["device"]["name"]] if isinstance(c, str)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def cards_of(rows: list[dict]) -> list[str]:
     """The cards the race's runs trained on, in the order they first appear: more than one, and their seconds are
     not one race's."""
-    seen = [run.get("card") for row in rows for run in row["runs"]]
-    return list(dict.fromkeys(c for c in seen if c))
+    return list(dict.fromkeys(c for row in rows for run in row["runs"] for c in run.get("cards") or []))
 
 
 def race_record(cfg: RaceConfig, device, caps: Capabilities, tokens, runs: dict[str, list[dict]],
@@ -376,7 +380,7 @@ def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
            "reason": failed[0]["reason"] if failed else None, "seeds_run": len(ok),
            "seeds_reached": sum(r["reached"] for r in ok), "reached": reached,
            "planned_tokens": cfg.train.steps * cfg.train.tokens_per_step, "tokens_per_step": cfg.train.tokens_per_step,
-           "cards": list(dict.fromkeys(r["card"] for r in runs if r.get("card")))}
+           "cards": list(dict.fromkeys(c for r in runs for c in r.get("cards") or []))}
     for key in METRICS:
         row[key] = spread([r[key] for r in ok], reached)
     for key in ("ms_per_step", "mfu"):

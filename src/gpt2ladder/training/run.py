@@ -22,6 +22,7 @@ they keep adding up (`clock.py` says what is and is not counted); the summary li
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import statistics
 from dataclasses import dataclass
@@ -201,7 +202,9 @@ def first_line(cfg: TrainConfig, world_size: int, plan) -> str:
 
 def _write_config(out: Path, trainer: Trainer, caps, batch_plan=None) -> None:
     plan = {**batch_plan.to_dict(), "reason": batch_plan.reason()} if batch_plan else None
-    record = {**record_header(caps, trainer.device), "command": "train", "batch_plan": plan,
+    header = record_header(caps, trainer.device)
+    cards = [*(_earlier_cards(out / "config.json") if trainer.step else []), header["device"]["name"]]
+    record = {**header, "cards": list(dict.fromkeys(cards)), "command": "train", "batch_plan": plan,
               "train_config": trainer.cfg.to_dict(), "model": trainer.engine.raw_model.config.to_dict(),
               "setup": trainer.setup.to_dict(), "world_size": trainer.dist.world_size, "strategy": trainer.strategy,
               "grad_accum": trainer.accum,
@@ -209,6 +212,16 @@ def _write_config(out: Path, trainer: Trainer, caps, batch_plan=None) -> None:
                        "n_tokens": trainer.tokens.n_tokens},
               "resumed_from_step": trainer.step or None}
     write_json(out / "config.json", record)
+
+
+def _earlier_cards(path: Path) -> list[str]:
+    """The cards the sessions before this one trained the run on, as its config.json names them (a resumed run's
+    config.json is rewritten by each session, its `device` the session's own)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return [c for c in record.get("cards") or [record["device"]["name"]] if isinstance(c, str)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def _model_label(trainer: Trainer) -> str:
