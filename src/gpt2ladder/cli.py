@@ -146,7 +146,8 @@ def _recipe(p: argparse.ArgumentParser, resumable: bool = False) -> None:
     p.add_argument("--recipe", default=None if resumable else "gpt2",
                    help="what is trained: 'gpt2' (GPT-2, AdamW, warm-up + cosine), 'speedrun' (the race's top: "
                    f"{','.join(SPEEDRUN)}), or a comma list of parts switched on top of GPT-2: "
-                   f"{', '.join(p.name for p in PARTS)} (default: gpt2{kept})")
+                   f"{', '.join(p.name for p in PARTS)}, where 'speedrun' stands for its parts "
+                   f"(speedrun,value_embeds) (default: gpt2{kept})")
 
 
 def _add_bench(sub) -> None:
@@ -467,7 +468,8 @@ def _add_race(sub) -> None:
                        "is a train run directory, OUT/<rung>/seed<k>/. See docs/race.md.")
     _common(p)
     p.add_argument("--rungs", help="'all' or race rungs, a comma list taken in race order; rung k trains the parts "
-                   "of rungs 0..k (default: all)")
+                   "of rungs 0..k; 'speedrun', and parts joined by + (speedrun+value_embeds), are recipes of their "
+                   "own, the + rungs raced last in the order given (default: all)")
     p.add_argument("--target-val-loss", type=_race_target, metavar="X", help="the validation loss to reach, "
                    "above 0 and below an untrained model's (ln 50257 = 10.82, and a margin); or gpt2: the gpt2 "
                    "rung's validation loss after all its planned steps, the highest over its seeds (it then runs "

@@ -43,6 +43,18 @@ def test_rungs_default_to_gpt2_and_every_part_and_a_list_is_put_in_race_order():
         race.parse_race_rungs("gpt2,flash")
 
 
+def test_a_rung_of_parts_joined_by_plus_is_its_own_recipe_after_the_race_order_in_the_order_given():
+    from gpt2ladder.model.recipe import parse_recipe
+
+    names = race.parse_race_rungs("speedrun+value_embeds+unet_skips, speedrun+value_embeds,gpt2,speedrun")
+    assert names == ("gpt2", "speedrun", "speedrun+value_embeds+unet_skips", "speedrun+value_embeds")
+    got = dict(race.race_rungs(("gpt2", "muon", "speedrun", "speedrun+value_embeds", "muon+rope")))
+    assert got["speedrun+value_embeds"] == parse_recipe("speedrun,value_embeds").name
+    assert got["muon+rope"] == "muon,rope" and got["muon"] == "muon"  # not stacked on the rungs before it
+    with pytest.raises(UsageError, match="race rung speedrun\\+nope: unknown recipe part nope"):
+        race.parse_race_rungs("gpt2,speedrun+nope")
+
+
 def test_rung_k_trains_the_parts_of_rungs_0_to_k():
     assert race.race_rungs(("gpt2", "muon", "rope")) == [("gpt2", "gpt2"), ("muon", "muon"), ("rope", "muon,rope")]
     assert race.race_rungs(("gpt2", "rope")) == [("gpt2", "gpt2"), ("rope", "rope")]
@@ -290,11 +302,12 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     target, which the rungs after it race to, and which a resumed race reads the same way."""
     monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
     monkeypatch.setattr(urllib.request, "urlopen", _no_network)
-    argv = ["race", "--rungs", "gpt2,muon", "--target-val-loss", "gpt2", "--out", str(tmp_path), *SMALL]
+    argv = ["race", "--rungs", "gpt2,muon,muon+relu2", "--target-val-loss", "gpt2", "--out", str(tmp_path), *SMALL]
     code, text = _main(argv)
     assert code == 0, text
     record = json.loads((tmp_path / "race.json").read_text())
-    gpt2, muon = record["rungs"]
+    gpt2, muon, stacked = record["rungs"]
+    assert (stacked["name"], stacked["recipe"], stacked["status"]) == ("muon+relu2", "muon,relu2", "ok")
     last = gpt2["runs"][0]["curve"][-1]
     assert record["target_val_loss"] == last["val_loss"] and "gpt2 rung" in record["target_source"]
     assert record["config"]["settings"]["target_val_loss"] == "gpt2"
@@ -314,13 +327,13 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     ran.write_text(ran.read_text().replace(json.dumps(card), json.dumps("NVIDIA H100 80GB HBM3")))
     (tmp_path / "race.json").write_text(json.dumps({**record, "cards": ["NVIDIA H100 80GB HBM3", card]}))
     code, text = _main([*argv, "--resume"])  # read back: the same target, nothing trained
-    assert code == 0 and text.count("(finished earlier)") == 2
+    assert code == 0 and text.count("(finished earlier)") == 3
     assert f"notice: runs of this race trained on NVIDIA H100 80GB HBM3, and this one trains on {card}" in text
     again = json.loads((tmp_path / "race.json").read_text())
     assert again["target_val_loss"] == last["val_loss"] and again["cards"] == ["NVIDIA H100 80GB HBM3", card]
     md = (tmp_path / "race.md").read_text()
     assert f"on NVIDIA H100 80GB HBM3 and {card} (mixed cards), to validation loss" in md
-    assert f"- mixed cards: gpt2 on NVIDIA H100 80GB HBM3; muon on {card}." in md
+    assert f"- mixed cards: gpt2 on NVIDIA H100 80GB HBM3; muon on {card}; muon+relu2 on {card}." in md
 
 
 def test_a_race_cut_off_inside_the_rung_that_sets_its_target_still_writes_its_record(tmp_path):
@@ -398,6 +411,7 @@ def _corpus(folder, train_tokens=2000):
 
 @pytest.mark.parametrize("argv, says", [
     (["--rungs", "gpt2,flash"], "unknown race rung flash"),
+    (["--rungs", "gpt2,speedrun+flash"], "race rung speedrun+flash: unknown recipe part flash"),
     (["--target-val-loss", "11"], "--target-val-loss must be above 0 and at most 10.9"),
     (["--target-val-loss", "-1"], "argument --target-val-loss: expected a positive number"),
     (["--rungs", "muon", "--target-val-loss", "gpt2"], "--rungs must start with gpt2"),

@@ -21,6 +21,12 @@ def test_parts_are_put_in_race_order_and_decide_the_three_settings():
     assert parse_recipe("speedrun") == Recipe(SPEEDRUN) and parse_recipe("gpt2,rope") == parse_recipe("rope")
 
 
+def test_speedrun_in_a_list_stands_for_its_parts():
+    on_top = parse_recipe("value_embeds,speedrun")
+    assert set(on_top.parts) == {*SPEEDRUN, "value_embeds"} and on_top.parts[-1] == "wsd"  # in PARTS order
+    assert parse_recipe("speedrun,muon") == parse_recipe("speedrun")  # a part it has already: the same recipe
+
+
 @pytest.mark.parametrize("spec", ["nope", "muon,nope", ",", ""])
 def test_an_unknown_part_is_one_line_naming_the_choices(spec):
     with pytest.raises(UsageError, match="choose from: gpt2, speedrun, muon") as err:

@@ -30,7 +30,7 @@ from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.outdirs import check_own_out
 
 # What race writes in --out: its record, and a folder per rung holding a run directory per seed.
-OWN_FILES = r"race\.(json|md|png)|" + "|".join(race.RACE_RUNGS)
+OWN_FILES = r"race\.(json|md|png)|" + "|".join(race.RACE_RUNGS) + r"|\w+(\+\w+)+"
 
 # Tiny Shakespeare has no agreed target: the race's demo default per preset, a loss the first rung reaches within
 # the default steps on this text (a demonstration of the race, not a yardstick).

@@ -45,6 +45,8 @@ from gpt2ladder.training.runlog import read_log
 
 # The race's order: GPT-2, then each part on top, then `speedrun` (the recipe of that name, whatever rungs it follows).
 RACE_RUNGS = ("gpt2", *(p.name for p in PARTS), "speedrun")
+# A rung of its own recipe, written as parts joined by this: `speedrun+value_embeds`.
+STACK = "+"
 # `--target-val-loss gpt2`: the target is the gpt2 rung's validation loss at the end of its planned steps.
 BASELINE_TARGET = "gpt2"
 # The untrained model's loss is ln(50257) = 10.82 nats a token: a target above this (and a margin) is met
@@ -63,15 +65,28 @@ METRICS = ("train_seconds", "wall_seconds", "tokens", "steps", "warmup_seconds",
 
 
 def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
-    """`all` (or None): every rung; else a comma list of race rungs, put in the race's order."""
+    """`all` (or None): every rung; else a comma list of race rungs, put in the race's order, then the rungs written
+    as parts joined by `+` (`speedrun+value_embeds`: a recipe of its own, as `speedrun` is), in the order given."""
     if spec is None or spec.strip() == "all":
         return RACE_RUNGS
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in RACE_RUNGS]
+    names = list(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
+    stacked = [n for n in names if STACK in n]
+    unknown = [n for n in names if n not in RACE_RUNGS and n not in stacked]
     if unknown or not names:
         raise UsageError(f"unknown race rung {', '.join(unknown) or repr(spec)}; choose from: all, "
-                         f"{', '.join(RACE_RUNGS)}")
-    return tuple(n for n in RACE_RUNGS if n in names)
+                         f"{', '.join(RACE_RUNGS)}, or parts joined by {STACK} (speedrun{STACK}value_embeds)")
+    for name in stacked:
+        stacked_recipe(name)  # its parts are known
+    return (*(n for n in RACE_RUNGS if n in names), *stacked)
+
+
+def stacked_recipe(name: str):
+    """The recipe of a rung written as parts joined by `+`: `speedrun+value_embeds` is speedrun's parts and
+    value_embeds."""
+    try:
+        return parse_recipe(",".join(name.split(STACK)))
+    except UsageError as err:
+        raise UsageError(f"race rung {name}: {err}") from None
 
 
 def check_target(target: float) -> None:
@@ -121,10 +136,12 @@ class RaceRung:
 
 
 def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(name, recipe name) of each rung: rung k is the parts of rungs 0..k; `speedrun` is its own recipe."""
-    parts = [n for n in names if n != "speedrun"]
-    recipes = dict(zip(parts, race_recipes(parts)))
-    return [(name, (recipes[name] if name in recipes else parse_recipe(name)).name) for name in names]
+    """(name, recipe name) of each rung: rung k is the parts of rungs 0..k; `speedrun` and the rungs written with
+    `+` are each their own recipe."""
+    own = {n: (stacked_recipe(n) if STACK in n else parse_recipe(n)) for n in names if n == "speedrun" or STACK in n}
+    parts = [n for n in names if n not in own]
+    recipes = {**dict(zip(parts, race_recipes(parts))), **own}
+    return [(name, recipes[name].name) for name in names]
 
 
 @dataclass(frozen=True)

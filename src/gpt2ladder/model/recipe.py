@@ -103,12 +103,14 @@ GPT2 = Recipe()
 
 
 def parse_recipe(spec: str | None) -> Recipe:
-    """`gpt2` (or None), `speedrun`, or a comma list of parts; the parts are put in `PARTS` order."""
+    """`gpt2` (or None), `speedrun`, or a comma list of parts, where `speedrun` stands for its parts (so
+    `speedrun,value_embeds` is the speedrun with value embeddings on top); the parts are put in `PARTS` order."""
     if spec is None or spec.strip() == "gpt2":
         return GPT2
     if spec.strip() == "speedrun":
         return Recipe(SPEEDRUN)
     names = [n.strip() for n in spec.split(",") if n.strip()]
+    names = [p for n in names for p in (SPEEDRUN if n == "speedrun" else (n,))]
     names = [n for n in names if n != "gpt2"]  # "gpt2,muon" reads as muon on top of GPT-2
     unknown = [n for n in names if n not in PARTS_BY_NAME]
     if unknown or not names:
