@@ -152,6 +152,7 @@ class Trainer:
         self.batches = training_batches(cfg, tokens, dist)
         self.feed: data_mod.Prefetcher | None = None  # the batches made ahead, while `run` runs
         self.val = validation_batches(cfg, tokens)
+        self.val_rows: int | None = None  # sequences a validation forward may take here, planned once (on a GPU)
         self.hellaswag = hellaswag  # the examples, prepared before the run starts (cfg.hellaswag_every)
         self.inflight = InFlight(device, readback_lag(device))
         self.ckpt_path = out / FILENAME
@@ -439,11 +440,15 @@ class Trainer:
 
     def _val_that_fits(self) -> list:
         """The validation batches, cut further where the micro-batch's no-grad forward would not fit next to
-        what training holds (a CUDA graph keeps its activations' memory): the same rows, equal pieces."""
+        what training holds (a CUDA graph keeps its activations' memory): the same rows, equal pieces. Planned at
+        the session's first validation, when training's memory is in place, and kept: planning collects Python's
+        garbage and empties the CUDA cache, which every forward after it would fill again."""
         if self.device.type != "cuda" or not self.val:
             return self.val
         size = len(self.val[0][0])
-        fits = rows_that_fit(self, self.cfg.seq_len)
+        if self.val_rows is None:
+            self.val_rows = rows_that_fit(self, self.cfg.seq_len)
+        fits = self.val_rows
         if fits >= size:
             return self.val
         return data_mod.micro_batches(self.val, max(d for d in range(1, fits + 1) if size % d == 0))
