@@ -79,3 +79,16 @@ def test_no_config_below_the_commands_writes_a_default_number_of_its_own(path, n
 def test_the_rule_finds_a_number_and_passes_the_tables_value_none_and_a_switch():
     source = "class C:\n    a: int = 4\n    b: float = D['lr']\n    c: int | None = None\n    d: bool = False\n"
     assert literal_numbers(source, "C") == ["a"]
+
+
+def test_sample_and_eval_take_their_defaults_from_the_table():
+    from gpt2ladder.commands.sample import DEFAULT_NEW_TOKENS
+    from gpt2ladder.evals.runner import BATCH_SIZE
+
+    args = build_parser().parse_args(["sample", "run"])
+    same = defaults.DEFAULTS["sample"]["any"]
+    assert {k: getattr(args, k) for k in ("num_samples", "temperature", "top_k", "seed")} == {
+        k: same[k] for k in ("num_samples", "temperature", "top_k", "seed")}
+    assert args.num_tokens is None and DEFAULT_NEW_TOKENS == same["num_tokens"]  # None: the context may cut it
+    assert BATCH_SIZE == {"cuda": defaults.defaults("eval", torch.device("cuda"))["batch_size"],
+                          "cpu": defaults.defaults("eval", CPU)["batch_size"]}

@@ -295,14 +295,18 @@ def _add_sample(sub) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     p.add_argument("--prompt", default="\n", help="text to continue; a literal <|endoftext|> in it is GPT-2's "
                    "end-of-text token, as in training (default: a newline)")
-    p.add_argument("--num-tokens", type=_positive_int, help="tokens to generate per sample, printed as "
-                   "they come: at "
-                   "most the model's context (1024 for GPT-2, 256 for tiny) and at most 100,000 (default: 200, or "
-                   "the context when that is shorter)")
-    p.add_argument("--num-samples", type=_count(MAX_SAMPLES), default=1, help="independent samples (default: 1)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default: 0.8)")
-    p.add_argument("--top-k", type=int, default=200, help="keep the k most likely tokens, 0 for all (default: 200)")
-    p.add_argument("--seed", type=_seed, default=1337, help="the same seed gives the same text (default: 1337)")
+    same = DEFAULTS["sample"]["any"]
+    p.add_argument("--num-tokens", type=_positive_int, help="tokens to generate per sample, printed as they come: at "
+                   "most the model's context (1024 for GPT-2, 256 for tiny) and at most 100,000 (default: "
+                   f"{same['num_tokens']}, or the context when that is shorter)")
+    p.add_argument("--num-samples", type=_count(MAX_SAMPLES), default=same["num_samples"],
+                   help=f"independent samples (default: {same['num_samples']})")
+    p.add_argument("--temperature", type=float, default=same["temperature"],
+                   help=f"0 = greedy; higher = more varied (default: {same['temperature']})")
+    p.add_argument("--top-k", type=int, default=same["top_k"],
+                   help=f"keep the k most likely tokens, 0 for all (default: {same['top_k']})")
+    p.add_argument("--seed", type=_seed, default=same["seed"],
+                   help=f"the same seed gives the same text (default: {same['seed']})")
     p.add_argument("--compile", action="store_true", help="generate with the torch.compile'd model (off by default)")
     p.set_defaults(handler=_sample)
 
@@ -359,7 +363,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N examples, for a quick "
                    "look (default: all of them)")
     p.add_argument("--batch-size", type=_count(MAX_EVAL_BATCH), help="examples per forward pass, four rows each "
-                   "(default: 16 on a GPU, 4 on CPU)")
+                   f"(default: {D('eval', 'batch_size')})")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     p.add_argument("--out", help="the folder for eval.json (default: the run directory when MODEL is one, "
                    "else runs/eval)")

@@ -66,6 +66,11 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "rungs": "all"},
                 "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128, "rungs": "auto"},
                 "any": {"steps": 5, "warmup": 5, "seed": SEED}},
+    # `num_tokens`: per sample, or the model's context when that is shorter; `top_k` 0 keeps every token.
+    "sample": {"gpu": {}, "cpu": {},
+               "any": {"num_tokens": 200, "num_samples": 1, "temperature": 0.8, "top_k": 200, "seed": 1337}},
+    # HellaSwag: examples per forward pass (each example is one row per choice); off a CUDA GPU, the CPU's.
+    "eval": {"gpu": {"batch_size": 16}, "cpu": {"batch_size": 4}},
 }
 
 

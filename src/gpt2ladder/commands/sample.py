@@ -13,6 +13,7 @@ import torch
 
 from gpt2ladder.data import GPT2_EOT, get_tokenizer
 from gpt2ladder.data.tokenizer import decode_stream, encode_text
+from gpt2ladder.defaults import DEFAULTS
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.generate import stream
 from gpt2ladder.model.gpt import GPT, describe_shape
@@ -23,7 +24,7 @@ from gpt2ladder.training.loading import load_model
 # --num-tokens: at most the model's context (its block size), and never more than this, which is
 # checked before any model is loaded.
 MAX_NEW_TOKENS = 100_000
-DEFAULT_NEW_TOKENS = 200  # or the model's context when that is shorter
+DEFAULT_NEW_TOKENS = DEFAULTS["sample"]["any"]["num_tokens"]  # or the model's context when that is shorter
 
 
 def _precision(device: torch.device, setup: dict):

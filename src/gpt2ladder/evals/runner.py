@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from gpt2ladder.defaults import DEFAULTS
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.evals import hellaswag, scoring
 from gpt2ladder.model.setup import AUTOCAST_DTYPES
@@ -27,7 +28,8 @@ from gpt2ladder.report.progress import progress_bar
 
 TASKS: dict[str, ModuleType] = {hellaswag.NAME: hellaswag}
 MIN_LENGTH = 32  # the shortest padded length
-BATCH_SIZE = {"cuda": 16, "cpu": 4}  # examples per forward pass by device type (each is one row per choice)
+# Examples per forward pass by device type (each is one row per choice), from the table of defaults.
+BATCH_SIZE = {"cuda": DEFAULTS["eval"]["gpu"]["batch_size"], "cpu": DEFAULTS["eval"]["cpu"]["batch_size"]}
 
 
 def task_module(name: str) -> ModuleType:
