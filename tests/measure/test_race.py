@@ -3,6 +3,7 @@ a real race of two rungs through the command (race.json, .md, .png), continuing 
 refuses in one line."""
 
 import json
+import re
 import statistics
 import types
 import urllib.error
@@ -53,6 +54,22 @@ def test_a_rung_of_parts_joined_by_plus_is_its_own_recipe_after_the_race_order_i
     assert got["muon+rope"] == "muon,rope" and got["muon"] == "muon"  # not stacked on the rungs before it
     with pytest.raises(UsageError, match="race rung speedrun\\+nope: unknown recipe part nope"):
         race.parse_race_rungs("gpt2,speedrun+nope")
+    assert race.parse_race_rungs(" speedrun + value_embeds ") == ("speedrun+value_embeds",)  # as its folder is named
+    for spec in ("gpt2+", "speedrun++value_embeds"):
+        with pytest.raises(UsageError, match="has an empty part between its \\+ signs"):
+            race.parse_race_rungs(spec)
+    for spec, twins in [("speedrun,speedrun+muon", "speedrun and speedrun+muon"), ("gpt2,muon,gpt2+muon",
+                        "muon and gpt2+muon"), ("value_embeds+speedrun,speedrun+value_embeds", "value_embeds+speedrun "
+                        "and speedrun+value_embeds")]:
+        with pytest.raises(UsageError, match=f"race rungs {re.escape(twins)} both train recipe"):
+            race.race_rungs(race.parse_race_rungs(spec))
+    assert len(race.race_rungs(race.RACE_RUNGS)) == len(race.RACE_RUNGS)  # every rung its own recipe
+
+
+def test_the_race_owns_folders_of_its_rungs_and_of_parts_joined_by_plus_only():
+    own = race_command.OWN_FILES
+    assert all(re.fullmatch(own, n) for n in ("race.json", "gpt2", "speedrun+value_embeds", "muon+rope+qk_norm"))
+    assert not any(re.fullmatch(own, n) for n in ("notes+draft", "speedrun + value_embeds", "speedrun+", "runs"))
 
 
 def test_rung_k_trains_the_parts_of_rungs_0_to_k():
@@ -412,6 +429,7 @@ def _corpus(folder, train_tokens=2000):
 @pytest.mark.parametrize("argv, says", [
     (["--rungs", "gpt2,flash"], "unknown race rung flash"),
     (["--rungs", "gpt2,speedrun+flash"], "race rung speedrun+flash: unknown recipe part flash"),
+    (["--rungs", "gpt2,speedrun,speedrun+muon"], "race rungs speedrun and speedrun+muon both train recipe"),
     (["--target-val-loss", "11"], "--target-val-loss must be above 0 and at most 10.9"),
     (["--target-val-loss", "-1"], "argument --target-val-loss: expected a positive number"),
     (["--rungs", "muon", "--target-val-loss", "gpt2"], "--rungs must start with gpt2"),

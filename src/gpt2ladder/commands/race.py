@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -30,7 +31,8 @@ from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.outdirs import check_own_out
 
 # What race writes in --out: its record, and a folder per rung holding a run directory per seed.
-OWN_FILES = r"race\.(json|md|png)|" + "|".join(race.RACE_RUNGS) + r"|\w+(\+\w+)+"
+_RUNG = "(" + "|".join(race.RACE_RUNGS) + ")"
+OWN_FILES = r"race\.(json|md|png)|" + _RUNG + "(" + re.escape(race.STACK) + _RUNG + ")*"
 
 # Tiny Shakespeare has no agreed target: the race's demo default per preset, a loss the first rung reaches within
 # the default steps on this text (a demonstration of the race, not a yardstick).

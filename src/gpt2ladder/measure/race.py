@@ -69,7 +69,7 @@ def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
     as parts joined by `+` (`speedrun+value_embeds`: a recipe of its own, as `speedrun` is), in the order given."""
     if spec is None or spec.strip() == "all":
         return RACE_RUNGS
-    names = list(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
+    names = list(dict.fromkeys(_spelled(n) for n in spec.split(",") if n.strip()))
     stacked = [n for n in names if STACK in n]
     unknown = [n for n in names if n not in RACE_RUNGS and n not in stacked]
     if unknown or not names:
@@ -78,6 +78,18 @@ def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
     for name in stacked:
         stacked_recipe(name)  # its parts are known
     return (*(n for n in RACE_RUNGS if n in names), *stacked)
+
+
+def _spelled(name: str) -> str:
+    """A rung's name as its folder is named: `speedrun + value_embeds` is `speedrun+value_embeds`."""
+    name = name.strip()
+    if STACK not in name:
+        return name
+    pieces = [p.strip() for p in name.split(STACK)]
+    if not all(pieces):
+        raise UsageError(f"race rung {name!r} has an empty part between its {STACK} signs; write parts joined by "
+                         f"{STACK}, such as speedrun{STACK}value_embeds")
+    return STACK.join(pieces)
 
 
 def stacked_recipe(name: str):
@@ -141,6 +153,11 @@ def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
     own = {n: (stacked_recipe(n) if STACK in n else parse_recipe(n)) for n in names if n == "speedrun" or STACK in n}
     parts = [n for n in names if n not in own]
     recipes = {**dict(zip(parts, race_recipes(parts))), **own}
+    trained: dict[str, str] = {}
+    for name in names:  # two rungs of one recipe would train the same runs twice
+        twin = trained.setdefault(recipes[name].name, name)
+        if twin != name:
+            raise UsageError(f"race rungs {twin} and {name} both train recipe {recipes[name].name}; drop one of them")
     return [(name, recipes[name].name) for name in names]
 
 
