@@ -188,12 +188,14 @@ def test_ctrl_c_leaves_only_whole_shards_and_the_same_command_finishes(tmp_path,
     out = tmp_path / "out"
     argv, env = _cli("prepare", source, out, "--val-tokens", "2K", "--shard-tokens", "50K", "--workers", "1")
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (out / "manifest.partial.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+    started = time.monotonic()
+    while not (out / "manifest.partial.json").exists() and time.monotonic() < started + 60 and proc.poll() is None:
         time.sleep(0.01)
+    seen = f"signalled {time.monotonic() - started:.2f} s after the start, the process then {proc.poll()}"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and err.count("\n") == 1 and "run the same command to continue" in err, err
+    said, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.count("\n") == 1 and "run the same command to continue" in err, (
+        seen, said, err)
     kept = manifest.read(out / "manifest.partial.json")["shards"]
     left = sorted(p.name for p in out.iterdir())
     assert not [n for n in left if n.startswith(".")]  # no temporary file, no spool
