@@ -277,8 +277,7 @@ def _alive(pid: int) -> bool:
 def _started_with_workers(tmp_path, shakespeare_cache):
     text = (shakespeare_cache / "tinyshakespeare" / "input.txt").read_text()
     source = tmp_path / "plays.jsonl"
-    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in text.split("\n\n")) * 30)  # ~10M tokens: the
-    # interrupt lands mid-way (about 3 s of tokenizing) even when a loaded machine wakes this test late
+    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in text.split("\n\n")) * 6)  # ~2M tokens
     argv, env = _cli("prepare", source, tmp_path / "out", "--val-tokens", "2K", "--shard-tokens", "50K",
                      "--workers", "2", "--no-progress")
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

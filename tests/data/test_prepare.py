@@ -285,3 +285,33 @@ def test_a_long_document_is_tokenized_in_bounded_pieces_with_the_ids_of_the_whol
     assert np.array_equal(np.concatenate([real(p) for p in small]), real(line[:200_000]))
     endless = "x" * 12_000  # no whitespace: cut at the limit
     assert [len(p) for p in tokenizer.bounded_pieces(endless, 5_000)] == [5_000, 5_000, 2_000]
+
+
+def test_a_signal_inside_signals_held_is_acted_on_when_the_block_is_done():
+    import os
+    import signal
+
+    from gpt2ladder.data.prepare import signals_held
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("the block went on")  # a worker's start is not cut short
+    assert done == ["the block went on"]
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped
+
+    previous = signal.signal(signal.SIGTERM, stop)  # as prepare's command turns SIGTERM into its stop
+    try:
+        with pytest.raises(Stopped):
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                done.append("again")
+        assert signal.getsignal(signal.SIGTERM) is stop and done[-1] == "again"
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -123,6 +123,28 @@ def _end_with(parent: int) -> None:
     threading.Thread(target=watch, name="gpt2ladder-parent-watch", daemon=True).start()
 
 
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Ctrl-C or SIGTERM arriving inside is acted on once the block is done, by the handler it would have met.
+    The pool starts a worker inside `submit`: stopped half-way, the parent leaves the new interpreter without
+    its start-up data, and it prints a traceback. Outside the main thread (no handlers there) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])  # to the handler restored above
+
+
 def _worker_init(parent: int) -> None:
     _end_with(parent)
     # Ctrl-C and a SIGTERM to the whole group are the parent's to handle: it stops the pool, no tracebacks
@@ -179,7 +201,8 @@ def tokenized(batches: Iterator[tuple[Meta, list[Piece]]], workers: int) -> Iter
 def _in_order(pool, batches, pending: collections.deque, workers: int) -> Iterator[tuple[Meta, np.ndarray]]:
     """Submit batches as results are taken, oldest first: the order is the source's, memory is bounded."""
     for meta, pieces in batches:
-        pending.append((meta, pool.submit(encode_pieces, pieces)))
+        with signals_held():  # a submit may start a worker
+            pending.append((meta, pool.submit(encode_pieces, pieces)))
         if len(pending) >= IN_FLIGHT * workers:
             meta, future = pending.popleft()
             yield meta, future.result()
