@@ -180,6 +180,13 @@ def test_a_hub_name_offline_is_one_line_in_a_real_process(tmp_path):
     assert "HF_HUB_OFFLINE is set" in proc.stderr and not (tmp_path / "out").exists()
 
 
+def _as_from_a_terminal() -> None:
+    """In the child before it starts: Ctrl-C handled and not blocked, as a shell starts a command, whatever the test
+    process's own disposition (a test runner's worker may ignore or block SIGINT, and a child inherits that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_leaves_only_whole_shards_and_the_same_command_finishes(tmp_path, shakespeare_cache):
     text = (shakespeare_cache / "tinyshakespeare" / "input.txt").read_text()
     source = tmp_path / "plays.jsonl"
@@ -187,7 +194,8 @@ def test_ctrl_c_leaves_only_whole_shards_and_the_same_command_finishes(tmp_path,
     # interrupt lands mid-way (about 3 s of tokenizing) even when a loaded machine wakes this test late
     out = tmp_path / "out"
     argv, env = _cli("prepare", source, out, "--val-tokens", "2K", "--shard-tokens", "50K", "--workers", "1")
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_terminal)
     started = time.monotonic()
     while not (out / "manifest.partial.json").exists() and time.monotonic() < started + 60 and proc.poll() is None:
         time.sleep(0.01)
