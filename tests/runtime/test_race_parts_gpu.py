@@ -125,7 +125,9 @@ def test_the_top_of_auto_for_the_three_parts_trains_and_validates_at_gpt2s_atten
     x, y = x[:, :-1].to(GPU), x[:, 1:].to(GPU)
     engine = Engine(shape, setup_for(names), GPU, seed=0, optim=OptimConfig(name="muon", lr=3e-3, muon_lr=0.02))
     losses = [engine.step(x, y).item() for _ in range(6)]
-    with torch.no_grad():
+    engine.model.eval()  # as the trainer validates: eval mode, no grad, the step's precision
+    with torch.no_grad(), engine.precision():
         val = engine.loss(x, y).item()
+    engine.model.train()
     torch.cuda.synchronize()
     assert losses[-1] < losses[0] - 0.5 and math.isfinite(val) and val < losses[0], (losses, val)
