@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.runtime.metrics import peak_flops
 from gpt2ladder.training.checkpoint import FILENAME, PREVIOUS
 from gpt2ladder.training.config import TrainConfig
-from gpt2ladder.training.run import claimed, saved_run, train_claimed
+from gpt2ladder.training.run import claimed, run_cards, saved_run, train_claimed
 from gpt2ladder.training.runlog import read_log
 
 # The race's order: GPT-2, then each part on top, then `speedrun` (the recipe of that name, whatever rungs it follows).
@@ -372,16 +371,6 @@ def warmup_steps(entries: list[dict]) -> set[int]:
     and the log's first, which began a session whether or not the version that wrote it marked it."""
     marked = {i for i, e in enumerate(entries) if e.get("warmup")}
     return {0} | marked if entries else set()  # the first entry began a session, marked or not (an older version's)
-
-
-def run_cards(where) -> list[str]:
-    """The cards a run trained on, as its config.json names them: every session's (`cards`), or the one it names
-    (`device`); none where it has no config.json (a run made apart)."""
-    try:
-        record = json.loads((Path(where) / "config.json").read_text(encoding="utf-8"))
-        return [c for c in record.get("cards") or [record["device"]["name"]] if isinstance(c, str)]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return []
 
 
 def cards_of(rows: list[dict]) -> list[str]:

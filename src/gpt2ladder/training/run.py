@@ -203,7 +203,7 @@ def first_line(cfg: TrainConfig, world_size: int, plan) -> str:
 def _write_config(out: Path, trainer: Trainer, caps, batch_plan=None) -> None:
     plan = {**batch_plan.to_dict(), "reason": batch_plan.reason()} if batch_plan else None
     header = record_header(caps, trainer.device)
-    cards = [*(_earlier_cards(out / "config.json") if trainer.step else []), header["device"]["name"]]
+    cards = [*(run_cards(out) if trainer.step else []), header["device"]["name"]]
     record = {**header, "cards": list(dict.fromkeys(cards)), "command": "train", "batch_plan": plan,
               "train_config": trainer.cfg.to_dict(), "model": trainer.engine.raw_model.config.to_dict(),
               "setup": trainer.setup.to_dict(), "world_size": trainer.dist.world_size, "strategy": trainer.strategy,
@@ -214,11 +214,12 @@ def _write_config(out: Path, trainer: Trainer, caps, batch_plan=None) -> None:
     write_json(out / "config.json", record)
 
 
-def _earlier_cards(path: Path) -> list[str]:
-    """The cards the sessions before this one trained the run on, as its config.json names them (a resumed run's
-    config.json is rewritten by each session, its `device` the session's own)."""
+def run_cards(folder: Path) -> list[str]:
+    """The cards a run trained on, as its config.json names them: every session's (`cards`), or the one it names
+    (`device`, a config.json from before `cards`); none without one (a run made apart). Each session rewrites
+    config.json, its `device` the session's own."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
         return [c for c in record.get("cards") or [record["device"]["name"]] if isinstance(c, str)]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return []
