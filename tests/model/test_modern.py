@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask
 
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model import family
@@ -245,6 +246,26 @@ def test_the_tiles_read_off_the_documents_are_those_the_mask_makes(window):
     assert partial.any() and full.any() == (window >= 2 * block)  # a full tile needs a window past two tiles
     flex = masked_attention(q, k, v, doc_window_block_mask(docs, window, block=block), manual=False)
     torch.testing.assert_close(flex, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_block_masks_lists_are_create_block_masks_on_both_sides():
+    """Both sides' lists (each query tile's key tiles, for the forward; each key tile's query tiles, for the
+    backward), partial and full, entry for entry as create_block_mask lists them. (FlexAttention has no backward on
+    a CPU: the GPU tests take the gradients through them.)"""
+    gen = torch.Generator().manual_seed(2)
+    B, T, block, window = 3, 24, 4, 12
+    idx = torch.randint(0, 8, (B, T), generator=gen)
+    idx[0, 7] = idx[0, 8] = idx[1, 0] = idx[2, 16] = 9
+    docs = document_ids(idx, end_of_text=9)
+    ours = doc_window_block_mask(docs, window, block=block)
+    theirs = create_block_mask(lambda b, h, q, k: (k <= q) & (q - k < window) & (docs[b, q] == docs[b, k]),
+                               B, None, T, T, device="cpu", BLOCK_SIZE=block)
+    for side in ("kv", "q"):
+        for kind in ("", "full_"):
+            for what in ("num_blocks", "indices"):
+                name = f"{kind}{side}_{what}"
+                assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
+    assert ours.full_kv_num_blocks.any() and ours.kv_num_blocks.any()  # both kinds of tile occur
 
 
 def test_a_token_sees_nothing_of_an_earlier_document():
