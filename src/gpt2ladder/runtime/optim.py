@@ -7,8 +7,10 @@ schedule drives them all; under a CUDA graph each group's rate is a device tenso
 
 Muon is written here rather than taken from `torch.optim.Muon` (PyTorch 2.9+, and tested against it there)
 because the step needs what that class does not do: run inside a captured CUDA graph with a tensor learning
-rate, orthogonalise same-shape matrices together as one batched product instead of one at a time, treat
-c_attn's weight as its q, k and v matrices, and share one optimizer (one state dict, one `step`) with AdamW.
+rate, orthogonalise the matrices of one iterated shape together as one batched product instead of one at a time
+(tall matrices turned wide, the side the iteration runs on, so GPT-2's 3072x768 c_fc and 768x3072 c_proj are one
+batch), treat c_attn's weight as its q, k and v matrices, and share one optimizer (one state dict, one `step`)
+with AdamW.
 """
 
 from __future__ import annotations
@@ -46,21 +48,30 @@ def shape_scale(rows: int, cols: int) -> float:
     return math.sqrt(max(1.0, rows / cols))
 
 
-def momentum_update(grads: list[torch.Tensor], bufs: list[torch.Tensor], mu: float,
-                    nesterov: bool) -> torch.Tensor:
-    """Muon's momentum, B <- mu B + g for each matrix, and the updates to orthogonalise (g + mu B with Nesterov,
-    else B) stacked in bfloat16, (n, rows, cols): the precision `orthogonalise` computes in."""
+def wide_matrices(w: torch.Tensor, blocks: int) -> torch.Tensor:
+    """w's matrices, its rows split into `blocks`, as a (blocks, rows, cols) view turned wide (rows <= cols): the
+    side `orthogonalise` iterates on, so tall and wide matrices of one iterated shape stack as one batch."""
+    m = w.view(blocks, w.size(0) // blocks, w.size(1))
+    return m.mT if m.size(1) > m.size(2) else m
+
+
+def momentum_update(grads: list[torch.Tensor], bufs: list[torch.Tensor], mu: float, nesterov: bool,
+                    blocks: list[int]) -> torch.Tensor:
+    """Muon's momentum, B <- mu B + g for each parameter, and the updates to orthogonalise (g + mu B with Nesterov,
+    else B): every parameter's `wide_matrices`, stacked in bfloat16, (n, rows, cols), the precision
+    `orthogonalise` computes in."""
     torch._foreach_mul_(bufs, mu)
     torch._foreach_add_(bufs, grads)
     updates = torch._foreach_add(grads, bufs, alpha=mu) if nesterov else bufs
-    return torch.stack(updates).bfloat16()
+    return torch.cat([wide_matrices(u, k) for u, k in zip(updates, blocks)]).bfloat16()
 
 
-def apply_updates(params: list[torch.Tensor], ortho: torch.Tensor, step) -> None:
-    """p <- p - step x o for each parameter and its orthogonalised update (bfloat16, stacked), in the parameter's
-    dtype; `step` a number or a 0-d tensor (the learning rate under a CUDA graph)."""
-    for p, o in zip(params, ortho.unbind(0)):
-        p.sub_(o.to(p.dtype) * step)
+def apply_updates(params: list[torch.Tensor], ortho: torch.Tensor, blocks: list[int], steps: list) -> None:
+    """p <- p - step x o for each parameter, its step and its matrices' orthogonalised updates (bfloat16, stacked
+    wide as `momentum_update` stacks them), in the parameter's dtype; a step is a number or a 0-d tensor (the
+    learning rate under a CUDA graph)."""
+    for p, o, k, step in zip(params, ortho.split(blocks), blocks, steps):
+        wide_matrices(p, k).sub_(o.to(p.dtype) * step)  # a view of p: the update lands in p, turned back
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -119,17 +130,23 @@ class MuonAdamW(torch.optim.Optimizer):
         if group["weight_decay"]:
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])  # decoupled, before the update
         buckets: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-        for p in params:
-            buckets[(tuple(p.shape), getattr(p, "muon_blocks", 1))].append(p)
-        for (shape, blocks), same in buckets.items():
-            rows, cols = shape[0] // blocks, shape[1]
+        for p in params:  # by the shape the iteration runs on: a tall matrix and its transpose share a batch
+            buckets[tuple(wide_matrices(p, getattr(p, "muon_blocks", 1)).shape[1:])].append(p)
+        for same in buckets.values():
+            blocks = [getattr(p, "muon_blocks", 1) for p in same]
             bufs = [self.state[p]["momentum_buffer"] for p in same]
-            stacked = self._momentum([p.grad for p in same], bufs, group["momentum"], group["nesterov"])
-            ortho = orthogonalise(stacked.view(len(same) * blocks, rows, cols)).view(len(same), *shape)
-            step = lr * shape_scale(rows, cols)
-            if self._apply is not apply_updates and not isinstance(step, torch.Tensor):
-                step = torch.tensor(step, device=ortho.device)  # compiled once, whatever the schedule's rate
-            self._apply(same, ortho, step)
+            stacked = self._momentum([p.grad for p in same], bufs, group["momentum"], group["nesterov"], blocks)
+            ortho = orthogonalise(stacked)
+            scales = [shape_scale(p.size(0) // k, p.size(1)) for p, k in zip(same, blocks)]  # each p's own aspect
+            steps = {s: self._step(lr * s, ortho.device) for s in dict.fromkeys(scales)}  # one per scale, not per p
+            self._apply(same, ortho, blocks, [steps[s] for s in scales])
+
+    def _step(self, step, device: torch.device):
+        """A learning rate times a shape's scale, as a 0-d tensor where the passes are compiled: compiled once,
+        whatever the schedule's rate (a tensor already under a CUDA graph)."""
+        if self._apply is not apply_updates and not isinstance(step, torch.Tensor):
+            return torch.tensor(step, device=device)
+        return step
 
 
 def param_groups(model: torch.nn.Module, optimizer: str, *, lr: float, weight_decay: float, muon_lr: float,
