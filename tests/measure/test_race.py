@@ -98,10 +98,22 @@ def test_a_target_read_off_the_gpt2_rung_is_its_worst_seeds_last_validation_and_
     timed = [race.timed_to(r, target) for r in runs]
     assert [(t["reached"], t["steps"], t["tokens"], t["train_seconds"]) for t in timed] == [
         (True, 4, 256, 2.0), (True, 4, 256, 2.1)]
-    assert timed[0]["wall_seconds"] is None  # not in a log without a target entry: not made up
+    assert timed[0]["wall_seconds"] is None  # an older version's log, whose validations kept no clock: not made up
+    assert timed[0]["validation_seconds"] is None and timed[0]["warmup_seconds"] is None
     assert race.timed_to(runs[0], 9.35)["steps"] == 4 and race.timed_to(runs[1], 9.35)["steps"] == 2
     assert not race.timed_to(runs[0], 9.0)["reached"]
     assert race.baseline_target([runs[0], _logged(1, [(2, 1.0, 9.4)], status="stopped")]) is None
+
+
+def test_a_target_set_after_the_run_takes_the_wall_validation_and_compile_seconds_of_the_clock_where_it_hit():
+    run = _logged(0, [(2, 1.0, 9.5), (4, 2.0, 9.1)])
+    clocks = [{"wall_seconds": 6.0, "validation_seconds": 0.5, "warmup_seconds": 3.0},
+              {"wall_seconds": 9.0, "validation_seconds": 1.0, "warmup_seconds": 3.0}]
+    run["curve"] = [{**point, **clock} for point, clock in zip(run["curve"], clocks)]
+    assert race.timed_to(run, 9.5) == {**run, "reached": True, "train_seconds": 1.0, "steps": 2, "tokens": 128,
+                                       **clocks[0]}
+    assert race.timed_to(run, 9.2) == {**run, "reached": True, "train_seconds": 2.0, "steps": 4, "tokens": 256,
+                                       **clocks[1]}
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, 10.95, 50.0])
@@ -202,17 +214,19 @@ def test_a_failed_seed_is_its_rows_reason():
 
 def test_a_run_read_back_from_its_log_to_the_target_or_to_its_end():
     cfg = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2, target_val_loss=9.0)
-    log = [{"step": 1, "loss": 10.8, "ms": 900.0, "mfu": None}, {"step": 2, "loss": 10.0, "ms": 100.0, "mfu": None,
-                                                                "val_loss": 9.5},
+    clock = {"train_s": 0.33, "warmup_s": 0.9, "warmup_steps": 1, "wall_s": 5.0, "tokens": 256, "validation_s": 0.2,
+             "hellaswag_s": 0.0, "checkpoints_s": 0.0, "from_step": 0}
+    log = [{"step": 1, "loss": 10.8, "ms": 900.0, "mfu": None},
+           {"step": 2, "loss": 10.0, "ms": 100.0, "mfu": None, "val_loss": 9.5},  # an older version's: no clock
            {"step": 3, "loss": 9.5, "ms": 120.0, "mfu": None},
-           {"step": 4, "loss": 9.0, "ms": 110.0, "mfu": None, "val_loss": 8.9,
-            "target": {"val_loss": 9.0, "train_s": 0.33, "warmup_s": 0.9, "wall_s": 5.0, "tokens": 256,
-                       "validation_s": 0.2}}]
+           {"step": 4, "loss": 9.0, "ms": 110.0, "mfu": None, "val_loss": 8.9, "clock": clock,
+            "target": {"val_loss": 9.0, **clock}}]
     got = race.run_result(log, cfg, 0, "d")
     assert got["reached"] and got["steps"] == 4 and got["tokens"] == 256 and got["train_seconds"] == 0.33
     assert got["warmup_seconds"] == 0.9 and got["validation_seconds"] == 0.2 and got["ms_per_step"] == 110.0
     assert got["curve"] == [{"step": 2, "tokens": 128, "train_seconds": 0.1, "val_loss": 9.5},
-                            {"step": 4, "tokens": 256, "train_seconds": 0.33, "val_loss": 8.9}]
+                            {"step": 4, "tokens": 256, "train_seconds": 0.33, "val_loss": 8.9, "wall_seconds": 5.0,
+                             "validation_seconds": 0.2, "warmup_seconds": 0.9}]  # the clock's three, no more
     missed = race.run_result(log[:3] + [{k: v for k, v in log[3].items() if k != "target"}], cfg, 1, "d")
     assert not missed["reached"] and missed["train_seconds"] is None and missed["steps_run"] == 4
     assert got["cards"] == []  # no config.json in "d": a run made apart names no card
@@ -332,6 +346,14 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     assert gpt2["steps"]["median"] == next(p["step"] for p in gpt2["runs"][0]["curve"] if p["val_loss"] <= last["val_loss"])
     assert muon["status"] == "ok" and muon["reached"] == (muon["runs"][0]["curve"][-1]["val_loss"] <= last["val_loss"])
     assert f"target: validation loss {last['val_loss']:g}, the gpt2 rung's after 4 steps" in text
+    (run,) = gpt2["runs"]  # timed from the run's clock at the validation that met the target
+    hit = next(p for p in run["curve"] if p["val_loss"] <= last["val_loss"])
+    assert [run[k] for k in race.CLOCK_SECONDS] == [hit[k] for k in race.CLOCK_SECONDS]
+    assert run["validation_seconds"] > 0 and run["warmup_seconds"] > 0
+    assert run["wall_seconds"] > run["train_seconds"] + run["warmup_seconds"] + run["validation_seconds"]
+    assert gpt2["wall_seconds"]["median"] == run["wall_seconds"]
+    assert [_cells(record)[h] for h in ("wall s", "compile s", "validation s")] == [
+        f"{gpt2[k]['median']:.1f}" for k in ("wall_seconds", "warmup_seconds", "validation_seconds")]
     assert (tmp_path / "race.md").is_file() and (tmp_path / "race.png").stat().st_size > 0
     card = record["device"]["name"]
     assert record["cards"] == [card] and gpt2["cards"] == muon["cards"] == [card]
@@ -339,18 +361,37 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
         ran = json.loads((tmp_path / r / "seed0" / "config.json").read_text())["train_config"]
         assert ran["ckpt_every"] == 0 and ran["keep_best"] is False
         assert (tmp_path / r / "seed0" / "ckpt.pt").is_file() and not (tmp_path / r / "seed0" / "best.pt").exists()
-    # the gpt2 run as if it had trained on another card: the race read back says so, and names both
+    # the gpt2 run as if it had trained on another card, and by a version whose validations kept no clock, in a race
+    # whose race.json is as old: the race read back says so, names both cards, and knows no wall time for gpt2
     ran = tmp_path / "gpt2" / "seed0" / "config.json"
     ran.write_text(ran.read_text().replace(json.dumps(card), json.dumps("NVIDIA H100 80GB HBM3")))
+    log = tmp_path / "gpt2" / "seed0" / "log.jsonl"
+    log.write_text("".join(json.dumps({k: v for k, v in e.items() if k != "clock"}) + "\n" for e in _lines(log)))
+    for row in record["rungs"]:
+        for point in (p for r in row["runs"] for p in r["curve"]):
+            for key in race.CLOCK_SECONDS:
+                del point[key]
     (tmp_path / "race.json").write_text(json.dumps({**record, "cards": ["NVIDIA H100 80GB HBM3", card]}))
     code, text = _main([*argv, "--resume"])  # read back: the same target, nothing trained
     assert code == 0 and text.count("(finished earlier)") == 3
     assert f"notice: runs of this race trained on NVIDIA H100 80GB HBM3, and this one trains on {card}" in text
     again = json.loads((tmp_path / "race.json").read_text())
+    assert again["rungs"][0]["wall_seconds"]["median"] is None and _cells(again)["wall s"] == "-"
+    assert again["rungs"][0]["train_seconds"] == gpt2["train_seconds"]
+    assert again["rungs"][1]["wall_seconds"] == muon["wall_seconds"]  # its log has its clock
     assert again["target_val_loss"] == last["val_loss"] and again["cards"] == ["NVIDIA H100 80GB HBM3", card]
     md = (tmp_path / "race.md").read_text()
     assert f"on NVIDIA H100 80GB HBM3 and {card} (mixed cards), to validation loss" in md
     assert f"- mixed cards: gpt2 on NVIDIA H100 80GB HBM3; muon on {card}; muon+relu2 on {card}." in md
+
+
+def _cells(record: dict, row: int = 0) -> dict:
+    """A rung's row of race.md's table, by its headers."""
+    return dict(zip(report.HEADERS, report.rows(record)[row]))
+
+
+def _lines(log) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
 
 
 def test_a_race_cut_off_inside_the_rung_that_sets_its_target_still_writes_its_record(tmp_path):

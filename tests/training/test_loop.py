@@ -372,6 +372,9 @@ def test_hellaswag_every_n_steps_and_at_the_last_scores_the_runs_weights_outside
     _train(cfg, tmp_path / "run")
     log = _log(tmp_path / "run")
     assert [("hellaswag" in e) for e in log] == [False, True, True]
+    assert [("clock" in e) for e in log] == [False, True, True]  # the run's clock, after each scoring
+    assert [round(e["clock"]["hellaswag_s"], -3) for e in log[1:]] == [1000.0, 2000.0]
+    assert log[2]["clock"]["wall_s"] > 2000.0
     entry = log[2]["hellaswag"]
     assert entry["task"] == "hellaswag" and entry["n"] == 3 and entry["official"] is False
     assert entry["acc"] == results[-1].acc and entry["acc_norm"] == results[-1].acc_norm
@@ -414,6 +417,13 @@ def test_nested_log_values_are_tensorboard_scalars_by_path():
                               "target/train_s": 1.5}
 
 
+def test_a_log_entry_is_read_with_its_clock_or_without_one_and_skipped_with_a_damaged_one(tmp_path):
+    lines = [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.9, "val_loss": 3.1, "clock": {"wall_s": 1.5}},
+             {"step": 3, "loss": 2.8, "val_loss": 3.0, "clock": 1.5}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert read_log(tmp_path / "log.jsonl") == lines[:2]  # an older version's entry has no clock
+
+
 def test_without_hellaswag_every_nothing_is_read():
     assert prepared_hellaswag(_cfg()) is None
 
@@ -438,6 +448,8 @@ def test_a_target_stops_at_the_first_validation_at_or_below_it_and_logs_what_it_
     log = _log(tmp_path / "run")
     assert [e["step"] for e in log] == [1, 2, 3, 4] and "target" not in log[1]
     got = log[3]["target"]
+    assert got == {"val_loss": target, **log[3]["clock"]}  # the clock after the validation that reached it
+    assert [("clock" in e) for e in log] == [False, True, False, True]  # on the validations only
     assert got["val_loss"] == target and got["tokens"] == 4 * 64 and got["warmup_steps"] == 1
     assert got["warmup_s"] == pytest.approx(log[0]["ms"] / 1000, abs=2e-3)  # step 1 compiles (here: warms up)
     assert got["train_s"] == pytest.approx(sum(e["ms"] for e in log[1:]) / 1000, abs=2e-3)
@@ -445,6 +457,18 @@ def test_a_target_stops_at_the_first_validation_at_or_below_it_and_logs_what_it_
     assert load_checkpoint(tmp_path / "run")["step"] == 4 and load_checkpoint(tmp_path / "run" / "best.pt")["step"] == 4
     assert f"reached the target {target:g} at step 4: {got['train_s']:.1f} s of training" in out
     assert f"{got['warmup_s']:.1f} s more in 1 warm-up step" in out and "256 tokens" in out
+
+
+def test_every_validation_logs_the_runs_clock_as_it_stands_after_it(vals):
+    """Without a target too: a target chosen after the run (the race's gpt2 rung) is timed from these."""
+    first, second = (v["clock"] for v in vals)
+    assert [v["step"] for v in vals] == [2, 4] and "target" not in vals[1]
+    assert 0 < first["validation_s"] < second["validation_s"] and first["wall_s"] < second["wall_s"]
+    assert (first["tokens"], second["tokens"]) == (2 * 64, 4 * 64)
+    assert first["warmup_steps"] == second["warmup_steps"] == 1
+    assert first["train_s"] < second["train_s"] and first["warmup_s"] == second["warmup_s"] > 0
+    for clock in (first, second):
+        assert clock["wall_s"] > clock["train_s"] + clock["warmup_s"] + clock["validation_s"]
 
 
 def test_a_target_not_reached_runs_every_step_and_says_so(tmp_path, capsys):

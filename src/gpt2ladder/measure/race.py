@@ -61,6 +61,9 @@ CPU_COMPILE = "on a CPU the race does not compile: compiling each rung's model w
 # saves otherwise is the same race.
 SAVING = ("ckpt_every", "keep_best")
 METRICS = ("train_seconds", "wall_seconds", "tokens", "steps", "warmup_seconds", "validation_seconds")
+# The figures of the run's clock (`training/clock.py`) a validation curve's point keeps, by the race's names: the log
+# entry of each validation carries the clock as it stood after it.
+CLOCK_SECONDS = {"wall_seconds": "wall_s", "validation_seconds": "validation_s", "warmup_seconds": "warmup_s"}
 
 
 def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
@@ -300,13 +303,13 @@ def baseline_target(runs: list[dict]) -> float | None:
 
 def timed_to(result: dict, target: float) -> dict:
     """A run's figures to a target set after it ran, read off its validation curve: the training seconds, steps and
-    tokens at its first validation at or below the target. Its wall and validation seconds to that point are not
-    in the log: None."""
+    tokens at its first validation at or below the target, and the wall, validation and compile seconds the run's
+    clock had there (None where an older version wrote the log: its validations kept no clock)."""
     hit = next((point for point in result["curve"] if point["val_loss"] <= target), None)
     if hit is None:
         return {**result, "reached": False}
     return {**result, "reached": True, "train_seconds": hit["train_seconds"], "steps": hit["step"],
-            "tokens": hit["tokens"], "wall_seconds": None, "validation_seconds": None}
+            "tokens": hit["tokens"], **{name: hit.get(name) for name in CLOCK_SECONDS}}
 
 
 def train_run(cfg: TrainConfig, device, where: Path, caps, tokens, seed: int, resume: bool,
@@ -344,7 +347,8 @@ def finished_run(where: Path, cfg: TrainConfig, seed: int) -> dict | None:
 def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) -> dict:
     """A finished run's figures from its log: to the target (None where it was not reached), its step time,
     MFU and validation curve. The curve's training seconds add up every logged step but each session's first
-    (`warmup_steps`), as the trainer's clock does."""
+    (`warmup_steps`), as the trainer's clock does; its wall, validation and compile seconds are the clock's at that
+    validation, where the log has it."""
     hit = next((e for e in entries if "target" in e), None)
     warm = warmup_steps(entries)
     curve, train_ms = [], 0.0
@@ -352,7 +356,7 @@ def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) ->
         train_ms += 0.0 if i in warm else e["ms"]
         if "val_loss" in e:
             curve.append({"step": e["step"], "tokens": e["step"] * cfg.tokens_per_step,
-                          "train_seconds": round(train_ms / 1000, 3), "val_loss": e["val_loss"]})
+                          "train_seconds": round(train_ms / 1000, 3), "val_loss": e["val_loss"], **clock_seconds(e)})
     timed = [e for i, e in enumerate(entries) if i not in warm] or entries
     mfus = [e["mfu"] for e in timed if e.get("mfu") is not None]
     result = {"seed": seed, "dir": str(where), "status": "ok", "cards": run_cards(where), "reached": hit is not None,
@@ -364,6 +368,12 @@ def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) ->
                "steps": hit["step"] if hit else None, "warmup_seconds": got.get("warmup_s"),
                "validation_seconds": got.get("validation_s")}
     return {**result, **figures}
+
+
+def clock_seconds(entry: dict) -> dict:
+    """The wall, validation and compile seconds of the run's clock at a log entry; none in an older version's log."""
+    clock = entry.get("clock") or {}
+    return {name: clock[key] for name, key in CLOCK_SECONDS.items() if key in clock}
 
 
 def warmup_steps(entries: list[dict]) -> set[int]:

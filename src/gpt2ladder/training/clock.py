@@ -71,7 +71,8 @@ class RunClock:
                         from_step=int(state["from_step"]), started=self.started)
 
     def summary(self) -> dict:
-        """The figures log.jsonl keeps for the step that reached the target, in seconds."""
+        """The figures log.jsonl keeps, in seconds: at every step that validated or scored HellaSwag (`clock`), after
+        that measurement, and for the step that reached the target (`target`)."""
         return {"train_s": round(self.train_ms / 1000, 3), "warmup_s": round(self.warmup_ms / 1000, 3),
                 "warmup_steps": self.warmup_steps, "wall_s": round(self.wall_s(), 3), "tokens": self.tokens,
                 **{f"{kind.lower()}_s": round(s, 3) for kind, s in self.between_s.items()},

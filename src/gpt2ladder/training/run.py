@@ -16,7 +16,9 @@ With --target-val-loss the step whose validation reaches the target carries a "t
 the target, the training time (`train_s`, the sum of the timed steps; `warmup_s` the steps that compiled
 and captured, `warmup_steps` of them, apart), the wall time from the run's start (`wall_s`), the tokens
 trained on, and the time validation, HellaSwag and checkpoints took between the steps. Across a resume
-they keep adding up (`clock.py` says what is and is not counted); the summary line says the same.
+they keep adding up (`clock.py` says what is and is not counted); the summary line says the same. Every step
+that validated or scored HellaSwag carries the same figures as they stood after it in a "clock" field, with or
+without a target, so a target chosen after the run is timed from its log too.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ from gpt2ladder.training.config import TrainConfig
 
 
 def read_log(path: Path) -> list[dict]:
-    """The entries of a log.jsonl; a line cut short by a kill, or damaged, is skipped."""
+    """The entries of a log.jsonl; a line cut short by a kill, or damaged, is skipped. A step that measured (validation,
+    HellaSwag) carries the run's clock as it stood then (`clock`, the figures of `RunClock.summary`), when a version
+    that writes it wrote the line."""
     entries = []
     if not path.is_file():
         return entries
@@ -24,7 +26,8 @@ def read_log(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
         if isinstance(entry, dict) and _is_int(entry.get("step")) and _is_number(entry.get("loss")) and (
-                "val_loss" not in entry or _is_number(entry["val_loss"])):
+                "val_loss" not in entry or _is_number(entry["val_loss"])) and (
+                "clock" not in entry or isinstance(entry["clock"], dict)):  # an older version's has none
             entries.append(entry)
     return entries
 

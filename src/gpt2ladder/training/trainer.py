@@ -11,7 +11,8 @@ step waits for the device. Each step's loss and time are read back a step later 
 log is written a step behind; at every point where the loop needs all of them (validation, HellaSwag, a
 checkpoint, a signal, the end) it reads every step in flight first, so the log is complete and in order
 before anything is measured or saved. Validation, HellaSwag and checkpoints are timed apart from the steps
-(`clock.py`).
+(`clock.py`), and the entry of a step that validated or scored HellaSwag keeps the run's clock as it stands after
+them (`clock`), so a target set after the run (the race's gpt2 rung) reads its wall time there.
 
 Nothing lost: a checkpoint is written only once its weights are known good, i.e. finite, with a
 validation loss (or, at a step without validation, the loss on one batch) that has not exploded
@@ -420,11 +421,12 @@ class Trainer:
         return True
 
     def _reached(self, entry: dict) -> bool:
-        """Whether this step's validation reached the target; if so, the time it took joins its log entry."""
+        """Whether this step's validation reached the target; if so, the time it took (the entry's clock) joins its
+        log entry as `target`."""
         target = self.cfg.target_val_loss
         if target is None or "val_loss" not in entry or entry["val_loss"] > target:
             return False
-        entry["target"] = {"val_loss": target, **self.clock.summary()}
+        entry["target"] = {"val_loss": target, **entry.get("clock", self.clock.summary())}
         self.reached = {"step": self.step, **entry["target"]}
         return True
 
@@ -500,6 +502,8 @@ class Trainer:
         except StopRequested:  # the step stands; what it measures is left out, and measured on --resume
             interrupted, measured, self.pending = True, {}, dict(entry)
         entry.update(measured)
+        if measured:  # the run's clock after this step's measurements: a target set after the run is timed by it
+            entry["clock"] = self.clock.summary()
         if "val_loss" in measured:
             best = self._improves_best(measured["val_loss"])
         reached = self._reached(entry)
