@@ -133,8 +133,8 @@ def doc_window_block_mask(docs: torch.Tensor, window: int = DOC_WINDOW, block: i
         return create_block_mask(may_attend, B, None, T, T, device=docs.device)
     partial, full = doc_window_tiles(docs, window, block)
     by_query = [*_listed(partial), *_listed(full)]
-    # Both sides given, not left to BlockMask.from_kv_blocks: compiled on an H100 (torch 2.11), the mask it built
-    # from these very lists (each equal to create_block_mask's) gave attention 48% away from the masked softmax's.
+    # Both sides given, not left to BlockMask.from_kv_blocks: under compile on a GPU, the mask it built from these
+    # very lists (each equal to create_block_mask's) gave attention far from the masked softmax's (docs/recipes.md).
     by_key = [*_listed(partial.mT), *_listed(full.mT)]  # the backward's view: each key tile's query tiles
     return BlockMask(seq_lengths=(T, T), kv_num_blocks=by_query[0], kv_indices=by_query[1],
                      full_kv_num_blocks=by_query[2], full_kv_indices=by_query[3], q_num_blocks=by_key[0],
