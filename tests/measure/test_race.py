@@ -322,6 +322,8 @@ def test_a_race_stopped_resumed_read_back_and_refused_over_again(shakespeare_cac
         set_rng_state(saved)
     assert code == 0, text
     assert "resuming from step 1" in (tmp_path / "gpt2" / "seed0" / "train.txt").read_text()
+    for r in ("gpt2", "muon"):  # nor the checkpoint the signal saved for --resume, once the run is done
+        assert not list((tmp_path / r / "seed0").glob("*.pt"))
     record = _check_rows(tmp_path, text)
     assert len(calls) == sum(r["steps"]["median"] for r in record["rungs"])  # no step twice
     _check_resume_trains_nothing(tmp_path, argv, monkeypatch)
@@ -334,7 +336,7 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
     monkeypatch.setattr(urllib.request, "urlopen", _no_network)
     argv = ["race", "--rungs", "gpt2,muon,muon+relu2", "--target-val-loss", "gpt2", "--out", str(tmp_path), *SMALL]
-    code, text = _main(argv)
+    code, text = _main([*argv, "--keep-weights"])
     assert code == 0, text
     record = json.loads((tmp_path / "race.json").read_text())
     gpt2, muon, stacked = record["rungs"]
@@ -357,10 +359,11 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     assert (tmp_path / "race.md").is_file() and (tmp_path / "race.png").stat().st_size > 0
     card = record["device"]["name"]
     assert record["cards"] == [card] and gpt2["cards"] == muon["cards"] == [card]
-    for r in ("gpt2", "muon"):  # saved at the end only, and no best.pt on the way
+    for r in ("gpt2", "muon"):  # --keep-weights: saved at the end only, and no best.pt on the way
         ran = json.loads((tmp_path / r / "seed0" / "config.json").read_text())["train_config"]
-        assert ran["ckpt_every"] == 0 and ran["keep_best"] is False
+        assert ran["ckpt_every"] == 0 and ran["keep_best"] is False and ran["save_at_end"] is True
         assert (tmp_path / r / "seed0" / "ckpt.pt").is_file() and not (tmp_path / r / "seed0" / "best.pt").exists()
+        assert "ckpt.pt, loss.png" in (tmp_path / r / "seed0" / "train.txt").read_text()
     # the gpt2 run as if it had trained on another card, and by a version whose validations kept no clock, in a race
     # whose race.json is as old: the race read back says so, names both cards, and knows no wall time for gpt2
     ran = tmp_path / "gpt2" / "seed0" / "config.json"
@@ -372,7 +375,7 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
             for key in race.CLOCK_SECONDS:
                 del point[key]
     (tmp_path / "race.json").write_text(json.dumps({**record, "cards": ["NVIDIA H100 80GB HBM3", card]}))
-    code, text = _main([*argv, "--resume"])  # read back: the same target, nothing trained
+    code, text = _main([*argv, "--resume"])  # read back (without --keep-weights: the same race): nothing trained
     assert code == 0 and text.count("(finished earlier)") == 3
     assert f"notice: runs of this race trained on NVIDIA H100 80GB HBM3, and this one trains on {card}" in text
     again = json.loads((tmp_path / "race.json").read_text())
@@ -419,6 +422,7 @@ def _check_rows(out, text) -> dict:
     assert (gpt2["name"], gpt2["recipe"], muon["recipe"]) == ("gpt2", "gpt2", "muon")
     ran = [json.loads((out / r / "seed0" / "config.json").read_text())["train_config"] for r in ("gpt2", "muon")]
     assert ran[0]["muon_lr"] is None and ran[1]["muon_lr"] == MUON_RATES["muon_lr"]  # each rung its own rates
+    assert ran[0]["save_at_end"] is ran[1]["save_at_end"] is False  # no --keep-weights
     for row in (gpt2, muon):
         assert row["reached"] and row["status"] == "ok"
         for key in ("train_seconds", "wall_seconds", "tokens", "steps"):

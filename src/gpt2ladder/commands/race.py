@@ -38,11 +38,12 @@ OWN_FILES = r"race\.(json|md|png)|" + _RUNG + "(" + re.escape(race.STACK) + _RUN
 # the default steps on this text (a demonstration of the race, not a yardstick).
 SHAKESPEARE_DEMO_TARGETS = {"tiny": 6.8}
 SHAKESPEARE_DEMO_TARGET = 5.4  # every other preset
-# A race's runs save their checkpoint at their end (the target, or the last step) and when a signal stops them, not
-# on the way, and keep no best.pt (ckpt.pt at the end holds the weights `sample` and `eval` read): GPT-2's weights
-# with AdamW's moments are 1.5 GB, and the saves on the way, best.pt at each new lowest validation loss most of them,
-# cost a gpt2 run over one pass of a corpus tens of seconds of wall time outside its training time
-# (benchmarks/RECORDS.md). A run killed without a signal starts again on --resume.
+# A race's runs save their checkpoint only when a signal stops them (for --resume), and at their end only with
+# --keep-weights (the weights `sample` and `eval` read); they keep no best.pt. GPT-2's weights with AdamW's moments
+# are 1.5 GB: the saves on the way, best.pt at each new lowest validation loss most of them, cost a gpt2 run over one
+# pass of a corpus tens of seconds of wall time outside its training time, a save at the end 4-12 s of it
+# (benchmarks/RECORDS.md), and a race of every rung over three seeds would keep about 60 GB. A run killed without a
+# signal starts again on --resume.
 RACE_CKPT_EVERY = 0
 
 
@@ -122,6 +123,7 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         preset=name, model=shape, batch_size=batch, seq_len=seq_len, steps=steps, lr=lr, min_lr=lr / 10,
         tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=int(0.05 * steps), eval_every=every,
         eval_batches=d["eval_batches"], ckpt_every=RACE_CKPT_EVERY, keep_best=False, target_val_loss=target,
+        save_at_end=args.keep_weights,
         data=args.data,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", **{name: getattr(args, name) or rate for name, rate in MUON_RATES.items()},
     )

@@ -59,7 +59,7 @@ KNOWN_TARGETS = {"huggingfacefw/fineweb": 3.28}
 CPU_COMPILE = "on a CPU the race does not compile: compiling each rung's model would take longer than its run"
 # The settings of how a run saves itself: they change no figure of the race, so a race continued by a version that
 # saves otherwise is the same race.
-SAVING = ("ckpt_every", "keep_best")
+SAVING = ("ckpt_every", "keep_best", "save_at_end")
 METRICS = ("train_seconds", "wall_seconds", "tokens", "steps", "warmup_seconds", "validation_seconds")
 # The figures of the run's clock (`training/clock.py`) a validation curve's point keeps, by the race's names: the log
 # entry of each validation carries the clock as it stood after it.
@@ -329,6 +329,9 @@ def train_run(cfg: TrainConfig, device, where: Path, caps, tokens, seed: int, re
     if result.exit_code:
         return result.exit_code, {"seed": seed, "dir": str(where), "status": "stopped",
                                   "reason": f"stopped at step {result.step}; --resume continues it"}
+    if not cfg.save_at_end:  # what a signal saved on the way was for --resume: an earlier step's weights, not the end's
+        for name in (FILENAME, PREVIOUS):
+            (where / name).unlink(missing_ok=True)
     return 0, run_result(read_log(where / "log.jsonl"), cfg, seed, where)
 
 

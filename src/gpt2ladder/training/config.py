@@ -41,6 +41,7 @@ class TrainConfig:
     eval_batches: int = defaults.eval_batches(_D["steps"], defaults.eval_every(_D["steps"]), _D["eval_batches"])
     ckpt_every: int = defaults.ckpt_every(_D["steps"])  # 0 = only at the end and on a signal
     keep_best: bool = True  # best.pt, the weights at each new lowest validation loss (a race's runs keep none)
+    save_at_end: bool = True  # ckpt.pt at the target or the last step (a race's runs: only with --keep-weights)
     # A corpus of shards: the tokens of its validation shards every evaluation reads, from their start;
     # None = eval_batches steps' worth. A text validates on eval_batches random windows instead.
     val_tokens: int | None = None
@@ -129,7 +130,7 @@ KINDS = {"preset": _STR, "rungs": (list, tuple), "batch_size": _INT, "seq_len": 
          "hellaswag_every": _INT, "hellaswag_data": _STR + (type(None),), "target_val_loss": _NUM + (type(None),),
          "seed": _INT, "data": _STR + (type(None),), "init_from": _STR + (type(None),), "compile_backend": _STR,
          "recipe": _STR, "muon_lr": _NUM + (type(None),), "embed_lr": _NUM + (type(None),),
-         "head_lr": _NUM + (type(None),), "keep_best": _BOOL}
+         "head_lr": _NUM + (type(None),), "keep_best": _BOOL, "save_at_end": _BOOL}
 
 
 def settings_problem(saved: dict, shape: ModelConfig) -> str | None:

@@ -262,7 +262,7 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
                        + (f", val loss {val:.4f}" if val is not None and trainer.reached is None else "")
                        + f", {ms:.1f} ms/step (median), {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
                        + _per_gpu(trainer, ms) + _between(trainer)
-                       + f"; wrote {trainer.out}/log.jsonl, ckpt.pt, loss.png")
+                       + f"; wrote {trainer.out}/log.jsonl, {_weights(trainer)}loss.png")
     elif trainer.remeasured:
         report.message(_target_text(trainer) + (f", val loss {val:.4f}" if val is not None and trainer.reached is None
                                                 else "") + f"; measured step {trainer.step} again, as a signal had "
@@ -273,6 +273,11 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
     else:
         report.message(f"nothing to do: {trainer.ckpt_path} already holds step {trainer.step} of {trainer.cfg.steps}")
     return TrainResult(code, trainer.step, loss, val, trainer.out)
+
+
+def _weights(trainer: Trainer) -> str:
+    """The checkpoint in the done line's list of files written, where this step's weights were saved."""
+    return "ckpt.pt, " if trainer.saved_step == trainer.step else ""
 
 
 def _target_text(trainer: Trainer) -> str:

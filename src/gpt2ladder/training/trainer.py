@@ -486,7 +486,7 @@ class Trainer:
             code = None if entry is None else self._at_point(entry, stop, report)
             if code is not None:
                 return code
-        if self.saved_step != self.step:
+        if self.saved_step != self.step and self.cfg.save_at_end:
             self.save()
         return 0
 
@@ -509,7 +509,7 @@ class Trainer:
         reached = self._reached(entry)
         report.step(entry)  # logged before the checkpoint, so the log always reaches its step
         stopping = interrupted or self._stopping(stop)
-        if again or self._due(cfg.ckpt_every) or stopping or reached:
+        if again or self._due(cfg.ckpt_every) or stopping or (reached and cfg.save_at_end):
             self._save_unless_forced(stop)
         if best and cfg.keep_best:
             self.save_best()
