@@ -185,6 +185,18 @@ def test_a_row_is_the_median_and_range_over_the_seeds_and_its_gain_over_the_rung
     assert report.time_text(muon) == "6.0 (5.0-8.0)"
 
 
+@pytest.mark.parametrize("eval_every, under", [(50, False), (200, True), (None, None)])
+def test_a_gain_finer_than_one_validation_interval_is_marked(eval_every, under):
+    """Medians 20.1 and 19.05 s, ranges apart: beyond the seeds' noise, but 1.05 s apart, which is less than 200
+    steps at 11 ms (2.2 s) and more than 50 steps (0.55 s)."""
+    cfg = _cfg()
+    rows = [race.rung_row(r, runs, cfg) for r, runs in zip(cfg.rungs, (
+        [_run(0, 20.0), _run(1, 20.1), _run(2, 20.2)], [_run(0, 19.0), _run(1, 19.05), _run(2, 19.1)]))]
+    race.add_gains(rows, eval_every)
+    assert rows[1]["within_noise_of_prev"] is False and rows[1]["within_one_validation_of_prev"] is under
+    assert report.vs_prev(rows[1]) == "1.06x" + (", under one validation" if under else "")
+
+
 def test_a_figure_one_seed_did_not_record_is_left_out_of_the_median_and_range_not_taken_for_zero():
     runs = [_run(0, 30.0), _run(1, 10.0), _run(2, 20.0)]
     runs[0]["wall_seconds"] = None  # a run made apart, read back from its log, that knows no wall time

@@ -397,7 +397,7 @@ def race_record(cfg: RaceConfig, device, caps: Capabilities, tokens, runs: dict[
     """race.json: the record header, what was raced, and a row per rung that has run; `cards` the cards its runs
     trained on (the header's `device` is the card of the session that wrote it)."""
     rows = [rung_row(r, runs[r.name], cfg) for r in cfg.rungs if runs[r.name]]
-    add_gains(rows)
+    add_gains(rows, cfg.train.eval_every)
     return {**record_header(caps, device), "command": "race", "config": cfg.to_dict(), "cards": cards_of(rows),
             "target_val_loss": cfg.target, "target_source": cfg.target_source,
             "model": cfg.train.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
@@ -435,16 +435,21 @@ def spread(values: list, reached: bool) -> dict:
     return {"median": statistics.median(known), "min": min(known), "max": max(known), "seeds": values}
 
 
-def add_gains(rows: list[dict]) -> None:
+def add_gains(rows: list[dict], eval_every: int | None = None) -> None:
     """Each row's gain over the row before it in training seconds to the target (the earlier median over this
-    one), and whether the two are within noise: their seeds' ranges overlap."""
+    one), whether the two are within noise (their seeds' ranges overlap), and whether their medians lie nearer than
+    one validation interval (`eval_every` steps at the slower row's step time): the time is read at validations, so
+    a run that crosses the target one validation sooner on slower steps may gain less than the reading can tell."""
     prev = None
     for row in rows:
-        row["gain_vs_prev"] = row["within_noise_of_prev"] = None
+        row["gain_vs_prev"] = row["within_noise_of_prev"] = row["within_one_validation_of_prev"] = None
         if prev is not None and row["reached"] and prev["reached"]:
             now, before = row["train_seconds"], prev["train_seconds"]
             row["gain_vs_prev"] = before["median"] / now["median"] if now["median"] > 0 else None
             row["within_noise_of_prev"] = overlap(now, before)
+            if eval_every and row["ms_per_step"] and prev["ms_per_step"]:
+                interval = eval_every * max(row["ms_per_step"], prev["ms_per_step"]) / 1000
+                row["within_one_validation_of_prev"] = abs(before["median"] - now["median"]) < interval
         prev = row
 
 

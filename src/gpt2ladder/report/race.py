@@ -28,7 +28,9 @@ def time_text(row: dict) -> str:
 def vs_prev(row: dict) -> str:
     if row.get("gain_vs_prev") is None:
         return "-"
-    return "within noise" if row["within_noise_of_prev"] else f"{row['gain_vs_prev']:.2f}x"
+    if row["within_noise_of_prev"]:
+        return "within noise"
+    return f"{row['gain_vs_prev']:.2f}x" + (", under one validation" if row.get("within_one_validation_of_prev") else "")
 
 
 def _median(row: dict, key: str, spec: str) -> str:
@@ -118,7 +120,8 @@ def format_markdown(record: dict) -> str:
         "- the time: training seconds of the timed steps up to the first validation at or below the target, in a "
         "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
         "- median and range (lowest-highest) over the seeds; 'within noise': the seeds' ranges of this rung and "
-        "the rung before overlap",
+        "the rung before overlap; 'under one validation': their medians lie nearer than one validation interval's "
+        "steps take (at the slower rung's step), finer than the reading at validations can tell",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",
         f"- {record['date']}",
