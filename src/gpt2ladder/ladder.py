@@ -178,6 +178,12 @@ def _adamw_only(recipe: Recipe) -> str | None:
     return None if recipe.optimizer == "adamw" else "the adamw_kernel rung updates by AdamW alone; this recipe uses Muon"
 
 
+def _muon_only(recipe: Recipe) -> str | None:
+    if recipe.optimizer == "muon":
+        return None
+    return f"the ns_kernel rung computes Muon's Newton-Schulz products; recipe {recipe.name} has no muon part"
+
+
 def _causal_attention(recipe: Recipe) -> str | None:
     if recipe.has("doc_windows"):
         return ("the flash rung's causal SDPA is replaced by doc_windows' attention within documents and a window "
@@ -303,6 +309,12 @@ LADDER: tuple[Rung, ...] = (
          pays_with_graph=True, refused_under={
              "fsdp": "FSDP2's parameters are sharded DTensors, which the kernel's table of addresses cannot hold"},
          declines=_adamw_only),
+    Rung("ns_kernel", "Muon's two symmetric products of each Newton-Schulz step (the gram matrix A = X X^T, and "
+         "b A + c A^2) run as a Triton kernel that computes only the output tiles on and above the diagonal (21 of 36 "
+         "at 768 x 768 with 128-wide tiles) and writes each one's mirror below it, where cuBLAS computed every tile. "
+         "Opt-in: not yet measured on a GPU.",
+         "overhead", {"ns_kernel": True}, _needs_triton_gpu("the ns_kernel rung"), opt_in=True,
+         declines=_muon_only),
     Rung("memset_fill", "The CUDA graph's small memset nodes (cuBLAS zeroes 4 bytes of its workspace before most "
          "matmuls, 128 times a step of GPT-2 124M) become kernels that store the same bytes, since a kernel after a "
          "kernel starts sooner than one after a memset.",

@@ -1,7 +1,7 @@
 """Every Triton kernel of the package compiles for the GPUs it targets, here on a machine without one.
 
 The CPU interpreter (tests/kernels/test_loss_kernel.py, test_gelu_kernel.py, test_qkv_kernel.py,
-test_adamw_kernel.py, test_weight8_kernel.py) checks what the kernels compute, but it runs them as Python and accepts
+test_adamw_kernel.py, test_weight8_kernel.py, test_gram_kernel.py) checks what the kernels compute, but it runs them as Python and accepts
 code the compiler rejects (a kernel reading a plain module global, for one). Compiling to a cubin for sm_80 (A100),
 sm_90 (H100, H200) and sm_120 (the RTX 50 series) needs only the triton package.
 """
@@ -69,6 +69,12 @@ KERNELS = {  # kernel -> (signature, constexpr values), as the launchers call th
                                                     ("scaled", True, False, True, False),
                                                     ("casts", True, False, True, True),
                                                     ("amp", True, True, False, False))},
+    **{f"kernels.gram._gram_kernel#{variant}": (  # unit strides: Triton's launcher makes them constants
+        {"x_ptr": "*bf16", "add_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "alpha": "fp32", "beta": "fp32",
+         "s_xn": "i32", "s_xm": "i32", "s_xk": C, "s_an": "i32", "s_am": "i32", "s_ak": C, "K": C, "HAS_ADD": C,
+         "BLOCK": C, "BLOCK_K": C},
+        {"s_xk": 1, "s_ak": 1, "K": k, "HAS_ADD": add, "BLOCK": 128, "BLOCK_K": 64})
+        for variant, k, add in (("gram", 3072, False), ("poly", 768, True))},
     "kernels.norm._colsum_kernel": (
         {"part_ptr": "*fp32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "dpb_ptr": "*fp32", "n_cols": "i32", "N_PARTS": C,
          "BLOCK_P": C, "BLOCK_N": C},

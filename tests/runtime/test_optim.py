@@ -123,7 +123,7 @@ def test_matrices_of_one_iterated_shape_are_orthogonalised_as_one_batch(monkeypa
         p.grad = g.clone()
     batches = []
     real = optim.orthogonalise
-    monkeypatch.setattr(optim, "orthogonalise", lambda g: batches.append(tuple(g.shape)) or real(g))
+    monkeypatch.setattr(optim, "orthogonalise", lambda g, **kw: batches.append(tuple(g.shape)) or real(g, **kw))
     opt = optim.MuonAdamW([{"params": params, "muon": True}], lr=lr, momentum=0.0, nesterov=False,
                           compile_backend=backend)
     opt.step()

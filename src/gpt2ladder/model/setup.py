@@ -42,6 +42,7 @@ class Setup:
     fp8_dgrad: bool = False  # the input gradients of c_attn and the MLP's c_proj multiplied in float8
     fp8_forward: bool = False  # c_attn's and c_fc's forward matmuls in float8, from the norm kernels' float8 copies
     adamw_kernel: bool = False  # AdamW's update of every parameter as one Triton launch
+    ns_kernel: bool = False  # Muon's symmetric Newton-Schulz products by a Triton kernel that skips their lower tiles
     memset_fill: bool = False  # the captured graph's small memset nodes stored by kernels instead
     tied_grad: bool = False  # the tied embedding's gradient rows added into the classifier's, not into zeros
     cublaslt: bool = False  # PyTorch's matmuls through cuBLASLt (its heuristic's first algorithm) instead of cuBLAS

@@ -78,7 +78,7 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
                    compile_backend: str = "inductor"):
     """The named optimizer over the model's groups (`optim.param_groups`); AdamW decays matrices only (biases and
     layer-norm gains are not shrunk). Under the compile rung on a GPU, Muon's passes around its orthogonalisation
-    compile too."""
+    compile too; under the ns_kernel rung on a GPU, its symmetric products run as a Triton kernel."""
     groups = optim.param_groups(model, cfg.name, lr=cfg.lr, weight_decay=cfg.weight_decay, muon_lr=cfg.muon_lr,
                                 embed_lr=cfg.embed_lr, head_lr=cfg.head_lr)
     extra = {}
@@ -96,7 +96,7 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
     if cfg.name == "muon":
         fuse = compile_backend if setup.compile and device.type == "cuda" else None
         return optim.MuonAdamW(groups, lr=lr, momentum=cfg.muon_momentum, betas=betas, eps=cfg.eps,
-                               compile_backend=fuse, **extra)
+                               compile_backend=fuse, symmetric=setup.ns_kernel and device.type == "cuda", **extra)
     if setup.adamw_kernel:  # the same AdamW, its CUDA step one Triton launch
         from gpt2ladder.speedups import kernel_adamw
 

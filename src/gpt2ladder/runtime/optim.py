@@ -20,6 +20,8 @@ from collections import defaultdict
 
 import torch
 
+from gpt2ladder.kernels import gram
+
 # Newton-Schulz's quintic coefficients and step count, as published with Muon (K. Jordan, 2024) and used by
 # torch.optim.Muon: they maximise the slope at zero, so 5 steps take every singular value near 1.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -27,9 +29,12 @@ NS_STEPS = 5
 NS_EPS = 1e-7
 
 
-def orthogonalise(g: torch.Tensor, steps: int = NS_STEPS, eps: float = NS_EPS) -> torch.Tensor:
+def orthogonalise(g: torch.Tensor, steps: int = NS_STEPS, eps: float = NS_EPS, symmetric: bool = False) -> torch.Tensor:
     """An approximation of U V^T for each matrix of g = U S V^T, (n, rows, cols), in bfloat16: the Newton-Schulz
-    iteration X <- a X + (b A + c A^2) X with A = X X^T, from X = g / ||g||_F (so every singular value <= 1)."""
+    iteration X <- a X + (b A + c A^2) X with A = X X^T, from X = g / ||g||_F (so every singular value <= 1).
+
+    `symmetric` (the ns_kernel rung): A and b A + c A^2, both symmetric, come from the Triton kernel of
+    kernels/gram.py, which computes only their tiles on and above the diagonal; the product with X stays cuBLAS's."""
     a, b, c = NS_COEFFICIENTS
     x = g.bfloat16()
     tall = x.size(-2) > x.size(-1)
@@ -37,8 +42,13 @@ def orthogonalise(g: torch.Tensor, steps: int = NS_STEPS, eps: float = NS_EPS) -
         x = x.mT
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
-        gram = x @ x.mT
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        if symmetric:
+            A = gram.symmetric_gram(x)
+            poly = gram.symmetric_gram(A, alpha=c, addend=A, beta=b)
+        else:
+            A = x @ x.mT
+            poly = torch.baddbmm(A, A, A, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
     return x.mT if tall else x
 
 
@@ -84,12 +94,17 @@ class MuonAdamW(torch.optim.Optimizer):
     `compile_backend` (the compile rung's, on a GPU): the passes around the orthogonalisation (the momentum, the
     stacked bfloat16 updates, the step onto the weights) are compiled, so each becomes one fused pass over the
     matrices instead of several; the arithmetic is the same.
+
+    `symmetric` (the ns_kernel rung, on a GPU with Triton): `orthogonalise`'s two symmetric products of each step
+    by the Triton kernel that computes only their tiles on and above the diagonal.
     """
 
     def __init__(self, groups: list[dict], *, lr, momentum: float = 0.95, nesterov: bool = True,
-                 betas=(0.9, 0.95), eps: float = 1e-8, compile_backend: str | None = None, **adamw_options):
+                 betas=(0.9, 0.95), eps: float = 1e-8, compile_backend: str | None = None, symmetric: bool = False,
+                 **adamw_options):
         super().__init__(groups, dict(lr=lr, weight_decay=0.0, muon=False, momentum=momentum, nesterov=nesterov))
         self._adamw_args = dict(lr=lr, betas=betas, eps=eps, **adamw_options)
+        self.symmetric = symmetric
         self._link_adamw()
         self._momentum, self._apply = momentum_update, apply_updates
         if compile_backend is not None:
@@ -136,7 +151,7 @@ class MuonAdamW(torch.optim.Optimizer):
             blocks = [getattr(p, "muon_blocks", 1) for p in same]
             bufs = [self.state[p]["momentum_buffer"] for p in same]
             stacked = self._momentum([p.grad for p in same], bufs, group["momentum"], group["nesterov"], blocks)
-            ortho = orthogonalise(stacked)
+            ortho = orthogonalise(stacked, symmetric=self.symmetric)
             scales = [shape_scale(p.size(0) // k, p.size(1)) for p, k in zip(same, blocks)]  # each p's own aspect
             steps = {s: self._step(lr * s, ortho.device) for s in dict.fromkeys(scales)}  # one per scale, not per p
             self._apply(same, ortho, blocks, [steps[s] for s in scales])
