@@ -2,6 +2,7 @@
 a real race of two rungs through the command (race.json, .md, .png), continuing one, one cut off, and the inputs it
 refuses in one line."""
 
+import dataclasses
 import json
 import re
 import statistics
@@ -183,6 +184,32 @@ def test_a_row_is_the_median_and_range_over_the_seeds_and_its_gain_over_the_rung
     assert rope["gain_vs_prev"] == pytest.approx(6.0 / 5.0) and rope["within_noise_of_prev"] is True  # 4-7 meets 5-8
     assert report.vs_prev(muon) == "3.33x" and report.vs_prev(rope) == "within noise"
     assert report.time_text(muon) == "6.0 (5.0-8.0)"
+
+
+def _finished_folder(where, entries, save_at_end):
+    where.mkdir(parents=True)
+    (where / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+    train_config = {} if save_at_end is None else {"save_at_end": save_at_end}
+    (where / "config.json").write_text(json.dumps({"train_config": train_config, "cards": ["cpu"]}))
+    (where / "ckpt.pt").write_bytes(b"a signal's checkpoint")
+    return where
+
+
+@pytest.mark.parametrize("save_at_end, kept", [(False, False), (None, True), (True, True)])
+def test_a_run_is_finished_when_its_last_step_was_measured_and_a_signals_checkpoint_then_goes(tmp_path, save_at_end,
+                                                                                              kept):
+    """A log at its last step with that step's validation cut short by a signal is not finished (--resume measures
+    it); one measured is, and the checkpoint a signal left after it goes, where the run was started without
+    --keep-weights (an older race's runs, whose config has no save_at_end, kept theirs on purpose)."""
+    cfg = dataclasses.replace(_cfg().train, save_at_end=False)
+    step = {"loss": 9.0, "ms": 5.0}
+    cut = [{"step": 2, **step, "val_loss": 9.5}, {"step": 4, **step}]
+    assert race.finished_run(_finished_folder(tmp_path / "cut", cut, False), cfg, 0) is None
+    assert (tmp_path / "cut" / "ckpt.pt").exists()
+    done = _finished_folder(tmp_path / "done", [cut[0], {**cut[1], "val_loss": 9.2}], save_at_end)
+    result = race.finished_run(done, cfg, 0)
+    assert result["steps_run"] == 4 and result["curve"][-1]["val_loss"] == 9.2
+    assert (done / "ckpt.pt").exists() is kept
 
 
 @pytest.mark.parametrize("eval_every, under", [(50, False), (200, True), (None, None)])

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask
 
 from gpt2ladder.errors import UsageError
-from gpt2ladder.model import family
+from gpt2ladder.model import family, modern
 from gpt2ladder.model.config import PRESETS, ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
 from gpt2ladder.model.modern import (ModernGPT, doc_window_block_mask, doc_window_mask, doc_window_tiles, document_ids, masked_attention,
@@ -266,6 +266,28 @@ def test_the_block_masks_lists_are_create_block_masks_on_both_sides():
                 name = f"{kind}{side}_{what}"
                 assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
     assert ours.full_kv_num_blocks.any() and ours.kv_num_blocks.any()  # both kinds of tile occur
+
+
+def test_a_torch_whose_block_mask_takes_no_lengths_is_refused_in_one_line_by_train_and_race(monkeypatch, capsys):
+    """PyTorch 2.5's BlockMask takes no seq_lengths: doc_windows says so before anything starts."""
+    from gpt2ladder import cli
+    from gpt2ladder.measure.race import recipe_problem
+    from gpt2ladder.runtime.hardware import detect
+
+    assert modern.block_mask_problem() is None  # this torch's takes them
+
+    class Older:
+        def __init__(self, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices,
+                     full_q_num_blocks, full_q_indices, BLOCK_SIZE, mask_mod):
+            pass
+
+    monkeypatch.setattr(modern, "BlockMask", Older)
+    assert "PyTorch 2.6+" in modern.block_mask_problem()
+    assert recipe_problem("doc_windows", detect(torch.device("cpu"))) == modern.block_mask_problem()
+    assert recipe_problem("rope", detect(torch.device("cpu"))) is None
+    assert cli.main(["train", "--recipe", "doc_windows", "--device", "cpu", "--steps", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "PyTorch 2.6+" in err[0]
 
 
 def test_a_token_sees_nothing_of_an_earlier_document():

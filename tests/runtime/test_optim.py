@@ -108,16 +108,18 @@ def test_a_split_matrix_is_orthogonalised_block_by_block():
     _assert_near(w, expected)
 
 
-@pytest.mark.parametrize("backend, lr", [(None, 1.0), ("eager", 1.0), ("eager", torch.tensor(1.0))],
-                         ids=["plain", "compiled", "compiled-tensor-lr"])
+@pytest.mark.parametrize("backend, lr", [(None, 1.0), ("eager", 1.0), ("eager", torch.tensor(1.0)),
+                                         ("aot_eager", torch.tensor(1.0))],
+                         ids=["plain", "compiled", "compiled-tensor-lr", "functionalized-tensor-lr"])
 def test_matrices_of_one_iterated_shape_are_orthogonalised_as_one_batch(monkeypatch, backend, lr):
     """A tall matrix beside one of its transposed shape, a 3-block split beside a square of its blocks' shape: two
-    batches, the wide side of each (8x32: the tall one turned; 8x8: the square and the three blocks). Each matrix's
-    step is still its own Newton-Schulz alone, times its own shape's scale (the tall one's is 2)."""
+    batches, the wide side of each (8x32: the tall one turned; 8x8: the square and the three blocks), and a weight of
+    two tall blocks, each turned (8x24). Each matrix's step is still its own Newton-Schulz alone, times its own
+    shape's scale (the tall ones' are 2 and sqrt 3)."""
     gen = torch.Generator().manual_seed(4)
-    shapes, blocks = [(32, 8), (8, 32), (24, 8), (8, 8)], [1, 1, 3, 1]
+    shapes, blocks = [(32, 8), (8, 32), (24, 8), (8, 8), (48, 8)], [1, 1, 3, 1, 2]
     params = [torch.nn.Parameter(torch.zeros(shape)) for shape in shapes]
-    params[2].muon_blocks = 3
+    params[2].muon_blocks, params[4].muon_blocks = 3, 2
     grads = [torch.randn(shape, generator=gen) for shape in shapes]
     for p, g in zip(params, grads):
         p.grad = g.clone()
@@ -127,7 +129,7 @@ def test_matrices_of_one_iterated_shape_are_orthogonalised_as_one_batch(monkeypa
     opt = optim.MuonAdamW([{"params": params, "muon": True}], lr=lr, momentum=0.0, nesterov=False,
                           compile_backend=backend)
     opt.step()
-    assert sorted(batches) == [(2, 8, 32), (4, 8, 8)]
+    assert sorted(batches) == [(2, 8, 24), (2, 8, 32), (4, 8, 8)]
     for p, g, k in zip(params, grads, blocks):
         alone = [optim.orthogonalise(m[None])[0] for m in g.split(g.size(0) // k)]  # each matrix by itself
         assert len(alone) == k

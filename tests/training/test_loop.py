@@ -297,6 +297,23 @@ def test_a_validation_a_signal_cut_short_is_made_on_resume_as_if_never_interrupt
         assert "reached the target" in capsys.readouterr().out.splitlines()[-1]
 
 
+def test_a_run_that_saves_nothing_at_its_end_makes_its_last_validation_on_resume_and_saves_nothing(tmp_path,
+                                                                                                   monkeypatch, capsys):
+    """save_at_end off (a race's runs): the signal's checkpoint, which holds the last step with its validation cut
+    short, is what --resume measures from; the run then ends without saving again, and says it wrote none."""
+    cfg = _cfg(steps=4, eval_every=2, eval_batches=3, lr=3e-3, save_at_end=False)
+    with monkeypatch.context() as patched:
+        _ctrl_c_in_validation(patched, at_step=4)
+        assert _train(cfg, tmp_path / "cut").exit_code == 130
+    saved = (tmp_path / "cut" / "ckpt.pt").stat().st_mtime_ns
+    capsys.readouterr()
+    result = _train(cfg, tmp_path / "cut", resume=True)
+    assert result.exit_code == 0 and result.step == 4 and "val_loss" in _log(tmp_path / "cut")[-1]
+    assert (tmp_path / "cut" / "ckpt.pt").stat().st_mtime_ns == saved
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert "measured step 4 again" in done and "ckpt.pt" not in done
+
+
 def test_a_run_that_reached_its_target_has_nothing_to_do_on_resume(tmp_path, capsys, vals):
     cfg = _cfg(steps=8, eval_every=2, lr=3e-3, target_val_loss=vals[1]["val_loss"])
     assert _train(cfg, tmp_path).step == 4

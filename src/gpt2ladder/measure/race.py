@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import resolve_rungs
+from gpt2ladder.model.modern import block_mask_problem
 from gpt2ladder.model.recipe import PARTS, parse_recipe, race_recipes
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.hardware import Capabilities
@@ -122,6 +124,8 @@ def recipe_problem(recipe_name: str, caps: Capabilities) -> str | None:
         if not hasattr(torch.nn.functional, "rms_norm"):
             return (f"recipe {recipe.name} needs torch.nn.functional.rms_norm (PyTorch 2.4+); this is "
                     f"{torch.__version__}")
+    if recipe.has("doc_windows") and block_mask_problem():
+        return block_mask_problem()
     if recipe.optimizer == "muon" and caps.device_type == "cuda" and not caps.bf16_supported:
         return (f"the muon part orthogonalises its updates in bfloat16 products, which need bfloat16 tensor cores "
                 f"(compute capability 8.0 or newer); {caps.name} is {caps.capability_text}")
@@ -326,13 +330,19 @@ def train_run(cfg: TrainConfig, device, where: Path, caps, tokens, seed: int, re
             raise
         except LadderError as err:
             return 0, {"seed": seed, "dir": str(where), "status": "failed", "reason": str(err)}
-    if result.exit_code:
-        return result.exit_code, {"seed": seed, "dir": str(where), "status": "stopped",
-                                  "reason": f"stopped at step {result.step}; --resume continues it"}
-    if not cfg.save_at_end:  # what a signal saved on the way was for --resume: an earlier step's weights, not the end's
-        for name in (FILENAME, PREVIOUS):
-            (where / name).unlink(missing_ok=True)
+        if result.exit_code:
+            return result.exit_code, {"seed": seed, "dir": str(where), "status": "stopped",
+                                      "reason": f"stopped at step {result.step}; --resume continues it"}
+        if not cfg.save_at_end:
+            drop_checkpoints(where)
     return 0, run_result(read_log(where / "log.jsonl"), cfg, seed, where)
+
+
+def drop_checkpoints(where: Path) -> None:
+    """A finished run's checkpoints, which a signal saved for --resume: the race keeps no weights without
+    --keep-weights."""
+    for name in (FILENAME, PREVIOUS):
+        (where / name).unlink(missing_ok=True)
 
 
 def _has_checkpoint(where: Path) -> bool:
@@ -340,11 +350,28 @@ def _has_checkpoint(where: Path) -> bool:
 
 
 def finished_run(where: Path, cfg: TrainConfig, seed: int) -> dict | None:
-    """The result of a run an earlier session finished (it reached the target, or ran all its steps), else None."""
+    """The result of a run an earlier session finished (it reached the target, or ran all its steps and, validating,
+    measured its last), else None: a signal during the last step's validation leaves that step in the log unmeasured,
+    and the run's checkpoint measures it on --resume. A finished run that a signal stopped after its last validation
+    kept a checkpoint for --resume: dropped here, as its session would have, where the run was started without
+    --keep-weights."""
     entries = read_log(where / "log.jsonl")
-    if not entries or not (any("target" in e for e in entries) or entries[-1]["step"] >= cfg.steps):
+    done = bool(entries) and (any("target" in e for e in entries) or (
+        entries[-1]["step"] >= cfg.steps and (not cfg.eval_every or "val_loss" in entries[-1])))
+    if not done:
         return None
+    if not cfg.save_at_end and _started_without_weights(where):
+        with claimed(where):
+            drop_checkpoints(where)
     return run_result(entries, cfg, seed, where)
+
+
+def _started_without_weights(where: Path) -> bool:
+    """Whether the run's own config.json says it saves no weights at its end (a run of an older race did)."""
+    try:
+        return json.loads((where / "config.json").read_text())["train_config"].get("save_at_end") is False
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) -> dict:

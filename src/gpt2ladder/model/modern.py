@@ -12,6 +12,8 @@ the rewrites written for GPT-2's exact blocks decline this family in one line (`
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -113,6 +115,15 @@ def doc_window_mask(docs: torch.Tensor, window: int = DOC_WINDOW) -> torch.Tenso
 
 # FlexAttention's tile: the queries and keys its kernel takes at a time, and the grain of a BlockMask.
 FLEX_BLOCK = 128
+
+
+def block_mask_problem() -> str | None:
+    """Why this torch cannot build the doc_windows part's BlockMask (given both sides' lists and its lengths, which
+    PyTorch 2.6 added), or None."""
+    if "seq_lengths" in inspect.signature(BlockMask.__init__).parameters:
+        return None
+    return (f"the doc_windows part builds FlexAttention's BlockMask as PyTorch 2.6+ does; this is {torch.__version__}: "
+            "upgrade torch, or leave doc_windows out of the recipe")
 
 
 def doc_window_block_mask(docs: torch.Tensor, window: int = DOC_WINDOW, block: int = FLEX_BLOCK) -> BlockMask:

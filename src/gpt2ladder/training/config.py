@@ -118,6 +118,10 @@ class TrainConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
 
 
+# Each setting's default, which a checkpoint written before the setting existed is read as having.
+TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -266,7 +266,7 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
     elif trainer.remeasured:
         report.message(_target_text(trainer) + (f", val loss {val:.4f}" if val is not None and trainer.reached is None
                                                 else "") + f"; measured step {trainer.step} again, as a signal had "
-                       f"cut its measurements short; wrote {trainer.out}/log.jsonl, ckpt.pt")
+                       f"cut its measurements short; wrote {trainer.out}/log.jsonl" + (", ckpt.pt" if _weights(trainer) else ""))
     elif trainer.reached is not None:
         report.message(f"nothing to do: {trainer.ckpt_path} holds step {trainer.step}, whose validation loss "
                        f"{trainer.last_val_loss:.4f} already reached the target {trainer.cfg.target_val_loss:g}")
@@ -277,7 +277,7 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
 
 def _weights(trainer: Trainer) -> str:
     """The checkpoint in the done line's list of files written, where this step's weights were saved."""
-    return "ckpt.pt, " if trainer.saved_step == trainer.step else ""
+    return "ckpt.pt, " if trainer.saved_now and trainer.saved_step == trainer.step else ""
 
 
 def _target_text(trainer: Trainer) -> str:

@@ -64,7 +64,7 @@ from gpt2ladder.training.checkpoint import (
     set_rng_state,
 )
 from gpt2ladder.training.clock import RunClock
-from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.config import TRAIN_DEFAULTS, TrainConfig
 from gpt2ladder.training.health import loss_limit, loss_problem
 from gpt2ladder.training.inflight import Finished, InFlight, readback_lag
 from gpt2ladder.training.runlog import Reporter
@@ -160,6 +160,7 @@ class Trainer:
         self.step = 0  # steps queued; the engine's weights are this step's
         self.first_step = 1  # this session's first, which compiles and captures
         self.saved_step: int | None = None  # the step the checkpoint on disk holds
+        self.saved_now = False  # this session wrote it
         self.kept_path = self.ckpt_path  # where it is (ckpt.prev.pt after resuming from that)
         raw = self.engine.raw_model
         self.flops_per_token = flops_per_token(raw.config, cfg.seq_len, raw.num_params())
@@ -208,7 +209,7 @@ class Trainer:
         state = self.state()  # every rank: under FSDP2 gathering the full state is a collective
         if self.dist.is_main:
             save_checkpoint(self.ckpt_path, state, previous=self.out / PREVIOUS)
-        self.saved_step, self.kept_path = self.step, self.ckpt_path
+        self.saved_step, self.kept_path, self.saved_now = self.step, self.ckpt_path, True
         self.clock.add_between("checkpoints", time.perf_counter() - started)
 
     def save_best(self) -> None:
@@ -251,7 +252,9 @@ class Trainer:
         self.best = None if data_changed else state.get("best")  # a loss on other text is no yardstick
         self.pending = state.get("pending")
         self.reached = self._still_reached(state, data_changed)
-        return config_differences(state["train_config"], self.cfg.to_dict())
+        saved = state["train_config"]  # a field newer than the checkpoint reads as its default: nothing changed
+        return config_differences({**{k: v for k, v in TRAIN_DEFAULTS.items() if k not in saved}, **saved},
+                                  self.cfg.to_dict())
 
     def _still_reached(self, state: dict, data_changed: bool) -> dict | None:
         """The checkpoint's target figures when its validation loss also meets this run's target: such a run
@@ -509,7 +512,9 @@ class Trainer:
         reached = self._reached(entry)
         report.step(entry)  # logged before the checkpoint, so the log always reaches its step
         stopping = interrupted or self._stopping(stop)
-        if again or self._due(cfg.ckpt_every) or stopping or (reached and cfg.save_at_end):
+        ends = reached or self.step == cfg.steps  # a run that saves nothing at its end saves nothing here either
+        if (again and (cfg.save_at_end or not ends)) or self._due(cfg.ckpt_every) or stopping \
+                or (reached and cfg.save_at_end):
             self._save_unless_forced(stop)
         if best and cfg.keep_best:
             self.save_best()
