@@ -363,6 +363,9 @@ def test_a_race_stopped_resumed_read_back_and_refused_over_again(shakespeare_cac
     assert "resuming from step 1" in (tmp_path / "gpt2" / "seed0" / "train.txt").read_text()
     for r in ("gpt2", "muon"):  # nor the checkpoint the signal saved for --resume, once the run is done
         assert not list((tmp_path / r / "seed0").glob("*.pt"))
+    capsys.readouterr()
+    assert cli.main(["sample", str(tmp_path / "gpt2" / "seed0"), "--device", "cpu"]) != 0  # and says why
+    assert "this run kept no weights (a race's run; race --keep-weights keeps them)" in capsys.readouterr().err
     record = _check_rows(tmp_path, text)
     assert len(calls) == sum(r["steps"]["median"] for r in record["rungs"])  # no step twice
     _check_resume_trains_nothing(tmp_path, argv, monkeypatch)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import math
 import os
 import random
@@ -185,11 +186,21 @@ def remove_stale_temps(path: str | Path) -> None:
 # --- load ---------------------------------------------------------------------------------------
 
 
+def kept_none(folder: Path) -> str:
+    """Why a run's folder holds no checkpoint, where its config.json says it saved none at its end (a race's run,
+    raced without --keep-weights); else nothing."""
+    try:
+        saves = json.loads((folder / "config.json").read_text())["train_config"].get("save_at_end", True)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    return "" if saves is not False else ": this run kept no weights (a race's run; race --keep-weights keeps them)"
+
+
 def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...] = ()) -> dict:
     """A verified checkpoint dict holding the keys `needs`, or one line saying why the file cannot be one."""
     path = checkpoint_path(path)
     if not path.is_file():
-        raise NoCheckpoint(f"no checkpoint at {path}")
+        raise NoCheckpoint(f"no checkpoint at {path}{kept_none(path.parent)}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for truncated or foreign files
