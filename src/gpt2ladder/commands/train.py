@@ -175,8 +175,8 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
     idle = [f"--{name.replace('_', '-')}" for name in MUON_RATES if name in given]
     if idle and recipe.optimizer != "muon":  # taken, it would be recorded and do nothing
         raise UsageError(f"{', '.join(idle)} set the muon recipe part's rates; recipe {recipe.name} has no muon part")
-    if recipe.has("doc_windows") and block_mask_problem():
-        raise UsageError(block_mask_problem())
+    if recipe.has("doc_windows") and (problem := block_mask_problem()):
+        raise UsageError(problem)
     if recipe.optimizer == "muon" and strategy == "fsdp":
         raise UsageError("the muon recipe part orthogonalises whole matrices, which FSDP2 shards: train it under "
                          "DDP (--strategy ddp) or on one GPU")

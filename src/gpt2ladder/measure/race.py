@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from gpt2ladder.model.recipe import PARTS, parse_recipe, race_recipes
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.runtime.metrics import peak_flops
-from gpt2ladder.training.checkpoint import FILENAME, PREVIOUS
+from gpt2ladder.training.checkpoint import FILENAME, PREVIOUS, kept_none
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.run import claimed, run_cards, saved_run, train_claimed
 from gpt2ladder.training.runlog import read_log
@@ -124,8 +123,8 @@ def recipe_problem(recipe_name: str, caps: Capabilities) -> str | None:
         if not hasattr(torch.nn.functional, "rms_norm"):
             return (f"recipe {recipe.name} needs torch.nn.functional.rms_norm (PyTorch 2.4+); this is "
                     f"{torch.__version__}")
-    if recipe.has("doc_windows") and block_mask_problem():
-        return block_mask_problem()
+    if recipe.has("doc_windows") and (problem := block_mask_problem()):
+        return problem
     if recipe.optimizer == "muon" and caps.device_type == "cuda" and not caps.bf16_supported:
         return (f"the muon part orthogonalises its updates in bfloat16 products, which need bfloat16 tensor cores "
                 f"(compute capability 8.0 or newer); {caps.name} is {caps.capability_text}")
@@ -360,18 +359,10 @@ def finished_run(where: Path, cfg: TrainConfig, seed: int) -> dict | None:
         entries[-1]["step"] >= cfg.steps and (not cfg.eval_every or "val_loss" in entries[-1])))
     if not done:
         return None
-    if not cfg.save_at_end and _started_without_weights(where):
+    if not cfg.save_at_end and kept_none(where):  # started without --keep-weights (an older race's runs kept theirs)
         with claimed(where):
             drop_checkpoints(where)
     return run_result(entries, cfg, seed, where)
-
-
-def _started_without_weights(where: Path) -> bool:
-    """Whether the run's own config.json says it saves no weights at its end (a run of an older race did)."""
-    try:
-        return json.loads((where / "config.json").read_text())["train_config"].get("save_at_end") is False
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
 
 
 def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) -> dict:

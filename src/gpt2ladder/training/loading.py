@@ -68,8 +68,8 @@ def load_model(source: str | Path, device: torch.device, notify=None) -> LoadedM
     if is_hf_weights(path):
         return _from_hf(path, "hf", text, device)
     if path.is_dir():
-        if kept_none(path):
-            raise NoCheckpoint(f"no checkpoint at {path / FILENAME}{kept_none(path)}")
+        if why := kept_none(path):
+            raise NoCheckpoint(f"no checkpoint at {path / FILENAME}{why}")
         raise NoCheckpoint(f"no checkpoint at {path / FILENAME}, nor Hugging Face weights in {path}; give a run "
                            f"directory, its ckpt.pt, or {WHAT_LOADS}")
     check_source(text)

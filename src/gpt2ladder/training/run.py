@@ -262,11 +262,11 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
                        + (f", val loss {val:.4f}" if val is not None and trainer.reached is None else "")
                        + f", {ms:.1f} ms/step (median), {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
                        + _per_gpu(trainer, ms) + _between(trainer)
-                       + f"; wrote {trainer.out}/log.jsonl, {_weights(trainer)}loss.png")
+                       + _wrote(trainer, "loss.png"))
     elif trainer.remeasured:
         report.message(_target_text(trainer) + (f", val loss {val:.4f}" if val is not None and trainer.reached is None
                                                 else "") + f"; measured step {trainer.step} again, as a signal had "
-                       f"cut its measurements short; wrote {trainer.out}/log.jsonl" + (", ckpt.pt" if _weights(trainer) else ""))
+                       "cut its measurements short" + _wrote(trainer))
     elif trainer.reached is not None:
         report.message(f"nothing to do: {trainer.ckpt_path} holds step {trainer.step}, whose validation loss "
                        f"{trainer.last_val_loss:.4f} already reached the target {trainer.cfg.target_val_loss:g}")
@@ -275,9 +275,11 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -
     return TrainResult(code, trainer.step, loss, val, trainer.out)
 
 
-def _weights(trainer: Trainer) -> str:
-    """The checkpoint in the done line's list of files written, where this step's weights were saved."""
-    return "ckpt.pt, " if trainer.saved_now and trainer.saved_step == trainer.step else ""
+def _wrote(trainer: Trainer, *more: str) -> str:
+    """The done line's list of files written: the log, the checkpoint where this session saved this step's
+    weights, and `more`."""
+    saved = ("ckpt.pt",) if trainer.saved_now and trainer.saved_step == trainer.step else ()
+    return f"; wrote {trainer.out}/" + ", ".join(("log.jsonl", *saved, *more))
 
 
 def _target_text(trainer: Trainer) -> str:
