@@ -62,6 +62,22 @@ def shakespeare_cache(tmp_path_factory):
         yield cache
 
 
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory):
+    """module_tmp(name): a new folder for a module's shared fixture, all of them removed when the module
+    ends. Those fixtures hold checkpoints of up to hundreds of MB, and the suite must fit the disk of a
+    small CI machine (pyproject's tmp_path_retention_policy removes each passing test's own folder)."""
+    root = tmp_path_factory.mktemp("module")
+
+    def make(name: str) -> Path:
+        path = root / name
+        path.mkdir()
+        return path
+
+    yield make
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture
 def triton_interpret():
     """run(script, cases): `script` in a subprocess under Triton's CPU interpreter (TRITON_INTERPRET=1 is

@@ -71,8 +71,8 @@ def test_the_check_can_fail():
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("api") / "run"
+def run_dir(module_tmp):
+    folder = module_tmp("api") / "run"
     folder.mkdir()
     model = init_weights(GPT(SMALL), seed=9)
     save_checkpoint(folder / "ckpt.pt", {"model": model.state_dict(), "model_config": SMALL.to_dict(), "setup": {},

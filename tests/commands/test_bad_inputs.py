@@ -191,9 +191,9 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
 
 
 @pytest.fixture(scope="module")
-def places(tmp_path_factory):
+def places(module_tmp):
     """The paths the placeholders stand for; the run is a one-step tiny training run, made once."""
-    root = tmp_path_factory.mktemp("bad-inputs")
+    root = module_tmp("bad-inputs")
     (root / "small.txt").write_text(TEXT)
     paths = {"text": root / "small.txt", "run": root / "run", "root": root, "fifo": root / "fifo",
              "mine": root / "mine"}

@@ -389,9 +389,9 @@ def test_a_real_process_prints_one_line_and_no_traceback(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(module_tmp):
     """A finished two-step tiny run (ckpt.pt, log.jsonl, config.json), made once for this module."""
-    root = tmp_path_factory.mktemp("trained")
+    root = module_tmp("trained")
     (root / "small.txt").write_text(TEXT)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GPT2LADDER_CACHE", str(root / "cache"))

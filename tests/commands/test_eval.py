@@ -22,10 +22,10 @@ EXAMPLES = [("A man is sitting on a roof. he", ["is using wrap.", "is ripping ti
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(module_tmp):
     """A run directory (a checkpoint of a random small model), the same weights as a Hugging Face folder,
     and a HellaSwag file."""
-    root = tmp_path_factory.mktemp("eval")
+    root = module_tmp("eval")
     model = init_weights(GPT(SMALL), seed=1).eval()
     (root / "run").mkdir()
     save_checkpoint(root / "run" / "ckpt.pt", {"model": model.state_dict(), "model_config": SMALL.to_dict(),

@@ -21,9 +21,9 @@ from gpt2ladder.training.runlog import read_log
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, shakespeare_cache):
+def trained_run(module_tmp, shakespeare_cache):
     """A real 4-step run of the tiny preset with a padded vocabulary, validated at steps 2 and 4."""
-    out = tmp_path_factory.mktemp("export") / "run"
+    out = module_tmp("export") / "run"
     code = cli.main(["train", "--device", "cpu", "--preset", "tiny", "--rungs", "baseline,vocab", "--batch-size", "2",
                      "--seq-len", "32", "--steps", "4", "--eval-every", "2", "--eval-batches", "1", "--ckpt-every", "0",
                      "--no-progress", "--out", str(out)])

@@ -89,10 +89,10 @@ def _ids(seed: int, n: int = 12) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def small_export(tmp_path_factory):
+def small_export(module_tmp):
     """(our model, its run directory, the folder `gpt2ladder export` wrote, transformers' model and
     tokenizer loaded from it, with no warning)."""
-    root = tmp_path_factory.mktemp("small")
+    root = module_tmp("small")
     model = init_weights(GPT(SMALL), seed=5).eval()
     (root / "run").mkdir()
     save_checkpoint(root / "run" / "ckpt.pt",
@@ -181,10 +181,10 @@ def test_exported_tokenizer_gives_gpt2ladders_ids(small_export, shakespeare_cach
 
 
 @pytest.fixture(scope="module")
-def gpt2_export(tmp_path_factory):
+def gpt2_export(module_tmp):
     """Our random 124M model (padded vocabulary) exported; transformers' model loaded from it (no
     warning), its greedy continuation of the prompt and its logits over that whole sequence."""
-    folder = tmp_path_factory.mktemp("gpt2") / "hf"
+    folder = module_tmp("gpt2") / "hf"
     model = init_weights(GPT(GPT2_124M), seed=0).eval()
     save_hf_gpt2(model, folder)
     with no_warnings():

@@ -21,9 +21,9 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def exported_tokenizer(tmp_path_factory):
+def exported_tokenizer(module_tmp):
     transformers = pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("tokenizer")
+    folder = module_tmp("tokenizer")
     write_hf_tokenizer(folder, model_max_length=1024)
     return transformers.AutoTokenizer.from_pretrained(folder)
 

@@ -56,13 +56,13 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def hf(model, tmp_path_factory):
+def hf(model, module_tmp):
     """transformers' model and tokenizer, loaded from `model` exported."""
     transformers = pytest.importorskip("transformers")
     from gpt2ladder.data.tokenizer import write_hf_tokenizer
     from gpt2ladder.model.hf import save_hf_gpt2
 
-    folder = tmp_path_factory.mktemp("hf")
+    folder = module_tmp("hf")
     save_hf_gpt2(model, folder)
     write_hf_tokenizer(folder, model_max_length=SMALL.block_size)
     return (transformers.GPT2LMHeadModel.from_pretrained(folder).eval(),

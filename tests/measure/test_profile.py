@@ -191,8 +191,8 @@ def test_union_length_counts_overlaps_once():
 
 
 @pytest.fixture(scope="module")
-def record(shakespeare_cache, tmp_path_factory):
-    trace_dir = tmp_path_factory.mktemp("traces")
+def record(shakespeare_cache, module_tmp):
+    trace_dir = module_tmp("traces")
     cfg = ProfileConfig(rungs=("baseline", "tf32", "flash"), batch_size=2, seq_len=32, steps=2, warmup=1,
                         compile_backend="eager", trace_dir=str(trace_dir))
     return run_profile(cfg, CPU, progress=False, caps=CPU_CAPS)

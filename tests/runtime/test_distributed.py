@@ -39,8 +39,8 @@ def torchrun(args: list[str], nproc: int = 2, timeout: int = 120, env: dict | No
 
 
 @pytest.fixture(scope="module")
-def ranks_result(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist") / "result.pt"
+def ranks_result(module_tmp):
+    out = module_tmp("dist") / "result.pt"
     proc = torchrun([str(HERE / "distributed_worker.py"), str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=False)
@@ -294,8 +294,8 @@ def assert_same_curve(got: list[tuple], expected: list[tuple]) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_process_run(shakespeare_cache, tmp_path_factory):
-    out = tmp_path_factory.mktemp("train") / "one"
+def one_process_run(shakespeare_cache, module_tmp):
+    out = module_tmp("train") / "one"
     proc = one_process("--steps", "6", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out

@@ -449,9 +449,9 @@ def test_without_hellaswag_every_nothing_is_read():
 
 
 @pytest.fixture(scope="module")
-def vals(shakespeare_cache, tmp_path_factory) -> list[dict]:
+def vals(shakespeare_cache, module_tmp) -> list[dict]:
     """The validations of a run validating every 2 steps, to choose a target from (made once)."""
-    out = tmp_path_factory.mktemp("curve") / "run"
+    out = module_tmp("curve") / "run"
     _train(_cfg(steps=4, eval_every=2, lr=3e-3), out)
     return [e for e in _log(out) if "val_loss" in e]
 

@@ -26,8 +26,8 @@ _cli, _one_line_error = run_cli, one_line_error
 
 
 @pytest.fixture(scope="module")
-def modern_run(tmp_path_factory, shakespeare_cache):
-    out = tmp_path_factory.mktemp("modern") / "run"
+def modern_run(module_tmp, shakespeare_cache):
+    out = module_tmp("modern") / "run"
     assert cli.main(_args(out, "--muon-lr", "0.01")) == 0
     return out
 

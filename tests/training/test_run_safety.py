@@ -47,9 +47,9 @@ def _one_line_error(err: str, *words) -> bool:
 
 
 @pytest.fixture(scope="module")
-def good_run(tmp_path_factory, shakespeare_cache):
+def good_run(module_tmp, shakespeare_cache):
     """Two good steps, checkpoints at 1 and 2 (ckpt.prev.pt and ckpt.pt); tests work on copies."""
-    out = tmp_path_factory.mktemp("good") / "run"
+    out = module_tmp("good") / "run"
     assert cli.main(_args(out)) == 0
     return out
 

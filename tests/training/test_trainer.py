@@ -287,9 +287,9 @@ def test_loading_an_engines_state_keeps_the_learning_rate_type(saved_graph, live
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, shakespeare_cache):
+def finished_run(module_tmp, shakespeare_cache):
     """A 6-step run with checkpoints at steps 3 and 6, made once; tests work on copies."""
-    out = tmp_path_factory.mktemp("finished") / "run"
+    out = module_tmp("finished") / "run"
     assert cli.main(_cli_args(out)) == 0
     return out
 
