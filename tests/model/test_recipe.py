@@ -2,9 +2,10 @@
 
 import pytest
 
+from gpt2ladder.defaults import OPTIM
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.recipe import GPT2, PARTS, SPEEDRUN, Recipe, parse_recipe, race_recipes
-from gpt2ladder.training.schedule import lr_at
+from gpt2ladder.training.schedule import lr_at, momentum_at
 
 
 def test_gpt2_is_the_default_and_its_own_name():
@@ -51,8 +52,27 @@ def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
 
 def test_the_new_model_parts_race_after_softcap_and_the_speedrun_is_the_list_the_race_has_shown():
     names = [p.name for p in PARTS]
-    assert names[names.index("softcap"):] == ["softcap", "value_embeds", "unet_skips", "doc_windows", "wsd"]
+    assert names[names.index("softcap"):] == ["softcap", "value_embeds", "unet_skips", "doc_windows", "wsd",
+                                              "momentum_warmup"]
     assert SPEEDRUN == ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "wsd")
     assert not {"value_embeds", "unet_skips", "doc_windows"} & set(parse_recipe("speedrun").parts)
     recipe = parse_recipe("doc_windows,value_embeds,unet_skips")
     assert recipe.model_parts == ("value_embeds", "unet_skips", "doc_windows") and recipe.family == "modern"
+
+
+def test_momentum_warmup_rises_linearly_from_085_to_095_over_300_steps_then_stays():
+    assert momentum_at(0) == 0.85 and momentum_at(150) == pytest.approx(0.90) and momentum_at(300) == 0.95
+    assert momentum_at(30) == pytest.approx(0.85 + 0.1 * 30 / 300) and momentum_at(10_000) == 0.95
+    values = [momentum_at(s) for s in range(400)]
+    assert all(a < b for a, b in zip(values[:300], values[1:301])) and set(values[300:]) == {0.95}
+    recipe = parse_recipe("speedrun,momentum_warmup")
+    assert recipe.momentum_warmup and recipe.optimizer == "muon" and recipe.parts[-1] == "momentum_warmup"
+    assert not parse_recipe("speedrun").momentum_warmup
+    assert momentum_at(300) == OPTIM["muon_momentum"]  # it ends at the momentum a recipe without it keeps
+
+
+@pytest.mark.parametrize("spec", ["momentum_warmup", "rope,momentum_warmup"])
+def test_momentum_warmup_without_muon_is_refused_in_one_line(spec):
+    with pytest.raises(UsageError, match="momentum_warmup warms Muon's momentum.*add muon") as err:
+        parse_recipe(spec)
+    assert "\n" not in str(err.value)

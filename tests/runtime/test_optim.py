@@ -206,3 +206,64 @@ def test_the_engine_trains_the_muon_recipe_and_resumes_it_exactly():
     b.set_lr(5e-4)
     assert [b.step(x, x).item() for _ in range(2)] == after
     assert b.optimizer.adamw.state is b.optimizer.state  # AdamW keeps reading the one state after a load
+
+
+def test_a_tensor_momentum_changed_in_place_steps_as_the_momentum_expression():
+    """The momentum_warmup part's momentum is a 0-d tensor the engine fills each step (a replayed graph reads it in
+    place): B <- mu_t B + g_t and the update g_t + mu_t B, with each step's own mu_t, plain and compiled alike."""
+    grads = [torch.randn(3, 8, 24, generator=torch.Generator().manual_seed(s)).unbind(0) for s in range(3)]
+    mus = [0.85, 0.9, 0.93]
+    bufs_ref = [torch.zeros(8, 24) for _ in range(3)]
+    expected = []
+    for g, mu in zip(grads, mus):  # the expression, written out
+        bufs_ref = [mu * b + x for b, x in zip(bufs_ref, g)]
+        expected.append(torch.stack([x + mu * b for x, b in zip(g, bufs_ref)]).bfloat16())
+    compiled = torch.compile(optim.momentum_update, backend="eager", dynamic=False)
+    for update in (optim.momentum_update, compiled):
+        mu_t, bufs = torch.tensor(0.0), [torch.zeros(8, 24) for _ in range(3)]
+        for g, mu, want in zip(grads, mus, expected):
+            mu_t.fill_(mu)
+            got = update(list(g), bufs, mu_t, True, [1, 1, 1])
+            assert (got.float() - want.float()).abs().max() <= 2 ** -7 * want.float().abs().max()  # bf16 rounding
+        for b, r in zip(bufs, bufs_ref):
+            torch.testing.assert_close(b, r, rtol=1e-6, atol=1e-6)
+
+
+def test_the_engine_warms_muons_momentum_through_one_tensor_and_resumes_it_exactly():
+    x = torch.randint(0, 300, (2, 16))
+    a = _engine(momentum_warmup=True)
+    muon = [g for g in a.optimizer.param_groups if g.get("muon")]
+    assert muon and all(isinstance(g["momentum"], torch.Tensor) for g in muon)
+    held = [g["momentum"] for g in muon]
+    a.set_momentum(0.85)
+    assert all(g["momentum"] is t and float(t) == pytest.approx(0.85) for g, t in zip(muon, held))  # filled in place
+    assert all(not isinstance(g.get("momentum"), torch.Tensor) for g in a.optimizer.param_groups if not g.get("muon"))
+    for _ in range(3):
+        a.step(x, x)
+    saved = copy.deepcopy(a.state_dict())
+    after = []
+    for mu in (0.9, 0.95):
+        a.set_momentum(mu)
+        after.append(a.step(x, x).item())
+    b = _engine(momentum_warmup=True)
+    held = [g["momentum"] for g in b.optimizer.param_groups if g.get("muon")]
+    b.load_state_dict(saved)
+    assert [g["momentum"] for g in b.optimizer.param_groups if g.get("muon")] == held  # the same tensors, kept
+    assert all(float(t) == pytest.approx(0.85) for t in held)  # holding the saved value
+    again = []
+    for mu in (0.9, 0.95):
+        b.set_momentum(mu)
+        again.append(b.step(x, x).item())
+    assert again == after
+
+
+def test_the_momentum_warmup_changes_the_steps():
+    """The same two steps with the momentum at 0.85 and at the default 0.95 differ: the setting reaches Muon."""
+    x = torch.randint(0, 300, (2, 16))
+    losses = []
+    for mu in (0.85, None):
+        engine = _engine(momentum_warmup=mu is not None)
+        if mu is not None:
+            engine.set_momentum(mu)
+        losses.append([engine.step(x, x).item() for _ in range(3)])
+    assert losses[0][0] == losses[1][0] and losses[0][2] != losses[1][2]

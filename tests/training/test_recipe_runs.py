@@ -10,10 +10,12 @@ import torch
 from gpt2ladder import cli
 from gpt2ladder.training.checkpoint import load_checkpoint
 from gpt2ladder.training.runlog import read_log
+from gpt2ladder.training.schedule import momentum_at
 
 from training_support import one_line_error, real_text_offline, run_cli  # noqa: F401  (the real text, offline)
 
-RECIPE = "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,value_embeds,unet_skips,doc_windows,wsd"
+RECIPE = (
+    "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,value_embeds,unet_skips,doc_windows,wsd,momentum_warmup")
 
 
 def _args(out, *extra):
@@ -42,6 +44,7 @@ def test_the_run_records_its_recipe_and_trains(modern_run):
     assert {"value_embeds.0.weight", "skip_weights", "transformer.h.1.attn.value_mix"} <= set(state["model"])
     log = read_log(modern_run / "log.jsonl")
     assert log[-1]["step"] == 6 and log[-1]["val_loss"] < log[2]["val_loss"] < 10.9
+    assert [e["momentum"] for e in log] == [momentum_at(s) for s in range(6)] and log[0]["momentum"] == 0.85
 
 
 def test_resume_keeps_the_recipe_and_refuses_another(modern_run, tmp_path, capsys):
@@ -54,6 +57,7 @@ def test_resume_keeps_the_recipe_and_refuses_another(modern_run, tmp_path, capsy
                                  "--out", str(run)])
     assert code == 0 and "resuming from step 6" in out
     assert load_checkpoint(run)["train_config"]["recipe"] == RECIPE
+    assert read_log(run / "log.jsonl")[-1]["momentum"] == momentum_at(6)  # the warm-up goes on, not over
 
 
 def test_sample_and_the_api_load_the_modern_model(modern_run, capsys):

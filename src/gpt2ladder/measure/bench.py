@@ -131,7 +131,7 @@ def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
 def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist, progress: bool, label: str,
                 rule: StepRule) -> dict:
     engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
-                    optim=OptimConfig(name=parse_recipe(cfg.recipe).optimizer), parallelize=distributed.parallelize_for(dist, cfg.strategy))
+                    optim=OptimConfig.of(parse_recipe(cfg.recipe)), parallelize=distributed.parallelize_for(dist, cfg.strategy))
     # --batch-size is per GPU: this rank reads its share of a global batch W times larger.
     batches = data_mod.Batches(tokens.train, cfg.batch_size * dist.world_size, cfg.seq_len, seed=cfg.seed,
                                rank=dist.rank, world_size=dist.world_size)

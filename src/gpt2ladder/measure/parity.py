@@ -38,7 +38,7 @@ from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.engine import Engine, OptimConfig
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.model.setup import Setup
-from gpt2ladder.training.schedule import lr_at
+from gpt2ladder.training.schedule import lr_at, momentum_at
 
 MIN_LR_FRACTION = 0.1  # the cosine decays to lr/10, as nanoGPT does
 GRAD_CLIP = defaults.GRAD_CLIP  # every run clips, as a training run does
@@ -180,6 +180,8 @@ def train_run(setup: Setup, seed: int, ctx: _Context, label: str) -> dict:
     for step in range(cfg.steps):
         engine.set_lr(lr_at(step, cfg.lr, cfg.lr * MIN_LR_FRACTION, cfg.n_warmup, cfg.steps,
                             parse_recipe(cfg.recipe).schedule))
+        if engine.optim_cfg.momentum_warmup:
+            engine.set_momentum(momentum_at(step))
         x, y = batches.next()
         if cfg.micro != cfg.batch_size:  # (accumulation steps, micro-batch, T): one optimizer step
             x, y = (t.view(-1, cfg.micro, cfg.seq_len) for t in (x, y))
@@ -383,7 +385,8 @@ def _merged_path(shards: list[dict]) -> list[str]:
 
 
 def _optim(cfg: ParityConfig) -> OptimConfig:
-    return OptimConfig(lr=cfg.lr, grad_clip=GRAD_CLIP, name=parse_recipe(cfg.recipe).optimizer)
+    recipe = parse_recipe(cfg.recipe)
+    return OptimConfig.of(recipe, lr=cfg.lr, grad_clip=GRAD_CLIP)
 
 
 def _schedule(cfg: ParityConfig) -> dict:

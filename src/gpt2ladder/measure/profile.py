@@ -273,7 +273,7 @@ def profile_setup(setup, cfg: ProfileConfig, tokens, device: torch.device, label
     from torch.profiler import ProfilerActivity, profile, record_function
 
     engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
-                    optim=OptimConfig(name=parse_recipe(cfg.recipe).optimizer))
+                    optim=OptimConfig.of(parse_recipe(cfg.recipe)))
     batches = data_mod.Batches(tokens.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
     bar = progress_bar(cfg.warmup + cfg.steps, label, progress)
     warmup = warm_up(engine, batches, device, cfg.warmup, bar)

@@ -56,12 +56,18 @@ PARTS: tuple[Part, ...] = (
          "compiles on a GPU."),
     Part("wsd", "schedule", "The learning rate stays at its peak after warm-up and decays linearly to the floor "
          "over the last 40% of the steps (stable, then decay), where cosine decays all along."),
+    Part("momentum_warmup", "optimizer", "Muon's momentum rises linearly from 0.85 to 0.95 over the first 300 steps "
+         "instead of starting at 0.95 (it needs muon)."),
 )
 
 PARTS_BY_NAME = {p.name: p for p in PARTS}
 MODEL_PARTS = tuple(p.name for p in PARTS if p.kind == "model")
 SOFTCAP = 15.0  # the softcap part's cap on the logits
 WSD_DECAY_FRACTION = 0.4  # the wsd part's share of the steps spent decaying
+# The momentum_warmup part's Muon momentum: from the first to the second over the first MOMENTUM_WARMUP_STEPS steps,
+# as modded-nanogpt's records since late 2024 warm it (0.85 to 0.95 over 300 steps); without the part, the second.
+MOMENTUM_WARMUP = (0.85, 0.95)
+MOMENTUM_WARMUP_STEPS = 300
 # The race's top, written out: a part joins it only once the race has shown it beats the rung before it by more
 # than the seeds' spread (a new part is not in it by being in PARTS).
 SPEEDRUN = ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "wsd")
@@ -95,6 +101,11 @@ class Recipe:
     def schedule(self) -> str:
         return "wsd" if "wsd" in self.parts else "cosine"
 
+    @property
+    def momentum_warmup(self) -> bool:
+        """Muon's momentum follows `training/schedule.momentum_at` instead of staying at its peak."""
+        return "momentum_warmup" in self.parts
+
     def has(self, part: str) -> bool:
         return part in self.parts
 
@@ -116,6 +127,9 @@ def parse_recipe(spec: str | None) -> Recipe:
     if unknown or not names:
         valid = ", ".join(["gpt2", "speedrun", *PARTS_BY_NAME])
         raise UsageError(f"unknown recipe part {', '.join(unknown) or repr(spec)}; choose from: {valid}")
+    if "momentum_warmup" in names and "muon" not in names:
+        raise UsageError(f"recipe {spec.strip()!r}: momentum_warmup warms Muon's momentum, and the recipe has no muon; "
+                         "add muon (or speedrun) to it")
     order = {p.name: i for i, p in enumerate(PARTS)}
     return Recipe(tuple(sorted(dict.fromkeys(names), key=order.__getitem__)))
 

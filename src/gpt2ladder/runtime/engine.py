@@ -57,6 +57,13 @@ class OptimConfig:
     muon_momentum: float = OPTIM["muon_momentum"]
     embed_lr: float | None = OPTIM["embed_lr"]
     head_lr: float | None = OPTIM["head_lr"]
+    # muon only (the momentum_warmup part): the momentum is a tensor that `Engine.set_momentum` changes each step
+    momentum_warmup: bool = OPTIM["momentum_warmup"]
+
+    @classmethod
+    def of(cls, recipe, **rates) -> "OptimConfig":
+        """The recipe's optimizer (a `model/recipe.Recipe`), at these rates or the defaults."""
+        return cls(name=recipe.optimizer, momentum_warmup=recipe.momentum_warmup, **rates)
 
 
 def built_model_config(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
@@ -94,6 +101,9 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
     lr = groups[0]["lr"]
     betas = (cfg.beta1, cfg.beta2)
     if cfg.name == "muon":
+        for group in groups:  # as the rate: a tensor a replayed graph reads, compiled passes compiled once
+            if group.get("muon") and cfg.momentum_warmup:
+                group["momentum"] = torch.tensor(cfg.muon_momentum, device=device)
         fuse = compile_backend if setup.compile and device.type == "cuda" else None
         return optim.MuonAdamW(groups, lr=lr, momentum=cfg.muon_momentum, betas=betas, eps=cfg.eps,
                                compile_backend=fuse, symmetric=setup.ns_kernel and device.type == "cuda", **extra)
@@ -107,6 +117,8 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
 
 class Engine:
     """A model, its optimizer and `step(x, y)`: zero_grad, forward + loss, backward, (clip), update."""
+
+    SCHEDULED = ("lr", "momentum")  # the groups' settings a schedule changes between steps (set_lr, set_momentum)
 
     def __init__(self, model_cfg: ModelConfig, setup: Setup, device: torch.device, *, seed: int = 0,
                  optim: OptimConfig = OptimConfig(), compile_backend: str = "inductor",
@@ -193,19 +205,21 @@ class Engine:
     def load_state_dict(self, state: dict) -> None:
         """Load what `state_dict` gave, here or on any number of ranks (FSDP2: each keeps its shard).
 
-        Each group's learning rate keeps the type it has here: the CUDA-graph rung's is a device tensor
-        that a replayed graph reads in place, and a saved one would come back as a CPU tensor (or as a
-        float from a run without that rung) and break the capture.
+        Each group's learning rate and momentum keep the type they have here: the CUDA-graph rung's rate (and
+        the momentum_warmup part's momentum) is a device tensor that a replayed graph reads in place, and a
+        saved one would come back as a CPU tensor (or as a float from a run without that rung) and break the
+        capture.
         """
-        lrs = [group["lr"] for group in self.optimizer.param_groups]
+        kept = [{k: group[k] for k in self.SCHEDULED if k in group} for group in self.optimizer.param_groups]
         distributed.load_state(self.raw_model, self.optimizer, state["model"], state["optimizer"])
-        for group, lr in zip(self.optimizer.param_groups, lrs):
-            value = float(group["lr"])
-            if isinstance(lr, torch.Tensor):
-                lr.fill_(value)
-                group["lr"] = lr
-            else:
-                group["lr"] = value
+        for group, ours in zip(self.optimizer.param_groups, kept):
+            for key, mine in ours.items():
+                value = float(group.get(key, mine))
+                if isinstance(mine, torch.Tensor):
+                    mine.fill_(value)
+                    group[key] = mine
+                else:
+                    group[key] = value
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self._refresh_casts()
@@ -220,11 +234,20 @@ class Engine:
     def set_lr(self, lr: float) -> None:
         """The schedule's rate now: each group's is its `lr_scale` times it."""
         for group in self.optimizer.param_groups:
-            rate = lr * group.get("lr_scale", 1.0)
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(rate)
-            else:
-                group["lr"] = rate
+            self._set(group, "lr", lr * group.get("lr_scale", 1.0))
+
+    def set_momentum(self, momentum: float) -> None:
+        """Muon's momentum now (the momentum_warmup part), for every Muon group."""
+        for group in self.optimizer.param_groups:
+            if group.get("muon"):
+                self._set(group, "momentum", momentum)
+
+    @staticmethod
+    def _set(group: dict, key: str, value: float) -> None:
+        if isinstance(group[key], torch.Tensor):
+            group[key].fill_(value)  # in place: a captured graph reads this tensor
+        else:
+            group[key] = value
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step over micro-batches x, y of shape (accum, B, T) or (B, T).

@@ -65,14 +65,20 @@ def wide_matrices(w: torch.Tensor, blocks: int) -> torch.Tensor:
     return m.mT if m.size(1) > m.size(2) else m
 
 
-def momentum_update(grads: list[torch.Tensor], bufs: list[torch.Tensor], mu: float, nesterov: bool,
+def momentum_update(grads: list[torch.Tensor], bufs: list[torch.Tensor], mu: float | torch.Tensor, nesterov: bool,
                     blocks: list[int]) -> torch.Tensor:
     """Muon's momentum, B <- mu B + g for each parameter, and the updates to orthogonalise (g + mu B with Nesterov,
     else B): every parameter's `wide_matrices`, stacked in bfloat16, (n, rows, cols), the precision
-    `orthogonalise` computes in."""
+    `orthogonalise` computes in. mu is a number, or a 0-d tensor (the momentum_warmup part's, which a CUDA graph
+    reads in place)."""
     torch._foreach_mul_(bufs, mu)
     torch._foreach_add_(bufs, grads)
-    updates = torch._foreach_add(grads, bufs, alpha=mu) if nesterov else bufs
+    if not nesterov:
+        updates = bufs
+    elif isinstance(mu, torch.Tensor):  # alpha takes only a number
+        updates = torch._foreach_add(grads, torch._foreach_mul(bufs, mu))
+    else:
+        updates = torch._foreach_add(grads, bufs, alpha=mu)
     return torch.cat([wide_matrices(u, k) for u, k in zip(updates, blocks)]).bfloat16()
 
 

@@ -1,12 +1,13 @@
 """The learning-rate schedules (`train`, each run of `parity`, each rung of the race): linear warm-up to the peak,
 then `cosine` decays to the floor over the remaining steps, or `wsd` (the wsd recipe part) stays at the peak and
-decays linearly to the floor over the last WSD_DECAY_FRACTION of the steps."""
+decays linearly to the floor over the last WSD_DECAY_FRACTION of the steps. And Muon's momentum under the
+momentum_warmup part."""
 
 from __future__ import annotations
 
 import math
 
-from gpt2ladder.model.recipe import WSD_DECAY_FRACTION
+from gpt2ladder.model.recipe import MOMENTUM_WARMUP, MOMENTUM_WARMUP_STEPS, WSD_DECAY_FRACTION
 
 
 def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, steps: int, schedule: str = "cosine") -> float:
@@ -23,3 +24,11 @@ def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, steps: int, sc
         return lr + progress * (min_lr - lr)
     progress = (step - warmup_steps) / max(1, steps - warmup_steps)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def momentum_at(step: int, start: float = MOMENTUM_WARMUP[0], end: float = MOMENTUM_WARMUP[1],
+                warmup_steps: int = MOMENTUM_WARMUP_STEPS) -> float:
+    """Muon's momentum for optimizer step `step` (0-based) under the momentum_warmup part: `start` at step 0, then
+    linearly up to `end`, reached at step `warmup_steps` and kept after."""
+    frac = min(step / warmup_steps, 1.0)
+    return (1.0 - frac) * start + frac * end

@@ -68,7 +68,7 @@ from gpt2ladder.training.config import TRAIN_DEFAULTS, TrainConfig
 from gpt2ladder.training.health import loss_limit, loss_problem
 from gpt2ladder.training.inflight import Finished, InFlight, readback_lag
 from gpt2ladder.training.runlog import Reporter
-from gpt2ladder.training.schedule import lr_at
+from gpt2ladder.training.schedule import lr_at, momentum_at
 from gpt2ladder.training.signals import StopRequested, StopSignals, until_stopped
 
 
@@ -93,8 +93,8 @@ def build_engine(cfg: TrainConfig, setup: Setup, device: torch.device, paralleli
 def optim_config(cfg: TrainConfig) -> OptimConfig:
     """The recipe's optimizer with the run's rates."""
     muon_lr = OptimConfig.muon_lr if cfg.muon_lr is None else cfg.muon_lr
-    return OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-                       name=cfg.parsed_recipe.optimizer, muon_lr=muon_lr, embed_lr=cfg.embed_lr, head_lr=cfg.head_lr)
+    return OptimConfig.of(cfg.parsed_recipe, lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                          muon_lr=muon_lr, embed_lr=cfg.embed_lr, head_lr=cfg.head_lr)
 
 
 def training_batches(cfg: TrainConfig, tokens: data_mod.TokenData, dist=distributed.SINGLE):
@@ -290,9 +290,12 @@ class Trainer:
         shape = (self.accum, cfg.batch_size, cfg.seq_len)
         lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps, self.schedule)
         self.engine.set_lr(lr)
+        facts = {"step": self.step + 1, "lr": lr}
+        if self.engine.optim_cfg.momentum_warmup:
+            facts["momentum"] = momentum_at(self.step)
+            self.engine.set_momentum(facts["momentum"])
         loss = self.engine.step(x.view(shape), y.view(shape))
         self.step += 1
-        facts = {"step": self.step, "lr": lr}
         if self.device.type != "cpu":  # the loader's share of the step (the CPU's log keeps its keys)
             facts["data"] = {"host_ms": round(self.feed.host_ms, 3), "wait_ms": round(self.feed.wait_ms, 3)}
         self.inflight.queue(self._reduced(loss, stop), facts)
@@ -317,7 +320,8 @@ class Trainer:
         self.step_ms.append(done.ms)
         self.clock.add_step(done.ms, cfg.tokens_per_step, warmup=step == self.first_step)
         tokens_per_s = cfg.tokens_per_step / (done.ms / 1000)  # all processes together
-        entry = {"step": step, "loss": loss, "lr": done.facts["lr"], "ms": round(done.ms, 3),
+        entry = {"step": step, "loss": loss, "lr": done.facts["lr"],
+                 **({"momentum": done.facts["momentum"]} if "momentum" in done.facts else {}), "ms": round(done.ms, 3),
                  "tokens_per_s": round(tokens_per_s, 1),
                  "mfu": mfu(tokens_per_s / self.dist.world_size, self.flops_per_token, self.peak)}
         if step == self.first_step:
