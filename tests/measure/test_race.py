@@ -186,6 +186,26 @@ def test_a_row_is_the_median_and_range_over_the_seeds_and_its_gain_over_the_rung
     assert report.time_text(muon) == "6.0 (5.0-8.0)"
 
 
+def test_a_plus_rung_is_read_against_the_rung_it_adds_its_last_part_to():
+    """speedrun+value_embeds+doc_windows is read against speedrun+value_embeds, not against the unet_skips rung
+    raced between them, and the table names it; a + rung whose base the race lacks is read against the row above."""
+    names = ("gpt2", "speedrun", "speedrun+value_embeds", "speedrun+value_embeds+unet_skips",
+             "speedrun+value_embeds+doc_windows", "speedrun+unet_skips+doc_windows")
+    cfg = dataclasses.replace(_cfg(), rungs=tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names)))
+    times = (40.0, 20.0, 19.0, 25.0, 18.0, 30.0)
+    rows = [race.rung_row(r, [_run(s, t + s / 10) for s in range(3)], cfg) for r, t in zip(cfg.rungs, times)]
+    race.add_gains(rows)
+    assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun+value_embeds", "speedrun+value_embeds",
+                                           "speedrun+value_embeds+doc_windows"]
+    assert rows[4]["gain_vs_prev"] == pytest.approx(19.1 / 18.1)  # against 19.x, not against unet_skips' 25.x
+    assert rows[5]["gain_vs_prev"] == pytest.approx(18.1 / 30.1)  # no speedrun+unet_skips row: the row above
+    record = {"rungs": rows}
+    table = report.rows(record)
+    assert table[3][2] == f"{19.1 / 25.1:.2f}x" and table[4][2] == f"{19.1 / 18.1:.2f}x vs speedrun+value_embeds"
+    assert table[5][2] == f"{18.1 / 30.1:.2f}x"
+    assert "against speedrun+value_embeds" in report.progress_line(rows[4], 9.0)
+
+
 def _finished_folder(where, entries, save_at_end):
     where.mkdir(parents=True)
     (where / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))

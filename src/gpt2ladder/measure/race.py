@@ -453,13 +453,31 @@ def spread(values: list, reached: bool) -> dict:
     return {"median": statistics.median(known), "min": min(known), "max": max(known), "seeds": values}
 
 
+def base_row(rows: list[dict], i: int) -> dict | None:
+    """The row that row i's gain is read against: the row before it, except for a rung written with `+`, which is
+    read against the rung it adds its last part to where the race has it (`speedrun+value_embeds+doc_windows`
+    against `speedrun+value_embeds`, not against a `speedrun+value_embeds+unet_skips` raced between them)."""
+    if i == 0:
+        return None
+    name = rows[i]["name"]
+    if STACK in name:
+        head = name.rsplit(STACK, 1)[0]
+        recipe = (stacked_recipe(head) if STACK in head else parse_recipe(head)).name
+        for row in reversed(rows[:i]):
+            if row["recipe"] == recipe:
+                return row
+    return rows[i - 1]
+
+
 def add_gains(rows: list[dict], eval_every: int | None = None) -> None:
-    """Each row's gain over the row before it in training seconds to the target (the earlier median over this
-    one), whether the two are within noise (their seeds' ranges overlap), and whether their medians lie nearer than
-    one validation interval (`eval_every` steps at the slower row's step time): the time is read at validations, so
-    a run that crosses the target one validation sooner on slower steps may gain less than the reading can tell."""
-    prev = None
-    for row in rows:
+    """Each row's gain over its `base_row` (`gain_vs` names it) in training seconds to the target (that row's median
+    over this one's), whether the two are within noise (their seeds' ranges overlap), and whether their medians lie
+    nearer than one validation interval (`eval_every` steps at the slower row's step time): the time is read at
+    validations, so a run that crosses the target one validation sooner on slower steps may gain less than the
+    reading can tell. (The `_prev` keys keep the names records have had: "prev" is the base row.)"""
+    for i, row in enumerate(rows):
+        prev = base_row(rows, i)
+        row["gain_vs"] = prev and prev["name"]
         row["gain_vs_prev"] = row["within_noise_of_prev"] = row["within_one_validation_of_prev"] = None
         if prev is not None and row["reached"] and prev["reached"]:
             now, before = row["train_seconds"], prev["train_seconds"]
@@ -468,7 +486,6 @@ def add_gains(rows: list[dict], eval_every: int | None = None) -> None:
             if eval_every and row["ms_per_step"] and prev["ms_per_step"]:
                 interval = eval_every * max(row["ms_per_step"], prev["ms_per_step"]) / 1000
                 row["within_one_validation_of_prev"] = abs(before["median"] - now["median"]) < interval
-        prev = row
 
 
 def overlap(a: dict, b: dict) -> bool:

@@ -25,12 +25,16 @@ def time_text(row: dict) -> str:
     return f"{t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f})"
 
 
-def vs_prev(row: dict) -> str:
+def vs_prev(row: dict, before: dict | None = None) -> str:
+    """The gain over the row it is read against, naming that row where it is not `before`, the row above it."""
     if row.get("gain_vs_prev") is None:
         return "-"
+    against = row.get("gain_vs")
+    named = "" if against is None or before is None or against == before["name"] else f" vs {against}"
     if row["within_noise_of_prev"]:
-        return "within noise"
-    return f"{row['gain_vs_prev']:.2f}x" + (", under one validation" if row.get("within_one_validation_of_prev") else "")
+        return "within noise" + named
+    return (f"{row['gain_vs_prev']:.2f}x" + (", under one validation" if row.get("within_one_validation_of_prev") else "")
+            + named)
 
 
 def _median(row: dict, key: str, spec: str) -> str:
@@ -39,14 +43,14 @@ def _median(row: dict, key: str, spec: str) -> str:
 
 def rows(record: dict) -> list[list[str]]:
     """One table row per rung: its figures, or why it has none (not reached, failed, cut off)."""
-    out = []
-    for r in record["rungs"]:
+    out, rungs = [], record["rungs"]
+    for i, r in enumerate(rungs):
         if r["status"] != "ok":
             out.append([r["name"], f"{r['status']}: {r['reason'] or 'the race stopped before its seeds ran'}"])
         elif not r["reached"]:
             out.append([r["name"], not_reached(r)])
         else:
-            out.append([r["name"], time_text(r), vs_prev(r), _median(r, "wall_seconds", ".1f"),
+            out.append([r["name"], time_text(r), vs_prev(r, rungs[i - 1] if i else None), _median(r, "wall_seconds", ".1f"),
                         _median(r, "tokens", ",.0f"), _median(r, "steps", ".0f"), fmt(r["ms_per_step"], ".1f"),
                         fmt(r["mfu"] and 100 * r["mfu"], ".1f"), _median(r, "warmup_seconds", ".1f"),
                         _median(r, "validation_seconds", ".1f")])
@@ -65,7 +69,7 @@ def progress_line(row: dict, target: float) -> str:
         return f"race {row['name']}: val loss {target:g} {not_reached(row)}"
     gain, seeds = vs_prev(row), row["seeds_run"]
     over = "" if seeds == 1 else f" (median and range of {seeds} seeds)"
-    against = "" if gain == "-" else f", {gain} against the rung before"
+    against = "" if gain == "-" else f", {gain} against {row.get('gain_vs') or 'the rung before'}"
     return (f"race {row['name']}: val loss {target:g} in {time_text(row)} s of training{over}{against}, "
             f"{row['tokens']['median']:,.0f} tokens, {row['ms_per_step']:.1f} ms/step")
 
@@ -144,7 +148,7 @@ def race_chart(record: dict, path: Path) -> Path:
     colours = plt.get_cmap("viridis")
     for i, r in enumerate(rungs):
         colour = colours(i / max(1, len(rungs) - 1))
-        _bar(bars, i, r, colour)
+        _bar(bars, i, r, colour, rungs[i - 1] if i else None)
         for run in r["runs"][:1]:
             curve = run.get("curve") or []
             curves.plot([p["train_seconds"] for p in curve], [p["val_loss"] for p in curve], color=colour,
@@ -168,7 +172,7 @@ def race_chart(record: dict, path: Path) -> Path:
     return path
 
 
-def _bar(ax, i: int, row: dict, colour) -> None:
+def _bar(ax, i: int, row: dict, colour, before: dict | None) -> None:
     t = row["train_seconds"]
     if row["status"] != "ok" or not row["reached"]:
         ax.annotate("not reached" if row["status"] == "ok" else row["status"], (i, 0), ha="center", va="bottom",
@@ -177,5 +181,5 @@ def _bar(ax, i: int, row: dict, colour) -> None:
     ax.bar(i, t["median"], color=colour)
     ax.errorbar(i, t["median"], yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]], color="black",
                 capsize=3, linewidth=1)
-    label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{vs_prev(row)}")
+    label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{vs_prev(row, before)}")
     ax.annotate(label, (i, t["max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
