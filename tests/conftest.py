@@ -63,10 +63,12 @@ def shakespeare_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def module_tmp(tmp_path_factory):
+def module_tmp(tmp_path_factory, request):
     """module_tmp(name): a new folder for a module's shared fixture, all of them removed when the module
-    ends. Those fixtures hold checkpoints of up to hundreds of MB, and the suite must fit the disk of a
-    small CI machine (pyproject's tmp_path_retention_policy removes each passing test's own folder)."""
+    ends, unless a test failed meanwhile (kept to look at, as pyproject's tmp_path_retention_policy keeps a
+    failed test's own folder). Those fixtures hold checkpoints of up to hundreds of MB, and the suite must fit
+    the disk of a small CI machine."""
+    failed = request.session.testsfailed
     root = tmp_path_factory.mktemp("module")
 
     def make(name: str) -> Path:
@@ -75,7 +77,8 @@ def module_tmp(tmp_path_factory):
         return path
 
     yield make
-    shutil.rmtree(root, ignore_errors=True)
+    if request.session.testsfailed == failed:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

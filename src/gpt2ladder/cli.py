@@ -498,7 +498,7 @@ def _add_race(sub) -> None:
     p.add_argument("--embed-lr", type=_positive_float, help="from the muon rung on: the AdamW rate of the embeddings "
                    f"(default: {MUON_RATES['embed_lr']})")
     p.add_argument("--head-lr", type=_positive_float, help="from the untied_head rung on: the AdamW rate of the "
-                   f"untied classifier (default: {MUON_RATES['head_lr']})")
+                   f"untied classifier (default: {D('race', 'head_lr')})")
     _out(p, "race", "race.json, race.md, race.png, and a run directory per rung and seed")
     p.add_argument("--resume", action="store_true", help="continue the race in OUT: skip the runs it finished, "
                    "continue a stopped one from its checkpoint (off by default)")

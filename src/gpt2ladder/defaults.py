@@ -42,6 +42,11 @@ SEED = 0
 # ("seed", "auto", "all") against the machine before it builds one.
 PLAIN_RUNGS = ("baseline",)
 
+# The rates of a recipe with the muon part (train and the race): Muon's for the Blocks' matrices, AdamW's for the
+# embeddings and an untied head; the vectors (biases, gains) keep --lr. Chosen for 16 x 1024 tokens a step: the
+# speedrun recipe's time to a loss on the code corpus was measured with them (benchmarks/RECORDS.md).
+MUON_RATES = {"muon_lr": 0.02, "embed_lr": 0.035, "head_lr": 0.0007}
+
 DEFAULTS: dict[str, dict[str, dict]] = {
     "bench": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 20, "warmup": 5},
               "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128, "steps": 10, "warmup": 3},
@@ -57,12 +62,14 @@ DEFAULTS: dict[str, dict[str, dict]] = {
                # `seeds`: fp32 baseline runs whose spread is the yardstick; `tolerance`: the largest relative gap
                # ever accepted; `floor`: the smallest always accepted (no flag sets it)
                "any": {"seeds": 2, "tolerance": 0.02, "floor": 0.005, "lr": LR, "eval_batches": 10, "seed": SEED}},
-    # A CPU races the tiny preset on short steps at a higher rate, so the whole race ends in minutes. `validations`:
-    # how many times a run planned for --steps validates (--eval-every is steps / validations).
+    # A CPU races the tiny preset on short steps at a higher rate, so the whole race ends in minutes; the untied
+    # head's rate is raised as --lr is (5x), else the zero-initialised head barely moves in 60 steps and every rung
+    # from untied_head on missed the demo target. `validations`: how many times a run planned for --steps validates
+    # (--eval-every is steps / validations).
     "race": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 1000, "seeds": 3, "lr": LR,
-                     "validations": 40, "eval_batches": 20},
+                     "head_lr": MUON_RATES["head_lr"], "validations": 40, "eval_batches": 20},
              "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60, "seeds": 1, "lr": 3e-3,
-                     "validations": 12, "eval_batches": 4}},
+                     "head_lr": 3.5e-3, "validations": 12, "eval_batches": 4}},
     "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "rungs": "all"},
                 "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128, "rungs": "auto"},
                 "any": {"steps": 5, "warmup": 5, "seed": SEED}},
@@ -73,11 +80,6 @@ DEFAULTS: dict[str, dict[str, dict]] = {
     "eval": {"gpu": {"batch_size": 16}, "cpu": {"batch_size": 4}},
 }
 
-
-# The rates of a recipe with the muon part (train and the race): Muon's for the Blocks' matrices, AdamW's for the
-# embeddings and an untied head; the vectors (biases, gains) keep --lr. Chosen for 16 x 1024 tokens a step: the
-# speedrun recipe's time to a loss on the code corpus was measured with them (benchmarks/RECORDS.md).
-MUON_RATES = {"muon_lr": 0.02, "embed_lr": 0.035, "head_lr": 0.0007}
 
 # The optimizer's settings where a caller gives none (runtime/engine.py's OptimConfig): AdamW as GPT-2 trained,
 # and the timed step of bench and profile unclipped, as the write-up's step is (0 disables clipping). Muon's rate

@@ -16,7 +16,7 @@ import torch
 
 from gpt2ladder import cli
 from gpt2ladder.commands import race as race_command
-from gpt2ladder.commands.defaults import MUON_RATES
+from gpt2ladder.commands.defaults import DEFAULTS, MUON_RATES
 from gpt2ladder.data import manifest
 from gpt2ladder.data import shards as fmt
 from gpt2ladder.errors import UsageError
@@ -190,13 +190,14 @@ def test_a_plus_rung_is_read_against_the_rung_it_adds_its_last_part_to():
     """speedrun+value_embeds+doc_windows is read against speedrun+value_embeds, not against the unet_skips rung
     raced between them, and the table names it; a + rung whose base the race lacks is read against the row above."""
     names = ("gpt2", "speedrun", "speedrun+value_embeds", "speedrun+value_embeds+unet_skips",
-             "speedrun+value_embeds+doc_windows", "speedrun+unet_skips+doc_windows")
+             "speedrun+value_embeds+doc_windows", "speedrun+unet_skips+doc_windows", "momentum_warmup+speedrun")
     cfg = dataclasses.replace(_cfg(), rungs=tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names)))
-    times = (40.0, 20.0, 19.0, 25.0, 18.0, 30.0)
+    times = (40.0, 20.0, 19.0, 25.0, 18.0, 30.0, 21.0)
     rows = [race.rung_row(r, [_run(s, t + s / 10) for s in range(3)], cfg) for r, t in zip(cfg.rungs, times)]
     race.add_gains(rows)
     assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun+value_embeds", "speedrun+value_embeds",
-                                           "speedrun+value_embeds+doc_windows"]
+                                           "speedrun+value_embeds+doc_windows",  # no speedrun+unet_skips raced
+                                           "speedrun+unet_skips+doc_windows"]  # momentum_warmup alone is no recipe
     assert rows[4]["gain_vs_prev"] == pytest.approx(19.1 / 18.1)  # against 19.x, not against unet_skips' 25.x
     assert rows[5]["gain_vs_prev"] == pytest.approx(18.1 / 30.1)  # no speedrun+unet_skips row: the row above
     record = {"rungs": rows}
@@ -484,6 +485,7 @@ def _check_rows(out, text) -> dict:
     assert (gpt2["name"], gpt2["recipe"], muon["recipe"]) == ("gpt2", "gpt2", "muon")
     ran = [json.loads((out / r / "seed0" / "config.json").read_text())["train_config"] for r in ("gpt2", "muon")]
     assert ran[0]["muon_lr"] is None and ran[1]["muon_lr"] == MUON_RATES["muon_lr"]  # each rung its own rates
+    assert ran[1]["head_lr"] == DEFAULTS["race"]["cpu"]["head_lr"] == pytest.approx(5 * MUON_RATES["head_lr"])  # as --lr
     assert ran[0]["save_at_end"] is ran[1]["save_at_end"] is False  # no --keep-weights
     for row in (gpt2, muon):
         assert row["reached"] and row["status"] == "ok"

@@ -37,24 +37,28 @@ def test_the_top_of_auto_for_a_modern_recipe_trains_as_its_fp32_step_does():
     assert abs(top[-1] - fp32[-1]) <= 0.05 * fp32[-1]
 
 
+def _muon_buffers(engine) -> torch.Tensor:
+    params = [p for g in engine.optimizer.param_groups if g.get("muon") for p in g["params"]]
+    return torch.cat([engine.optimizer.state[p]["momentum_buffer"].float().flatten() for p in params])
+
+
 def test_a_captured_step_reads_the_momentum_warmups_momentum_each_replay():
-    """The momentum_warmup part fills one device tensor before each step: the replayed graph follows it as the
-    step without the graph does (a momentum baked into the capture would not), and still captures once."""
+    """The momentum_warmup part fills one device tensor before each step: after steps at 0.95 and then at 0.0, the
+    replayed graph's momentum buffers are the unreplayed step's (B <- 0 B + g: the last gradient), where a momentum
+    baked into the capture at 0.95 would have kept summing the gradients; and it still captures once."""
     names = resolve_rungs("auto", detect(GPU), recipe=RECIPE)
-    batches = random_batches(1) * 6
-    runs = {}
-    for graph in (True, False):
+    batches = random_batches(1) * 5
+    buffers = {}
+    for label, graph, momenta in (("graph", True, (0.95, 0.95, 0.0, 0.0, 0.0)),
+                                  ("eager", False, (0.95, 0.95, 0.0, 0.0, 0.0)),
+                                  ("baked", False, (0.95,) * 5)):
         engine = Engine(SHAPE, dataclasses.replace(setup_for(names), cuda_graph=graph), GPU, seed=0,
                         optim=OptimConfig(name="muon", lr=3e-3, muon_lr=0.02, momentum_warmup=True))
-        runs[graph] = []
-        for step, (x, y) in enumerate(batches):
-            engine.set_momentum(0.5 if step < 3 else 0.95)  # far apart, so a stale momentum shows
-            runs[graph].append(engine.step(x, y).item())
+        for mu, (x, y) in zip(momenta, batches):
+            engine.set_momentum(mu)
+            engine.step(x, y)
         assert not graph or engine.captures == 1
-    stale = Engine(SHAPE, setup_for(names), GPU, seed=0, optim=OptimConfig(name="muon", lr=3e-3, muon_lr=0.02,
-                                                                          momentum_warmup=True))
-    stale.set_momentum(0.5)
-    held = [stale.step(x, y).item() for x, y in batches]  # 0.5 throughout: what a baked-in momentum gives
-    for a, b in zip(runs[True], runs[False]):
-        assert abs(a - b) <= 0.02 * abs(b)
-    assert abs(held[-1] - runs[False][-1]) > 4 * abs(runs[True][-1] - runs[False][-1])
+        buffers[label] = _muon_buffers(engine)
+    replayed = (buffers["graph"] - buffers["eager"]).norm()
+    assert replayed <= 0.05 * buffers["eager"].norm()  # bf16 and float8 rounding apart
+    assert replayed < 0.25 * (buffers["baked"] - buffers["eager"]).norm()

@@ -125,7 +125,7 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         eval_batches=d["eval_batches"], ckpt_every=RACE_CKPT_EVERY, keep_best=False, target_val_loss=target,
         save_at_end=args.keep_weights,
         data=args.data,
-        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", **{name: getattr(args, name) or rate for name, rate in MUON_RATES.items()},
+        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", **{name: getattr(args, name) or d.get(name, rate) for name, rate in MUON_RATES.items()},
     )
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
     return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source,

@@ -157,7 +157,10 @@ def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
     `+` are each their own recipe."""
     own = {n: (stacked_recipe(n) if STACK in n else parse_recipe(n)) for n in names if n == "speedrun" or STACK in n}
     parts = [n for n in names if n not in own]
-    recipes = {**dict(zip(parts, race_recipes(parts))), **own}
+    try:
+        recipes = {**dict(zip(parts, race_recipes(parts))), **own}
+    except UsageError as err:  # a rung trains the parts of the rungs before it, and those make no recipe
+        raise UsageError(f"race rungs {','.join(parts)}: each trains the parts of the rungs before it, and {err}") from None
     trained: dict[str, str] = {}
     for name in names:  # two rungs of one recipe would train the same runs twice
         twin = trained.setdefault(recipes[name].name, name)
@@ -462,7 +465,10 @@ def base_row(rows: list[dict], i: int) -> dict | None:
     name = rows[i]["name"]
     if STACK in name:
         head = name.rsplit(STACK, 1)[0]
-        recipe = (stacked_recipe(head) if STACK in head else parse_recipe(head)).name
+        try:
+            recipe = (stacked_recipe(head) if STACK in head else parse_recipe(head)).name
+        except UsageError:  # no recipe alone (momentum_warmup+speedrun: momentum_warmup without muon)
+            return rows[i - 1]
         for row in reversed(rows[:i]):
             if row["recipe"] == recipe:
                 return row

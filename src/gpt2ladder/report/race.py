@@ -124,7 +124,7 @@ def format_markdown(record: dict) -> str:
         "- the time: training seconds of the timed steps up to the first validation at or below the target, in a "
         "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
         "- median and range (lowest-highest) over the seeds; 'within noise': the seeds' ranges of this rung and "
-        "the rung before overlap; 'under one validation': their medians lie nearer than one validation interval's "
+        "the rung it is read against (the rung before; for a + rung, the rung it adds its last part to) overlap; 'under one validation': their medians lie nearer than one validation interval's "
         "steps take (at the slower rung's step), finer than the reading at validations can tell",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",

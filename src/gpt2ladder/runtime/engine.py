@@ -237,7 +237,11 @@ class Engine:
             self._set(group, "lr", lr * group.get("lr_scale", 1.0))
 
     def set_momentum(self, momentum: float) -> None:
-        """Muon's momentum now (the momentum_warmup part), for every Muon group."""
+        """Muon's momentum now (the momentum_warmup part), for every Muon group. Only an engine built for it holds
+        the momentum as a tensor: a number set here would recompile the compiled passes at each new value, and a
+        captured graph would keep the first."""
+        if not self.optim_cfg.momentum_warmup:
+            raise ValueError("this engine's momentum is fixed: build it with OptimConfig(momentum_warmup=True)")
         for group in self.optimizer.param_groups:
             if group.get("muon"):
                 self._set(group, "momentum", momentum)

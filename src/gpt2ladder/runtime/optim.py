@@ -75,8 +75,9 @@ def momentum_update(grads: list[torch.Tensor], bufs: list[torch.Tensor], mu: flo
     torch._foreach_add_(bufs, grads)
     if not nesterov:
         updates = bufs
-    elif isinstance(mu, torch.Tensor):  # alpha takes only a number
-        updates = torch._foreach_add(grads, torch._foreach_mul(bufs, mu))
+    elif isinstance(mu, torch.Tensor):  # alpha takes only a number: mu B, then g added in place (one new list)
+        updates = torch._foreach_mul(bufs, mu)
+        torch._foreach_add_(updates, grads)
     else:
         updates = torch._foreach_add(grads, bufs, alpha=mu)
     return torch.cat([wide_matrices(u, k) for u, k in zip(updates, blocks)]).bfloat16()
