@@ -70,6 +70,21 @@ def _count(limit: int, zero: bool = False):
     return parse
 
 
+def _counts(limit: int):
+    """An argparse type: a comma list of distinct integers from 1 to `limit`, returned in ascending order."""
+    one = _count(limit)
+
+    def parse(text: str) -> tuple[int, ...]:
+        values = [one(v.strip()) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected a positive integer or a comma list of them, got {text!r}")
+        if len(set(values)) < len(values):
+            raise argparse.ArgumentTypeError(f"a step count is given twice in {text!r}")
+        return tuple(sorted(values))
+
+    return parse
+
+
 def _seed(text: str) -> int:
     """A seed for torch's and numpy's generators: 0 .. 2**63 - 1."""
     try:
@@ -482,8 +497,10 @@ def _add_race(sub) -> None:
                    "HuggingFaceFW/fineweb; a demo value on Tiny Shakespeare; none otherwise)")
     p.add_argument("--seeds", type=_count(MAX_RACE_SEEDS),
                    help=f"runs per rung, seeds 0..N-1 (default: {D('race', 'seeds')})")
-    p.add_argument("--steps", type=_count(MAX_STEPS), help="the steps every run is planned for, which its "
-                   f"learning-rate schedule spans; a run stops sooner at the target (default: {D('race', 'steps')})")
+    p.add_argument("--steps", type=_counts(MAX_STEPS), help="the steps every run is planned for, which its "
+                   "learning-rate schedule spans; a run stops sooner at the target. A comma list (750,1500,3000) "
+                   "races at each budget, the shortest first, in OUT/steps-N/, and compares the budgets in "
+                   f"budgets.json, .md and .png (default: {D('race', 'steps')})")
     p.add_argument("--eval-every", type=_count(MAX_STEPS), help="validate every N steps (default: --steps / "
                    f"{D('race', 'validations')})")
     p.add_argument("--data", help=DATA_HELP)

@@ -451,6 +451,58 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     assert f"- mixed cards: gpt2 on NVIDIA H100 80GB HBM3; muon on {card}; muon+relu2 on {card}." in md
 
 
+def test_a_race_at_several_budgets_writes_each_race_and_compares_them(shakespeare_cache, tmp_path, monkeypatch, capsys):
+    """--steps 8,4: a race per budget, the shortest first, each in steps-N/ with its own target (gpt2's after that
+    budget); budgets.json gives each rung's median and its share of gpt2's at each budget; --resume trains nothing
+    again and writes the same figures; without it the folder is refused before anything runs."""
+    monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(urllib.request, "urlopen", _no_network)
+    small = [a for a in SMALL if a not in ("--steps", "4")]
+    argv = ["race", "--rungs", "gpt2,muon", "--target-val-loss", "gpt2", "--steps", "8,4", "--out", str(tmp_path), *small]
+    code, text = _main(argv)
+    assert code == 0, text
+    assert text.index("budget: runs planned for 4 steps") < text.index("budget: runs planned for 8 steps")
+    record = json.loads((tmp_path / "budgets.json").read_text())
+    assert [b["steps"] for b in record["budgets"]] == [4, 8] and not record["partial"]
+    for budget in record["budgets"]:
+        raced = json.loads((tmp_path / f"steps-{budget['steps']}" / "race.json").read_text())
+        assert raced["config"]["settings"]["steps"] == budget["steps"] and budget["planned_tokens"] == budget["steps"] * 64
+        assert budget["target_val_loss"] == raced["target_val_loss"] is not None
+        gpt2, muon = budget["rungs"]
+        assert gpt2["train_seconds"] == raced["rungs"][0]["train_seconds"] and gpt2["share_of_first"] == 1.0
+        want = muon["train_seconds"]["median"] / gpt2["train_seconds"]["median"] if muon["reached"] else None
+        assert muon["share_of_first"] == want
+    assert record["budgets"][0]["target_val_loss"] != record["budgets"][1]["target_val_loss"]  # each budget's own
+    table = (tmp_path / "budgets.md").read_text()
+    assert "| rung | 4 steps (256 tokens) | 8 steps (512 tokens) |" in table
+    assert f"| gpt2 | {record['budgets'][0]['rungs'][0]['train_seconds']['median']:.1f} |" in table
+    assert (tmp_path / "budgets.png").stat().st_size > 0 and "wrote " in text and "budgets.md" in text
+    code, again = _main([*argv, "--resume"])
+    assert code == 0 and again.count("(finished earlier)") == 4
+    assert json.loads((tmp_path / "budgets.json").read_text())["budgets"] == record["budgets"]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "steps-4 already holds a race" in err and "--resume" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("steps, says", [("4,4", "given twice"), ("4,x", "expected a positive integer"),
+                                         (",", "comma list")])
+def test_a_bad_list_of_budgets_is_one_line(steps, says, tmp_path, capsys):
+    assert cli.main(["race", "--steps", steps, "--out", str(tmp_path / "out"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") <= 3 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_of_other_files_is_refused_for_several_budgets(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert cli.main(["race", "--steps", "4,8", "--out", str(tmp_path), *SMALL[2:]]) == 2
+    assert "notes.txt" in capsys.readouterr().err and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
 def _cells(record: dict, row: int = 0) -> dict:
     """A rung's row of race.md's table, by its headers."""
     return dict(zip(report.HEADERS, report.rows(record)[row]))

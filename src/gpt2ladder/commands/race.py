@@ -30,9 +30,12 @@ from gpt2ladder.runtime.memory import check_fits
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.outdirs import check_own_out
 
-# What race writes in --out: its record, and a folder per rung holding a run directory per seed.
+# What race writes in --out: its record, and a folder per rung holding a run directory per seed; with several
+# --steps, a race per budget in its folder and the records comparing them.
 _RUNG = "(" + "|".join(race.RACE_RUNGS) + ")"
 OWN_FILES = r"race\.(json|md|png)|" + _RUNG + "(" + re.escape(race.STACK) + _RUNG + ")*"
+BUDGET_DIR = "steps-{}"
+OWN_BUDGET_FILES = r"budgets\.(json|md|png)|steps-\d+"
 
 # Tiny Shakespeare has no agreed target: the race's demo default per preset, a loss the first rung reaches within
 # the default steps on this text (a demonstration of the race, not a yardstick).
@@ -58,16 +61,50 @@ def race_command(args) -> int:
     if args.target_val_loss == race.BASELINE_TARGET and names[0] != race.BASELINE_TARGET:
         raise UsageError("--target-val-loss gpt2 reads the target off the gpt2 rung, so --rungs must start with gpt2")
     out = Path(args.out)
+    budgets = args.steps or (None,)
+    if len(budgets) > 1:
+        return _budgets(args, device, caps, names, out, budgets)
+    tokens = data_mod.load_tokens(args.data)
+    cfg, earlier = _planned(args, budgets[0], device, caps, names, out, tokens)
+    with output_dir(out) as out:
+        return _race(args, cfg, device, caps, tokens, out, earlier)[0]
+
+
+def _planned(args, steps: int | None, device, caps, names, out: Path, tokens) -> tuple[race.RaceConfig, dict | None]:
+    """The race planned for `steps` (None: the default) in `out`, every check made: its config, and its record so
+    far where --resume continues one."""
     check_own_out(out, "race", OWN_FILES)
     race.check_new_race(out, args.resume)
     earlier = _earlier(out) if args.resume else None
-    tokens = data_mod.load_tokens(args.data)
     target, source = target_for(args, tokens)
-    cfg = race_config(args, device, caps, names, target, source)
+    cfg = race_config(args, device, caps, names, target, source, steps)
     check_corpus(cfg, tokens)
     race.check_same_race(cfg, earlier)
+    return cfg, earlier
+
+
+def _budgets(args, device, caps, names, out: Path, budgets: tuple[int, ...]) -> int:
+    """A race per budget, the shortest first, each in OUT/steps-N/ as one race would be written, then budgets.json,
+    .md and .png: each rung's time to its budget's target beside the first rung's. Every budget is planned and
+    checked before the first run."""
+    check_own_out(out, "race", OWN_BUDGET_FILES)
+    tokens = data_mod.load_tokens(args.data)
+    plans = [(steps, *_planned(args, steps, device, caps, names, out / BUDGET_DIR.format(steps), tokens))
+             for steps in budgets]
+    records, code = [], 0
     with output_dir(out) as out:
-        return _race(args, cfg, device, caps, tokens, out, earlier)
+        for steps, cfg, earlier in plans:
+            print(f"\nbudget: runs planned for {steps} steps ({steps * cfg.train.tokens_per_step:,} tokens)", flush=True)
+            with output_dir(out / BUDGET_DIR.format(steps)) as where:
+                code, record = _race(args, cfg, device, caps, tokens, where, earlier)
+            records.append(record)
+            if code:
+                break
+        record = race.budgets_record(records, device, caps, partial=len(records) < len(plans) or bool(code))
+        paths = write_record(out, "budgets", record, report.format_budgets, report.budgets_chart)
+    print("\n" + report.format_budgets_table(record))
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    return code
 
 
 def _earlier(out: Path) -> dict | None:
@@ -110,12 +147,12 @@ def corpus_source(data: str) -> str | None:
     return described.get("name") if isinstance(described, dict) else None
 
 
-def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target: float,
-                source: str) -> race.RaceConfig:
+def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target: float, source: str,
+                steps: int | None = None) -> race.RaceConfig:
     d = defaults("race", device)
     name = args.preset or d["preset"]
     shape = preset(name)
-    steps, lr = args.steps or d["steps"], args.lr or d["lr"]
+    steps, lr = steps or d["steps"], args.lr or d["lr"]
     seq_len = args.seq_len or min(d["seq_len"] or shape.block_size, shape.block_size)
     batch = args.batch_size or d["batch_size"]
     every = args.eval_every or max(1, steps // d["validations"])
@@ -164,7 +201,7 @@ def check_corpus(cfg: race.RaceConfig, tokens: data_mod.TokenData) -> None:
                          "use a larger corpus or fewer --steps")
 
 
-def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: dict | None) -> int:
+def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: dict | None) -> tuple[int, dict]:
     say = print
     s = cfg.train
     goal = "gpt2's" if cfg.target is None else f"{cfg.target:g}"
@@ -207,4 +244,4 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     say(f"wrote {', '.join(str(p) for p in paths)}")
     if code:
         say("the race stopped; --resume continues it from the runs it finished")
-    return code
+    return code, record

@@ -497,3 +497,24 @@ def add_gains(rows: list[dict], eval_every: int | None = None) -> None:
 def overlap(a: dict, b: dict) -> bool:
     """Whether two ranges {"min", "max"} overlap (one seed each: the same value)."""
     return a["min"] <= b["max"] and b["min"] <= a["max"]
+
+
+def budgets_record(records: list[dict], device, caps: Capabilities, partial: bool) -> dict:
+    """budgets.json (`race --steps A,B,...`): per budget, the race planned for that many steps (its race.json in
+    steps-N/), its target, and per rung the training seconds to that target (median, range, seeds), and the
+    median's share of the first rung's median: how much of the first rung's time the rung needs at that budget."""
+    budgets = []
+    for rec in records:
+        s = rec["config"]["settings"]
+        first = rec["rungs"][0] if rec["rungs"] else None
+        base = first["train_seconds"]["median"] if first and first["reached"] else None
+        rows = [{"name": r["name"], "recipe": r["recipe"], "reached": r["reached"], "status": r["status"],
+                 "train_seconds": r["train_seconds"], "tokens": r["tokens"],
+                 "share_of_first": r["train_seconds"]["median"] / base if base and r["reached"] else None}
+                for r in rec["rungs"]]
+        budgets.append({"steps": s["steps"], "tokens_per_step": s["tokens_per_step"],
+                        "planned_tokens": s["steps"] * s["tokens_per_step"], "target_val_loss": rec["target_val_loss"],
+                        "target_source": rec["target_source"], "partial": rec["partial"], "cards": rec.get("cards"),
+                        "race": f"steps-{s['steps']}/race.json", "rungs": rows})
+    return {**record_header(caps, device), "command": "race", "kind": "budgets", "partial": partial,
+            "budgets": budgets}

@@ -183,3 +183,98 @@ def _bar(ax, i: int, row: dict, colour, before: dict | None) -> None:
                 capsize=3, linewidth=1)
     label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{vs_prev(row, before)}")
     ax.annotate(label, (i, t["max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+
+
+# --- several budgets (race --steps A,B,...) ---------------------------------------------------------------------
+
+def _budget_rungs(record: dict) -> list[str]:
+    return list(dict.fromkeys(r["name"] for b in record["budgets"] for r in b["rungs"]))
+
+
+def _budget_cell(budget: dict, name: str) -> str:
+    """A rung's time at one budget: its median seconds and, after the first rung, its share of the first's."""
+    row = next((r for r in budget["rungs"] if r["name"] == name), None)
+    if row is None:
+        return "not run"
+    if row["status"] != "ok":
+        return row["status"]
+    if not row["reached"]:
+        return "not reached"
+    share = "" if row["share_of_first"] is None or row is budget["rungs"][0] else f" ({row['share_of_first']:.2f})"
+    return f"{row['train_seconds']['median']:.1f}{share}"
+
+
+def token_count(n: int) -> str:
+    """'24.6M', '3.07B', '512K' or '640': a token count short enough for a header."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n}"
+
+
+def _budget_headers(record: dict) -> list[str]:
+    return ["rung"] + [f"{b['steps']:,} steps ({token_count(b['planned_tokens'])} tokens)" for b in record["budgets"]]
+
+
+def _budget_rows(record: dict) -> list[list[str]]:
+    targets = ["target"] + ["-" if b["target_val_loss"] is None else f"{b['target_val_loss']:.4f}"
+                            for b in record["budgets"]]
+    return [targets] + [[name] + [_budget_cell(b, name) for b in record["budgets"]] for name in _budget_rungs(record)]
+
+
+def format_budgets_table(record: dict) -> str:
+    return text_table(_budget_headers(record), _budget_rows(record))
+
+
+def format_budgets(record: dict) -> str:
+    first = record["budgets"][0]["rungs"][0]["name"] if record["budgets"] and record["budgets"][0]["rungs"] else "-"
+    head = [f"# gpt2ladder race at {len(record['budgets'])} budgets, on {record['device']['name']}", "",
+            "- each column is a race whose runs were all planned for that many steps (its schedule spanning them), "
+            "to that budget's target; its race.md (steps-N/) has every figure, range and seed",
+            f"- a cell: the median training seconds to the target and, in brackets, that median over {first}'s "
+            "at the same budget",
+            f"- torch {record['versions']['torch']}; gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; "
+            f"{record['date']}"]
+    if record.get("partial"):
+        head.append("- partial: the races stopped before every budget had run")
+    return "\n".join(head + [""] + markdown_table(_budget_headers(record), _budget_rows(record))) + "\n"
+
+
+def budgets_chart(record: dict, path: Path) -> Path:
+    """budgets.png: per rung, the training seconds to its budget's target against the planned tokens (left), and
+    after the first rung, that time's share of the first rung's (right, 1 = as long)."""
+    plt = pyplot()
+    names = _budget_rungs(record)
+    fig, (seconds, shares) = plt.subplots(1, 2, figsize=(11, 4.6))
+    colours = plt.get_cmap("viridis")
+    for i, name in enumerate(names):
+        points = [(b["planned_tokens"], r) for b in record["budgets"] for r in b["rungs"]
+                  if r["name"] == name and r["reached"] and r["status"] == "ok"]
+        if not points:
+            continue
+        colour = colours(i / max(1, len(names) - 1))
+        xs = [x for x, _ in points]
+        seconds.plot(xs, [r["train_seconds"]["median"] for _, r in points], marker="o", color=colour, label=name)
+        seconds.vlines(xs, [r["train_seconds"]["min"] for _, r in points], [r["train_seconds"]["max"] for _, r in points],
+                       color=colour, linewidth=1)
+        if i:
+            kept = [(x, r["share_of_first"]) for x, r in points if r["share_of_first"] is not None]
+            shares.plot([x for x, _ in kept], [v for _, v in kept], marker="o", color=colour, label=name)
+    shares.axhline(1.0, color="#8C8C8C", linestyle="--", linewidth=1)
+    shares.set_ylim(bottom=0)
+    planned = [b["planned_tokens"] for b in record["budgets"]]
+    for ax in (seconds, shares):
+        ax.set_xscale("log")
+        ax.set_xticks(planned, [token_count(n) for n in planned])
+        ax.minorticks_off()
+        ax.set_xlabel("tokens the runs were planned for")
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.legend(frameon=False, fontsize=7)
+    seconds.set_ylabel("training seconds to the budget's target (median, range)")
+    shares.set_ylabel(f"share of {names[0] if names else 'the first rung'}'s time")
+    seconds.set_title("time to each budget's target", fontsize=10)
+    shares.set_title("below 1: faster than the first rung at that budget", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
