@@ -342,9 +342,9 @@ def _main(argv):
     return code, said.getvalue()
 
 
-def _signal_at_first_step(monkeypatch) -> list:
-    """Engine.step sends this process SIGINT during its first call (the step completes, is saved, and the run stops);
-    returns the calls made."""
+def _signal_at_first_step(monkeypatch, at: int = 1) -> list:
+    """Engine.step sends this process SIGINT during its first call, or its `at`-th (the step completes, is saved,
+    and the run stops); returns the calls made."""
     import os
     import signal
 
@@ -354,7 +354,7 @@ def _signal_at_first_step(monkeypatch) -> list:
 
     def step(self, x, y):
         calls.append(1)
-        if len(calls) == 1:
+        if len(calls) == at:
             os.kill(os.getpid(), signal.SIGINT)
         return real_step(self, x, y)
 
@@ -482,10 +482,73 @@ def test_a_race_at_several_budgets_writes_each_race_and_compares_them(shakespear
     assert json.loads((tmp_path / "budgets.json").read_text())["budgets"] == record["budgets"]
     before = sorted(p.name for p in tmp_path.rglob("*"))
     capsys.readouterr()
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert "steps-4 already holds a race" in err and "--resume" in err and err.count("\n") == 1
+    refusals = {"already holds a race at budgets 4, 8": argv,  # another race over it, without --resume
+                "leaves out 4": [*argv[:6], "8,16", *argv[7:], "--resume"],  # budgets.json would drop one
+                "give --steps 4,8 to continue it": [*argv[:6], "8", *argv[7:], "--resume"]}  # one race into it
+    for says, refused in refusals.items():
+        assert cli.main(refused) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_races_at_budgets_stopped_in_the_second_keep_the_first_and_resume(shakespeare_cache, tmp_path, monkeypatch):
+    """A signal in the first step of the second budget's race: exit 130, budgets.json written with the first budget
+    whole and the second stopped (partial); --resume finishes the second without training the first again."""
+    from gpt2ladder.training.checkpoint import rng_state, set_rng_state
+
+    monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
+    small = [a for a in SMALL if a not in ("--steps", "4")]
+    argv = ["race", "--rungs", "gpt2", "--target-val-loss", "10.9", "--steps", "2,4", "--out", str(tmp_path), *small]
+    calls, saved = _signal_at_first_step(monkeypatch, at=3), rng_state()  # steps 1-2: the 2-step race
+    try:
+        code, text = _main(argv)
+        assert code == 130, text
+        record = json.loads((tmp_path / "budgets.json").read_text())
+        assert record["partial"] and [b["steps"] for b in record["budgets"]] == [2, 4]
+        assert record["budgets"][0]["rungs"][0]["status"] == "ok" and record["budgets"][1]["partial"]
+        assert record["budgets"][1]["rungs"][0]["status"] == "stopped"
+        code, text = _main([*argv, "--resume"])
+    finally:
+        set_rng_state(saved)
+    assert code == 0, text
+    record = json.loads((tmp_path / "budgets.json").read_text())
+    assert not record["partial"] and [b["rungs"][0]["status"] for b in record["budgets"]] == ["ok", "ok"]
+    assert "gpt2 seed 0: " in text and "(finished earlier)" in text.split("budget: runs planned for 4")[0]
+
+
+def _budget(steps, *seconds, eval_every=10, ms=10.0):
+    """A race.json at one budget: a rung per list of seeds' training seconds (None: not reached)."""
+    rows = []
+    for i, secs in enumerate(seconds):
+        reached = None not in secs
+        rows.append({"name": f"r{i}", "recipe": f"r{i}", "reached": reached, "status": "ok", "ms_per_step": ms,
+                     "tokens": race.spread([1] * len(secs), reached), "train_seconds": race.spread(list(secs), reached)})
+    return {"config": {"settings": {"steps": steps, "tokens_per_step": 64, "eval_every": eval_every}},
+            "target_val_loss": 3.0, "target_source": "given", "partial": False, "cards": ["cpu"], "rungs": rows}
+
+
+def test_a_budgets_cell_keeps_the_races_noise_rule_and_the_chart_draws_gaps(tmp_path):
+    """Against the first rung at the same budget: ranges apart and medians 10 s apart is a share; overlapping
+    ranges are within noise; apart but nearer than one validation (200 steps of 10 ms = 2 s) is under one
+    validation; a rung that missed a budget is a gap in its line and the chart still draws."""
+    import warnings
+
+    records = [_budget(4, [20.0, 21.0, 22.0], [10.0, 11.0, 12.0], [19.0, 21.5, 23.0], [22.1, 22.2, 22.3],
+                       eval_every=200),
+               _budget(8, [30.0, 31.0, 32.0], [None, 5.0, 6.0], [None], [15.0, 16.0, 17.0])]
+    record = race.budgets_record(records, torch.device("cpu"), CPU_CAPS, partial=False)
+    cells = {r[0]: r[1:] for r in report._budget_rows(record)}
+    assert cells["r1"] == ["11.0 (0.52)", "not reached"]
+    assert cells["r2"] == ["21.5 (1.02, within noise)", "not reached"]
+    assert cells["r3"] == ["22.2 (1.06, under one validation)", "16.0 (0.52)"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no empty-legend warning, no NaN complaint
+        report.budgets_chart(record, tmp_path / "b.png")
+        nothing = race.budgets_record([_budget(4, [None])], torch.device("cpu"), CPU_CAPS, partial=True)
+        report.budgets_chart(nothing, tmp_path / "none.png")
+    assert (tmp_path / "b.png").stat().st_size > 0 and (tmp_path / "none.png").stat().st_size > 0
+    assert "partial" in report.format_budgets(nothing)
 
 
 @pytest.mark.parametrize("steps, says", [("4,4", "given twice"), ("4,x", "expected a positive integer"),

@@ -73,6 +73,10 @@ def race_command(args) -> int:
 def _planned(args, steps: int | None, device, caps, names, out: Path, tokens) -> tuple[race.RaceConfig, dict | None]:
     """The race planned for `steps` (None: the default) in `out`, every check made: its config, and its record so
     far where --resume continues one."""
+    if (out / "budgets.json").is_file() or budget_folders(out):
+        held = budget_folders(out)
+        raise UsageError(f"{out} holds a race at several budgets ({', '.join(map(str, held))} steps): give --steps "
+                         f"{','.join(map(str, held))} to continue it, or --out {out / BUDGET_DIR.format('N')} for one")
     check_own_out(out, "race", OWN_FILES)
     race.check_new_race(out, args.resume)
     earlier = _earlier(out) if args.resume else None
@@ -88,23 +92,45 @@ def _budgets(args, device, caps, names, out: Path, budgets: tuple[int, ...]) -> 
     .md and .png: each rung's time to its budget's target beside the first rung's. Every budget is planned and
     checked before the first run."""
     check_own_out(out, "race", OWN_BUDGET_FILES)
+    check_budgets(out, budgets, args.resume)
     tokens = data_mod.load_tokens(args.data)
     plans = [(steps, *_planned(args, steps, device, caps, names, out / BUDGET_DIR.format(steps), tokens))
              for steps in budgets]
     records, code = [], 0
     with output_dir(out) as out:
-        for steps, cfg, earlier in plans:
-            print(f"\nbudget: runs planned for {steps} steps ({steps * cfg.train.tokens_per_step:,} tokens)", flush=True)
-            with output_dir(out / BUDGET_DIR.format(steps)) as where:
-                code, record = _race(args, cfg, device, caps, tokens, where, earlier)
-            records.append(record)
-            if code:
-                break
-        record = race.budgets_record(records, device, caps, partial=len(records) < len(plans) or bool(code))
-        paths = write_record(out, "budgets", record, report.format_budgets, report.budgets_chart)
+        try:
+            for steps, cfg, earlier in plans:
+                print(f"\nbudget: runs planned for {steps} steps ({steps * cfg.train.tokens_per_step:,} tokens)",
+                      flush=True)
+                with output_dir(out / BUDGET_DIR.format(steps)) as where:
+                    code, record = _race(args, cfg, device, caps, tokens, where, earlier)
+                records.append(record)
+                if code:
+                    break
+        finally:  # the budgets finished so far, also when a failure or a second Ctrl-C ends the races
+            record = race.budgets_record(records, device, caps, partial=len(records) < len(plans) or bool(code))
+            paths = write_record(out, "budgets", record, report.format_budgets, report.budgets_chart)
     print("\n" + report.format_budgets_table(record))
     print(f"wrote {', '.join(str(p) for p in paths)}")
     return code
+
+
+def budget_folders(out: Path) -> list[int]:
+    """The budgets (steps) a folder holds a race of, from its steps-N folders."""
+    return sorted(int(p.name.split("-", 1)[1]) for p in out.glob("steps-*") if re.fullmatch(r"steps-\d+", p.name))
+
+
+def check_budgets(out: Path, budgets: tuple[int, ...], resume: bool) -> None:
+    """Without --resume, races at several budgets may not start over earlier ones; with it, the list must hold every
+    budget the folder has, so budgets.json never drops one."""
+    held = budget_folders(out)
+    if held and not resume:
+        raise UsageError(f"{out} already holds a race at budgets {', '.join(map(str, held))} (steps-N folders); pass "
+                         "--resume to continue it, or another --out")
+    missing = [n for n in held if n not in budgets]
+    if missing:
+        raise UsageError(f"{out} holds races at budgets {', '.join(map(str, held))}, and --steps leaves out "
+                         f"{', '.join(map(str, missing))}; give --steps {','.join(map(str, sorted({*held, *budgets})))}")
 
 
 def _earlier(out: Path) -> dict | None:

@@ -502,16 +502,27 @@ def overlap(a: dict, b: dict) -> bool:
 def budgets_record(records: list[dict], device, caps: Capabilities, partial: bool) -> dict:
     """budgets.json (`race --steps A,B,...`): per budget, the race planned for that many steps (its race.json in
     steps-N/), its target, and per rung the training seconds to that target (median, range, seeds), and the
-    median's share of the first rung's median: how much of the first rung's time the rung needs at that budget."""
+    median's share of the first rung's median: how much of the first rung's time the rung needs at that budget,
+    with the race's noise rule against the first rung (its seeds' ranges overlap: within noise; the medians nearer
+    than one validation interval: under one validation)."""
     budgets = []
     for rec in records:
         s = rec["config"]["settings"]
         first = rec["rungs"][0] if rec["rungs"] else None
         base = first["train_seconds"]["median"] if first and first["reached"] else None
-        rows = [{"name": r["name"], "recipe": r["recipe"], "reached": r["reached"], "status": r["status"],
-                 "train_seconds": r["train_seconds"], "tokens": r["tokens"],
-                 "share_of_first": r["train_seconds"]["median"] / base if base and r["reached"] else None}
-                for r in rec["rungs"]]
+        rows = []
+        for r in rec["rungs"]:
+            row = {"name": r["name"], "recipe": r["recipe"], "reached": r["reached"], "status": r["status"],
+                   "train_seconds": r["train_seconds"], "tokens": r["tokens"], "ms_per_step": r["ms_per_step"],
+                   "share_of_first": None, "within_noise_of_first": None, "within_one_validation_of_first": None}
+            if base and r["reached"] and r["train_seconds"]["median"] is not None:
+                row["share_of_first"] = r["train_seconds"]["median"] / base
+                if r is not first:
+                    row["within_noise_of_first"] = overlap(r["train_seconds"], first["train_seconds"])
+                    if r["ms_per_step"] and first["ms_per_step"]:
+                        interval = s["eval_every"] * max(r["ms_per_step"], first["ms_per_step"]) / 1000
+                        row["within_one_validation_of_first"] = abs(r["train_seconds"]["median"] - base) < interval
+            rows.append(row)
         budgets.append({"steps": s["steps"], "tokens_per_step": s["tokens_per_step"],
                         "planned_tokens": s["steps"] * s["tokens_per_step"], "target_val_loss": rec["target_val_loss"],
                         "target_source": rec["target_source"], "partial": rec["partial"], "cards": rec.get("cards"),

@@ -200,7 +200,11 @@ def _budget_cell(budget: dict, name: str) -> str:
         return row["status"]
     if not row["reached"]:
         return "not reached"
-    share = "" if row["share_of_first"] is None or row is budget["rungs"][0] else f" ({row['share_of_first']:.2f})"
+    share = ""
+    if row["share_of_first"] is not None and row is not budget["rungs"][0]:
+        rule = (", within noise" if row.get("within_noise_of_first")
+                else ", under one validation" if row.get("within_one_validation_of_first") else "")
+        share = f" ({row['share_of_first']:.2f}{rule})"
     return f"{row['train_seconds']['median']:.1f}{share}"
 
 
@@ -228,11 +232,14 @@ def format_budgets_table(record: dict) -> str:
 
 def format_budgets(record: dict) -> str:
     first = record["budgets"][0]["rungs"][0]["name"] if record["budgets"] and record["budgets"][0]["rungs"] else "-"
-    head = [f"# gpt2ladder race at {len(record['budgets'])} budgets, on {record['device']['name']}", "",
+    cards = list(dict.fromkeys(c for b in record["budgets"] for c in b.get("cards") or [])) or [record["device"]["name"]]
+    where = cards[0] if len(cards) == 1 else f"{' and '.join(cards)} (mixed cards: seconds from two cards are not one race's)"
+    head = [f"# gpt2ladder race at {len(record['budgets'])} budgets, on {where}", "",
             "- each column is a race whose runs were all planned for that many steps (its schedule spanning them), "
             "to that budget's target; its race.md (steps-N/) has every figure, range and seed",
             f"- a cell: the median training seconds to the target and, in brackets, that median over {first}'s "
-            "at the same budget",
+            f"at the same budget; 'within noise': the seeds' ranges of the rung and {first} overlap; 'under one "
+            "validation': the medians lie nearer than one validation interval",
             f"- torch {record['versions']['torch']}; gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; "
             f"{record['date']}"]
     if record.get("partial"):
@@ -247,29 +254,33 @@ def budgets_chart(record: dict, path: Path) -> Path:
     names = _budget_rungs(record)
     fig, (seconds, shares) = plt.subplots(1, 2, figsize=(11, 4.6))
     colours = plt.get_cmap("viridis")
+    planned = [b["planned_tokens"] for b in record["budgets"]]
+    nan = float("nan")
     for i, name in enumerate(names):
-        points = [(b["planned_tokens"], r) for b in record["budgets"] for r in b["rungs"]
-                  if r["name"] == name and r["reached"] and r["status"] == "ok"]
-        if not points:
+        # a budget where the rung has no time is a gap in its line, not a line drawn across it
+        rows = [next((r for r in b["rungs"] if r["name"] == name and r["reached"] and r["status"] == "ok"), None)
+                for b in record["budgets"]]
+        if not any(rows):
             continue
         colour = colours(i / max(1, len(names) - 1))
-        xs = [x for x, _ in points]
-        seconds.plot(xs, [r["train_seconds"]["median"] for _, r in points], marker="o", color=colour, label=name)
-        seconds.vlines(xs, [r["train_seconds"]["min"] for _, r in points], [r["train_seconds"]["max"] for _, r in points],
-                       color=colour, linewidth=1)
-        if i:
-            kept = [(x, r["share_of_first"]) for x, r in points if r["share_of_first"] is not None]
-            shares.plot([x for x, _ in kept], [v for _, v in kept], marker="o", color=colour, label=name)
+        t = [r["train_seconds"] if r else {"median": nan, "min": nan, "max": nan} for r in rows]
+        seconds.plot(planned, [v["median"] for v in t], marker="o", color=colour, label=name)
+        seconds.vlines(planned, [v["min"] for v in t], [v["max"] for v in t], color=colour, linewidth=1)
+        share = [nan if r is None or r["share_of_first"] is None else r["share_of_first"] for r in rows]
+        if i and any(v == v for v in share):
+            shares.plot(planned, share, marker="o", color=colour, label=name)
     shares.axhline(1.0, color="#8C8C8C", linestyle="--", linewidth=1)
     shares.set_ylim(bottom=0)
-    planned = [b["planned_tokens"] for b in record["budgets"]]
-    for ax in (seconds, shares):
+    for ax, empty in ((seconds, "no rung reached its target"), (shares, "no rung after the first reached its target")):
         ax.set_xscale("log")
         ax.set_xticks(planned, [token_count(n) for n in planned])
         ax.minorticks_off()
         ax.set_xlabel("tokens the runs were planned for")
         ax.spines[["top", "right"]].set_visible(False)
-        ax.legend(frameon=False, fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(frameon=False, fontsize=7)
+        else:
+            ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", color="#8C8C8C")
     seconds.set_ylabel("training seconds to the budget's target (median, range)")
     shares.set_ylabel(f"share of {names[0] if names else 'the first rung'}'s time")
     seconds.set_title("time to each budget's target", fontsize=10)
