@@ -73,10 +73,11 @@ def race_command(args) -> int:
 def _planned(args, steps: int | None, device, caps, names, out: Path, tokens) -> tuple[race.RaceConfig, dict | None]:
     """The race planned for `steps` (None: the default) in `out`, every check made: its config, and its record so
     far where --resume continues one."""
-    if (out / "budgets.json").is_file() or budget_folders(out):
-        held = budget_folders(out)
-        raise UsageError(f"{out} holds a race at several budgets ({', '.join(map(str, held))} steps): give --steps "
-                         f"{','.join(map(str, held))} to continue it, or --out {out / BUDGET_DIR.format('N')} for one")
+    held = budget_folders(out)
+    if held or (out / "budgets.json").is_file():
+        listed = ",".join(map(str, held)) or "A,B"
+        raise UsageError(f"{out} holds a race at several budgets ({listed} steps): give --steps {listed} to "
+                         f"continue it, or --out {out / BUDGET_DIR.format('N')} for one of them")
     check_own_out(out, "race", OWN_FILES)
     race.check_new_race(out, args.resume)
     earlier = _earlier(out) if args.resume else None

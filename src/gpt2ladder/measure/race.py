@@ -488,10 +488,19 @@ def add_gains(rows: list[dict], eval_every: int | None = None) -> None:
         if prev is not None and row["reached"] and prev["reached"]:
             now, before = row["train_seconds"], prev["train_seconds"]
             row["gain_vs_prev"] = before["median"] / now["median"] if now["median"] > 0 else None
-            row["within_noise_of_prev"] = overlap(now, before)
-            if eval_every and row["ms_per_step"] and prev["ms_per_step"]:
-                interval = eval_every * max(row["ms_per_step"], prev["ms_per_step"]) / 1000
-                row["within_one_validation_of_prev"] = abs(before["median"] - now["median"]) < interval
+            row["within_noise_of_prev"], row["within_one_validation_of_prev"] = noise_rule(row, prev, eval_every)
+
+
+def noise_rule(row: dict, other: dict, eval_every: int | None) -> tuple[bool, bool | None]:
+    """Whether two reached rows' training seconds are within noise (their seeds' ranges overlap), and whether their
+    medians lie nearer than one validation interval (`eval_every` steps at the slower row's step; None where a
+    step time or the interval is unknown)."""
+    a, b = row["train_seconds"], other["train_seconds"]
+    nearer = None
+    if eval_every and row["ms_per_step"] and other["ms_per_step"]:
+        interval = eval_every * max(row["ms_per_step"], other["ms_per_step"]) / 1000
+        nearer = abs(a["median"] - b["median"]) < interval
+    return overlap(a, b), nearer
 
 
 def overlap(a: dict, b: dict) -> bool:
@@ -518,10 +527,8 @@ def budgets_record(records: list[dict], device, caps: Capabilities, partial: boo
             if base and r["reached"] and r["train_seconds"]["median"] is not None:
                 row["share_of_first"] = r["train_seconds"]["median"] / base
                 if r is not first:
-                    row["within_noise_of_first"] = overlap(r["train_seconds"], first["train_seconds"])
-                    if r["ms_per_step"] and first["ms_per_step"]:
-                        interval = s["eval_every"] * max(r["ms_per_step"], first["ms_per_step"]) / 1000
-                        row["within_one_validation_of_first"] = abs(r["train_seconds"]["median"] - base) < interval
+                    row["within_noise_of_first"], row["within_one_validation_of_first"] = noise_rule(
+                        r, first, s["eval_every"])
             rows.append(row)
         budgets.append({"steps": s["steps"], "tokens_per_step": s["tokens_per_step"],
                         "planned_tokens": s["steps"] * s["tokens_per_step"], "target_val_loss": rec["target_val_loss"],
