@@ -326,3 +326,29 @@ def test_a_failure_whose_first_line_introduces_its_cause_is_described_with_it():
     err = RuntimeError("backend='inductor' raised:\nAssertionError: a kernel's arguments\n\nSet TORCH_LOGS=+dynamo")
     assert describe_failure(err) == "RuntimeError: backend='inductor' raised: AssertionError: a kernel's arguments"
     assert describe_failure(ValueError("one line\nmore")) == "ValueError: one line"
+
+
+@pytest.mark.parametrize("command", ["bench", "train"])
+@pytest.mark.parametrize("recipe, refused", [("speedrun", True), ("rope", False)])
+def test_a_muon_recipe_under_fsdp_is_refused_before_it_runs(command, recipe, refused):
+    """FSDP2 shards the matrices Muon orthogonalises whole: trained or timed, the step would be another computation."""
+    from gpt2ladder.cli import build_parser
+    from gpt2ladder.commands.bench import bench_config
+    from gpt2ladder.commands.train import config_from_args
+    from gpt2ladder.runtime import distributed
+    from gpt2ladder.runtime.hardware import Capabilities
+
+    args = build_parser().parse_args([command, "--recipe", recipe, "--strategy", "fsdp", "--rungs", "baseline"])
+    two = distributed.Dist(rank=0, world_size=2, backend="gloo")
+    caps = Capabilities("cpu", "cpu (x86_64)", compile_problem=None)
+
+    def build():
+        if command == "bench":
+            return bench_config(args, torch.device("cpu"), caps, two).strategy
+        return config_from_args(args, torch.device("cpu"), caps, two, notify=lambda *a, **k: None)[1]
+
+    if refused:
+        with pytest.raises(UsageError, match="orthogonalises whole matrices.*--strategy ddp"):
+            build()
+    else:
+        assert build() == "fsdp"

@@ -39,6 +39,7 @@ from gpt2ladder.report.plots import ladder_chart
 from gpt2ladder.report.records import prepare_out_dir, write_json, write_record
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import Capabilities, cap_memory, detect
+from gpt2ladder.runtime.optim import strategy_problem
 from gpt2ladder.training.outdirs import check_own_out
 
 OWN_FILES = r"ladder\.(json|md|png)"  # what bench writes in --out: a folder of these alone is written again
@@ -225,6 +226,8 @@ def bench_config(args, device: torch.device, caps: Capabilities, dist: distribut
     name = args.preset or d["preset"]
     shape = preset(name)
     strategy = distributed.resolve_strategy(args.strategy, name, dist)  # a bad --strategy fails before any work
+    if problem := strategy_problem(parse_recipe(args.recipe).optimizer, strategy):  # timed, it would time a wrong step
+        raise UsageError(problem)
     if args.batch_size == "best" and dist.enabled:
         raise UsageError("--batch-size best times sizes on one GPU; under torchrun pass a number "
                          "(find it with a one-GPU `gpt2ladder bench --batch-size best`)")

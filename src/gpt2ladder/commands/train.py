@@ -35,6 +35,7 @@ from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import built_model_config
+from gpt2ladder.runtime.optim import strategy_problem
 from gpt2ladder.runtime.hardware import cap_memory, detect
 from gpt2ladder.runtime.memory import check_fits
 from gpt2ladder.training.config import TrainConfig
@@ -177,9 +178,8 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
         raise UsageError(f"{', '.join(idle)} set the muon recipe part's rates; recipe {recipe.name} has no muon part")
     if recipe.has("doc_windows") and (problem := block_mask_problem()):
         raise UsageError(problem)
-    if recipe.optimizer == "muon" and strategy == "fsdp":
-        raise UsageError("the muon recipe part orthogonalises whole matrices, which FSDP2 shards: train it under "
-                         "DDP (--strategy ddp) or on one GPU")
+    if problem := strategy_problem(recipe.optimizer, strategy):
+        raise UsageError(problem)
     if saved and not {"preset", "init_from"} & given.keys():
         shape = _saved_shape(saved)
     else:

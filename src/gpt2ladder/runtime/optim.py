@@ -171,6 +171,14 @@ class MuonAdamW(torch.optim.Optimizer):
         return step
 
 
+def strategy_problem(optimizer: str, strategy: str | None) -> str | None:
+    """Why this optimizer cannot train under this data-parallel strategy, or None."""
+    if optimizer == "muon" and strategy == "fsdp":
+        return ("the muon recipe part orthogonalises whole matrices, which FSDP2 shards: run it under DDP "
+                "(--strategy ddp) or on one GPU")
+    return None
+
+
 def param_groups(model: torch.nn.Module, optimizer: str, *, lr: float, weight_decay: float, muon_lr: float,
                  embed_lr: float | None = None, head_lr: float | None = None) -> list[dict]:
     """The optimizer's groups, each with `lr_scale`: its peak learning rate over `lr`, the one the schedule sets.
