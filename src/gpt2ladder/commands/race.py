@@ -45,7 +45,7 @@ SHAKESPEARE_DEMO_TARGET = 5.4  # every other preset
 # --keep-weights (the weights `sample` and `eval` read); they keep no best.pt. GPT-2's weights with AdamW's moments
 # are 1.5 GB: the saves on the way, best.pt at each new lowest validation loss most of them, cost a gpt2 run over one
 # pass of a corpus tens of seconds of wall time outside its training time, a save at the end 4-12 s of it
-# (benchmarks/RECORDS.md), and a race of every rung over three seeds would keep about 60 GB. A run killed without a
+# (benchmarks/RECORDS.md), and a race of every rung over three seeds would keep over 60 GB. A run killed without a
 # signal starts again on --resume.
 RACE_CKPT_EVERY = 0
 
