@@ -56,8 +56,8 @@ def test_a_rung_of_parts_joined_by_plus_is_its_own_recipe_after_the_race_order_i
     with pytest.raises(UsageError, match="race rung speedrun\\+nope: unknown recipe part nope"):
         race.parse_race_rungs("gpt2,speedrun+nope")
     assert race.parse_race_rungs(" speedrun + value_embeds ") == ("speedrun+value_embeds",)  # as its folder is named
-    for spec in ("gpt2+", "speedrun++value_embeds"):
-        with pytest.raises(UsageError, match="has an empty part between its \\+ signs"):
+    for spec in ("gpt2+", "speedrun++value_embeds", "speedrun-", "speedrun+-wsd"):
+        with pytest.raises(UsageError, match="has an empty part beside a \\+ or - sign"):
             race.parse_race_rungs(spec)
     for spec, twins in [("speedrun,speedrun+muon", "speedrun and speedrun+muon"), ("gpt2,muon,gpt2+muon",
                         "muon and gpt2+muon"), ("value_embeds+speedrun,speedrun+value_embeds", "value_embeds+speedrun "
@@ -67,9 +67,39 @@ def test_a_rung_of_parts_joined_by_plus_is_its_own_recipe_after_the_race_order_i
     assert len(race.race_rungs(race.RACE_RUNGS)) == len(race.RACE_RUNGS)  # every rung its own recipe
 
 
+def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_takes_them_from():
+    """speedrun-wsd is speedrun's parts but wsd, read against speedrun; signs are read left to right; taking away a
+    part the recipe does not have, or leaving a recipe no one can train, is one line; a minus rung that trains
+    another rung's recipe is refused as any twin is."""
+    from gpt2ladder.model.recipe import SPEEDRUN, parse_recipe
+
+    names = race.parse_race_rungs("speedrun - wsd,gpt2,speedrun,speedrun-rope-qk_norm,speedrun+value_embeds-wsd")
+    assert names == ("gpt2", "speedrun", "speedrun-wsd", "speedrun-rope-qk_norm", "speedrun+value_embeds-wsd")
+    got = dict(race.race_rungs(names))
+    assert got["speedrun-wsd"] == parse_recipe(",".join(p for p in SPEEDRUN if p != "wsd")).name
+    assert got["speedrun-rope-qk_norm"] == parse_recipe(",".join(p for p in SPEEDRUN if p not in ("rope", "qk_norm"))).name
+    assert got["speedrun+value_embeds-wsd"] == parse_recipe("speedrun,value_embeds").name.replace(",wsd", "")
+    assert race.stacked_recipe("momentum_warmup+speedrun").momentum_warmup  # checked whole, not piece by piece
+    for spec, says in [("speedrun-value_embeds", "takes away value_embeds, which the parts before it do not have"),
+                       ("speedrun-gpt2", "takes away gpt2"), ("speedrun-muon+momentum_warmup", "has no muon"),
+                       ("speedrun-nope", "unknown recipe part nope")]:
+        with pytest.raises(UsageError, match=f"race rung {re.escape(spec)}: .*{says}"):
+            race.parse_race_rungs(spec)
+    rungs = [race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names)]
+    cfg = dataclasses.replace(_cfg(), rungs=tuple(rungs))
+    rows = [race.rung_row(r, [_run(s, 10.0 + i + s / 10) for s in range(3)], cfg) for i, r in enumerate(cfg.rungs)]
+    race.add_gains(rows)
+    # speedrun-rope-qk_norm and speedrun+value_embeds-wsd: no speedrun-rope, no speedrun+value_embeds raced: speedrun
+    assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun", "speedrun"]
+    with pytest.raises(UsageError, match="race rungs softcap and speedrun-wsd both train recipe"):
+        race.race_rungs(race.parse_race_rungs("gpt2,muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,"
+                                              "speedrun-wsd"))
+
+
 def test_the_race_owns_folders_of_its_rungs_and_of_parts_joined_by_plus_only():
     own = race_command.OWN_FILES
-    assert all(re.fullmatch(own, n) for n in ("race.json", "gpt2", "speedrun+value_embeds", "muon+rope+qk_norm"))
+    assert all(re.fullmatch(own, n) for n in ("race.json", "gpt2", "speedrun+value_embeds", "muon+rope+qk_norm",
+                                              "speedrun-wsd", "speedrun+value_embeds-wsd"))
     assert not any(re.fullmatch(own, n) for n in ("notes+draft", "speedrun + value_embeds", "speedrun+", "runs"))
 
 
@@ -188,7 +218,8 @@ def test_a_row_is_the_median_and_range_over_the_seeds_and_its_gain_over_the_rung
 
 def test_a_plus_rung_is_read_against_the_rung_it_adds_its_last_part_to():
     """speedrun+value_embeds+doc_windows is read against speedrun+value_embeds, not against the unet_skips rung
-    raced between them, and the table names it; a + rung whose base the race lacks is read against the row above."""
+    raced between them, and the table names it; speedrun+unet_skips+doc_windows, with no speedrun+unet_skips raced,
+    against speedrun; a + rung no start of which the race has is read against the row above."""
     names = ("gpt2", "speedrun", "speedrun+value_embeds", "speedrun+value_embeds+unet_skips",
              "speedrun+value_embeds+doc_windows", "speedrun+unet_skips+doc_windows", "momentum_warmup+speedrun")
     cfg = dataclasses.replace(_cfg(), rungs=tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names)))
@@ -196,14 +227,14 @@ def test_a_plus_rung_is_read_against_the_rung_it_adds_its_last_part_to():
     rows = [race.rung_row(r, [_run(s, t + s / 10) for s in range(3)], cfg) for r, t in zip(cfg.rungs, times)]
     race.add_gains(rows)
     assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun+value_embeds", "speedrun+value_embeds",
-                                           "speedrun+value_embeds+doc_windows",  # no speedrun+unet_skips raced
+                                           "speedrun",  # no speedrun+unet_skips raced
                                            "speedrun+unet_skips+doc_windows"]  # momentum_warmup alone is no recipe
     assert rows[4]["gain_vs_prev"] == pytest.approx(19.1 / 18.1)  # against 19.x, not against unet_skips' 25.x
-    assert rows[5]["gain_vs_prev"] == pytest.approx(18.1 / 30.1)  # no speedrun+unet_skips row: the row above
+    assert rows[5]["gain_vs_prev"] == pytest.approx(20.1 / 30.1)  # no speedrun+unet_skips row: speedrun
     record = {"rungs": rows}
     table = report.rows(record)
     assert table[3][2] == f"{19.1 / 25.1:.2f}x" and table[4][2] == f"{19.1 / 18.1:.2f}x vs speedrun+value_embeds"
-    assert table[5][2] == f"{18.1 / 30.1:.2f}x"
+    assert table[5][2] == f"{20.1 / 30.1:.2f}x vs speedrun" and table[6][2] == f"{30.1 / 21.1:.2f}x"
     assert "against speedrun+value_embeds" in report.progress_line(rows[4], 9.0)
 
 

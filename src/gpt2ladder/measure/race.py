@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.model.modern import block_mask_problem
-from gpt2ladder.model.recipe import PARTS, parse_recipe, race_recipes
+from gpt2ladder.model.recipe import PARTS, PARTS_BY_NAME, SPEEDRUN, parse_recipe, race_recipes
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.runtime.metrics import peak_flops
@@ -45,8 +46,11 @@ from gpt2ladder.training.runlog import read_log
 
 # The race's order: GPT-2, then each part on top, then `speedrun` (the recipe of that name, whatever rungs it follows).
 RACE_RUNGS = ("gpt2", *(p.name for p in PARTS), "speedrun")
-# A rung of its own recipe, written as parts joined by this: `speedrun+value_embeds`.
+# A rung of its own recipe, written as parts joined by this (`speedrun+value_embeds`), or taken away by DROP from
+# the parts before (`speedrun-wsd`: an ablation of the race's top).
 STACK = "+"
+DROP = "-"
+_SIGNS = re.compile(r"\s*([" + re.escape(STACK + DROP) + r"])\s*")
 # `--target-val-loss gpt2`: the target is the gpt2 rung's validation loss at the end of its planned steps.
 BASELINE_TARGET = "gpt2"
 # The untrained model's loss is ln(50257) = 10.82 nats a token: a target above this (and a margin) is met
@@ -67,39 +71,67 @@ METRICS = ("train_seconds", "wall_seconds", "tokens", "steps", "warmup_seconds",
 CLOCK_SECONDS = {"wall_seconds": "wall_s", "validation_seconds": "validation_s", "warmup_seconds": "warmup_s"}
 
 
+def is_written(name: str) -> bool:
+    """Whether a rung is written with `+` or `-`: a recipe of its own, not a rung of the race's order."""
+    return STACK in name or DROP in name
+
+
 def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
     """`all` (or None): every rung; else a comma list of race rungs, put in the race's order, then the rungs written
-    as parts joined by `+` (`speedrun+value_embeds`: a recipe of its own, as `speedrun` is), in the order given."""
+    with `+` and `-` (`speedrun+value_embeds`, `speedrun-wsd`: each a recipe of its own, as `speedrun` is), in the
+    order given."""
     if spec is None or spec.strip() == "all":
         return RACE_RUNGS
     names = list(dict.fromkeys(_spelled(n) for n in spec.split(",") if n.strip()))
-    stacked = [n for n in names if STACK in n]
+    stacked = [n for n in names if is_written(n)]
     unknown = [n for n in names if n not in RACE_RUNGS and n not in stacked]
     if unknown or not names:
         raise UsageError(f"unknown race rung {', '.join(unknown) or repr(spec)}; choose from: all, "
-                         f"{', '.join(RACE_RUNGS)}, or parts joined by {STACK} (speedrun{STACK}value_embeds)")
+                         f"{', '.join(RACE_RUNGS)}, or parts joined by {STACK} or taken away by {DROP} "
+                         f"(speedrun{STACK}value_embeds, speedrun{DROP}wsd)")
     for name in stacked:
         stacked_recipe(name)  # its parts are known
     return (*(n for n in RACE_RUNGS if n in names), *stacked)
 
 
 def _spelled(name: str) -> str:
-    """A rung's name as its folder is named: `speedrun + value_embeds` is `speedrun+value_embeds`."""
+    """A rung's name as its folder is named: `speedrun + value_embeds - wsd` is `speedrun+value_embeds-wsd`."""
     name = name.strip()
-    if STACK not in name:
+    if not is_written(name):
         return name
-    pieces = [p.strip() for p in name.split(STACK)]
+    pieces = _SIGNS.split(name)  # [first, sign, piece, sign, piece, ...]
     if not all(pieces):
-        raise UsageError(f"race rung {name!r} has an empty part between its {STACK} signs; write parts joined by "
-                         f"{STACK}, such as speedrun{STACK}value_embeds")
-    return STACK.join(pieces)
+        raise UsageError(f"race rung {name!r} has an empty part beside a {STACK} or {DROP} sign; write parts joined "
+                         f"by {STACK} or taken away by {DROP}, such as speedrun{STACK}value_embeds or speedrun{DROP}wsd")
+    return "".join(pieces)
+
+
+def _named_parts(piece: str) -> tuple[str, ...]:
+    """The parts one piece of a written rung names: speedrun's, gpt2's (none) or one part's; the recipe they end in
+    is checked as a whole (momentum_warmup+speedrun is a recipe though momentum_warmup alone is not)."""
+    if piece == "speedrun":
+        return SPEEDRUN
+    if piece == "gpt2":
+        return ()
+    return parse_recipe(piece).parts if piece not in PARTS_BY_NAME else (piece,)
 
 
 def stacked_recipe(name: str):
-    """The recipe of a rung written as parts joined by `+`: `speedrun+value_embeds` is speedrun's parts and
-    value_embeds."""
+    """The recipe of a rung written with `+` and `-`, read left to right: `speedrun+value_embeds` is speedrun's parts
+    and value_embeds; `speedrun-wsd` speedrun's parts but wsd (`speedrun` stands for its parts on either side)."""
+    pieces = _SIGNS.split(name)
     try:
-        return parse_recipe(",".join(name.split(STACK)))
+        parts = list(_named_parts(pieces[0]))
+        for sign, piece in zip(pieces[1::2], pieces[2::2]):
+            named = _named_parts(piece)
+            if sign == STACK:
+                parts += [p for p in named if p not in parts]
+                continue
+            absent = [p for p in named if p not in parts]
+            if absent or not named:
+                raise UsageError(f"it takes away {piece}, which the parts before it do not have")
+            parts = [p for p in parts if p not in named]
+        return parse_recipe(",".join(parts) or "gpt2")
     except UsageError as err:
         raise UsageError(f"race rung {name}: {err}") from None
 
@@ -155,7 +187,7 @@ class RaceRung:
 def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
     """(name, recipe name) of each rung: rung k is the parts of rungs 0..k; `speedrun` and the rungs written with
     `+` are each their own recipe."""
-    own = {n: (stacked_recipe(n) if STACK in n else parse_recipe(n)) for n in names if n == "speedrun" or STACK in n}
+    own = {n: (stacked_recipe(n) if is_written(n) else parse_recipe(n)) for n in names if n == "speedrun" or is_written(n)}
     parts = [n for n in names if n not in own]
     try:
         recipes = {**dict(zip(parts, race_recipes(parts))), **own}
@@ -457,18 +489,20 @@ def spread(values: list, reached: bool) -> dict:
 
 
 def base_row(rows: list[dict], i: int) -> dict | None:
-    """The row that row i's gain is read against: the row before it, except for a rung written with `+`, which is
-    read against the rung it adds its last part to where the race has it (`speedrun+value_embeds+doc_windows`
-    against `speedrun+value_embeds`, not against a `speedrun+value_embeds+unet_skips` raced between them)."""
+    """The row that row i's gain is read against: the row before it, except for a rung written with `+` or `-`, which
+    is read against the longest start of its name the race has raced before it: the rung its last part is added to
+    or taken from (`speedrun+value_embeds+doc_windows` against `speedrun+value_embeds`, not against a
+    `speedrun+value_embeds+unet_skips` raced between them; `speedrun-wsd` against `speedrun`), else the one before
+    that (`speedrun-rope-qk_norm` against `speedrun` where no `speedrun-rope` ran)."""
     if i == 0:
         return None
-    name = rows[i]["name"]
-    if STACK in name:
-        head = name.rsplit(STACK, 1)[0]
+    pieces = _SIGNS.split(rows[i]["name"])
+    for end in range(len(pieces) - 2, 0, -2):  # all but the last sign and its piece, then one fewer, ...
+        head = "".join(pieces[:end])
         try:
-            recipe = (stacked_recipe(head) if STACK in head else parse_recipe(head)).name
+            recipe = (stacked_recipe(head) if is_written(head) else parse_recipe(head)).name
         except UsageError:  # no recipe alone (momentum_warmup+speedrun: momentum_warmup without muon)
-            return rows[i - 1]
+            continue
         for row in reversed(rows[:i]):
             if row["recipe"] == recipe:
                 return row
