@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpt2ladder.model.recipe import PARTS_BY_NAME
 from gpt2ladder.report.plots import pyplot
 from gpt2ladder.report.tables import fmt, markdown_table, text_table
 
@@ -153,8 +154,10 @@ def race_chart(record: dict, path: Path) -> Path:
             curve = run.get("curve") or []
             curves.plot([p["train_seconds"] for p in curve], [p["val_loss"] for p in curve], color=colour,
                         label=r["name"], linewidth=1.4)
-    bars.set_xticks(range(len(rungs)), [("+ " if i else "") + r["name"] for i, r in enumerate(rungs)], rotation=30,
-                    ha="right")
+    # a rung of the race's order adds its part to the rungs before it ("+ rope"); speedrun and the rungs written
+    # with + and - are recipes of their own, named as written
+    bars.set_xticks(range(len(rungs)), [("+ " if r["name"] in PARTS_BY_NAME else "") + r["name"] for r in rungs],
+                    rotation=30, ha="right")
     bars.set_ylabel("training seconds to the target (median, range)")
     bars.set_title(f"time to validation loss {target_text(record)}", fontsize=10)
     if record["target_val_loss"] is not None:
