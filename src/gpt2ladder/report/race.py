@@ -158,6 +158,7 @@ def race_chart(record: dict, path: Path) -> Path:
     # with + and - are recipes of their own, named as written
     bars.set_xticks(range(len(rungs)), [("+ " if r["name"] in PARTS_BY_NAME else "") + r["name"] for r in rungs],
                     rotation=30, ha="right")
+    bars.set_ylim(0, bars.get_ylim()[1] * 1.25)  # room for the labels over the tallest bar
     bars.set_ylabel("training seconds to the target (median, range)")
     bars.set_title(f"time to validation loss {target_text(record)}", fontsize=10)
     if record["target_val_loss"] is not None:
@@ -184,7 +185,8 @@ def _bar(ax, i: int, row: dict, colour, before: dict | None) -> None:
     ax.bar(i, t["median"], color=colour)
     ax.errorbar(i, t["median"], yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]], color="black",
                 capsize=3, linewidth=1)
-    label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{vs_prev(row, before)}")
+    gain = vs_prev(row, before).replace(", ", "\n").replace(" vs ", "\nvs ")  # one short line each, over a bar
+    label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{gain}")
     ax.annotate(label, (i, t["max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
 
 
