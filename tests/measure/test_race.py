@@ -82,7 +82,8 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     assert race.stacked_recipe("momentum_warmup+speedrun").momentum_warmup  # checked whole, not piece by piece
     for spec, says in [("speedrun-value_embeds", "takes away value_embeds, which the parts before it do not have"),
                        ("speedrun-gpt2", "takes away gpt2"), ("speedrun-muon+momentum_warmup", "has no muon"),
-                       ("speedrun-nope", "unknown recipe part nope")]:
+                       ("speedrun-nope", "unknown recipe part nope"), ("speedrun-speedrun", "takes every part away"),
+                       ("speedrun+gpt2", "adds gpt2, which is no part")]:
         with pytest.raises(UsageError, match=f"race rung {re.escape(spec)}: .*{says}"):
             race.parse_race_rungs(spec)
     rungs = [race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names)]
@@ -91,6 +92,11 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     race.add_gains(rows)
     # speedrun-rope-qk_norm and speedrun+value_embeds-wsd: no speedrun-rope, no speedrun+value_embeds raced: speedrun
     assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun", "speedrun"]
+    with pytest.raises(UsageError, match="--rungs all stands alone"):
+        race.parse_race_rungs("all,speedrun-wsd")
+    assert f", {11.1 / 13.1:.2f}x against speedrun, 1 tokens" in report.progress_line(rows[3], 9.0)
+    race.add_gains(rows, 200)  # 200 steps of 11 ms: 2.2 s, more than the 2 s between the medians
+    assert f", {11.1 / 13.1:.2f}x against speedrun, under one validation, 1 tokens" in report.progress_line(rows[3], 9.0)
     with pytest.raises(UsageError, match="race rungs softcap and speedrun-wsd both train recipe"):
         race.race_rungs(race.parse_race_rungs("gpt2,muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,"
                                               "speedrun-wsd"))

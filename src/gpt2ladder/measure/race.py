@@ -50,6 +50,7 @@ RACE_RUNGS = ("gpt2", *(p.name for p in PARTS), "speedrun")
 # the parts before (`speedrun-wsd`: an ablation of the race's top).
 STACK = "+"
 DROP = "-"
+assert not any(STACK in n or DROP in n for n in (p.name for p in PARTS)), "a part's name may not hold + or -"
 _SIGNS = re.compile(r"\s*([" + re.escape(STACK + DROP) + r"])\s*")
 # `--target-val-loss gpt2`: the target is the gpt2 rung's validation loss at the end of its planned steps.
 BASELINE_TARGET = "gpt2"
@@ -85,6 +86,9 @@ def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
     names = list(dict.fromkeys(_spelled(n) for n in spec.split(",") if n.strip()))
     stacked = [n for n in names if is_written(n)]
     unknown = [n for n in names if n not in RACE_RUNGS and n not in stacked]
+    if "all" in names:
+        raise UsageError("--rungs all stands alone (every rung of the race's order and speedrun); to add rungs, list "
+                         "the ones you want")
     if unknown or not names:
         raise UsageError(f"unknown race rung {', '.join(unknown) or repr(spec)}; choose from: all, "
                          f"{', '.join(RACE_RUNGS)}, or parts joined by {STACK} or taken away by {DROP} "
@@ -125,12 +129,16 @@ def stacked_recipe(name: str):
         for sign, piece in zip(pieces[1::2], pieces[2::2]):
             named = _named_parts(piece)
             if sign == STACK:
+                if not named:
+                    raise UsageError(f"it adds {piece}, which is no part")
                 parts += [p for p in named if p not in parts]
                 continue
             absent = [p for p in named if p not in parts]
             if absent or not named:
                 raise UsageError(f"it takes away {piece}, which the parts before it do not have")
             parts = [p for p in parts if p not in named]
+            if not parts:
+                raise UsageError("it takes every part away, which leaves gpt2: race the gpt2 rung")
         return parse_recipe(",".join(parts) or "gpt2")
     except UsageError as err:
         raise UsageError(f"race rung {name}: {err}") from None
@@ -186,7 +194,7 @@ class RaceRung:
 
 def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
     """(name, recipe name) of each rung: rung k is the parts of rungs 0..k; `speedrun` and the rungs written with
-    `+` are each their own recipe."""
+    `+` and `-` are each their own recipe."""
     own = {n: (stacked_recipe(n) if is_written(n) else parse_recipe(n)) for n in names if n == "speedrun" or is_written(n)}
     parts = [n for n in names if n not in own]
     try:

@@ -38,6 +38,15 @@ def vs_prev(row: dict, before: dict | None = None) -> str:
             + named)
 
 
+def _gain_against(row: dict) -> str:
+    """'1.06x against speedrun, under one validation': the gain, the rung it is read against, then the noise rule."""
+    base = row.get("gain_vs") or "the rung before"
+    if row["within_noise_of_prev"]:
+        return f"within noise of {base}"
+    rule = ", under one validation" if row.get("within_one_validation_of_prev") else ""
+    return f"{row['gain_vs_prev']:.2f}x against {base}{rule}"
+
+
 def _median(row: dict, key: str, spec: str) -> str:
     return fmt(row[key]["median"], spec)
 
@@ -70,7 +79,7 @@ def progress_line(row: dict, target: float) -> str:
         return f"race {row['name']}: val loss {target:g} {not_reached(row)}"
     gain, seeds = vs_prev(row), row["seeds_run"]
     over = "" if seeds == 1 else f" (median and range of {seeds} seeds)"
-    against = "" if gain == "-" else f", {gain} against {row.get('gain_vs') or 'the rung before'}"
+    against = "" if gain == "-" else f", {_gain_against(row)}"
     return (f"race {row['name']}: val loss {target:g} in {time_text(row)} s of training{over}{against}, "
             f"{row['tokens']['median']:,.0f} tokens, {row['ms_per_step']:.1f} ms/step")
 
@@ -125,7 +134,9 @@ def format_markdown(record: dict) -> str:
         "- the time: training seconds of the timed steps up to the first validation at or below the target, in a "
         "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
         "- median and range (lowest-highest) over the seeds; 'within noise': the seeds' ranges of this rung and "
-        "the rung it is read against (the rung before; for a + rung, the rung it adds its last part to) overlap; 'under one validation': their medians lie nearer than one validation interval's "
+        "the rung it is read against overlap (the rung before; for a rung written with + or -, the longest start of "
+        "its name raced before it, else the rung before); 'under one validation': their medians lie nearer than one "
+        "validation interval's "
         "steps take (at the slower rung's step), finer than the reading at validations can tell",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",
