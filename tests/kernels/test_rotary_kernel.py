@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from gpt2ladder.kernels.rotary import Rotary, rotary_grad_reference, rotary_reference
+from gpt2ladder.kernels.rotary import rotary_grad_reference, rotary_reference
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import split_heads
 from gpt2ladder.model.modern import qk_norm, rotary_tables, rotate

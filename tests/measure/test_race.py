@@ -551,6 +551,7 @@ def test_races_at_budgets_stopped_in_the_second_keep_the_first_and_resume(shakes
     assert code == 0, text
     record = json.loads((tmp_path / "budgets.json").read_text())
     assert not record["partial"] and [b["rungs"][0]["status"] for b in record["budgets"]] == ["ok", "ok"]
+    assert len(calls) == sum(b["rungs"][0]["tokens"]["median"] // 64 for b in record["budgets"])  # no step twice
     assert "gpt2 seed 0: " in text and "(finished earlier)" in text.split("budget: runs planned for 4")[0]
 
 

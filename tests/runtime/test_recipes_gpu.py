@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from gpu_support import GPU, LOSS_ROUNDING, TINY, needs_cuda, random_batches
+from gpu_support import GPU, TINY, needs_cuda, random_batches
 from gpt2ladder.ladder import resolve_rungs, setup_for
 from gpt2ladder.model.recipe import parse_recipe
 from gpt2ladder.runtime.engine import Engine, OptimConfig

@@ -5,7 +5,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from gpt2ladder import cli
 from gpt2ladder.training.checkpoint import load_checkpoint
