@@ -1,7 +1,7 @@
 """The ns_kernel rung on a GPU at GPT-2's Muon batches, bf16: 48 matrices of 768 x 768 (each Block's q, k, v and
 attention projection) and 24 of 768 x 3072 (its MLP's two, turned wide). The kernel against its fp32 expression and
-exactly symmetric; Muon's iteration with it against the plain one, both timed with CUDA events (printed; only
-correctness is asserted); the iteration captured in a CUDA graph and replayed; a modern recipe's step with the rung
+exactly symmetric; Muon's iteration with it against the plain one, both timed (printed; only correctness is
+asserted); the iteration captured in a CUDA graph and replayed; a modern recipe's step with the rung
 at the top of `auto`. Skipped without a GPU."""
 
 import dataclasses
@@ -30,18 +30,12 @@ def _rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def _ms(fn, reps: int = 20) -> float:
-    """Milliseconds per call on the GPU's clock, after three warm-up calls (the kernel's compilation among them)."""
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+def _ms(fn) -> float:
+    """Median milliseconds per call on the GPU's clock, by Triton's own benchmark (warm-up calls first, the kernel's
+    compilation among them; the L2 cache flushed between calls)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, return_mode="median")
 
 
 @pytest.mark.parametrize("shape", BATCHES, ids=lambda s: "x".join(map(str, s)))
