@@ -385,8 +385,7 @@ def _merged_path(shards: list[dict]) -> list[str]:
 
 
 def _optim(cfg: ParityConfig) -> OptimConfig:
-    recipe = parse_recipe(cfg.recipe)
-    return OptimConfig.of(recipe, lr=cfg.lr, grad_clip=GRAD_CLIP)
+    return OptimConfig.of(parse_recipe(cfg.recipe), lr=cfg.lr, grad_clip=GRAD_CLIP)
 
 
 def _schedule(cfg: ParityConfig) -> dict:
