@@ -62,3 +62,31 @@ def test_a_captured_step_reads_the_momentum_warmups_momentum_each_replay():
     replayed = (buffers["graph"] - buffers["eager"]).norm()
     assert replayed <= 0.05 * buffers["eager"].norm()  # bf16 and float8 rounding apart
     assert replayed < 0.25 * (buffers["baked"] - buffers["eager"]).norm()
+
+
+def test_muons_compiled_passes_step_gpt2s_matrices_as_its_plain_ones_do():
+    """One GPT-2 Block's four matrices at GPT-2's width (c_attn split in three, the attention's projection, c_fc
+    tall and turned wide beside the MLP's wide projection in one batch): Inductor compiles Muon's momentum and update
+    passes for them (its loop reordering after fusion failed an assertion on this batch, which the tiny preset's
+    shapes did not meet), and three steps with them land where the plain passes' do."""
+    from gpt2ladder.runtime import optim
+
+    shapes = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
+    gen = torch.Generator().manual_seed(0)
+    start = [0.02 * torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen).to(GPU) for s in shapes] for _ in range(3)]
+    ends = []
+    for backend in (None, "inductor"):
+        params = [torch.nn.Parameter(w.to(GPU)) for w in start]
+        params[0].muon_blocks = 3
+        opt = optim.MuonAdamW([{"params": params, "muon": True}], lr=0.02, momentum=0.95, compile_backend=backend)
+        assert (opt._apply is optim.apply_updates) == (backend is None)
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            opt.step()
+        ends.append([p.detach() for p in params])
+    for w, plain, fused in zip(start, *ends):
+        moved = (plain - w.to(GPU)).norm()
+        assert moved > 0.1 * w.norm()  # the steps moved the weights
+        assert (fused - plain).norm() <= 1e-2 * moved  # the same steps: the passes' roundings apart

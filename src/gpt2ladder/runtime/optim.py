@@ -91,6 +91,18 @@ def apply_updates(params: list[torch.Tensor], ortho: torch.Tensor, blocks: list[
         wide_matrices(p, k).sub_(o.to(p.dtype) * step)  # a view of p: the update lands in p, turned back
 
 
+# Inductor's options for Muon's compiled passes. Its loop reordering after fusion stops the momentum pass at GPT-2's
+# size with an AssertionError in Scheduler.reorder_loops_by_dep_pair (torch 2.11, H100): the stacked batch reads the
+# tall matrices (c_fc's) transposed beside the wide ones. The passes are elementwise over the matrices, so they keep
+# the loop order the stacking gives them.
+PASS_OPTIONS = {"loop_ordering_after_fusion": False}
+
+
+def compile_pass(fn, backend: str):
+    """One of Muon's passes compiled for its shapes, with PASS_OPTIONS where the backend is Inductor."""
+    return torch.compile(fn, backend=backend, dynamic=False, options=PASS_OPTIONS if backend == "inductor" else None)
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for the groups marked `muon`, AdamW (torch's, fused where asked) for the rest, as one optimizer.
 
@@ -115,8 +127,8 @@ class MuonAdamW(torch.optim.Optimizer):
         self._link_adamw()
         self._momentum, self._apply = momentum_update, apply_updates
         if compile_backend is not None:
-            self._momentum = torch.compile(momentum_update, backend=compile_backend, dynamic=False)
-            self._apply = torch.compile(apply_updates, backend=compile_backend, dynamic=False)
+            self._momentum = compile_pass(momentum_update, compile_backend)
+            self._apply = compile_pass(apply_updates, compile_backend)
 
     def _link_adamw(self) -> None:
         adam_groups = [g for g in self.param_groups if not g["muon"]]
