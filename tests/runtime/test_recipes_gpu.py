@@ -65,20 +65,22 @@ def test_a_captured_step_reads_the_momentum_warmups_momentum_each_replay():
 
 
 def test_muons_compiled_passes_step_gpt2s_matrices_as_its_plain_ones_do():
-    """One GPT-2 Block's four matrices at GPT-2's width (c_attn split in three, the attention's projection, c_fc
-    tall and turned wide beside the MLP's wide projection in one batch): Inductor compiles Muon's momentum and update
-    passes for them (its loop reordering after fusion failed an assertion on this batch, which the tiny preset's
-    shapes did not meet), and three steps with them land where the plain passes' do."""
+    """GPT-2's 48 Muon matrices (each Block's c_attn split in three, its attention projection, c_fc tall and turned
+    wide beside the MLP's wide projection in one batch): Inductor compiles Muon's momentum and update passes for them,
+    and three steps with them land where the plain passes' do. With Inductor's loop reordering after fusion (no
+    optim.PASS_OPTIONS) the momentum pass's compile stopped on an AssertionError here on an H100 (torch 2.11); with
+    one Block's four matrices, or the tiny preset's shapes, it did not."""
     from gpt2ladder.runtime import optim
 
-    shapes = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
+    shapes = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # GPT-2's 12 Blocks
     gen = torch.Generator().manual_seed(0)
     start = [0.02 * torch.randn(s, generator=gen) for s in shapes]
     grads = [[torch.randn(s, generator=gen).to(GPU) for s in shapes] for _ in range(3)]
     ends = []
     for backend in (None, "inductor"):
         params = [torch.nn.Parameter(w.to(GPU)) for w in start]
-        params[0].muon_blocks = 3
+        for p in params[::4]:
+            p.muon_blocks = 3
         opt = optim.MuonAdamW([{"params": params, "muon": True}], lr=0.02, momentum=0.95, compile_backend=backend)
         assert (opt._apply is optim.apply_updates) == (backend is None)
         for step in grads:
@@ -88,5 +90,5 @@ def test_muons_compiled_passes_step_gpt2s_matrices_as_its_plain_ones_do():
         ends.append([p.detach() for p in params])
     for w, plain, fused in zip(start, *ends):
         moved = (plain - w.to(GPU)).norm()
-        assert moved > 0.1 * w.norm()  # the steps moved the weights
+        assert moved > 0.5 * 0.02 * min(w.shape) ** 0.5  # at least half one step: lr x an orthogonal matrix's norm
         assert (fused - plain).norm() <= 1e-2 * moved  # the same steps: the passes' roundings apart
