@@ -188,3 +188,31 @@ def test_the_rungs_best_dropped_are_marked_on_the_chart(figures):
     ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert ticks[2] == "+ rung2 (dropped)" and not any("dropped" in t for i, t in enumerate(ticks) if i != 2)
     assert "dropped" in _texts(fig) and overlaps(fig) == []
+
+
+def race_record(n):
+    """An ablation's record: gpt2, speedrun, then n - 2 rungs each read against speedrun, each gain under one
+    validation (the longest label a bar carries), one seed's curve each."""
+    def row(i, name, seconds):
+        against = None if i == 0 else "gpt2" if i == 1 else "speedrun"
+        curve = [{"train_seconds": s, "val_loss": 2.0 + 4.0 / (1 + s)} for s in (1.0, seconds / 2, seconds)]
+        return {"name": name, "status": "ok", "reached": True, "runs": [{"curve": curve}],
+                "train_seconds": {"median": seconds, "min": seconds, "max": seconds},
+                "gain_vs": against, "gain_vs_prev": None if i == 0 else 1.01, "within_noise_of_prev": False,
+                "within_one_validation_of_prev": i > 1}
+    names = ["gpt2", "speedrun", *(f"speedrun-part{i}" for i in range(n - 2))]
+    return {"target_val_loss": 2.1, "config": {"settings": {"preset": "gpt2"}}, "data": {"source": "code-shards"},
+            "cards": ["NVIDIA H100 80GB HBM3"], "rungs": [row(i, name, 43.0 if i == 0 else 20.0 + i % 3)
+                                                       for i, name in enumerate(names)]}
+
+
+@pytest.mark.parametrize("n", [2, 4, 11, 16])
+def test_no_two_words_of_the_race_chart_overlap(figures, n):
+    """Each bar's labels (its seconds, its gain, 'under one validation', the rung it is read against) stay clear of
+    its neighbours' however many rungs the race has."""
+    from gpt2ladder.report.race import race_figure
+
+    fig = race_figure(race_record(n))
+    figures(fig)
+    assert len(fig.axes[0].patches) == n
+    assert overlaps(fig) == []

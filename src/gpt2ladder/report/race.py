@@ -152,11 +152,22 @@ def format_markdown(record: dict) -> str:
 
 
 def race_chart(record: dict, path: Path) -> Path:
-    """race.png: bars of the training seconds to the target per rung (whiskers: the seeds' range), and every
-    rung's validation loss against its training seconds (seed 0's curve) with the target as a line."""
+    """race.png: `race_figure`, saved."""
+    plt = pyplot()
+    fig = race_figure(record)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def race_figure(record: dict):
+    """Bars of the training seconds to the target per rung (whiskers: the seeds' range), and every rung's
+    validation loss against its training seconds (seed 0's curve) with the target as a line. The bars' panel
+    widens with the rungs, so that each bar's labels (a gain, the rung it is read against, the noise rule) fit."""
     plt = pyplot()
     rungs = record["rungs"]
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(max(10.0, 0.8 * len(rungs) + 7), 4.8))
+    widths = (max(5.0, 0.95 * len(rungs)), 5.5)  # inches: the bars' panel, the curves'
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(sum(widths), 4.8), gridspec_kw={"width_ratios": widths})
     colours = plt.get_cmap("viridis")
     for i, r in enumerate(rungs):
         colour = colours(i / max(1, len(rungs) - 1))
@@ -182,9 +193,7 @@ def race_chart(record: dict, path: Path) -> Path:
     for ax in (bars, curves):
         ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _bar(ax, i: int, row: dict, colour, before: dict | None) -> None:
@@ -196,7 +205,8 @@ def _bar(ax, i: int, row: dict, colour, before: dict | None) -> None:
     ax.bar(i, t["median"], color=colour)
     ax.errorbar(i, t["median"], yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]], color="black",
                 capsize=3, linewidth=1)
-    gain = vs_prev(row, before).replace(", ", "\n").replace(" vs ", "\nvs ")  # one short line each, over a bar
+    gain = (vs_prev(row, before).replace(", ", "\n").replace(" vs ", "\nvs ")  # short lines, each narrower than a bar
+            .replace("under one validation", "under one\nvalidation"))
     label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{gain}")
     ax.annotate(label, (i, t["max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
 
