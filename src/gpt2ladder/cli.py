@@ -162,7 +162,8 @@ def _recipe(p: argparse.ArgumentParser, resumable: bool = False) -> None:
                    help="what is trained: 'gpt2' (GPT-2, AdamW, warm-up + cosine), 'speedrun' (the race's top: "
                    f"{','.join(SPEEDRUN)}), or a comma list of parts switched on top of GPT-2: "
                    f"{', '.join(p.name for p in PARTS)}, where 'speedrun' stands for its parts "
-                   f"(speedrun,value_embeds) (default: gpt2{kept})")
+                   "(speedrun,value_embeds); + adds parts and - takes them away, read left to right, as the race "
+                   f"names its rungs (speedrun-relu2,momentum_warmup) (default: gpt2{kept})")
 
 
 def _add_bench(sub) -> None:

@@ -1,5 +1,7 @@
 """Recipes: parsed into parts in race order; each part's kind decides the family, optimizer and schedule."""
 
+import re
+
 import pytest
 
 from gpt2ladder.defaults import OPTIM
@@ -74,5 +76,33 @@ def test_momentum_warmup_rises_linearly_from_085_to_095_over_300_steps_then_stay
 @pytest.mark.parametrize("spec", ["momentum_warmup", "rope,momentum_warmup"])
 def test_momentum_warmup_without_muon_is_refused_in_one_line(spec):
     with pytest.raises(UsageError, match="momentum_warmup warms Muon's momentum.*add muon") as err:
+        parse_recipe(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_a_recipe_written_with_signs_adds_and_takes_away_parts_left_to_right():
+    """`speedrun-relu2,momentum_warmup`: speedrun's parts but relu2, and momentum_warmup; the race's rung of a written
+    name trains the recipe `--recipe` gives that name."""
+    from gpt2ladder.measure.race import stacked_recipe
+
+    recipe = parse_recipe("speedrun-relu2,momentum_warmup")
+    assert recipe.parts == (*(p for p in SPEEDRUN if p != "relu2"), "momentum_warmup")
+    assert parse_recipe(" speedrun - relu2 + momentum_warmup ") == recipe
+    assert parse_recipe("speedrun-rope-qk_norm").parts == tuple(p for p in SPEEDRUN if p not in ("rope", "qk_norm"))
+    assert parse_recipe("gpt2+muon+rope") == parse_recipe("muon,rope")
+    assert parse_recipe("speedrun-relu2,relu2") == parse_recipe("speedrun")  # each comma item adds its parts
+    for name in ("speedrun-relu2", "speedrun+value_embeds-wsd", "momentum_warmup+speedrun"):
+        assert stacked_recipe(name) == parse_recipe(name)
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("speedrun-nope", "unknown recipe part nope; choose from: gpt2, speedrun, muon"),
+    ("speedrun-value_embeds", "it takes away value_embeds, which the parts before it do not have"),
+    ("speedrun+gpt2", "it adds gpt2, which is no part"),
+    ("muon-muon", "takes every part away, which leaves GPT-2: --recipe gpt2"),
+    ("speedrun-muon,momentum_warmup", "momentum_warmup warms Muon's momentum, and the recipe has no muon"),
+    ("speedrun-", "has an empty part beside a + or - sign")])
+def test_a_written_recipe_that_cannot_be_read_is_one_line(spec, says):
+    with pytest.raises(UsageError, match=re.escape(says)) as err:
         parse_recipe(spec)
     assert "\n" not in str(err.value)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.model.modern import block_mask_problem
-from gpt2ladder.model.recipe import PARTS, PARTS_BY_NAME, SPEEDRUN, parse_recipe, race_recipes
+from gpt2ladder.model.recipe import ADD, PARTS, SIGNS, TAKE, parse_recipe, race_recipes, written_parts
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.runtime.metrics import peak_flops
@@ -47,11 +46,8 @@ from gpt2ladder.training.runlog import read_log
 # The race's order: GPT-2, then each part on top, then `speedrun` (the recipe of that name, whatever rungs it follows).
 RACE_RUNGS = ("gpt2", *(p.name for p in PARTS), "speedrun")
 # A rung of its own recipe, written as parts joined by this (`speedrun+value_embeds`), or taken away by DROP from
-# the parts before (`speedrun-wsd`: an ablation of the race's top).
-STACK = "+"
-DROP = "-"
-assert not any(STACK in n or DROP in n for n in (p.name for p in PARTS)), "a part's name may not hold + or -"
-_SIGNS = re.compile(r"\s*([" + re.escape(STACK + DROP) + r"])\s*")
+# the parts before (`speedrun-wsd`: an ablation of the race's top): the recipe's own signs (`model/recipe.py`).
+STACK, DROP, _SIGNS = ADD, TAKE, SIGNS
 # `--target-val-loss gpt2`: the target is the gpt2 rung's validation loss at the end of its planned steps.
 BASELINE_TARGET = "gpt2"
 # The untrained model's loss is ln(50257) = 10.82 nats a token: a target above this (and a margin) is met
@@ -110,36 +106,14 @@ def _spelled(name: str) -> str:
     return "".join(pieces)
 
 
-def _named_parts(piece: str) -> tuple[str, ...]:
-    """The parts one piece of a written rung names: speedrun's, gpt2's (none) or one part's; the recipe they end in
-    is checked as a whole (momentum_warmup+speedrun is a recipe though momentum_warmup alone is not)."""
-    if piece == "speedrun":
-        return SPEEDRUN
-    if piece == "gpt2":
-        return ()
-    return parse_recipe(piece).parts if piece not in PARTS_BY_NAME else (piece,)
-
-
 def stacked_recipe(name: str):
-    """The recipe of a rung written with `+` and `-`, read left to right: `speedrun+value_embeds` is speedrun's parts
-    and value_embeds; `speedrun-wsd` speedrun's parts but wsd (`speedrun` stands for its parts on either side)."""
-    pieces = _SIGNS.split(name)
+    """The recipe of a rung written with `+` and `-`, read left to right (`recipe.written_parts`):
+    `speedrun+value_embeds` is speedrun's parts and value_embeds; `speedrun-wsd` speedrun's parts but wsd."""
     try:
-        parts = list(_named_parts(pieces[0]))
-        for sign, piece in zip(pieces[1::2], pieces[2::2]):
-            named = _named_parts(piece)
-            if sign == STACK:
-                if not named:
-                    raise UsageError(f"it adds {piece}, which is no part")
-                parts += [p for p in named if p not in parts]
-                continue
-            absent = [p for p in named if p not in parts]
-            if absent or not named:
-                raise UsageError(f"it takes away {piece}, which the parts before it do not have")
-            parts = [p for p in parts if p not in named]
-            if not parts:
-                raise UsageError("it takes every part away, which leaves gpt2: race the gpt2 rung")
-        return parse_recipe(",".join(parts) or "gpt2")
+        parts = written_parts(name)
+        if not parts:
+            raise UsageError("it takes every part away, which leaves gpt2: race the gpt2 rung")
+        return parse_recipe(",".join(parts))
     except UsageError as err:
         raise UsageError(f"race rung {name}: {err}") from None
 

@@ -3,7 +3,8 @@ learning-rate schedule.
 
 `--recipe gpt2` (the default) is GPT-2 with AdamW and warm-up + cosine, the write-up's recipe. A recipe is
 otherwise a comma list of parts, each switching one thing on top of GPT-2 (`--recipe muon,rope,relu2`);
-`speedrun` names the list at the top of the race. The step ladder's rungs (`ladder.py`) say how a step of
+`speedrun` names the list at the top of the race, and an item may add parts with `+` and take them away with `-`,
+read left to right (`--recipe speedrun-relu2`, the race's ablation rung of that name). The step ladder's rungs (`ladder.py`) say how a step of
 whichever recipe runs; the race (`gpt2ladder race`) climbs these parts one at a time, judged by the time to a
 target validation loss.
 
@@ -13,6 +14,7 @@ A recipe resolves into three plain settings that travel down apart: the model's 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gpt2ladder.errors import UsageError
@@ -114,24 +116,61 @@ GPT2 = Recipe()
 
 
 def parse_recipe(spec: str | None) -> Recipe:
-    """`gpt2` (or None), `speedrun`, or a comma list of parts, where `speedrun` stands for its parts (so
-    `speedrun,value_embeds` is the speedrun with value embeddings on top); the parts are put in `PARTS` order."""
+    """`gpt2` (or None), `speedrun`, or a comma list of items, each a part, `speedrun` (its parts) or `gpt2` (none),
+    or such names written with `+` and `-` (`speedrun-relu2`: `written_parts`); the recipe has every item's parts,
+    put in `PARTS` order (so `speedrun,value_embeds` is the speedrun with value embeddings on top)."""
     if spec is None or spec.strip() == "gpt2":
         return GPT2
     if spec.strip() == "speedrun":
         return Recipe(SPEEDRUN)
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    names = [p for n in names for p in (SPEEDRUN if n == "speedrun" else (n,))]
-    names = [n for n in names if n != "gpt2"]  # "gpt2,muon" reads as muon on top of GPT-2
-    unknown = [n for n in names if n not in PARTS_BY_NAME]
-    if unknown or not names:
-        valid = ", ".join(["gpt2", "speedrun", *PARTS_BY_NAME])
-        raise UsageError(f"unknown recipe part {', '.join(unknown) or repr(spec)}; choose from: {valid}")
+    items = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in items if not SIGNS.search(n) and n not in NAMES]
+    if unknown or not items:
+        raise UsageError(f"unknown recipe part {', '.join(unknown) or repr(spec)}; choose from: {', '.join(NAMES)}")
+    names = [p for n in items for p in written_parts(n)]
+    if not names:
+        raise UsageError(f"recipe {spec.strip()!r} takes every part away, which leaves GPT-2: --recipe gpt2")
     if "momentum_warmup" in names and "muon" not in names:
         raise UsageError(f"recipe {spec.strip()!r}: momentum_warmup warms Muon's momentum, and the recipe has no muon; "
                          "add muon (or speedrun) to it")
     order = {p.name: i for i, p in enumerate(PARTS)}
     return Recipe(tuple(sorted(dict.fromkeys(names), key=order.__getitem__)))
+
+
+# A recipe's name written with signs, read left to right: `+` adds the parts of the name after it, `-` takes them
+# away (`speedrun-relu2+value_embeds`). The race names the rungs of such recipes so.
+ADD, TAKE = "+", "-"
+SIGNS = re.compile(r"\s*([" + re.escape(ADD + TAKE) + r"])\s*")
+NAMES = ("gpt2", "speedrun", *(p.name for p in PARTS))
+assert not any(SIGNS.search(n) for n in NAMES), "a part's name may not hold + or -"
+
+
+def written_parts(name: str) -> tuple[str, ...]:
+    """The parts of one name written with `+` and `-`, in the order they come: `speedrun-wsd` is speedrun's parts
+    but wsd, `gpt2+muon` muon alone; a name without signs is its own parts. A UsageError for an unknown name, a part
+    added that is none (`+gpt2`) or taken away that is not there, and an empty piece beside a sign."""
+    pieces = SIGNS.split(name.strip())  # [first, sign, piece, sign, piece, ...]
+    if not all(pieces):
+        raise UsageError(f"{name.strip()!r} has an empty part beside a {ADD} or {TAKE} sign; write parts joined by "
+                         f"{ADD} or taken away by {TAKE}, such as speedrun{ADD}value_embeds or speedrun{TAKE}wsd")
+    parts = list(_parts_of(pieces[0]))
+    for sign, piece in zip(pieces[1::2], pieces[2::2]):
+        named = _parts_of(piece)
+        if sign == ADD:
+            if not named:
+                raise UsageError(f"it adds {piece}, which is no part")
+            parts += [p for p in named if p not in parts]
+        elif not named or any(p not in parts for p in named):
+            raise UsageError(f"it takes away {piece}, which the parts before it do not have")
+        else:
+            parts = [p for p in parts if p not in named]
+    return tuple(parts)
+
+
+def _parts_of(name: str) -> tuple[str, ...]:
+    if name not in NAMES:
+        raise UsageError(f"unknown recipe part {name}; choose from: {', '.join(NAMES)}")
+    return SPEEDRUN if name == "speedrun" else () if name == "gpt2" else (name,)
 
 
 def with_recipe(model: "ModelConfig", recipe: str | Recipe) -> "ModelConfig":
