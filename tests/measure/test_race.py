@@ -83,6 +83,7 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     for spec, says in [("speedrun-value_embeds", "takes away value_embeds, which the parts before it do not have"),
                        ("speedrun-gpt2", "takes away gpt2"), ("speedrun-muon+momentum_warmup", "has no muon"),
                        ("speedrun-nope", "unknown recipe part nope"), ("speedrun-speedrun", "takes every part away"),
+                       ("speedrun-speedrun+wsd", "takes every part away"),
                        ("speedrun+gpt2", "adds gpt2, which is no part")]:
         with pytest.raises(UsageError, match=f"race rung {re.escape(spec)}: .*{says}"):
             race.parse_race_rungs(spec)

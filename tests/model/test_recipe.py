@@ -91,6 +91,7 @@ def test_a_recipe_written_with_signs_adds_and_takes_away_parts_left_to_right():
     assert parse_recipe("speedrun-rope-qk_norm").parts == tuple(p for p in SPEEDRUN if p not in ("rope", "qk_norm"))
     assert parse_recipe("gpt2+muon+rope") == parse_recipe("muon,rope")
     assert parse_recipe("speedrun-relu2,relu2") == parse_recipe("speedrun")  # each comma item adds its parts
+    assert parse_recipe("gpt2,gpt2") == parse_recipe(",gpt2") == GPT2
     for name in ("speedrun-relu2", "speedrun+value_embeds-wsd", "momentum_warmup+speedrun"):
         assert stacked_recipe(name) == parse_recipe(name)
 
@@ -99,7 +100,9 @@ def test_a_recipe_written_with_signs_adds_and_takes_away_parts_left_to_right():
     ("speedrun-nope", "unknown recipe part nope; choose from: gpt2, speedrun, muon"),
     ("speedrun-value_embeds", "it takes away value_embeds, which the parts before it do not have"),
     ("speedrun+gpt2", "it adds gpt2, which is no part"),
-    ("muon-muon", "takes every part away, which leaves GPT-2: --recipe gpt2"),
+    ("muon-muon", "recipe 'muon-muon': it takes every part away, which leaves GPT-2: name gpt2 instead"),
+    ("muon-muon+rope", "it takes every part away"),
+    ("speedrun+gpt2", "recipe 'speedrun+gpt2': it adds gpt2"),
     ("speedrun-muon,momentum_warmup", "momentum_warmup warms Muon's momentum, and the recipe has no muon"),
     ("speedrun-", "has an empty part beside a + or - sign")])
 def test_a_written_recipe_that_cannot_be_read_is_one_line(spec, says):

@@ -65,11 +65,14 @@ def test_a_captured_step_reads_the_momentum_warmups_momentum_each_replay():
 
 
 def test_muons_compiled_passes_step_gpt2s_matrices_as_its_plain_ones_do():
-    """GPT-2's 48 Muon matrices (each Block's c_attn split in three, its attention projection, c_fc tall and turned
-    wide beside the MLP's wide projection in one batch): Inductor compiles Muon's momentum and update passes for them,
-    and three steps with them land where the plain passes' do. With Inductor's loop reordering after fusion (no
-    optim.PASS_OPTIONS) the momentum pass's compile stopped on an AssertionError here on an H100 (torch 2.11); with
-    one Block's four matrices, or the tiny preset's shapes, it did not."""
+    """GPT-2's 48 Muon parameters (72 matrices: each Block's c_attn split in three, its attention projection, c_fc
+    tall and turned wide beside the MLP's wide projection in one batch): Inductor compiles Muon's momentum and update
+    passes for them (a graph of each pass for each of the two batches, counted: no silent fall back to eager past
+    Dynamo's recompile limit), and three steps with them land where the plain passes' do. With Inductor's loop
+    reordering after fusion (no optim.PASS_OPTIONS) the momentum pass's compile stopped on an AssertionError here on
+    an H100 (torch 2.11); with one Block's four matrices, or the tiny preset's shapes, it did not."""
+    from torch._dynamo.utils import counters
+
     from gpt2ladder.runtime import optim
 
     shapes = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # GPT-2's 12 Blocks
@@ -78,6 +81,8 @@ def test_muons_compiled_passes_step_gpt2s_matrices_as_its_plain_ones_do():
     grads = [[torch.randn(s, generator=gen).to(GPU) for s in shapes] for _ in range(3)]
     ends = []
     for backend in (None, "inductor"):
+        torch._dynamo.reset()  # the passes compiled by earlier tests count towards Dynamo's recompile limit
+        counters.clear()
         params = [torch.nn.Parameter(w.to(GPU)) for w in start]
         for p in params[::4]:
             p.muon_blocks = 3
@@ -87,6 +92,7 @@ def test_muons_compiled_passes_step_gpt2s_matrices_as_its_plain_ones_do():
             for p, g in zip(params, step):
                 p.grad = g.clone()
             opt.step()
+        assert counters["stats"]["unique_graphs"] == (0 if backend is None else 4)  # 2 passes x 2 batches' shapes
         ends.append([p.detach() for p in params])
     for w, plain, fused in zip(start, *ends):
         moved = (plain - w.to(GPU)).norm()

@@ -110,10 +110,7 @@ def stacked_recipe(name: str):
     """The recipe of a rung written with `+` and `-`, read left to right (`recipe.written_parts`):
     `speedrun+value_embeds` is speedrun's parts and value_embeds; `speedrun-wsd` speedrun's parts but wsd."""
     try:
-        parts = written_parts(name)
-        if not parts:
-            raise UsageError("it takes every part away, which leaves gpt2: race the gpt2 rung")
-        return parse_recipe(",".join(parts))
+        return parse_recipe(",".join(written_parts(name)))
     except UsageError as err:
         raise UsageError(f"race rung {name}: {err}") from None
 

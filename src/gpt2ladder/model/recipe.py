@@ -3,8 +3,8 @@ learning-rate schedule.
 
 `--recipe gpt2` (the default) is GPT-2 with AdamW and warm-up + cosine, the write-up's recipe. A recipe is
 otherwise a comma list of parts, each switching one thing on top of GPT-2 (`--recipe muon,rope,relu2`);
-`speedrun` names the list at the top of the race, and an item may add parts with `+` and take them away with `-`,
-read left to right (`--recipe speedrun-relu2`, the race's ablation rung of that name). The step ladder's rungs (`ladder.py`) say how a step of
+`speedrun` names the list at the top of the race, and an item may add parts with `+` and take them away
+with `-`, read left to right (`--recipe speedrun-relu2`, the race's ablation rung of that name). The step ladder's rungs (`ladder.py`) say how a step of
 whichever recipe runs; the race (`gpt2ladder race`) climbs these parts one at a time, judged by the time to a
 target validation loss.
 
@@ -127,9 +127,12 @@ def parse_recipe(spec: str | None) -> Recipe:
     unknown = [n for n in items if not SIGNS.search(n) and n not in NAMES]
     if unknown or not items:
         raise UsageError(f"unknown recipe part {', '.join(unknown) or repr(spec)}; choose from: {', '.join(NAMES)}")
-    names = [p for n in items for p in written_parts(n)]
-    if not names:
-        raise UsageError(f"recipe {spec.strip()!r} takes every part away, which leaves GPT-2: --recipe gpt2")
+    try:
+        names = [p for n in items for p in written_parts(n)]
+    except UsageError as err:
+        raise UsageError(f"recipe {spec.strip()!r}: {err}") from None
+    if not names:  # `gpt2,gpt2`: GPT-2's own
+        return GPT2
     if "momentum_warmup" in names and "muon" not in names:
         raise UsageError(f"recipe {spec.strip()!r}: momentum_warmup warms Muon's momentum, and the recipe has no muon; "
                          "add muon (or speedrun) to it")
@@ -148,7 +151,8 @@ assert not any(SIGNS.search(n) for n in NAMES), "a part's name may not hold + or
 def written_parts(name: str) -> tuple[str, ...]:
     """The parts of one name written with `+` and `-`, in the order they come: `speedrun-wsd` is speedrun's parts
     but wsd, `gpt2+muon` muon alone; a name without signs is its own parts. A UsageError for an unknown name, a part
-    added that is none (`+gpt2`) or taken away that is not there, and an empty piece beside a sign."""
+    added that is none (`+gpt2`) or taken away that is not there, parts all taken away (even partway, as in
+    `muon-muon+rope`), and an empty piece beside a sign."""
     pieces = SIGNS.split(name.strip())  # [first, sign, piece, sign, piece, ...]
     if not all(pieces):
         raise UsageError(f"{name.strip()!r} has an empty part beside a {ADD} or {TAKE} sign; write parts joined by "
@@ -164,6 +168,8 @@ def written_parts(name: str) -> tuple[str, ...]:
             raise UsageError(f"it takes away {piece}, which the parts before it do not have")
         else:
             parts = [p for p in parts if p not in named]
+            if not parts:
+                raise UsageError("it takes every part away, which leaves GPT-2: name gpt2 instead")
     return tuple(parts)
 
 
