@@ -104,7 +104,7 @@ def test_a_recipe_written_with_signs_adds_and_takes_away_parts_left_to_right():
     ("muon-muon+rope", "it takes every part away"),
     ("speedrun+gpt2", "recipe 'speedrun+gpt2': it adds gpt2"),
     ("speedrun-muon,momentum_warmup", "momentum_warmup warms Muon's momentum, and the recipe has no muon"),
-    ("speedrun-", "has an empty part beside a + or - sign")])
+    ("speedrun-", "recipe 'speedrun-': it has an empty part beside a + or - sign")])
 def test_a_written_recipe_that_cannot_be_read_is_one_line(spec, says):
     with pytest.raises(UsageError, match=re.escape(says)) as err:
         parse_recipe(spec)

@@ -155,8 +155,8 @@ def written_parts(name: str) -> tuple[str, ...]:
     `muon-muon+rope`), and an empty piece beside a sign."""
     pieces = SIGNS.split(name.strip())  # [first, sign, piece, sign, piece, ...]
     if not all(pieces):
-        raise UsageError(f"{name.strip()!r} has an empty part beside a {ADD} or {TAKE} sign; write parts joined by "
-                         f"{ADD} or taken away by {TAKE}, such as speedrun{ADD}value_embeds or speedrun{TAKE}wsd")
+        raise UsageError(f"it has an empty part beside a {ADD} or {TAKE} sign; write parts joined by {ADD} or taken "
+                         f"away by {TAKE}, such as speedrun{ADD}value_embeds or speedrun{TAKE}wsd")
     parts = list(_parts_of(pieces[0]))
     for sign, piece in zip(pieces[1::2], pieces[2::2]):
         named = _parts_of(piece)
