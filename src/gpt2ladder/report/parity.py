@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gpt2ladder.report.plots import pyplot
+from gpt2ladder.report.plots import pyplot, save_figure
 from gpt2ladder.report.records import write_record
 from gpt2ladder.report.tables import markdown_table, rung_rows, signed, text_table
 
@@ -72,11 +72,7 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 def plot_parity(record: dict, path: Path) -> Path:
     """parity.png: `parity_figure` saved."""
-    plt = pyplot()
-    fig = parity_figure(record)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(parity_figure(record), path)
 
 
 def parity_figure(record: dict):

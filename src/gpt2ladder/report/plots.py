@@ -29,6 +29,13 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: Path) -> Path:
+    """A chart's figure written as its PNG (grown to hold what lies outside its axes) and closed."""
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    pyplot().close(fig)
+    return path
+
+
 def ladder_labels(rungs: list[dict]) -> list[str]:
     """Rung k adds to rung k-1 ("+ name"); the `best` row of --rungs best is a combination, not a step up."""
     return [("+ " if i and r.get("kind") != "best" else "") + r["name"] for i, r in enumerate(rungs)]
@@ -36,11 +43,7 @@ def ladder_labels(rungs: list[dict]) -> list[str]:
 
 def ladder_chart(record: dict, path: Path) -> Path:
     """ladder.png: `ladder_figure` saved."""
-    plt = pyplot()
-    fig = ladder_figure(record)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(ladder_figure(record), path)
 
 
 def ladder_figure(record: dict):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpt2ladder.report.plots import pyplot
+from gpt2ladder.report.plots import pyplot, save_figure
 from gpt2ladder.report.records import write_record
 from gpt2ladder.report.tables import markdown_table, rung_rows, text_table
 
@@ -73,11 +73,7 @@ def _short(name: str, n: int = 90) -> str:
 
 def plot_profile(record: dict, path: Path) -> Path:
     """profile.png: `profile_figure` saved; bbox_inches="tight" grows the figure to hold the legend below."""
-    plt = pyplot()
-    fig = profile_figure(record)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(profile_figure(record), path)
 
 
 def profile_figure(record: dict):

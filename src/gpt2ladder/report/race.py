@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpt2ladder.model.recipe import PARTS_BY_NAME
-from gpt2ladder.report.plots import pyplot
+from gpt2ladder.report.plots import pyplot, save_figure
 from gpt2ladder.report.tables import fmt, markdown_table, text_table
 
 HEADERS = ["rung", "train s to target (range)", "vs rung before", "wall s", "tokens", "steps", "ms/step", "MFU %",
@@ -153,11 +153,7 @@ def format_markdown(record: dict) -> str:
 
 def race_chart(record: dict, path: Path) -> Path:
     """race.png: `race_figure`, saved."""
-    plt = pyplot()
-    fig = race_figure(record)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(race_figure(record), path)
 
 
 def race_figure(record: dict):
@@ -312,6 +308,4 @@ def budgets_chart(record: dict, path: Path) -> Path:
     seconds.set_title("time to each budget's target", fontsize=10)
     shares.set_title("below 1: faster than the first rung at that budget", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
