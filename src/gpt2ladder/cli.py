@@ -490,7 +490,9 @@ def _add_race(sub) -> None:
     p.add_argument("--rungs", help="'all' (alone), or race rungs, a comma list taken in race order; rung k trains the "
                    "parts of rungs 0..k; 'speedrun', and parts joined by + or taken away by - (speedrun+value_embeds, "
                    "speedrun-wsd), are recipes of their own, the +/- rungs raced last in the order given, each "
-                   "against the longest start of its name raced before it, else the row before (default: all)")
+                   "against the longest start of its name raced before it, else the row before; a rung listed with "
+                   "@ trains it with settings of its own and is read against it (speedrun@muon_lr=0.03, "
+                   "gpt2@lr=0.0012; lr, min_lr, warmup_steps, muon_lr, embed_lr, head_lr) (default: all)")
     p.add_argument("--target-val-loss", type=_race_target, metavar="X", help="the validation loss to reach, "
                    "above 0 and below an untrained model's (ln 50257 = 10.82, and a margin); or gpt2: the gpt2 "
                    "rung's validation loss after all its planned steps, the highest over its seeds (it then runs "

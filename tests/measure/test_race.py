@@ -716,3 +716,77 @@ def test_under_torchrun_the_race_says_it_runs_on_one_process(monkeypatch, capsys
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert cli.main(["race", "--out", str(tmp_path / "out"), "--device", "cpu"]) == 2
     assert "runs on one process" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+# --- rungs with settings of their own (`speedrun@muon_lr=0.03`) ---------------------------------------------
+
+
+def test_a_rung_with_settings_trains_its_base_rungs_recipe_with_them():
+    names = race.parse_race_rungs("gpt2, speedrun @ muon_lr = 0.03, speedrun, gpt2@lr=3e-4@warmup_steps=0, "
+                                  "speedrun-wsd")
+    assert names == ("gpt2", "speedrun", "speedrun@muon_lr=0.03", "gpt2@lr=3e-4@warmup_steps=0", "speedrun-wsd")
+    recipes = dict(race.race_rungs(names))
+    assert recipes["speedrun@muon_lr=0.03"] == recipes["speedrun"] and recipes["gpt2@lr=3e-4@warmup_steps=0"] == "gpt2"
+    assert race.split_settings("gpt2@lr=3e-4@warmup_steps=0") == ("gpt2", {"lr": 3e-4, "warmup_steps": 0})
+    train = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2, target_val_loss=9.0,
+                        lr=6e-4, min_lr=6e-5, warmup_steps=2, muon_lr=0.02)
+    rungs = tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names))
+    cfg = race.RaceConfig(rungs=rungs, seeds=1, train=train)
+    by = {r.name: cfg.run_config(r, 0) for r in rungs}
+    assert by["speedrun@muon_lr=0.03"] == dataclasses.replace(by["speedrun"], muon_lr=0.03)  # nothing else differs
+    swept = by["gpt2@lr=3e-4@warmup_steps=0"]
+    assert (swept.lr, swept.warmup_steps) == (3e-4, 0) and swept.min_lr == pytest.approx(3e-5)  # a tenth, as the race's
+    assert by["gpt2"].lr == 6e-4 and by["gpt2"].muon_lr is None  # AdamW's run leaves the muon part's rates unset
+    assert rungs[2].to_dict()["settings"] == {"muon_lr": 0.03}
+
+
+def test_a_rung_with_settings_is_read_against_its_base_rung_and_no_other_rung_against_it():
+    names = ("gpt2", "speedrun", "speedrun@muon_lr=0.03", "speedrun-wsd", "speedrun-wsd@muon_lr=0.04")
+    rungs = [race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names)]
+    cfg = dataclasses.replace(_cfg(), rungs=tuple(rungs))
+    rows = [race.rung_row(r, [_run(s, 10.0 + i + s / 10) for s in range(3)], cfg) for i, r in enumerate(cfg.rungs)]
+    race.add_gains(rows)
+    # speedrun-wsd against speedrun, not against speedrun@muon_lr=0.03 (the same recipe, other rates)
+    assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun", "speedrun-wsd"]
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("gpt2,speedrun@muon_lr=0.03", "trains rung speedrun's recipe with settings of its own, and is read against it: "
+                                   "add speedrun to --rungs"),
+    ("gpt2,gpt2@muon_lr=0.1", "muon_lr is the muon part's, and gpt2 trains recipe gpt2, which has no muon"),
+    ("gpt2,gpt2@lr=0", "lr must be a positive number, got '0'"),
+    ("gpt2,gpt2@lr=x", "lr must be a positive number, got 'x'"),
+    ("gpt2,gpt2@lr=nan", "lr must be a positive number"),
+    ("gpt2,gpt2@warmup_steps=1.5", "warmup_steps must be a whole number of steps, 0 or more"),
+    ("gpt2,gpt2@foo=1", "@foo=1 sets no known setting; a rung may set lr=X, min_lr=X, warmup_steps=X"),
+    ("gpt2,gpt2@lr=1@lr=2", "lr is set twice"),
+    ("gpt2,gpt2@", "@ sets no known setting"),
+    ("gpt2,speedrun,speedrun@muon_lr=0.03,speedrun@muon_lr=0.030", "both train recipe muon,rope")])
+def test_a_rung_whose_settings_cannot_be_raced_is_one_line(spec, says):
+    with pytest.raises(UsageError, match=re.escape(says)) as err:
+        race.race_rungs(race.parse_race_rungs(spec))
+    assert "\n" not in str(err.value)
+
+
+def test_a_rung_that_sets_what_the_race_gives_already_is_refused():
+    train = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2, target_val_loss=9.0,
+                        lr=6e-4, min_lr=6e-5)
+    rungs = tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(("gpt2", "gpt2@lr=0.0006")))
+    with pytest.raises(UsageError, match="gives itself the settings rung gpt2 trains with already"):
+        race.RaceConfig(rungs=rungs, seeds=1, train=train)
+
+
+def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp_path):
+    out = tmp_path / "out"
+    code, text = _main(["race", "--rungs", "gpt2,gpt2@lr=0.002", "--target-val-loss", "10.6", "--out", str(out),
+                        *SMALL])
+    assert code == 0, text
+    ran = {r: json.loads((out / r / "seed0" / "config.json").read_text())["train_config"]
+           for r in ("gpt2", "gpt2@lr=0.002")}
+    assert ran["gpt2@lr=0.002"]["lr"] == 0.002 and ran["gpt2@lr=0.002"]["min_lr"] == pytest.approx(0.0002)
+    assert ran["gpt2"]["lr"] == DEFAULTS["race"]["cpu"]["lr"] != 0.002
+    record = json.loads((out / "race.json").read_text())
+    swept = record["rungs"][1]
+    assert (swept["name"], swept["recipe"], swept["gain_vs"]) == ("gpt2@lr=0.002", "gpt2", "gpt2")
+    assert record["config"]["rungs"][1]["settings"] == {"lr": 0.002}
+    assert "race gpt2@lr=0.002:" in text

@@ -68,9 +68,44 @@ METRICS = ("train_seconds", "wall_seconds", "tokens", "steps", "warmup_seconds",
 CLOCK_SECONDS = {"wall_seconds": "wall_s", "validation_seconds": "validation_s", "warmup_seconds": "warmup_s"}
 
 
+# A rung of another rung's recipe trained with settings of its own, each after this sign (`speedrun@muon_lr=0.03`,
+# `gpt2@lr=0.0012@warmup_steps=150`): a sweep of rates raced in one table, each row read against its base rung.
+SET = "@"
+# The settings a rung may give itself, and what each must be: TrainConfig's learning rates and warm-up.
+RUNG_SETTINGS = {"lr": float, "min_lr": float, "warmup_steps": int, "muon_lr": float, "embed_lr": float,
+                 "head_lr": float}
+MUON_SETTINGS = ("muon_lr", "embed_lr", "head_lr")
+
+
 def is_written(name: str) -> bool:
-    """Whether a rung is written with `+` or `-`: a recipe of its own, not a rung of the race's order."""
-    return STACK in name or DROP in name
+    """Whether a rung is written with `+`, `-` or `@`: a recipe of its own, or another rung's with settings of its
+    own, not a rung of the race's order."""
+    return STACK in name or DROP in name or SET in name
+
+
+def split_settings(name: str) -> tuple[str, dict]:
+    """A rung's base name and the settings it gives itself: `speedrun@muon_lr=0.03` is ("speedrun", {"muon_lr":
+    0.03}). A UsageError for an unknown setting, one given twice, or a value that is not a positive number (a
+    whole one, or zero, for warmup_steps)."""
+    base, *given = name.split(SET)
+    settings: dict = {}
+    for item in given:
+        key, _, text = item.partition("=")
+        kind = RUNG_SETTINGS.get(key)
+        if kind is None:
+            raise UsageError(f"race rung {name}: {SET}{item} sets no known setting; a rung may set "
+                             f"{', '.join(f'{k}=X' for k in RUNG_SETTINGS)}")
+        if key in settings:
+            raise UsageError(f"race rung {name}: {key} is set twice")
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value < 0 or (value == 0 and kind is float) or value != value or value == float("inf"):
+            what = "a whole number of steps, 0 or more" if kind is int else "a positive number"
+            raise UsageError(f"race rung {name}: {key} must be {what}, got {text!r}")
+        settings[key] = value
+    return base, settings
 
 
 def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
@@ -88,15 +123,25 @@ def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
     if unknown or not names:
         raise UsageError(f"unknown race rung {', '.join(unknown) or repr(spec)}; choose from: all, "
                          f"{', '.join(RACE_RUNGS)}, or parts joined by {STACK} or taken away by {DROP} "
-                         f"(speedrun{STACK}value_embeds, speedrun{DROP}wsd)")
+                         f"(speedrun{STACK}value_embeds, speedrun{DROP}wsd), or a rung with settings of its own "
+                         f"(speedrun{SET}muon_lr=0.03)")
     for name in stacked:
-        stacked_recipe(name)  # its parts are known
+        base, _ = split_settings(name)
+        if SET in name and base not in names:
+            raise UsageError(f"race rung {name} trains rung {base}'s recipe with settings of its own, and is read "
+                             f"against it: add {base} to --rungs")
+        if is_written(base):
+            stacked_recipe(base)  # its parts are known
     return (*(n for n in RACE_RUNGS if n in names), *stacked)
 
 
 def _spelled(name: str) -> str:
-    """A rung's name as its folder is named: `speedrun + value_embeds - wsd` is `speedrun+value_embeds-wsd`."""
-    name = name.strip()
+    """A rung's name as its folder is named: `speedrun + value_embeds - wsd` is `speedrun+value_embeds-wsd`, and
+    `speedrun @ muon_lr = 0.03` is `speedrun@muon_lr=0.03`."""
+    base, *given = (piece.strip() for piece in name.split(SET))
+    if given:
+        return SET.join([_spelled(base), *("=".join(p.strip() for p in item.split("=")) for item in given)])
+    name = base
     if not is_written(name):
         return name
     pieces = _SIGNS.split(name)  # [first, sign, piece, sign, piece, ...]
@@ -159,24 +204,40 @@ class RaceRung:
     step_rungs: tuple[str, ...]
     batch_size: int
 
+    @property
+    def settings(self) -> dict:
+        """The settings it gives itself (`speedrun@muon_lr=0.03`), over the race's."""
+        return split_settings(self.name)[1]
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "settings": self.settings}
 
 
 def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
     """(name, recipe name) of each rung: rung k is the parts of rungs 0..k; `speedrun` and the rungs written with
     `+` and `-` are each their own recipe."""
-    own = {n: (stacked_recipe(n) if is_written(n) else parse_recipe(n)) for n in names if n == "speedrun" or is_written(n)}
-    parts = [n for n in names if n not in own]
+    own = {n: (stacked_recipe(n) if is_written(n) else parse_recipe(n))
+           for n in names if n == "speedrun" or (is_written(n) and SET not in n)}
+    parts = [n for n in names if n not in own and SET not in n]
     try:
         recipes = {**dict(zip(parts, race_recipes(parts))), **own}
     except UsageError as err:  # a rung trains the parts of the rungs before it, and those make no recipe
         raise UsageError(f"race rungs {','.join(parts)}: each trains the parts of the rungs before it, and {err}") from None
-    trained: dict[str, str] = {}
-    for name in names:  # two rungs of one recipe would train the same runs twice
-        twin = trained.setdefault(recipes[name].name, name)
+    for name in names:  # a rung with settings of its own trains its base rung's recipe
+        if SET in name:
+            base, settings = split_settings(name)
+            recipes[name] = recipes[base]
+            muon_only = [k for k in settings if k in MUON_SETTINGS]
+            if muon_only and recipes[name].optimizer != "muon":
+                raise UsageError(f"race rung {name}: {', '.join(muon_only)} {'is' if len(muon_only) == 1 else 'are'} "
+                                 f"the muon part's, and {base} trains recipe {recipes[name].name}, which has no muon")
+    trained: dict[tuple, str] = {}
+    for name in names:  # two rungs of one recipe and settings would train the same runs twice
+        key = (recipes[name].name, tuple(sorted(split_settings(name)[1].items())))
+        twin = trained.setdefault(key, name)
         if twin != name:
-            raise UsageError(f"race rungs {twin} and {name} both train recipe {recipes[name].name}; drop one of them")
+            raise UsageError(f"race rungs {twin} and {name} both train recipe {recipes[name].name}"
+                             f"{' with the same settings' if key[1] else ''}; drop one of them")
     return [(name, recipes[name].name) for name in names]
 
 
@@ -204,6 +265,12 @@ class RaceConfig:
             check_target(self.train.target_val_loss)
         if self.seeds < 1:
             raise UsageError(f"--seeds must be a positive integer, got {self.seeds}")
+        named = {r.name: r for r in self.rungs}
+        for rung in self.rungs:  # a rung whose settings are the race's own would train its base rung's runs again
+            base = named.get(split_settings(rung.name)[0])
+            if rung.settings and base is not None and self.run_config(rung, 0) == self.run_config(base, 0):
+                raise UsageError(f"race rung {rung.name} gives itself the settings rung {base.name} trains with "
+                                 "already; drop it, or give it others")
 
     @property
     def target(self) -> float | None:
@@ -217,8 +284,11 @@ class RaceConfig:
         """The run of this rung and seed: AdamW's recipes leave the muon part's rates unset, as `train` does."""
         muon = parse_recipe(rung.recipe).optimizer == "muon"
         rates = {} if muon else {"muon_lr": None, "embed_lr": None, "head_lr": None}
+        own = rung.settings
+        if "lr" in own and "min_lr" not in own:  # the decay ends at a tenth of the peak, as the race's own rate's does
+            own = {**own, "min_lr": own["lr"] * self.train.min_lr / self.train.lr}
         return dataclasses.replace(self.train, recipe=rung.recipe, rungs=rung.step_rungs, batch_size=rung.batch_size,
-                                   seed=seed, **rates)
+                                   seed=seed, **rates, **own)
 
     def settings(self) -> dict:
         """What every run of the race shares: a race continued with --resume must share them too."""
@@ -475,6 +545,9 @@ def base_row(rows: list[dict], i: int) -> dict | None:
     that (`speedrun-rope-qk_norm` against `speedrun` where no `speedrun-rope` ran)."""
     if i == 0:
         return None
+    base, settings = split_settings(rows[i]["name"])
+    if settings:  # a rung with settings of its own against the rung whose recipe it trains
+        return next(row for row in reversed(rows[:i]) if row["name"] == base)
     pieces = _SIGNS.split(rows[i]["name"])
     for end in range(len(pieces) - 2, 0, -2):  # all but the last sign and its piece, then one fewer, ...
         head = "".join(pieces[:end])
@@ -483,7 +556,7 @@ def base_row(rows: list[dict], i: int) -> dict | None:
         except UsageError:  # no recipe alone (momentum_warmup+speedrun: momentum_warmup without muon)
             continue
         for row in reversed(rows[:i]):
-            if row["recipe"] == recipe:
+            if row["recipe"] == recipe and SET not in row["name"]:
                 return row
     return rows[i - 1]
 
