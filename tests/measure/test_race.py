@@ -761,6 +761,13 @@ def test_a_rung_with_settings_is_read_against_its_base_rung_and_no_other_rung_ag
     ("gpt2,gpt2@foo=1", "@foo=1 sets no known setting; a rung may set lr=X, min_lr=X, warmup_steps=X"),
     ("gpt2,gpt2@lr=1@lr=2", "lr is set twice"),
     ("gpt2,gpt2@", "@ sets no known setting"),
+    ("gpt2,@lr=1", "race rung @lr=1 names no rung before its @"),
+    ("gpt2,gpt2@lr=\u0661", "lr must be a positive number"),  # an Arabic-Indic one: float() reads it, a folder would not
+    ("gpt2,gpt2@lr=1_0", "lr must be a positive number"),
+    ("gpt2,gpt2@warmup_steps=-1", "warmup_steps must be a whole number of steps, 0 or more"),
+    ("gpt2,gpt2@lr=0.001@min_lr=0.01", "its min_lr 0.01 is above its lr 0.001"),
+    ("gpt2,speedrun,speedrun-wsd@lr=0.001,speedrun-wsd", "is read against speedrun-wsd, which races after it: list "
+                                                         "speedrun-wsd first"),
     ("gpt2,speedrun,speedrun@muon_lr=0.03,speedrun@muon_lr=0.030", "both train recipe muon,rope")])
 def test_a_rung_whose_settings_cannot_be_raced_is_one_line(spec, says):
     with pytest.raises(UsageError, match=re.escape(says)) as err:
@@ -768,12 +775,25 @@ def test_a_rung_whose_settings_cannot_be_raced_is_one_line(spec, says):
     assert "\n" not in str(err.value)
 
 
-def test_a_rung_that_sets_what_the_race_gives_already_is_refused():
+@pytest.mark.parametrize("names, twin", [
+    (("gpt2", "gpt2@lr=0.0006"), "gpt2"),  # the race's own rate
+    (("gpt2", "gpt2@lr=0.003@min_lr=0.0003"), "gpt2"),  # the race's min_lr is lr / 10, 0.00030000000000000003
+    (("gpt2", "gpt2@lr=0.001", "gpt2@lr=0.001@min_lr=0.0001"), "gpt2@lr=0.001")])  # two names, one run
+def test_a_rung_whose_runs_another_rung_trains_already_is_refused(names, twin):
     train = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2, target_val_loss=9.0,
-                        lr=6e-4, min_lr=6e-5)
-    rungs = tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(("gpt2", "gpt2@lr=0.0006")))
-    with pytest.raises(UsageError, match="gives itself the settings rung gpt2 trains with already"):
+                        lr=0.003 if "0.003" in names[1] else 6e-4, min_lr=(0.003 if "0.003" in names[1] else 6e-4) / 10)
+    rungs = tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names))
+    with pytest.raises(UsageError, match=f"gives itself the settings rung {re.escape(twin)} trains with already"):
         race.RaceConfig(rungs=rungs, seeds=1, train=train)
+
+
+def test_a_written_rung_with_no_recipe_alone_before_it_is_read_against_a_rung_without_settings():
+    names = ("gpt2", "gpt2@lr=0.002", "momentum_warmup+speedrun")
+    rungs = [race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names)]
+    cfg = dataclasses.replace(_cfg(), rungs=tuple(rungs))
+    rows = [race.rung_row(r, [_run(s, 10.0 + i + s / 10) for s in range(3)], cfg) for i, r in enumerate(cfg.rungs)]
+    race.add_gains(rows)
+    assert [r["gain_vs"] for r in rows] == [None, "gpt2", "gpt2"]
 
 
 def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp_path):
@@ -790,3 +810,10 @@ def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp
     assert (swept["name"], swept["recipe"], swept["gain_vs"]) == ("gpt2@lr=0.002", "gpt2", "gpt2")
     assert record["config"]["rungs"][1]["settings"] == {"lr": 0.002}
     assert "race gpt2@lr=0.002:" in text
+    # its folder is the race's own: --resume reads both rungs back, and trains a rung added with settings
+    code, again = _main(["race", "--rungs", "gpt2, gpt2 @ lr = 0.002, gpt2@warmup_steps=2", "--target-val-loss", "10.6",
+                         "--out", str(out), "--resume", *SMALL])
+    assert code == 0, again
+    assert again.count("(finished earlier)") == 2 and "race gpt2@warmup_steps=2:" in again
+    assert json.loads((out / "gpt2@warmup_steps=2" / "seed0" / "config.json").read_text())["train_config"][
+        "warmup_steps"] == 2

@@ -33,7 +33,9 @@ from gpt2ladder.training.outdirs import check_own_out
 # What race writes in --out: its record, and a folder per rung holding a run directory per seed; with several
 # --steps, a race per budget in its folder and the records comparing them.
 _RUNG = "(" + "|".join(race.RACE_RUNGS) + ")"
-OWN_FILES = r"race\.(json|md|png)|" + _RUNG + "([" + re.escape(race.STACK + race.DROP) + "]" + _RUNG + ")*"
+_SETTING = "(" + "|".join(race.RUNG_SETTINGS) + ")=[0-9.eE+-]+"
+OWN_FILES = (r"race\.(json|md|png)|" + _RUNG + "([" + re.escape(race.STACK + race.DROP) + "]" + _RUNG + ")*"
+             + "(" + re.escape(race.SET) + _SETTING + ")*")
 BUDGET_DIR = "steps-{}"
 OWN_BUDGET_FILES = r"budgets\.(json|md|png)|steps-\d+"
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +91,9 @@ def split_settings(name: str) -> tuple[str, dict]:
     whole one, or zero, for warmup_steps)."""
     base, *given = name.split(SET)
     settings: dict = {}
+    if given and not base:
+        raise UsageError(f"race rung {name} names no rung before its {SET}: write the rung it trains as, such as "
+                         f"speedrun{SET}muon_lr=0.03")
     for item in given:
         key, _, text = item.partition("=")
         kind = RUNG_SETTINGS.get(key)
@@ -97,15 +102,17 @@ def split_settings(name: str) -> tuple[str, dict]:
                              f"{', '.join(f'{k}=X' for k in RUNG_SETTINGS)}")
         if key in settings:
             raise UsageError(f"race rung {name}: {key} is set twice")
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or value < 0 or (value == 0 and kind is float) or value != value or value == float("inf"):
+        value = kind(text) if re.fullmatch(_NUMBER[kind], text) else None  # plain ASCII digits, as a folder's name
+        if value is None or (value == 0 and kind is float) or value == float("inf"):
             what = "a whole number of steps, 0 or more" if kind is int else "a positive number"
             raise UsageError(f"race rung {name}: {key} must be {what}, got {text!r}")
         settings[key] = value
+    if settings.get("min_lr", 0) > settings.get("lr", float("inf")):
+        raise UsageError(f"race rung {name}: its min_lr {settings['min_lr']:g} is above its lr {settings['lr']:g}")
     return base, settings
+
+
+_NUMBER = {int: r"[0-9]+", float: r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"}
 
 
 def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
@@ -130,6 +137,8 @@ def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
         if SET in name and base not in names:
             raise UsageError(f"race rung {name} trains rung {base}'s recipe with settings of its own, and is read "
                              f"against it: add {base} to --rungs")
+        if SET in name and base in stacked and stacked.index(base) > stacked.index(name):
+            raise UsageError(f"race rung {name} is read against {base}, which races after it: list {base} first")
         if is_written(base):
             stacked_recipe(base)  # its parts are known
     return (*(n for n in RACE_RUNGS if n in names), *stacked)
@@ -265,11 +274,11 @@ class RaceConfig:
             check_target(self.train.target_val_loss)
         if self.seeds < 1:
             raise UsageError(f"--seeds must be a positive integer, got {self.seeds}")
-        named = {r.name: r for r in self.rungs}
-        for rung in self.rungs:  # a rung whose settings are the race's own would train its base rung's runs again
-            base = named.get(split_settings(rung.name)[0])
-            if rung.settings and base is not None and self.run_config(rung, 0) == self.run_config(base, 0):
-                raise UsageError(f"race rung {rung.name} gives itself the settings rung {base.name} trains with "
+        for i, rung in enumerate(self.rungs):  # a rung with settings of its own that trains another's runs again
+            twin = next((other for other in self.rungs[:i] if rung.settings and other.recipe == rung.recipe
+                         and _same_run(self.run_config(rung, 0), self.run_config(other, 0))), None)
+            if twin is not None:
+                raise UsageError(f"race rung {rung.name} gives itself the settings rung {twin.name} trains with "
                                  "already; drop it, or give it others")
 
     @property
@@ -301,6 +310,15 @@ class RaceConfig:
     def to_dict(self) -> dict:
         return {"rungs": [r.to_dict() for r in self.rungs], "seeds": self.seeds, "target_source": self.target_source,
                 "settings": self.settings()}
+
+
+def _same_run(a: TrainConfig, b: TrainConfig) -> bool:
+    """Whether two runs' configs are one run's: the same settings, rates equal to float rounding (a race's min_lr is
+    its lr / 10, 0.00030000000000000003 where a rung writes 0.0003)."""
+    one, two = a.to_dict(), b.to_dict()
+    return one.keys() == two.keys() and all(
+        math.isclose(x, y, rel_tol=1e-9) if isinstance(x, float) and isinstance(y, float) else x == y
+        for x, y in ((one[k], two[k]) for k in one))
 
 
 def run_dir(out: Path, rung: str, seed: int) -> Path:
@@ -547,7 +565,7 @@ def base_row(rows: list[dict], i: int) -> dict | None:
         return None
     base, settings = split_settings(rows[i]["name"])
     if settings:  # a rung with settings of its own against the rung whose recipe it trains
-        return next(row for row in reversed(rows[:i]) if row["name"] == base)
+        return next((row for row in reversed(rows[:i]) if row["name"] == base), rows[i - 1])
     pieces = _SIGNS.split(rows[i]["name"])
     for end in range(len(pieces) - 2, 0, -2):  # all but the last sign and its piece, then one fewer, ...
         head = "".join(pieces[:end])
@@ -558,7 +576,7 @@ def base_row(rows: list[dict], i: int) -> dict | None:
         for row in reversed(rows[:i]):
             if row["recipe"] == recipe and SET not in row["name"]:
                 return row
-    return rows[i - 1]
+    return next((row for row in reversed(rows[:i]) if SET not in row["name"]), rows[i - 1])
 
 
 def add_gains(rows: list[dict], eval_every: int | None = None) -> None:

@@ -135,7 +135,7 @@ def format_markdown(record: dict) -> str:
         "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
         "- median and range (lowest-highest) over the seeds; 'within noise': the seeds' ranges of this rung and "
         "the rung it is read against overlap (the rung before; for a rung written with + or -, the longest start of "
-        "its name raced before it, else the rung before); 'under one validation': their medians lie nearer than one "
+        "its name raced before it, else the rung before; for a rung with @ settings, the rung before its @); 'under one validation': their medians lie nearer than one "
         "validation interval's "
         "steps take (at the slower rung's step), finer than the reading at validations can tell",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
