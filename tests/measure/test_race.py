@@ -817,3 +817,35 @@ def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp
     assert again.count("(finished earlier)") == 2 and "race gpt2@warmup_steps=2:" in again
     assert json.loads((out / "gpt2@warmup_steps=2" / "seed0" / "config.json").read_text())["train_config"][
         "warmup_steps"] == 2
+
+
+# --- --reuse: another race's finished runs ----------------------------------------------------------------------
+
+
+def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_the_rest(tmp_path, monkeypatch,
+                                                                                          capsys):
+    first, second, other = tmp_path / "first", tmp_path / "second", tmp_path / "other"
+    base = ["--target-val-loss", "gpt2", *SMALL]
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    (first / "gpt2" / "seed0" / "ckpt.pt").write_bytes(b"a kept checkpoint")  # as --keep-weights would leave one
+    trained = []
+    real = race.train_run
+    monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or real(cfg, *a, **k))
+    code, text = _main(["race", "--rungs", "gpt2,rope", "--out", str(second), "--reuse", str(first), *base])
+    assert code == 0 and trained == ["rope"]  # gpt2's run is the first race's, copied
+    assert f"(reused from {first / 'gpt2' / 'seed0'})" in text
+    gpt2 = [json.loads((d / "race.json").read_text())["rungs"][0] for d in (first, second)]
+    assert gpt2[1]["runs"][0]["reused_from"] == str(first / "gpt2" / "seed0")
+    assert gpt2[1]["runs"][0]["curve"] == gpt2[0]["runs"][0]["curve"]
+    assert gpt2[1]["train_seconds"] == gpt2[0]["train_seconds"]  # so the target, read off it, is the same too
+    copied = second / "gpt2" / "seed0"
+    assert (copied / "log.jsonl").read_text() == (first / "gpt2" / "seed0" / "log.jsonl").read_text()
+    assert not (copied / "ckpt.pt").exists()  # the race keeps no weights without --keep-weights
+    # another learning rate is another run: trained, not reused
+    trained.clear()
+    code, text = _main(["race", "--rungs", "gpt2", "--lr", "0.002", "--out", str(other), "--reuse", str(first), *base])
+    assert code == 0 and trained == ["gpt2"] and "reused" not in text
+    capsys.readouterr()
+    assert cli.main(["race", "--out", str(tmp_path / "x"), "--reuse", str(tmp_path / "none"), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "--reuse" in err and "is not a folder" in err and len(err.strip().splitlines()) == 1

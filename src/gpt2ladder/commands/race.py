@@ -58,6 +58,10 @@ def race_command(args) -> int:
     device = resolve_device(args.device)
     caps = cap_memory(device, detect(device), args.gpu_memory)
     names = race.parse_race_rungs(args.rungs)
+    missing = [d for d in args.reuse or () if not Path(d).is_dir()]
+    if missing:
+        raise UsageError(f"--reuse {missing[0]} is not a folder: give a race's --out, whose finished runs this race "
+                         "may read instead of training them again")
     if args.target_val_loss not in (None, race.BASELINE_TARGET):
         race.check_target(args.target_val_loss)
     if args.target_val_loss == race.BASELINE_TARGET and names[0] != race.BASELINE_TARGET:
@@ -252,7 +256,8 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     target = [cfg.target]  # set by the gpt2 rung's runs under --target-val-loss gpt2
 
     def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
-        say(report.run_line(rung.name, result, target[0]) + ("" if ran else " (finished earlier)"), flush=True)
+        again = f" (reused from {result['reused_from']})" if result.get("reused_from") else " (finished earlier)"
+        say(report.run_line(rung.name, result, target[0]) + ("" if ran else again), flush=True)
 
     def on_rung(record: dict) -> None:
         on_record(record)
@@ -266,8 +271,10 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
         if row["seeds_run"] == cfg.seeds or row["status"] != "ok":
             say(report.progress_line(row, target[0]), flush=True)
 
+    reuse = tuple(d / BUDGET_DIR.format(s.steps) if (d / BUDGET_DIR.format(s.steps)).is_dir() else d
+                  for d in map(Path, args.reuse or ()))  # a race at several budgets: the one of this budget
     record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
-                                 on_record=on_rung, on_run=on_run)
+                                 on_record=on_rung, on_run=on_run, reuse=reuse)
     paths = write_record(out, "race", record, report.format_markdown, report.race_chart)
     say("\n" + report.format_table(record))
     say(f"wrote {', '.join(str(p) for p in paths)}")

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import re
+import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -363,11 +365,13 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
 
 
 def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilities, tokens: data_mod.TokenData, *,
-             resume: bool = False, progress: bool = True, on_record=None, on_run=None) -> tuple[dict, int]:
+             resume: bool = False, progress: bool = True, on_record=None, on_run=None,
+             reuse: tuple[Path, ...] = ()) -> tuple[dict, int]:
     """Every (rung, seed) of the race, in order; the record and 0, or the exit code of the run a signal stopped.
 
     `on_record(record)` sees the record after each run (the command writes race.json there), `on_run(rung, seed,
-    result, ran)` each run's result as it is known (`ran`: trained now, not read back from an earlier session)."""
+    result, ran)` each run's result as it is known (`ran`: trained now, not read back from an earlier session or
+    another race). A run that another race in `reuse` finished exactly so (`reused_run`) is copied, not trained."""
     runs: dict[str, list[dict]] = {r.name: [] for r in cfg.rungs}
     code = 0
     for rung in cfg.rungs:
@@ -375,6 +379,8 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
             where = run_dir(out, rung.name, seed)
             run_cfg = cfg.run_config(rung, seed)
             result = finished_run(where, run_cfg, seed) if resume else None
+            if result is None and reuse and not (where / "log.jsonl").exists():
+                result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256)
             ran = result is None
             if ran:
                 code, result = train_run(run_cfg, device, where, caps, tokens, seed, resume, progress)
@@ -457,14 +463,45 @@ def finished_run(where: Path, cfg: TrainConfig, seed: int) -> dict | None:
     kept a checkpoint for --resume: dropped here, as its session would have, where the run was started without
     --keep-weights."""
     entries = read_log(where / "log.jsonl")
-    done = bool(entries) and (any("target" in e for e in entries) or (
-        entries[-1]["step"] >= cfg.steps and (not cfg.eval_every or "val_loss" in entries[-1])))
-    if not done:
+    if not _finished(entries, cfg):
         return None
     if not cfg.save_at_end and kept_none(where):  # started without --keep-weights (an older race's runs kept theirs)
         with claimed(where):
             drop_checkpoints(where)
     return run_result(entries, cfg, seed, where)
+
+
+# A run's settings that another race's run may differ in and still be this run: how it saves itself, and where its
+# corpus lies (its identity is the sha256 its config.json records).
+REUSE_IGNORES = (*SAVING, "data")
+
+
+def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConfig, seed: int,
+               data_sha256: str) -> dict | None:
+    """This rung's run of this seed, copied into `where` (without checkpoints) from the first race folder of `sources`
+    that finished it with these very settings on this corpus, and its result (`reused_from` names the folder); None
+    where none did. The gpt2 rung's runs planned for one budget, for one, serve every race at that budget."""
+    wanted = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it
+    for source in sources:
+        found = run_dir(source, rung, seed)
+        try:
+            held = json.loads((found / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        settings = held.get("train_config") or {}
+        same = all(settings.get(k) == v for k, v in wanted.items() if k not in REUSE_IGNORES)
+        if not same or (held.get("data") or {}).get("sha256") != data_sha256 or not _finished(
+                read_log(found / "log.jsonl"), cfg):
+            continue
+        shutil.copytree(found, where, ignore=shutil.ignore_patterns(FILENAME, PREVIOUS, "*.tmp"), dirs_exist_ok=True)
+        return {**run_result(read_log(where / "log.jsonl"), cfg, seed, where), "reused_from": str(found)}
+    return None
+
+
+def _finished(entries: list[dict], cfg: TrainConfig) -> bool:
+    """Whether a run's log ends finished: at the target, or at its last step with that step's validation."""
+    return bool(entries) and (any("target" in e for e in entries) or (
+        entries[-1]["step"] >= cfg.steps and (not cfg.eval_every or "val_loss" in entries[-1])))
 
 
 def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) -> dict:
