@@ -824,6 +824,7 @@ def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp
 
 def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_the_rest(tmp_path, monkeypatch,
                                                                                           capsys):
+    tmp_path = tmp_path.resolve()  # the runs name their source resolved
     first, second, other = tmp_path / "first", tmp_path / "second", tmp_path / "other"
     base = ["--target-val-loss", "gpt2", *SMALL]
     assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
@@ -841,7 +842,17 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     copied = second / "gpt2" / "seed0"
     assert (copied / "log.jsonl").read_text() == (first / "gpt2" / "seed0" / "log.jsonl").read_text()
     assert not (copied / "ckpt.pt").exists()  # the race keeps no weights without --keep-weights
-    # another learning rate is another run: trained, not reused
+    assert f"gpt2 seed 0 from {first / 'gpt2' / 'seed0'}" in (second / "race.md").read_text()
+    # read back on --resume, the run still says where it came from
+    code, text = _main(["race", "--rungs", "gpt2,rope", "--out", str(second), "--resume", *base])
+    assert code == 0 and trained == ["rope"] and text.count("(reused from") == 1
+    assert json.loads((second / "race.json").read_text())["rungs"][0]["runs"][0]["reused_from"] == str(
+        first / "gpt2" / "seed0")
+    # another learning rate is another run, and a run that must keep its weights keeps its own: trained, not reused
+    trained.clear()
+    code, text = _main(["race", "--rungs", "gpt2", "--out", str(tmp_path / "kept"), "--reuse", str(first),
+                        "--keep-weights", *base])
+    assert code == 0 and trained == ["gpt2"] and (tmp_path / "kept" / "gpt2" / "seed0" / "ckpt.pt").is_file()
     trained.clear()
     code, text = _main(["race", "--rungs", "gpt2", "--lr", "0.002", "--out", str(other), "--reuse", str(first), *base])
     assert code == 0 and trained == ["gpt2"] and "reused" not in text

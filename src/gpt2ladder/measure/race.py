@@ -474,16 +474,26 @@ def finished_run(where: Path, cfg: TrainConfig, seed: int) -> dict | None:
 # A run's settings that another race's run may differ in and still be this run: how it saves itself, and where its
 # corpus lies (its identity is the sha256 its config.json records).
 REUSE_IGNORES = (*SAVING, "data")
+# What a reused run's folder gets from the run it copies: no weights, nothing else; log.jsonl last, since a log that
+# ends finished is what makes a run finished.
+REUSED_FILES = ("config.json", "train.txt", "loss.png", "log.jsonl")
+REUSED = "reused.json"  # where the copy says which run it is
 
 
 def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConfig, seed: int,
                data_sha256: str) -> dict | None:
-    """This rung's run of this seed, copied into `where` (without checkpoints) from the first race folder of `sources`
-    that finished it with these very settings on this corpus, and its result (`reused_from` names the folder); None
-    where none did. The gpt2 rung's runs planned for one budget, for one, serve every race at that budget."""
+    """This rung's run of this seed, copied into `where` from the first race folder of `sources` that finished it
+    with these very settings on this corpus, and its result (`reused_from` names the run); None where none did, and
+    always for a run that must keep its weights (--keep-weights), since no weights are copied. The gpt2 rung's runs
+    planned for one budget, for one, serve every race at that budget."""
+    if cfg.save_at_end:
+        return None
     wanted = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it
+    here = where.resolve()
     for source in sources:
-        found = run_dir(source, rung, seed)
+        found = run_dir(source, rung, seed).resolve()
+        if here == found or here.is_relative_to(found) or found.is_relative_to(here):
+            continue
         try:
             held = json.loads((found / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -493,8 +503,15 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
         if not same or (held.get("data") or {}).get("sha256") != data_sha256 or not _finished(
                 read_log(found / "log.jsonl"), cfg):
             continue
-        shutil.copytree(found, where, ignore=shutil.ignore_patterns(FILENAME, PREVIOUS, "*.tmp"), dirs_exist_ok=True)
-        return {**run_result(read_log(where / "log.jsonl"), cfg, seed, where), "reused_from": str(found)}
+        where.mkdir(parents=True, exist_ok=True)
+        with claimed(where):
+            (where / REUSED).write_text(json.dumps({"from": str(found)}) + "\n", encoding="utf-8")
+            for name in REUSED_FILES:  # plain files only, each whole before the next
+                path = found / name
+                if path.is_file() and not path.is_symlink():
+                    shutil.copyfile(path, where / f"{name}.tmp")
+                    (where / f"{name}.tmp").replace(where / name)
+        return run_result(read_log(where / "log.jsonl"), cfg, seed, where)
     return None
 
 
@@ -502,6 +519,14 @@ def _finished(entries: list[dict], cfg: TrainConfig) -> bool:
     """Whether a run's log ends finished: at the target, or at its last step with that step's validation."""
     return bool(entries) and (any("target" in e for e in entries) or (
         entries[-1]["step"] >= cfg.steps and (not cfg.eval_every or "val_loss" in entries[-1])))
+
+
+def reused_from(where: Path) -> str | None:
+    """The run a reused run's folder was copied from (`reused_run`), or None for a run trained here."""
+    try:
+        return json.loads((Path(where) / REUSED).read_text(encoding="utf-8"))["from"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) -> dict:
@@ -520,6 +545,7 @@ def run_result(entries: list[dict], cfg: TrainConfig, seed: int, where: Path) ->
     timed = [e for i, e in enumerate(entries) if i not in warm] or entries
     mfus = [e["mfu"] for e in timed if e.get("mfu") is not None]
     result = {"seed": seed, "dir": str(where), "status": "ok", "cards": run_cards(where), "reached": hit is not None,
+              "reused_from": reused_from(where),
               "steps_run": entries[-1]["step"], "planned_tokens": cfg.steps * cfg.tokens_per_step,
               "ms_per_step": statistics.median(e["ms"] for e in timed),
               "mfu": statistics.median(mfus) if mfus else None, "curve": curve}

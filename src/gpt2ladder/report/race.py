@@ -121,6 +121,13 @@ def mixed_cards_line(record: dict) -> list[str]:
             "the race again on one card"]
 
 
+def reused_line(record: dict) -> list[str]:
+    """The line race.md adds where runs were copied from another race (--reuse), not trained in this one."""
+    reused = [f"{row['name']} seed {run['seed']} from {run['reused_from']}" for row in record["rungs"]
+              for run in row.get("runs") or [] if run.get("reused_from")]
+    return [f"- reused runs, trained by another race with the same settings: {'; '.join(reused)}"] if reused else []
+
+
 def format_markdown(record: dict) -> str:
     cfg, s = record["config"], record["config"]["settings"]
     source = "" if record["target_source"] == "given" else f" ({record['target_source']})"
@@ -135,13 +142,14 @@ def format_markdown(record: dict) -> str:
         "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
         "- median and range (lowest-highest) over the seeds; 'within noise': the seeds' ranges of this rung and "
         "the rung it is read against overlap (the rung before; for a rung written with + or -, the longest start of "
-        "its name raced before it, else the rung before; for a rung with @ settings, the rung before its @); 'under one validation': their medians lie nearer than one "
-        "validation interval's "
-        "steps take (at the slower rung's step), finer than the reading at validations can tell",
+        "its name raced before it, else the rung before; for a rung with @ settings, the rung before its @); "
+        "'under one validation': their medians lie nearer than one validation interval's steps take (at the slower "
+        "rung's step), finer than the reading at validations can tell",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",
         f"- {record['date']}",
         *mixed_cards_line(record),
+        *reused_line(record),
     ]
     if record.get("partial"):
         head.append("- partial: the race stopped before every rung had run; the rows below are the ones it finished")
