@@ -4,9 +4,9 @@ learning-rate schedule.
 `--recipe gpt2` (the default) is GPT-2 with AdamW and warm-up + cosine, the write-up's recipe. A recipe is
 otherwise a comma list of parts, each switching one thing on top of GPT-2 (`--recipe muon,rope,relu2`);
 `speedrun` names the list at the top of the race, and an item may add parts with `+` and take them away
-with `-`, read left to right (`--recipe speedrun-relu2`, the race's ablation rung of that name). The step ladder's rungs (`ladder.py`) say how a step of
-whichever recipe runs; the race (`gpt2ladder race`) climbs these parts one at a time, judged by the time to a
-target validation loss.
+with `-`, read left to right (`--recipe speedrun-relu2`, the race's ablation rung of that name). The step
+ladder's rungs (`ladder.py`) say how a step of whichever recipe runs; the race (`gpt2ladder race`) climbs these
+parts one at a time, judged by the time to a target validation loss.
 
 A recipe resolves into three plain settings that travel down apart: the model's `family` and `parts`
 (`ModelConfig`), the optimizer's name (`runtime/optim.py`) and the schedule's name (`training/schedule.py`).
