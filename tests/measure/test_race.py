@@ -822,6 +822,29 @@ def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp
 # --- --reuse: another race's finished runs ----------------------------------------------------------------------
 
 
+def test_reuse_miss_says_why_a_folder_gives_none_of_a_races_runs(tmp_path):
+    cfg = _cfg(seeds=1)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_at_end=False))  # as without --keep-weights
+    assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") == "it holds no run of this race's rungs and seeds"
+    where = race.run_dir(tmp_path, "muon", 0)
+    where.mkdir(parents=True)
+    held = {"train_config": json.loads(json.dumps(cfg.run_config(cfg.rungs[1], 0).to_dict())), "data": {"sha256": "x"}}
+    (where / "config.json").write_text(json.dumps(held))
+    assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") == "its muon seed 0 trained on another corpus"
+    held["data"]["sha256"] = "abc"
+    (where / "config.json").write_text(json.dumps(held))
+    assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") == "its muon seed 0 did not finish"  # no log
+    (where / "log.jsonl").write_text(json.dumps({"step": 2, "loss": 8.6, "ms": 1.0, "val_loss": 8.5, "target": {}}) + "\n")
+    assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") is None  # finished: the race would copy it once it got there
+    assert race.reuse_miss(tmp_path, cfg, 8.0, "abc") == "its muon seed 0 ran with other settings (target_val_loss)"
+    kept = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_at_end=True))
+    assert "under --keep-weights every run is trained" in race.reuse_miss(tmp_path, kept, 9.0, "abc")
+    # under --target-val-loss gpt2, only the gpt2 rung's runs are compared until the race knows its target
+    baseline = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, target_val_loss=None), from_baseline=True)
+    assert race.reuse_miss(tmp_path, baseline, None, "abc") == "it holds no run of this race's rungs and seeds"
+    assert race.reuse_miss(tmp_path, baseline, 9.0, "abc") is None
+
+
 def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_the_rest(tmp_path, monkeypatch,
                                                                                           capsys):
     tmp_path = tmp_path.resolve()  # the runs name their source resolved
@@ -834,7 +857,7 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or real(cfg, *a, **k))
     code, text = _main(["race", "--rungs", "gpt2,rope", "--out", str(second), "--reuse", str(first), *base])
     assert code == 0 and trained == ["rope"]  # gpt2's run is the first race's, copied
-    assert f"(reused from {first / 'gpt2' / 'seed0'})" in text
+    assert f"(reused from {first / 'gpt2' / 'seed0'})" in text and "no run copied" not in text
     gpt2 = [json.loads((d / "race.json").read_text())["rungs"][0] for d in (first, second)]
     assert gpt2[1]["runs"][0]["reused_from"] == str(first / "gpt2" / "seed0")
     assert gpt2[1]["runs"][0]["curve"] == gpt2[0]["runs"][0]["curve"]
@@ -853,9 +876,20 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     code, text = _main(["race", "--rungs", "gpt2", "--out", str(tmp_path / "kept"), "--reuse", str(first),
                         "--keep-weights", *base])
     assert code == 0 and trained == ["gpt2"] and (tmp_path / "kept" / "gpt2" / "seed0" / "ckpt.pt").is_file()
+    assert (f"notice: --reuse {first}: no run copied from it: under --keep-weights every run is trained, since no "
+            "weights are copied") in text
     trained.clear()
     code, text = _main(["race", "--rungs", "gpt2", "--lr", "0.002", "--out", str(other), "--reuse", str(first), *base])
     assert code == 0 and trained == ["gpt2"] and "reused" not in text
+    assert f"notice: --reuse {first}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)" \
+        in text
+    # a folder whose runs are none of this race's rungs, beside one that served: a notice for the first alone
+    trained.clear()
+    code, text = _main(["race", "--rungs", "gpt2,qk_norm", "--out", str(tmp_path / "third"), "--reuse", str(other),
+                        "--reuse", str(first), *base])
+    assert code == 0 and trained == ["qk_norm"] and text.count("notice: --reuse") == 1
+    assert f"notice: --reuse {other}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)" \
+        in text
     capsys.readouterr()
     assert cli.main(["race", "--out", str(tmp_path / "x"), "--reuse", str(tmp_path / "none"), *SMALL]) == 2
     err = capsys.readouterr().err

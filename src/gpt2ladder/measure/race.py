@@ -515,6 +515,40 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
     return None
 
 
+def reuse_miss(source: Path, cfg: RaceConfig, target: float | None, data_sha256: str) -> str | None:
+    """Why a --reuse folder gives this race none of its runs, in words: the first of its runs of this race's rungs
+    and seeds that says why (other settings, named; another corpus; not finished), or that it holds none of them.
+    None where one of its runs could be copied (the race stopped before it came to that run). `target`: the race's,
+    as its record has it (under --target-val-loss gpt2, known once the gpt2 rung has run)."""
+    if cfg.train.save_at_end:
+        return "under --keep-weights every run is trained, since no weights are copied"
+    why = []
+    for i, rung in enumerate(cfg.rungs):
+        if not (cfg.from_baseline and i == 0):  # the gpt2 rung's runs, which set the target, are planned without one
+            if target is None:
+                break
+            cfg = cfg.with_target(target)
+        for seed in range(cfg.seeds):
+            found = run_dir(source, rung.name, seed)
+            try:
+                config = json.loads((found / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            run_cfg = cfg.run_config(rung, seed)
+            wanted = json.loads(json.dumps(run_cfg.to_dict()))  # as config.json holds it
+            settings = config.get("train_config") or {}
+            other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and settings.get(k) != v)
+            if other:
+                why.append(f"its {rung.name} seed {seed} ran with other settings ({', '.join(other)})")
+            elif (config.get("data") or {}).get("sha256") != data_sha256:
+                why.append(f"its {rung.name} seed {seed} trained on another corpus")
+            elif not _finished(read_log(found / "log.jsonl"), run_cfg):
+                why.append(f"its {rung.name} seed {seed} did not finish")
+            else:
+                return None
+    return why[0] if why else "it holds no run of this race's rungs and seeds"
+
+
 def _finished(entries: list[dict], cfg: TrainConfig) -> bool:
     """Whether a run's log ends finished: at the target, or at its last step with that step's validation."""
     return bool(entries) and (any("target" in e for e in entries) or (
