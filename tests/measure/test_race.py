@@ -485,7 +485,7 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     assert again["rungs"][1]["wall_seconds"] == muon["wall_seconds"]  # its log has its clock
     assert again["target_val_loss"] == last["val_loss"] and again["cards"] == ["NVIDIA H100 80GB HBM3", card]
     md = (tmp_path / "race.md").read_text()
-    assert f"on NVIDIA H100 80GB HBM3 and {card} (mixed cards), to validation loss" in md
+    assert f"# gpt2ladder race: model tiny on NVIDIA H100 80GB HBM3 and {card} (mixed cards), to validation loss" in md
     assert f"- mixed cards: gpt2 on NVIDIA H100 80GB HBM3; muon on {card}; muon+relu2 on {card}." in md
 
 

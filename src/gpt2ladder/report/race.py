@@ -132,7 +132,7 @@ def format_markdown(record: dict) -> str:
     cfg, s = record["config"], record["config"]["settings"]
     source = "" if record["target_source"] == "given" else f" ({record['target_source']})"
     head = [
-        f"# gpt2ladder race: {s['preset']} on {cards_text(record)}, to validation loss {target_text(record)}",
+        f"# gpt2ladder race: model {s['preset']} on {cards_text(record)}, to validation loss {target_text(record)}",
         "",
         f"- target: validation loss {target_text(record)}{source}, on {record['data']['source']}",
         f"- every run planned for {s['steps']:,} steps of {s['tokens_per_step']:,} tokens "
@@ -191,7 +191,7 @@ def race_figure(record: dict):
         curves.axhline(record["target_val_loss"], color="#C44E52", linestyle="--", linewidth=1)
     curves.set_xlabel("training seconds (timed steps)")
     curves.set_ylabel("validation loss")
-    curves.set_title(f"{record['config']['settings']['preset']} on {record['data']['source']}, "
+    curves.set_title(f"model {record['config']['settings']['preset']} on {record['data']['source']}, "
                      f"{cards_text(record)}", fontsize=10)
     curves.legend(frameon=False, fontsize=7)
     for ax in (bars, curves):
