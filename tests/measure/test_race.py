@@ -836,6 +836,17 @@ def test_reuse_miss_says_why_a_folder_gives_none_of_a_races_runs(tmp_path):
     assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") == "its muon seed 0 did not finish"  # no log
     (where / "log.jsonl").write_text(json.dumps({"step": 2, "loss": 8.6, "ms": 1.0, "val_loss": 8.5, "target": {}}) + "\n")
     assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") is None  # finished: the race would copy it once it got there
+    saved = json.loads(json.dumps(held))
+    saved["train_config"]["ckpt_every"] = 7  # how a run saves itself is not what it computes
+    (where / "config.json").write_text(json.dumps(saved))
+    assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") is None
+    for damaged in ([held], {**held, "train_config": "x"}, {**held, "data": "abc"}, {**held, "data": None}):
+        (where / "config.json").write_text(json.dumps(damaged))  # a damaged folder is passed over, never raises
+        assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") in ("it holds no run of this race's rungs and seeds",
+                                                              "its muon seed 0 trained on another corpus")
+        assert race.reused_run((tmp_path,), tmp_path / "out" / "muon" / "seed0", "muon", cfg.run_config(cfg.rungs[1], 0),
+                               0, "abc") is None
+    (where / "config.json").write_text(json.dumps(held))
     assert race.reuse_miss(tmp_path, cfg, 8.0, "abc") == "its muon seed 0 ran with other settings (target_val_loss)"
     kept = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_at_end=True))
     assert "under --keep-weights every run is trained" in race.reuse_miss(tmp_path, kept, 9.0, "abc")
@@ -883,13 +894,17 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     assert code == 0 and trained == ["gpt2"] and "reused" not in text
     assert f"notice: --reuse {first}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)" \
         in text
-    # a folder whose runs are none of this race's rungs, beside one that served: a notice for the first alone
+    # a folder whose gpt2 run ran at another rate, beside one that served: a notice for the first alone
     trained.clear()
     code, text = _main(["race", "--rungs", "gpt2,qk_norm", "--out", str(tmp_path / "third"), "--reuse", str(other),
                         "--reuse", str(first), *base])
     assert code == 0 and trained == ["qk_norm"] and text.count("notice: --reuse") == 1
     assert f"notice: --reuse {other}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)" \
         in text
+    # a race that trains nothing (every run finished earlier) gives no notice: the folders cost it nothing
+    code, text = _main(["race", "--rungs", "gpt2,qk_norm", "--out", str(tmp_path / "third"), "--resume", "--reuse",
+                        str(other), *base])
+    assert code == 0 and text.count("(finished earlier)") == 1 and "notice: --reuse" not in text
     capsys.readouterr()
     assert cli.main(["race", "--out", str(tmp_path / "x"), "--reuse", str(tmp_path / "none"), *SMALL]) == 2
     err = capsys.readouterr().err

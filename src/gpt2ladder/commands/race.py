@@ -255,13 +255,12 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
 
     target = [cfg.target]  # set by the gpt2 rung's runs under --target-val-loss gpt2
 
-    trained, copied = [], []  # whether each run trained here; the runs copied from --reuse folders
+    trained = []  # whether each run trained here
 
     def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
         again = f" (reused from {result['reused_from']})" if result.get("reused_from") else " (finished earlier)"
         say(report.run_line(rung.name, result, target[0]) + ("" if ran else again), flush=True)
         trained.append(ran)
-        copied.append(Path(result["reused_from"]) if result.get("reused_from") else None)
 
     def on_rung(record: dict) -> None:
         on_record(record)
@@ -279,14 +278,13 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
                   for d in map(Path, args.reuse or ()))  # a race at several budgets: the one of this budget
     record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
                                  on_record=on_rung, on_run=on_run, reuse=reuse)
-    for source in reuse if any(trained) else ():  # a folder that served no run: why, so the cost is not a surprise
-        if not any(c is not None and c.is_relative_to(source.resolve()) for c in copied):
-            why = race.reuse_miss(source, cfg, record.get("target_val_loss"), tokens.sha256)
-            if why:
-                say(f"notice: --reuse {source}: no run copied from it: {why}", flush=True)
     paths = write_record(out, "race", record, report.format_markdown, report.race_chart)
     say("\n" + report.format_table(record))
     say(f"wrote {', '.join(str(p) for p in paths)}")
+    for source in reuse if any(trained) else ():  # a folder that could serve no run: why, as the runs cost time
+        why = race.reuse_miss(source, cfg, record.get("target_val_loss"), tokens.sha256)
+        if why:
+            say(f"notice: --reuse {source}: no run copied from it: {why}", flush=True)
     if code:
         say("the race stopped; --resume continues it from the runs it finished")
     return code, record

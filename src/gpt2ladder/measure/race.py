@@ -488,20 +488,12 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
     planned for one budget, for one, serve every race at that budget."""
     if cfg.save_at_end:
         return None
-    wanted = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it
     here = where.resolve()
     for source in sources:
         found = run_dir(source, rung, seed).resolve()
         if here == found or here.is_relative_to(found) or found.is_relative_to(here):
             continue
-        try:
-            held = json.loads((found / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        settings = held.get("train_config") or {}
-        same = all(settings.get(k) == v for k, v in wanted.items() if k not in REUSE_IGNORES)
-        if not same or (held.get("data") or {}).get("sha256") != data_sha256 or not _finished(
-                read_log(found / "log.jsonl"), cfg):
+        if _unlike(found, cfg, data_sha256) != "":
             continue
         where.mkdir(parents=True, exist_ok=True)
         with claimed(where):
@@ -513,6 +505,28 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
                     (where / f"{name}.tmp").replace(where / name)
         return run_result(read_log(where / "log.jsonl"), cfg, seed, where)
     return None
+
+
+def _unlike(found: Path, cfg: TrainConfig, data_sha256: str) -> str | None:
+    """How the run in `found` differs from a run of `cfg` on this corpus: "" where it is that run, finished (so it
+    may be copied); None where it holds no readable run; else in words: the settings it ran with otherwise (named),
+    another corpus, or not finished."""
+    try:
+        held = json.loads((found / "config.json").read_text(encoding="utf-8"))
+        entries = read_log(found / "log.jsonl")
+    except (OSError, ValueError):
+        return None
+    settings = held.get("train_config") if isinstance(held, dict) else None
+    data = held.get("data") if isinstance(held, dict) else None
+    if not isinstance(settings, dict):
+        return None
+    wanted = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it
+    other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and settings.get(k) != v)
+    if other:
+        return f"ran with other settings ({', '.join(other)})"
+    if not isinstance(data, dict) or data.get("sha256") != data_sha256:
+        return "trained on another corpus"
+    return "" if _finished(entries, cfg) else "did not finish"
 
 
 def reuse_miss(source: Path, cfg: RaceConfig, target: float | None, data_sha256: str) -> str | None:
@@ -529,23 +543,11 @@ def reuse_miss(source: Path, cfg: RaceConfig, target: float | None, data_sha256:
                 break
             cfg = cfg.with_target(target)
         for seed in range(cfg.seeds):
-            found = run_dir(source, rung.name, seed)
-            try:
-                config = json.loads((found / "config.json").read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            run_cfg = cfg.run_config(rung, seed)
-            wanted = json.loads(json.dumps(run_cfg.to_dict()))  # as config.json holds it
-            settings = config.get("train_config") or {}
-            other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and settings.get(k) != v)
-            if other:
-                why.append(f"its {rung.name} seed {seed} ran with other settings ({', '.join(other)})")
-            elif (config.get("data") or {}).get("sha256") != data_sha256:
-                why.append(f"its {rung.name} seed {seed} trained on another corpus")
-            elif not _finished(read_log(found / "log.jsonl"), run_cfg):
-                why.append(f"its {rung.name} seed {seed} did not finish")
-            else:
+            unlike = _unlike(run_dir(source, rung.name, seed), cfg.run_config(rung, seed), data_sha256)
+            if unlike == "":
                 return None
+            if unlike is not None:
+                why.append(f"its {rung.name} seed {seed} {unlike}")
     return why[0] if why else "it holds no run of this race's rungs and seeds"
 
 
