@@ -844,8 +844,8 @@ def test_reuse_miss_says_why_a_folder_gives_none_of_a_races_runs(tmp_path):
         (where / "config.json").write_text(json.dumps(damaged))  # a damaged folder is passed over, never raises
         assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") in ("it holds no run of this race's rungs and seeds",
                                                               "its muon seed 0 trained on another corpus")
-        assert race.reused_run((tmp_path,), tmp_path / "out" / "muon" / "seed0", "muon", cfg.run_config(cfg.rungs[1], 0),
-                               0, "abc") is None
+        muon = cfg.run_config(cfg.rungs[1], 0)
+        assert race.reused_run((tmp_path,), tmp_path / "out" / "muon" / "seed0", "muon", muon, 0, "abc") is None
     (where / "config.json").write_text(json.dumps(held))
     assert race.reuse_miss(tmp_path, cfg, 8.0, "abc") == "its muon seed 0 ran with other settings (target_val_loss)"
     kept = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_at_end=True))
