@@ -86,7 +86,7 @@ DEFAULTS: dict[str, dict[str, dict]] = {
 # for the Blocks' matrices is the recipe's; the embeddings' and head's rates (None) fall back to `lr`.
 OPTIM = {"lr": LR, "weight_decay": WEIGHT_DECAY, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "grad_clip": 0.0,
          "name": "adamw", "muon_lr": MUON_RATES["muon_lr"], "muon_momentum": 0.95, "embed_lr": None, "head_lr": None,
-         "momentum_warmup": False}
+         "momentum_warmup": False, "polar_express": False}
 
 
 # The rules by which train derives a setting from others where no flag gives it (a resumed run keeps its own).

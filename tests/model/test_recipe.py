@@ -55,7 +55,7 @@ def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
 def test_the_new_model_parts_race_after_softcap_and_the_speedrun_is_the_list_the_race_has_shown():
     names = [p.name for p in PARTS]
     assert names[names.index("softcap"):] == ["softcap", "value_embeds", "unet_skips", "doc_windows", "wsd",
-                                              "momentum_warmup"]
+                                              "momentum_warmup", "polar_express"]
     assert SPEEDRUN == ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "wsd")
     assert not {"value_embeds", "unet_skips", "doc_windows"} & set(parse_recipe("speedrun").parts)
     recipe = parse_recipe("doc_windows,value_embeds,unet_skips")
@@ -73,9 +73,11 @@ def test_momentum_warmup_rises_linearly_from_085_to_095_over_300_steps_then_stay
     assert momentum_at(300) == OPTIM["muon_momentum"]  # it ends at the momentum a recipe without it keeps
 
 
-@pytest.mark.parametrize("spec", ["momentum_warmup", "rope,momentum_warmup"])
-def test_momentum_warmup_without_muon_is_refused_in_one_line(spec):
-    with pytest.raises(UsageError, match="momentum_warmup warms Muon's momentum.*add muon") as err:
+@pytest.mark.parametrize("spec, says", [("momentum_warmup", "momentum_warmup warms Muon's momentum"),
+                                         ("rope,momentum_warmup", "momentum_warmup warms Muon's momentum"),
+                                         ("speedrun-muon+polar_express", "polar_express changes Muon's orthogonalisation")])
+def test_a_part_of_muon_without_muon_is_refused_in_one_line(spec, says):
+    with pytest.raises(UsageError, match=re.escape(says) + ".*add muon") as err:
         parse_recipe(spec)
     assert "\n" not in str(err.value)
 

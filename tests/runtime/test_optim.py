@@ -280,3 +280,84 @@ def test_a_tensor_momentum_trains_as_that_fixed_momentum_does_and_the_value_reac
     assert (weights[0.85] - weights[0.95]).norm() > 1e-2 * weights[0.95].norm()  # 0.09 of 2.9 here
     with pytest.raises(ValueError, match="momentum_warmup=True"):
         _engine().set_momentum(0.9)
+
+
+# --- the polar_express part -------------------------------------------------------------------------------------
+
+
+def _quintic(coefficients, x):
+    a, b, c = coefficients
+    return a * x + b * x ** 3 + c * x ** 5
+
+
+@pytest.mark.parametrize("lo, hi", [(0.02, 1.0), (0.3, 1.2), (0.86, 1.14)])
+def test_the_best_odd_quintic_equioscillates_about_one_and_no_nearby_quintic_does_better(lo, hi):
+    """Chebyshev's criterion: p - 1 reaches its largest size at four points of [lo, hi] (both ends and p's two
+    extrema inside) with alternating signs; then no other odd quintic is nearer to 1 there."""
+    best = optim.best_odd_quintic(lo, hi)
+    x = torch.linspace(lo, hi, 100_001, dtype=torch.float64)
+    error = (_quintic(best, x) - 1).abs().max().item()
+    a, b, c = best
+    root = (9 * b * b - 20 * a * c) ** 0.5
+    inner = sorted(((-3 * b + s * root) / (10 * c)) ** 0.5 for s in (-1, 1))
+    signs = [_quintic(best, t) - 1 for t in (lo, *inner, hi)]
+    assert all(abs(abs(s) - error) < 1e-9 for s in signs)
+    assert all(s * t < 0 for s, t in zip(signs, signs[1:]))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        other = [k * (1 + 1e-3 * float(torch.randn(1, generator=gen))) for k in best]
+        assert (_quintic(other, x) - 1).abs().max().item() > error
+
+
+def test_polar_express_takes_every_singular_value_of_its_range_nearer_one_than_newton_schulz_does():
+    """From a start divided by 1.01 its norm, POLAR_EXPRESS's five quintics take every singular value in [1e-3, 1]
+    into [0.86, 1.14]; Newton-Schulz's one quintic five times leaves them in [0.47, 1.21]. Between the steps they
+    stay inside (0, 2), the range each next quintic is planned for."""
+    x = torch.linspace(1e-3, 1.0, 200_001, dtype=torch.float64)
+    polar, plain = x / (1 + optim.POLAR_EXPRESS_SAFETY), x.clone()
+    for coefficients in optim.POLAR_EXPRESS:
+        polar = _quintic(coefficients, polar)
+        assert 0 < polar.min() and polar.max() < 2
+    for _ in range(optim.NS_STEPS):
+        plain = _quintic(optim.NS_COEFFICIENTS, plain)
+    assert (polar - 1).abs().max() < 0.14 and (plain - 1).abs().max() > 0.3
+    assert len(optim.POLAR_EXPRESS) == optim.NS_STEPS == len(optim.polar_express_coefficients())
+    assert optim.polar_express_coefficients(3) != optim.POLAR_EXPRESS[:3]  # a schedule is planned for its length
+
+
+def _polar_express(g: torch.Tensor) -> torch.Tensor:
+    """The polar_express iteration for one matrix, written out in fp32."""
+    x = g.float()
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    x = x / (x.norm() * (1 + optim.POLAR_EXPRESS_SAFETY))
+    for a, b, c in optim.POLAR_EXPRESS:
+        A = x @ x.T
+        x = a * x + (b * A + c * A @ A) @ x
+    return x.T if tall else x
+
+
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48), (64, 256)])
+def test_orthogonalise_polar_is_its_expression_and_ends_nearer_one_than_newton_schulz(shape):
+    g = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
+    polar = optim.orthogonalise(g, polar=True)
+    for i in range(3):
+        _assert_near(polar[i], _polar_express(g[i]))
+    s, plain = torch.linalg.svdvals(polar.float()), torch.linalg.svdvals(optim.orthogonalise(g).float())
+    assert 0.8 < s.min() and s.max() < 1.2 and plain.min() < 0.8  # Newton-Schulz's smallest stay near 0.68
+
+
+def test_the_polar_express_recipe_reaches_muon_and_changes_its_step():
+    """`--recipe muon,polar_express`: the engine's Muon orthogonalises with POLAR_EXPRESS; four steps then end
+    elsewhere than plain Muon's (a part changes what is trained, on purpose)."""
+    from gpt2ladder.model.recipe import parse_recipe
+
+    assert OptimConfig.of(parse_recipe("muon,polar_express")).polar_express
+    assert not OptimConfig.of(parse_recipe("speedrun")).polar_express
+    x = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    polar, plain = _engine(polar_express=True), _engine()
+    assert polar.optimizer.polar and not plain.optimizer.polar
+    for _ in range(4):
+        polar.step(x, x)
+        plain.step(x, x)
+    assert (_muon_weights(polar) - _muon_weights(plain)).norm() > 1e-3 * _muon_weights(plain).norm()

@@ -60,6 +60,9 @@ PARTS: tuple[Part, ...] = (
          "over the last 40% of the steps (stable, then decay), where cosine decays all along."),
     Part("momentum_warmup", "optimizer", "Muon's momentum rises linearly from 0.85 to 0.95 over the first 300 steps "
          "instead of starting at 0.95 (it needs muon)."),
+    Part("polar_express", "optimizer", "Muon's orthogonalisation takes each of its 5 steps with its own "
+         "coefficients, the odd quintic nearest to 1 on the range the singular values are in by then (Polar "
+         "Express), so the update's singular values end nearer 1 (it needs muon)."),
 )
 
 PARTS_BY_NAME = {p.name: p for p in PARTS}
@@ -70,6 +73,8 @@ WSD_DECAY_FRACTION = 0.4  # the wsd part's share of the steps spent decaying
 # as modded-nanogpt's records since late 2024 warm it (0.85 to 0.95 over 300 steps); without the part, the second.
 MOMENTUM_WARMUP = (0.85, 0.95)
 MOMENTUM_WARMUP_STEPS = 300
+# The parts that change Muon, so a recipe with one needs muon: what each does to it.
+MUON_ONLY = {"momentum_warmup": "warms Muon's momentum", "polar_express": "changes Muon's orthogonalisation"}
 # The race's top, written out: a part joins it only once the race has shown it beats the rung before it by more
 # than the seeds' spread (a new part is not in it by being in PARTS).
 SPEEDRUN = ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "wsd")
@@ -108,6 +113,11 @@ class Recipe:
         """Muon's momentum follows `training/schedule.momentum_at` instead of staying at its peak."""
         return "momentum_warmup" in self.parts
 
+    @property
+    def polar_express(self) -> bool:
+        """Muon orthogonalises with `runtime/optim.POLAR_EXPRESS`'s coefficients, one set a step."""
+        return "polar_express" in self.parts
+
     def has(self, part: str) -> bool:
         return part in self.parts
 
@@ -133,9 +143,10 @@ def parse_recipe(spec: str | None) -> Recipe:
         raise UsageError(f"recipe {spec.strip()!r}: {err}") from None
     if not names:  # `gpt2,gpt2`: GPT-2's own
         return GPT2
-    if "momentum_warmup" in names and "muon" not in names:
-        raise UsageError(f"recipe {spec.strip()!r}: momentum_warmup warms Muon's momentum, and the recipe has no muon; "
-                         "add muon (or speedrun) to it")
+    for part, what in MUON_ONLY.items():
+        if part in names and "muon" not in names:
+            raise UsageError(f"recipe {spec.strip()!r}: {part} {what}, and the recipe has no muon; add muon (or "
+                             "speedrun) to it")
     order = {p.name: i for i, p in enumerate(PARTS)}
     return Recipe(tuple(sorted(dict.fromkeys(names), key=order.__getitem__)))
 

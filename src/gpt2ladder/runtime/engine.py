@@ -59,11 +59,13 @@ class OptimConfig:
     head_lr: float | None = OPTIM["head_lr"]
     # muon only (the momentum_warmup part): the momentum is a tensor that `Engine.set_momentum` changes each step
     momentum_warmup: bool = OPTIM["momentum_warmup"]
+    polar_express: bool = OPTIM["polar_express"]  # muon only (the polar_express part): its orthogonalisation's steps
 
     @classmethod
     def of(cls, recipe, **rates) -> "OptimConfig":
         """The recipe's optimizer (a `model/recipe.Recipe`), at these rates or the defaults."""
-        return cls(name=recipe.optimizer, momentum_warmup=recipe.momentum_warmup, **rates)
+        return cls(name=recipe.optimizer, momentum_warmup=recipe.momentum_warmup, polar_express=recipe.polar_express,
+                   **rates)
 
 
 def built_model_config(model_cfg: ModelConfig, setup: Setup) -> ModelConfig:
@@ -106,7 +108,8 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, setup: Setup, devic
                 group["momentum"] = torch.tensor(cfg.muon_momentum, device=device)
         fuse = compile_backend if setup.compile and device.type == "cuda" else None
         return optim.MuonAdamW(groups, lr=lr, momentum=cfg.muon_momentum, betas=betas, eps=cfg.eps,
-                               compile_backend=fuse, symmetric=setup.ns_kernel and device.type == "cuda", **extra)
+                               compile_backend=fuse, symmetric=setup.ns_kernel and device.type == "cuda",
+                               polar=cfg.polar_express, **extra)
     if setup.adamw_kernel:  # the same AdamW, its CUDA step one Triton launch
         from gpt2ladder.speedups import kernel_adamw
 

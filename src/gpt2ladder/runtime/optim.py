@@ -29,19 +29,78 @@ NS_STEPS = 5
 NS_EPS = 1e-7
 
 
-def orthogonalise(g: torch.Tensor, steps: int = NS_STEPS, eps: float = NS_EPS, symmetric: bool = False) -> torch.Tensor:
+def best_odd_quintic(lo: float, hi: float) -> tuple[float, float, float]:
+    """(a, b, c) of the odd quintic p(x) = a x + b x^3 + c x^5 nearest to 1 on [lo, hi] in the largest error: by
+    Remez's exchange, p - 1 takes its largest size with alternating signs at lo, at p's two extrema between them,
+    and at hi. On an interval too narrow to tell apart from a point, the quintic whose slope and curvature vanish at
+    hi (1 at hi, and the limit of the others)."""
+    if lo / hi > 1 - 5e-6:
+        return 15 / 8 / hi, -10 / 8 / hi ** 3, 3 / 8 / hi ** 5
+    inner = [(3 * lo + hi) / 4, (lo + 3 * hi) / 4]
+    error = math.inf
+    for _ in range(100):
+        points = [lo, *inner, hi]
+        system = torch.tensor([[x, x ** 3, x ** 5, (-1.0) ** i] for i, x in enumerate(points)], dtype=torch.float64)
+        a, b, c, e = torch.linalg.solve(system, torch.ones(4, dtype=torch.float64)).tolist()
+        root = math.sqrt(9 * b * b - 20 * a * c)  # p'(x) = a + 3 b x^2 + 5 c x^4 = 0
+        inner = sorted(math.sqrt((-3 * b + sign * root) / (10 * c)) for sign in (-1.0, 1.0))
+        if abs(e - error) < 1e-15:
+            break
+        error = e
+    return a, b, c
+
+
+# The polar_express part's margin for bfloat16's rounding: the iteration's start is divided by (1 + this) its
+# Frobenius norm, and its steps but the last tolerate singular values up to 1 + this.
+POLAR_EXPRESS_SAFETY = 0.01
+
+
+def polar_express_coefficients(steps: int = NS_STEPS, lower: float = 1e-3, cushion: float = 0.02,
+                               safety: float = POLAR_EXPRESS_SAFETY) -> tuple[tuple[float, float, float], ...]:
+    """The polar_express part's iteration (Amsel, Persson, Musco and Gower, "The Polar Express", 2025): at each step
+    the odd quintic nearest to 1 on the interval the singular values lie in, from [lower, 1], the next interval
+    being the last one's image. `cushion`: each step's interval starts at no less than this share of its end
+    (the quintic for a wider one would send the smallest values past 1 in bfloat16), its quintic rescaled so the
+    interval's ends land equally far either side of 1. `safety`: every step but the last tolerates values up to 1 +
+    safety (bfloat16's rounding), as `orthogonalise` divides the start by (1 + safety) its Frobenius norm."""
+    hi, out = 1.0, []
+    for step in range(steps):
+        a, b, c = best_odd_quintic(max(lower, cushion * hi), hi)
+        if lower < cushion * hi:
+            ends = sum(a * x + b * x ** 3 + c * x ** 5 for x in (lower, hi))
+            a, b, c = (2 / ends * k for k in (a, b, c))
+        if step < steps - 1:
+            s = 1 + safety
+            a, b, c = a / s, b / s ** 3, c / s ** 5
+        out.append((a, b, c))
+        lower = a * lower + b * lower ** 3 + c * lower ** 5
+        hi = 2 - lower
+    return tuple(out)
+
+
+POLAR_EXPRESS = polar_express_coefficients()
+
+
+def orthogonalise(g: torch.Tensor, steps: int = NS_STEPS, eps: float = NS_EPS, symmetric: bool = False,
+                  polar: bool = False) -> torch.Tensor:
     """An approximation of U V^T for each matrix of g = U S V^T, (n, rows, cols), in bfloat16: the Newton-Schulz
     iteration X <- a X + (b A + c A^2) X with A = X X^T, from X = g / ||g||_F (so every singular value <= 1).
 
     `symmetric` (the ns_kernel rung): A and b A + c A^2, both symmetric, come from the Triton kernel of
-    kernels/gram.py, which computes only their tiles on and above the diagonal; the product with X stays cuBLAS's."""
-    a, b, c = NS_COEFFICIENTS
+    kernels/gram.py, which computes only their tiles on and above the diagonal; the product with X stays cuBLAS's.
+    `polar` (the polar_express part): each of the `steps` has its own a, b, c (`polar_express_coefficients`), from
+    X = g / ((1 + POLAR_EXPRESS_SAFETY) ||g||_F)."""
+    if polar:
+        schedule = POLAR_EXPRESS if steps == NS_STEPS else polar_express_coefficients(steps)
+    else:
+        schedule = (NS_COEFFICIENTS,) * steps
     x = g.bfloat16()
     tall = x.size(-2) > x.size(-1)
     if tall:  # iterate on the wide side: A is then the smaller square
         x = x.mT
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
-    for _ in range(steps):
+    norm = x.norm(dim=(-2, -1), keepdim=True)
+    x = x / (norm * (1 + POLAR_EXPRESS_SAFETY) if polar else norm).clamp(min=eps)
+    for a, b, c in schedule:
         if symmetric:
             A = gram.symmetric_gram(x)
             poly = gram.symmetric_gram(A, alpha=c, addend=A, beta=b)
@@ -116,14 +175,16 @@ class MuonAdamW(torch.optim.Optimizer):
 
     `symmetric` (the ns_kernel rung, on a GPU with Triton): `orthogonalise`'s two symmetric products of each step
     by the Triton kernel that computes only their tiles on and above the diagonal.
+
+    `polar` (the polar_express part): the orthogonalisation's steps each with their own coefficients.
     """
 
     def __init__(self, groups: list[dict], *, lr, momentum: float = 0.95, nesterov: bool = True,
                  betas=(0.9, 0.95), eps: float = 1e-8, compile_backend: str | None = None, symmetric: bool = False,
-                 **adamw_options):
+                 polar: bool = False, **adamw_options):
         super().__init__(groups, dict(lr=lr, weight_decay=0.0, muon=False, momentum=momentum, nesterov=nesterov))
         self._adamw_args = dict(lr=lr, betas=betas, eps=eps, **adamw_options)
-        self.symmetric = symmetric
+        self.symmetric, self.polar = symmetric, polar
         self._link_adamw()
         self._momentum, self._apply = momentum_update, apply_updates
         if compile_backend is not None:
@@ -170,7 +231,7 @@ class MuonAdamW(torch.optim.Optimizer):
             blocks = [getattr(p, "muon_blocks", 1) for p in same]
             bufs = [self.state[p]["momentum_buffer"] for p in same]
             stacked = self._momentum([p.grad for p in same], bufs, group["momentum"], group["nesterov"], blocks)
-            ortho = orthogonalise(stacked, symmetric=self.symmetric)
+            ortho = orthogonalise(stacked, symmetric=self.symmetric, polar=self.polar)
             scales = [shape_scale(p.size(0) // k, p.size(1)) for p, k in zip(same, blocks)]  # each p's own aspect
             steps = {s: self._step(lr * s, ortho.device) for s in dict.fromkeys(scales)}  # one per scale, not per p
             self._apply(same, ortho, blocks, [steps[s] for s in scales])
