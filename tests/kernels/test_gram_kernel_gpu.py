@@ -52,10 +52,11 @@ def test_the_kernel_is_the_expression_and_exactly_symmetric_at_gpt2_size(shape):
         assert torch.equal(got, got.mT)
 
 
+@pytest.mark.parametrize("polar", [False, True], ids=["newton_schulz", "polar_express"])
 @pytest.mark.parametrize("shape", BATCHES, ids=lambda s: "x".join(map(str, s)))
-def test_muons_iteration_with_the_kernel_is_the_plain_one_at_gpt2_size(shape):
+def test_muons_iteration_with_the_kernel_is_the_plain_one_at_gpt2_size(shape, polar):
     g = _wide(shape, seed=1)
-    fast, plain = optim.orthogonalise(g, symmetric=True), optim.orthogonalise(g)
+    fast, plain = optim.orthogonalise(g, symmetric=True, polar=polar), optim.orthogonalise(g, polar=polar)
     gap = _rel(fast, plain)
     x = _wide(shape, seed=2)
     a, b, c = optim.NS_COEFFICIENTS
@@ -68,7 +69,8 @@ def test_muons_iteration_with_the_kernel_is_the_plain_one_at_gpt2_size(shape):
         "bA + cA^2, kernel": _ms(lambda: gram.symmetric_gram(A, alpha=c, addend=A, beta=b)),
         "bA + cA^2, cuBLAS": _ms(lambda: torch.baddbmm(A, A, A, beta=b, alpha=c)),
     }
-    print(f"\n{'x'.join(map(str, shape))} on {torch.cuda.get_device_name()}: the two paths {gap:.2e} apart; "
+    print(f"\n{'x'.join(map(str, shape))}{' (polar_express)' if polar else ''} on {torch.cuda.get_device_name()}: "
+          f"the two paths {gap:.2e} apart; "
           + "; ".join(f"{k} {v:.3f} ms" for k, v in times.items()))
     assert gap < BF16_REL
 
