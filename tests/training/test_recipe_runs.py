@@ -14,7 +14,7 @@ from gpt2ladder.training.schedule import momentum_at
 from training_support import one_line_error, real_text_offline, run_cli  # noqa: F401  (the real text, offline)
 
 RECIPE = (
-    "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,value_embeds,unet_skips,doc_windows,wsd,momentum_warmup")
+    "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,value_embeds,unet_skips,doc_windows,wsd,momentum_warmup,polar_express")
 
 
 def _args(out, *extra):
