@@ -24,14 +24,15 @@ def _assert_near(a: torch.Tensor, b: torch.Tensor, rel: float = BF16_REL) -> Non
     assert (a - b).norm() <= rel * b.norm(), f"{(a - b).norm() / b.norm():.4f} relative"
 
 
-def _newton_schulz(g: torch.Tensor) -> torch.Tensor:
-    """The iteration for one matrix, written out in fp32: X <- aX + bAX + cA^2X, A = XX^T (on the wide side)."""
-    a, b, c = optim.NS_COEFFICIENTS
+def _newton_schulz(g: torch.Tensor, schedule=(optim.NS_COEFFICIENTS,) * optim.NS_STEPS,
+                   margin: float = 0.0) -> torch.Tensor:
+    """The iteration for one matrix, written out in fp32: X <- aX + bAX + cA^2X, A = XX^T (on the wide side), from
+    X = g / ((1 + margin) ||g||), with each step's a, b, c from `schedule`."""
     x = g.float()
     tall = x.shape[0] > x.shape[1]
     x = x.T if tall else x
-    x = x / x.norm().clamp(min=optim.NS_EPS)
-    for _ in range(optim.NS_STEPS):
+    x = x / (x.norm() * (1 + margin)).clamp(min=optim.NS_EPS)
+    for a, b, c in schedule:
         A = x @ x.T
         x = a * x + (b * A + c * A @ A) @ x
     return x.T if tall else x
@@ -346,24 +347,12 @@ def test_the_schedule_is_the_published_one_at_the_published_settings():
         assert mine == pytest.approx(published, rel=1e-8, abs=1e-8)
 
 
-def _polar_express(g: torch.Tensor) -> torch.Tensor:
-    """The polar_express iteration for one matrix, written out in fp32."""
-    x = g.float()
-    tall = x.shape[0] > x.shape[1]
-    x = x.T if tall else x
-    x = x / (x.norm() * (1 + optim.POLAR_EXPRESS_SAFETY))
-    for a, b, c in optim.POLAR_EXPRESS:
-        A = x @ x.T
-        x = a * x + (b * A + c * A @ A) @ x
-    return x.T if tall else x
-
-
 @pytest.mark.parametrize("shape", [(48, 16), (16, 48), (64, 256)])
 def test_orthogonalise_polar_is_its_expression_and_ends_nearer_one_than_newton_schulz(shape):
     g = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
     polar = optim.orthogonalise(g, polar=True)
     for i in range(3):
-        _assert_near(polar[i], _polar_express(g[i]))
+        _assert_near(polar[i], _newton_schulz(g[i], optim.POLAR_EXPRESS, optim.POLAR_EXPRESS_SAFETY))
     s, plain = torch.linalg.svdvals(polar.float()), torch.linalg.svdvals(optim.orthogonalise(g).float())
     assert 0.8 < s.min() and s.max() < 1.2 and plain.min() < 0.8  # Newton-Schulz's smallest stay near 0.68
 
