@@ -27,24 +27,32 @@ def time_text(row: dict) -> str:
 
 
 def vs_prev(row: dict, before: dict | None = None) -> str:
-    """The gain over the row it is read against, naming that row where it is not `before`, the row above it."""
+    """The gain over the row it is read against, naming that row where it is not `before`, the row above it, and
+    its seeds that were sooner (`seeds_text`)."""
     if row.get("gain_vs_prev") is None:
         return "-"
     against = row.get("gain_vs")
     named = "" if against is None or before is None or against == before["name"] else f" vs {against}"
     if row["within_noise_of_prev"]:
-        return "within noise" + named
+        return "within noise" + seeds_text(row) + named
     return (f"{row['gain_vs_prev']:.2f}x" + (", under one validation" if row.get("within_one_validation_of_prev") else "")
-            + named)
+            + seeds_text(row) + named)
+
+
+def seeds_text(row: dict) -> str:
+    """', 3/3 seeds sooner': in how many of the seeds both rows ran this one was sooner (two or more seeds)."""
+    seeds = row.get("seeds_sooner")
+    return f", {seeds['sooner']}/{seeds['of']} seeds sooner" if seeds and seeds["of"] > 1 else ""
 
 
 def _gain_against(row: dict) -> str:
-    """'1.06x against speedrun, under one validation': the gain, the rung it is read against, then the noise rule."""
+    """'1.06x against speedrun, under one validation': the gain, the rung it is read against, then the noise rule
+    and the seeds that were sooner."""
     base = row.get("gain_vs") or "the rung before"
     if row["within_noise_of_prev"]:
-        return f"within noise of {base}"
+        return f"within noise of {base}{seeds_text(row)}"
     rule = ", under one validation" if row.get("within_one_validation_of_prev") else ""
-    return f"{row['gain_vs_prev']:.2f}x against {base}{rule}"
+    return f"{row['gain_vs_prev']:.2f}x against {base}{rule}{seeds_text(row)}"
 
 
 def _median(row: dict, key: str, spec: str) -> str:
@@ -144,7 +152,9 @@ def format_markdown(record: dict) -> str:
         "the rung it is read against overlap (the rung before; for a rung written with + or -, the longest start of "
         "its name raced before it, else the rung before; for a rung with @ settings, the rung before its @); "
         "'under one validation': their medians lie nearer than one validation interval's steps take (at the slower "
-        "rung's step), finer than the reading at validations can tell",
+        "rung's step), finer than the reading at validations can tell; 'k/n seeds sooner': in k of the n seeds both "
+        "rungs ran, this rung's run reached the target at an earlier validation and in less time than the same "
+        "seed's run of the rung it is read against (the noise rule does not read it)",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",
         f"- {record['date']}",
