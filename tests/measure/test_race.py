@@ -862,6 +862,10 @@ def test_reuse_miss_says_why_a_folder_gives_none_of_a_races_runs(tmp_path):
     saved["train_config"]["ckpt_every"] = 7  # how a run saves itself is not what it computes
     (where / "config.json").write_text(json.dumps(saved))
     assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") is None
+    older = json.loads(json.dumps(held))
+    assert older["train_config"].pop("compile_backend") == "inductor"  # a version before the setting ran at its default
+    (where / "config.json").write_text(json.dumps(older))
+    assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") is None
     for damaged in ([held], {**held, "train_config": "x"}, {**held, "data": "abc"}, {**held, "data": None}):
         (where / "config.json").write_text(json.dumps(damaged))  # a damaged folder is passed over, never raises
         assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") in ("it holds no run of this race's rungs and seeds",

@@ -43,7 +43,7 @@ from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.runtime.metrics import peak_flops
 from gpt2ladder.training.checkpoint import FILENAME, PREVIOUS, kept_none
-from gpt2ladder.training.config import TrainConfig
+from gpt2ladder.training.config import TRAIN_DEFAULTS, TrainConfig
 from gpt2ladder.training.run import claimed, run_cards, saved_run, train_claimed
 from gpt2ladder.training.runlog import read_log
 
@@ -521,7 +521,9 @@ def _unlike(found: Path, cfg: TrainConfig, data_sha256: str) -> str | None:
     if not isinstance(settings, dict):
         return None
     wanted = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it
-    other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and settings.get(k) != v)
+    # a setting a run's version had no key for, it ran at its default, as its checkpoint is read (trainer.py)
+    ran = {**json.loads(json.dumps({k: v for k, v in TRAIN_DEFAULTS.items() if k not in settings})), **settings}
+    other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and ran.get(k) != v)
     if other:
         return f"ran with other settings ({', '.join(other)})"
     if not isinstance(data, dict) or data.get("sha256") != data_sha256:
