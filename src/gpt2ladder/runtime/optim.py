@@ -61,9 +61,9 @@ def polar_express_coefficients(steps: int = NS_STEPS, lower: float = 1e-3, cushi
                                safety: float = POLAR_EXPRESS_SAFETY) -> tuple[tuple[float, float, float], ...]:
     """The polar_express part's iteration (Amsel, Persson, Musco and Gower, "The Polar Express", 2025): at each step
     the odd quintic nearest to 1 on the interval the singular values lie in, from [lower, 1], the next interval
-    being the last one's image. `cushion`: each step's interval starts at no less than this share of its end
-    (the quintic for a wider one would send the smallest values past 1 in bfloat16), its quintic rescaled so the
-    interval's ends land equally far either side of 1. `safety`: every step but the last tolerates values up to 1 +
+    being the last one's image. `cushion`: each step's interval starts at no less than this share of its end, as
+    the paper's method plans it, and its quintic is rescaled so the interval's ends land equally far either side
+    of 1. `safety`: every step but the last tolerates values up to 1 +
     safety (bfloat16's rounding), as `orthogonalise` divides the start by (1 + safety) its Frobenius norm."""
     hi, out = 1.0, []
     for step in range(steps):
