@@ -220,6 +220,8 @@ def _bench(args) -> int:
 
 
 def _add_train(sub) -> None:
+    from gpt2ladder.model.recipe import WSD_DECAY_FRACTION
+
     p = sub.add_parser("train", help="train GPT-2 on Tiny Shakespeare or any text",
                        description="Train at the fastest setting this machine allows, with validation, "
                        "atomic checkpoints that resume exactly, a log and a loss-curve plot. Ctrl-C or SIGTERM "
@@ -253,6 +255,8 @@ def _add_train(sub) -> None:
                    f"(default: {MUON_RATES['embed_lr']})")
     p.add_argument("--head-lr", type=float, help="with the muon and untied_head recipe parts: AdamW's peak rate for "
                    f"the head (default: {MUON_RATES['head_lr']})")
+    p.add_argument("--decay-fraction", type=float, help="with the wsd recipe part: the share of the steps over which "
+                   f"the rate decays to --min-lr, after it held its peak (default: {WSD_DECAY_FRACTION})")
     every = _count(MAX_STEPS, zero=True)  # a step count or interval of steps, 0 for none
     p.add_argument("--warmup-steps", type=every, help="linear warm-up steps (default: 5%% of --steps)")
     p.add_argument("--weight-decay", type=float, help="AdamW's weight decay on the matrices "
@@ -476,7 +480,8 @@ def _profile(args) -> int:
 
 
 def _add_race(sub) -> None:
-    from gpt2ladder.model.recipe import PARTS  # not measure.race, which imports torch: --help stays quick
+    # not measure.race, which imports torch: --help stays quick
+    from gpt2ladder.model.recipe import PARTS, WSD_DECAY_FRACTION
 
     p = sub.add_parser("race", help="the recipes' ladder: training time to a target validation loss, per rung",
                        description="Train each rung of the race (GPT-2, then one recipe part more per rung: "
@@ -492,7 +497,8 @@ def _add_race(sub) -> None:
                    "speedrun-wsd), are recipes of their own, the +/- rungs raced last in the order given, each "
                    "against the longest start of its name raced before it, else the row before; a rung listed with "
                    "@ trains it with settings of its own and is read against it (speedrun@muon_lr=0.03, "
-                   "gpt2@lr=0.0012; lr, min_lr, warmup_steps, muon_lr, embed_lr, head_lr) (default: all)")
+                   "gpt2@lr=0.0012; lr, min_lr, warmup_steps, muon_lr, embed_lr, head_lr, decay_fraction) "
+                   "(default: all)")
     p.add_argument("--target-val-loss", type=_race_target, metavar="X", help="the validation loss to reach, "
                    "above 0 and below an untrained model's (ln 50257 = 10.82, and a margin); or gpt2: the gpt2 "
                    "rung's validation loss after all its planned steps, the highest over its seeds (it then runs "
@@ -519,6 +525,8 @@ def _add_race(sub) -> None:
                    f"(default: {MUON_RATES['embed_lr']})")
     p.add_argument("--head-lr", type=_positive_float, help="from the untied_head rung on: the AdamW rate of the "
                    f"untied classifier (default: {D('race', 'head_lr')})")
+    p.add_argument("--decay-fraction", type=_positive_float, help="from the wsd rung on: the share of the steps "
+                   f"over which the rate decays (default: {WSD_DECAY_FRACTION})")
     _out(p, "race", "race.json, race.md, race.png, and a run directory per rung and seed")
     p.add_argument("--resume", action="store_true", help="continue the race in OUT: skip the runs it finished, "
                    "continue a stopped one from its checkpoint (off by default)")

@@ -22,6 +22,7 @@ from gpt2ladder.data import shards as fmt
 from gpt2ladder.errors import UsageError
 from gpt2ladder.measure import race
 from gpt2ladder.measure.doctor import diagnose
+from gpt2ladder.model.recipe import WSD_DECAY_FRACTION
 from gpt2ladder.report import race as report
 from gpt2ladder.report.doctor import format_report
 from gpt2ladder.runtime.hardware import Capabilities
@@ -36,7 +37,7 @@ SMALL = ["--steps", "4", "--eval-every", "2", "--batch-size", "2", "--seq-len", 
 
 
 def test_rungs_default_to_gpt2_and_every_part_and_a_list_is_put_in_race_order():
-    from gpt2ladder.model.recipe import PARTS
+    from gpt2ladder.model.recipe import WSD_DECAY_FRACTION, PARTS
 
     assert race.parse_race_rungs(None) == race.parse_race_rungs("all") == race.RACE_RUNGS
     assert race.RACE_RUNGS == ("gpt2", *(p.name for p in PARTS), "speedrun")
@@ -776,6 +777,8 @@ def test_a_rung_with_settings_is_read_against_its_base_rung_and_no_other_rung_ag
     ("gpt2,speedrun@muon_lr=0.03", "trains rung speedrun's recipe with settings of its own, and is read against it: "
                                    "add speedrun to --rungs"),
     ("gpt2,gpt2@muon_lr=0.1", "muon_lr is the muon part's, and gpt2 trains recipe gpt2, which has no muon"),
+    ("gpt2,gpt2@decay_fraction=0.5", "decay_fraction is the wsd part's, and gpt2 trains recipe gpt2, which has no wsd"),
+    ("gpt2,speedrun,speedrun@decay_fraction=1.5", "decay_fraction is a share of the steps, at most 1, got 1.5"),
     ("gpt2,gpt2@lr=0", "lr must be a positive number, got '0'"),
     ("gpt2,gpt2@lr=x", "lr must be a positive number, got 'x'"),
     ("gpt2,gpt2@lr=nan", "lr must be a positive number"),
@@ -816,6 +819,22 @@ def test_a_written_rung_with_no_recipe_alone_before_it_is_read_against_a_rung_wi
     rows = [race.rung_row(r, [_run(s, 10.0 + i + s / 10) for s in range(3)], cfg) for i, r in enumerate(cfg.rungs)]
     race.add_gains(rows)
     assert [r["gain_vs"] for r in rows] == [None, "gpt2", "gpt2"]
+
+
+def test_the_decay_fraction_reaches_the_wsd_rungs_alone_and_a_race_from_before_it_resumes():
+    """A race's --decay-fraction (here 0.5) reaches the rungs with wsd, a rung's own @decay_fraction overrides it,
+    and a rung without wsd runs at the default, so its runs are any race's of that recipe. A race.json written
+    before the setting existed resumes as a race at the default, and not as one at another."""
+    names = ("gpt2", "speedrun", "speedrun@decay_fraction=0.6")
+    rungs = tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names))
+    cfg = dataclasses.replace(_cfg(), rungs=rungs)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, decay_fraction=0.5))
+    assert [cfg.run_config(r, 0).decay_fraction for r in rungs] == [WSD_DECAY_FRACTION, 0.5, 0.6]
+    older = json.loads(json.dumps({"config": _cfg().to_dict()}))
+    del older["config"]["settings"]["decay_fraction"]
+    race.check_same_race(_cfg(), older)  # the default: the same race
+    with pytest.raises(UsageError, match=r"ran with other settings \(decay_fraction\)"):
+        race.check_same_race(cfg, older)
 
 
 def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp_path):

@@ -50,6 +50,9 @@ def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
     assert lr_at(100, 1.0, 0.1, 10, 100, "wsd") == 0.1
     assert all(a >= b for a, b in zip(rates[10:], rates[11:]))
     assert lr_at(50, 1.0, 0.1, 10, 100) < 1.0  # cosine decays all along
+    longer = [lr_at(s, 1.0, 0.1, 10, 100, "wsd", decay_fraction=0.7) for s in range(100)]
+    assert longer[10:30] == [1.0] * 20 and longer[31] < 1.0 and longer[99] == pytest.approx(rates[99], abs=0.01)
+    assert lr_at(80, 1.0, 0.1, 10, 100, "cosine", decay_fraction=0.7) == lr_at(80, 1.0, 0.1, 10, 100)  # wsd's alone
 
 
 def test_the_new_model_parts_race_after_softcap_and_the_speedrun_is_the_list_the_race_has_shown():

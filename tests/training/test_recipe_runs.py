@@ -29,13 +29,16 @@ _cli, _one_line_error = run_cli, one_line_error
 @pytest.fixture(scope="module")
 def modern_run(module_tmp, shakespeare_cache):
     out = module_tmp("modern") / "run"
-    assert cli.main(_args(out, "--muon-lr", "0.01")) == 0
+    assert cli.main(_args(out, "--muon-lr", "0.01", "--decay-fraction", "0.5")) == 0
     return out
 
 
 def test_the_run_records_its_recipe_and_trains(modern_run):
     config = json.loads((modern_run / "config.json").read_text())
     assert config["train_config"]["recipe"] == RECIPE and config["train_config"]["muon_lr"] == 0.01
+    assert config["train_config"]["decay_fraction"] == 0.5
+    rates = [e["lr"] for e in read_log(modern_run / "log.jsonl")]  # 6 steps, half of them decaying: from step 4
+    assert rates[:4] == [rates[0]] * 4 and rates[3] > rates[4] > rates[5]  # at 0.4, step 5 would be at the peak
     state = load_checkpoint(modern_run)
     assert state["model_config"]["parts"] == ["rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head",
                                               "softcap", "value_embeds", "unet_skips", "doc_windows"]
@@ -91,6 +94,17 @@ def test_bench_times_a_recipe_and_records_it(tmp_path, capsys, monkeypatch):
     record = json.loads((tmp_path / "b" / "ladder.json").read_text())
     assert record["config"]["recipe"] == "relu2,softcap" and record["model"]["parts"] == ["relu2", "softcap"]
     assert all(r["status"] == "ok" for r in record["rungs"])
+
+
+@pytest.mark.parametrize("flag, value, says", [("--decay-fraction", "0.5", "no wsd part"),
+                                                ("--decay-fraction", "1.5", "above 0 and at most 1")])
+def test_a_decay_for_a_recipe_without_wsd_or_beyond_the_steps_is_refused(tmp_path, capsys, flag, value, says):
+    args = _args(tmp_path / "x", flag, value)
+    if "wsd" in says:
+        args[args.index("--recipe") + 1] = "muon,rope"
+    code, _, err = _cli(capsys, args)
+    assert code == 2 and _one_line_error(err) and "--decay-fraction" in err and says in err
+    assert not (tmp_path / "x").exists()
 
 
 def test_muon_rates_for_a_recipe_without_muon_are_refused_not_recorded_and_ignored(tmp_path, capsys):

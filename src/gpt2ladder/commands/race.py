@@ -23,6 +23,7 @@ from gpt2ladder.ladder import setup_for
 from gpt2ladder.measure import race
 from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.model.config import preset
+from gpt2ladder.model.recipe import WSD_DECAY_FRACTION
 from gpt2ladder.report import race as report
 from gpt2ladder.report.records import output_dir, write_json, write_record
 from gpt2ladder.runtime.hardware import Capabilities, cap_memory, detect, resolve_device
@@ -196,6 +197,7 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         save_at_end=args.keep_weights,
         data=args.data,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", **{name: getattr(args, name) or d.get(name, rate) for name, rate in MUON_RATES.items()},
+        decay_fraction=args.decay_fraction or WSD_DECAY_FRACTION,
     )
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
     return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source,

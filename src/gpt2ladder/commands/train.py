@@ -30,7 +30,7 @@ from gpt2ladder.ladder import (
 from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.model.config import ModelConfig, preset
 from gpt2ladder.model.modern import block_mask_problem
-from gpt2ladder.model.recipe import GPT2, Recipe, parse_recipe
+from gpt2ladder.model.recipe import GPT2, WSD_DECAY_FRACTION, Recipe, parse_recipe
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
@@ -47,7 +47,7 @@ from gpt2ladder.training.run import Saved, claimed, prepared_hellaswag, saved_ru
 SETTINGS = ("preset", "rungs", "batch_size", "seq_len", "tokens_per_step", "steps", "lr", "min_lr", "warmup_steps",
             "weight_decay", "grad_clip", "eval_every", "eval_batches", "ckpt_every", "seed", "data", "init_from",
             "val_tokens", "hellaswag_every", "hellaswag_data", "target_val_loss", "recipe", "muon_lr", "embed_lr",
-            "head_lr")
+            "head_lr", "decay_fraction")
 
 
 def train_command(args) -> int:
@@ -176,6 +176,8 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
     idle = [f"--{name.replace('_', '-')}" for name in MUON_RATES if name in given]
     if idle and recipe.optimizer != "muon":  # taken, it would be recorded and do nothing
         raise UsageError(f"{', '.join(idle)} set the muon recipe part's rates; recipe {recipe.name} has no muon part")
+    if "decay_fraction" in given and recipe.schedule != "wsd":
+        raise UsageError(f"--decay-fraction sets the wsd recipe part's decay; recipe {recipe.name} has no wsd part")
     if recipe.has("doc_windows") and (problem := block_mask_problem()):
         raise UsageError(problem)
     if problem := strategy_problem(recipe.optimizer, strategy):
@@ -200,6 +202,7 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
         val_tokens=value("val_tokens"), hellaswag_every=value("hellaswag_every", d["hellaswag_every"]),
         hellaswag_data=value("hellaswag_data"), target_val_loss=value("target_val_loss"), recipe=recipe.name,
         **{name: value(name, rate if recipe.optimizer == "muon" else None) for name, rate in MUON_RATES.items()},
+        decay_fraction=value("decay_fraction", WSD_DECAY_FRACTION),
     )
     return cfg, strategy
 

@@ -38,7 +38,8 @@ from gpt2ladder import data as data_mod
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.model.modern import block_mask_problem
-from gpt2ladder.model.recipe import ADD, PARTS, SIGNS, TAKE, parse_recipe, race_recipes, written_parts
+from gpt2ladder.model.recipe import (ADD, PARTS, SIGNS, TAKE, WSD_DECAY_FRACTION, parse_recipe, race_recipes,
+                                     written_parts)
 from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.runtime.metrics import peak_flops
@@ -77,8 +78,9 @@ CLOCK_SECONDS = {"wall_seconds": "wall_s", "validation_seconds": "validation_s",
 SET = "@"
 # The settings a rung may give itself, and what each must be: TrainConfig's learning rates and warm-up.
 RUNG_SETTINGS = {"lr": float, "min_lr": float, "warmup_steps": int, "muon_lr": float, "embed_lr": float,
-                 "head_lr": float}
+                 "head_lr": float, "decay_fraction": float}
 MUON_SETTINGS = ("muon_lr", "embed_lr", "head_lr")
+WSD_SETTINGS = ("decay_fraction",)
 
 
 def is_written(name: str) -> bool:
@@ -109,6 +111,9 @@ def split_settings(name: str) -> tuple[str, dict]:
             what = "a whole number of steps, 0 or more" if kind is int else "a positive number"
             raise UsageError(f"race rung {name}: {key} must be {what}, got {text!r}")
         settings[key] = value
+    if settings.get("decay_fraction", 0) > 1:
+        raise UsageError(f"race rung {name}: decay_fraction is a share of the steps, at most 1, got "
+                         f"{settings['decay_fraction']:g}")
     if settings.get("min_lr", 0) > settings.get("lr", float("inf")):
         raise UsageError(f"race rung {name}: its min_lr {settings['min_lr']:g} is above its lr {settings['lr']:g}")
     return base, settings
@@ -242,6 +247,9 @@ def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
             if muon_only and recipes[name].optimizer != "muon":
                 raise UsageError(f"race rung {name}: {', '.join(muon_only)} {'is' if len(muon_only) == 1 else 'are'} "
                                  f"the muon part's, and {base} trains recipe {recipes[name].name}, which has no muon")
+            if any(k in WSD_SETTINGS for k in settings) and recipes[name].schedule != "wsd":
+                raise UsageError(f"race rung {name}: decay_fraction is the wsd part's, and {base} trains recipe "
+                                 f"{recipes[name].name}, which has no wsd")
     trained: dict[tuple, str] = {}
     for name in names:  # two rungs of one recipe and settings would train the same runs twice
         key = (recipes[name].name, tuple(sorted(split_settings(name)[1].items())))
@@ -293,8 +301,10 @@ class RaceConfig:
 
     def run_config(self, rung: RaceRung, seed: int) -> TrainConfig:
         """The run of this rung and seed: AdamW's recipes leave the muon part's rates unset, as `train` does."""
-        muon = parse_recipe(rung.recipe).optimizer == "muon"
-        rates = {} if muon else {"muon_lr": None, "embed_lr": None, "head_lr": None}
+        recipe = parse_recipe(rung.recipe)
+        rates = {} if recipe.optimizer == "muon" else {"muon_lr": None, "embed_lr": None, "head_lr": None}
+        if recipe.schedule != "wsd":  # its runs, which no decay_fraction changes, are every race's with that recipe
+            rates["decay_fraction"] = WSD_DECAY_FRACTION
         own = rung.settings
         if "lr" in own and "min_lr" not in own:  # the decay ends at a tenth of the peak, as the race's own rate's does
             own = {**own, "min_lr": own["lr"] * self.train.min_lr / self.train.lr}
@@ -351,8 +361,11 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
     if earlier is None:
         return
     before = (earlier.get("config") or {}).get("settings") or {}
-    changed = sorted(k for k in set(before) | set(cfg.settings())
-                     if k not in SAVING and before.get(k) != cfg.settings().get(k))
+    now = json.loads(json.dumps(cfg.settings()))  # as race.json holds them
+    # a setting the race's version had no key for, its runs ran at its default (as a checkpoint is read)
+    unknown = {k: v for k, v in TRAIN_DEFAULTS.items() if k in now and k not in before}
+    before = {**json.loads(json.dumps(unknown)), **before}
+    changed = sorted(k for k in set(before) | set(now) if k not in SAVING and before.get(k) != now.get(k))
     if changed:
         raise UsageError(f"--resume: the race in this folder ran with other settings ({', '.join(changed)}); give "
                          "the same flags, or another --out")

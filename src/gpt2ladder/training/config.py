@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gpt2ladder import defaults
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.config import ModelConfig, preset
-from gpt2ladder.model.recipe import Recipe, parse_recipe
+from gpt2ladder.model.recipe import WSD_DECAY_FRACTION, Recipe, parse_recipe
 
 # Validation batches are made once and held for the run: a number meant for --steps would fill the memory
 # before the first step instead of failing in one line.
@@ -58,6 +58,7 @@ class TrainConfig:
     muon_lr: float | None = None  # the muon part's peak rate for the Blocks' matrices; None: the optimizer's default
     embed_lr: float | None = None  # the muon part's AdamW rate for the embeddings; None: lr
     head_lr: float | None = None  # the muon part's AdamW rate for an untied head; None: lr
+    decay_fraction: float = WSD_DECAY_FRACTION  # the wsd part's share of the steps spent decaying
     # The shape (layers, heads, width, positions), before any rung pads or rewires it; None: the preset's.
     # Saved beside the settings, as built, under `model_config` (to_dict leaves it out).
     model: ModelConfig | None = None
@@ -82,6 +83,8 @@ class TrainConfig:
                 continue
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise UsageError(f"{_flag(name)} must be a finite number >= 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.decay_fraction) and 0 < self.decay_fraction <= 1):
+            raise UsageError(f"--decay-fraction must be above 0 and at most 1, got {self.decay_fraction}")
         self._check_targets()
         if self.lr == 0 or self.min_lr > self.lr:
             raise UsageError(f"need 0 < --min-lr <= --lr, got --lr {self.lr} and --min-lr {self.min_lr}")
@@ -134,7 +137,7 @@ KINDS = {"preset": _STR, "rungs": (list, tuple), "batch_size": _INT, "seq_len": 
          "hellaswag_every": _INT, "hellaswag_data": _STR + (type(None),), "target_val_loss": _NUM + (type(None),),
          "seed": _INT, "data": _STR + (type(None),), "init_from": _STR + (type(None),), "compile_backend": _STR,
          "recipe": _STR, "muon_lr": _NUM + (type(None),), "embed_lr": _NUM + (type(None),),
-         "head_lr": _NUM + (type(None),), "keep_best": _BOOL, "save_at_end": _BOOL}
+         "head_lr": _NUM + (type(None),), "keep_best": _BOOL, "save_at_end": _BOOL, "decay_fraction": _NUM}
 
 
 def settings_problem(saved: dict, shape: ModelConfig) -> str | None:

@@ -288,7 +288,7 @@ class Trainer:
         self.inflight.start()  # the time covers the batch's copy, the step and the loss's reduction
         x, y = self.feed.next()  # (accum * B, T) rows of this rank, on the device
         shape = (self.accum, cfg.batch_size, cfg.seq_len)
-        lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps, self.schedule)
+        lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps, self.schedule, cfg.decay_fraction)
         self.engine.set_lr(lr)
         facts = {"step": self.step + 1, "lr": lr}
         if self.engine.optim_cfg.momentum_warmup:
