@@ -96,9 +96,9 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun", "speedrun"]
     with pytest.raises(UsageError, match="--rungs all stands alone"):
         race.parse_race_rungs("all,speedrun-wsd")
-    assert f", {11.1 / 13.1:.2f}x against speedrun, 0/3 seeds sooner, 1 tokens" in report.progress_line(rows[3], 9.0)
+    assert f", {11.1 / 13.1:.2f}x against speedrun, earlier validation in 0/3 seeds, 1 tokens" in report.progress_line(rows[3], 9.0)
     race.add_gains(rows, 200)  # 200 steps of 11 ms: 2.2 s, more than the 2 s between the medians
-    assert f", {11.1 / 13.1:.2f}x against speedrun, under one validation, 0/3 seeds sooner, 1 tokens" in \
+    assert f", {11.1 / 13.1:.2f}x against speedrun, under one validation, earlier validation in 0/3 seeds, 1 tokens" in \
         report.progress_line(rows[3], 9.0)
     with pytest.raises(UsageError, match="race rungs softcap and speedrun-wsd both train recipe"):
         race.race_rungs(race.parse_race_rungs("gpt2,muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,"
@@ -223,8 +223,8 @@ def test_a_row_is_the_median_and_range_over_the_seeds_and_its_gain_over_the_rung
     assert gpt2["gain_vs_prev"] is None
     assert muon["gain_vs_prev"] == pytest.approx(20.0 / 6.0) and muon["within_noise_of_prev"] is False
     assert rope["gain_vs_prev"] == pytest.approx(6.0 / 5.0) and rope["within_noise_of_prev"] is True  # 4-7 meets 5-8
-    assert report.vs_prev(muon) == "3.33x, 3/3 seeds sooner"
-    assert report.vs_prev(rope) == "within noise, 2/3 seeds sooner"  # seeds 0 and 2: 4 against 8, 5 against 6
+    assert report.vs_prev(muon) == "3.33x, earlier validation in 3/3 seeds"
+    assert report.vs_prev(rope) == "within noise, earlier validation in 2/3 seeds"  # seeds 0 and 2: 4 against 8, 5 against 6
     assert report.time_text(muon) == "6.0 (5.0-8.0)"
 
 
@@ -245,10 +245,10 @@ def test_a_plus_rung_is_read_against_the_rung_it_adds_its_last_part_to():
     assert rows[5]["gain_vs_prev"] == pytest.approx(20.1 / 30.1)  # no speedrun+unet_skips row: speedrun
     record = {"rungs": rows}
     table = report.rows(record)
-    assert table[3][2] == f"{19.1 / 25.1:.2f}x, 0/3 seeds sooner"
-    assert table[4][2] == f"{19.1 / 18.1:.2f}x, 3/3 seeds sooner vs speedrun+value_embeds"
-    assert table[5][2] == f"{20.1 / 30.1:.2f}x, 0/3 seeds sooner vs speedrun"
-    assert table[6][2] == f"{30.1 / 21.1:.2f}x, 3/3 seeds sooner"
+    assert table[3][2] == f"{19.1 / 25.1:.2f}x, earlier validation in 0/3 seeds"
+    assert table[4][2] == f"{19.1 / 18.1:.2f}x, earlier validation in 3/3 seeds vs speedrun+value_embeds"
+    assert table[5][2] == f"{20.1 / 30.1:.2f}x, earlier validation in 0/3 seeds vs speedrun"
+    assert table[6][2] == f"{30.1 / 21.1:.2f}x, earlier validation in 3/3 seeds"
     assert "against speedrun+value_embeds" in report.progress_line(rows[4], 9.0)
 
 
@@ -287,23 +287,24 @@ def test_a_gain_finer_than_one_validation_interval_is_marked(eval_every, under):
         [_run(0, 20.0), _run(1, 20.1), _run(2, 20.2)], [_run(0, 19.0), _run(1, 19.05), _run(2, 19.1)]))]
     race.add_gains(rows, eval_every)
     assert rows[1]["within_noise_of_prev"] is False and rows[1]["within_one_validation_of_prev"] is under
-    assert report.vs_prev(rows[1]) == "1.06x" + (", under one validation" if under else "") + ", 3/3 seeds sooner"
+    assert report.vs_prev(rows[1]) == "1.06x" + (", under one validation" if under else "") + ", earlier validation in 3/3 seeds"
 
 
-def test_a_seed_is_sooner_only_at_an_earlier_validation_in_less_time_and_only_seeds_both_rungs_reached_count():
-    """Seed by seed against the row read against: the same validation on quicker steps is not sooner, a seed the
-    other row did not reach is not compared; one seed shared says nothing in the table."""
+def test_the_seeds_count_the_validations_alone_and_only_seeds_both_rungs_reached():
+    """Seed by seed against the row read against: the same validation on quicker steps is not an earlier validation
+    (the gain counts the step's speed; this does not), a seed the other row did not reach is not compared, and one
+    seed shared says nothing in the table."""
     cfg = _cfg()
     ran = [_run(0, 10.0), _run(1, 10.0), _run(2, 10.0)]
     same_step = {**_run(0, 9.9), "steps": 1000}  # the same validation (step 1000), 0.1 s sooner on quicker steps
-    sooner = _run(1, 9.0)
-    later = _run(2, 11.0)
-    rows = [race.rung_row(r, runs, cfg) for r, runs in zip(cfg.rungs, (ran, [same_step, sooner, later]))]
+    earlier, later = _run(1, 9.0), _run(2, 11.0)
+    rows = [race.rung_row(r, runs, cfg) for r, runs in zip(cfg.rungs, (ran, [same_step, earlier, later]))]
     race.add_gains(rows)
-    assert rows[1]["seeds_sooner"] == {"sooner": 1, "of": 3} and report.seeds_text(rows[1]) == ", 1/3 seeds sooner"
-    assert race.seeds_sooner(rows[1], {"runs": [_run(1, 10.0), _run(2, 5.0, reached=False)]}) == {"sooner": 1, "of": 1}
-    assert race.seeds_sooner(rows[1], {"runs": [_run(5, 10.0)]}) is None
-    assert report.seeds_text({"seeds_sooner": {"sooner": 1, "of": 1}}) == ""  # one seed: the gain says it all
+    assert rows[1]["seeds_earlier"] == {"earlier": 1, "of": 3}
+    assert report.seeds_text(rows[1]) == ", earlier validation in 1/3 seeds"
+    assert race.seeds_earlier(rows[1], {"runs": [_run(1, 10.0), _run(2, 5.0, reached=False)]}) == {"earlier": 1, "of": 1}
+    assert race.seeds_earlier(rows[1], {"runs": [_run(5, 10.0)]}) is None
+    assert report.seeds_text({"seeds_earlier": {"earlier": 1, "of": 1}}) == ""  # one seed: the gain says it all
 
 
 def test_a_figure_one_seed_did_not_record_is_left_out_of_the_median_and_range_not_taken_for_zero():

@@ -192,14 +192,15 @@ def test_the_rungs_best_dropped_are_marked_on_the_chart(figures):
 
 def race_record(n):
     """An ablation's record: gpt2, speedrun, then n - 2 rungs each read against speedrun, each gain under one
-    validation (the longest label a bar carries), one seed's curve each."""
+    validation and counting its seeds at an earlier validation (the longest label a bar carries), one seed's curve
+    each."""
     def row(i, name, seconds):
         against = None if i == 0 else "gpt2" if i == 1 else "speedrun"
         curve = [{"train_seconds": s, "val_loss": 2.0 + 4.0 / (1 + s)} for s in (1.0, seconds / 2, seconds)]
         return {"name": name, "status": "ok", "reached": True, "runs": [{"curve": curve}],
                 "train_seconds": {"median": seconds, "min": seconds, "max": seconds},
                 "gain_vs": against, "gain_vs_prev": None if i == 0 else 1.01, "within_noise_of_prev": False,
-                "within_one_validation_of_prev": i > 1}
+                "within_one_validation_of_prev": i > 1, "seeds_earlier": {"earlier": 3, "of": 3}}
     names = ["gpt2", "speedrun", *(f"speedrun-part{i}" for i in range(n - 2))]
     return {"target_val_loss": 2.1, "config": {"settings": {"preset": "gpt2"}}, "data": {"source": "code-shards"},
             "cards": ["NVIDIA H100 80GB HBM3"], "rungs": [row(i, name, 43.0 if i == 0 else 20.0 + i % 3)
@@ -208,8 +209,8 @@ def race_record(n):
 
 @pytest.mark.parametrize("n", [2, 4, 11, 16])
 def test_no_two_words_of_the_race_chart_overlap(figures, n):
-    """Each bar's labels (its seconds, its gain, 'under one validation', the rung it is read against) stay clear of
-    its neighbours' however many rungs the race has."""
+    """Each bar's labels (its seconds, its gain, 'under one validation', its seeds at an earlier validation, the rung
+    it is read against) stay clear of its neighbours' however many rungs the race has."""
     from gpt2ladder.report.race import race_figure
 
     fig = race_figure(race_record(n))

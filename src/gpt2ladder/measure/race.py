@@ -534,7 +534,8 @@ def _unlike(found: Path, cfg: TrainConfig, data_sha256: str) -> str | None:
     if not isinstance(settings, dict):
         return None
     wanted = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it
-    # a setting a run's version had no key for, it ran at its default, as its checkpoint is read (trainer.py)
+    # a setting a run's version had no key for, it ran at its default, as its checkpoint is read
+    # (training/trainer.py)
     ran = {**json.loads(json.dumps({k: v for k, v in TRAIN_DEFAULTS.items() if k not in settings})), **settings}
     other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and ran.get(k) != v)
     if other:
@@ -698,35 +699,34 @@ def add_gains(rows: list[dict], eval_every: int | None = None) -> None:
     over this one's), whether the two are within noise (their seeds' ranges overlap), and whether their medians lie
     nearer than one validation interval (`eval_every` steps at the slower row's step time): the time is read at
     validations, so a run that crosses the target one validation sooner on slower steps may gain less than the
-    reading can tell. And seed by seed (`seeds_sooner`), which the noise rule does not read: in how many of the seeds
-    both rows ran this row reached the target at an earlier validation and in less time. (The `_prev` keys keep the
-    names records have had: "prev" is the base row.)"""
+    reading can tell. And seed by seed (`seeds_earlier`), which the noise rule does not read: in how many of the seeds
+    both rows ran this row reached the target at an earlier validation. (The `_prev` keys keep the names records
+    have had: "prev" is the base row.)"""
     for i, row in enumerate(rows):
         prev = base_row(rows, i)
         row["gain_vs"] = prev and prev["name"]
         row["gain_vs_prev"] = row["within_noise_of_prev"] = row["within_one_validation_of_prev"] = None
-        row["seeds_sooner"] = None
+        row["seeds_earlier"] = None
         if prev is not None and row["reached"] and prev["reached"]:
             now, before = row["train_seconds"], prev["train_seconds"]
             row["gain_vs_prev"] = before["median"] / now["median"] if now["median"] > 0 else None
             row["within_noise_of_prev"], row["within_one_validation_of_prev"] = noise_rule(row, prev, eval_every)
-            row["seeds_sooner"] = seeds_sooner(row, prev)
+            row["seeds_earlier"] = seeds_earlier(row, prev)
 
 
-def seeds_sooner(row: dict, other: dict) -> dict | None:
-    """{"sooner", "of"}: of the seeds both rows' runs reached the target in (`of`), those in which this row's run
-    reached it at an earlier validation (fewer steps) and in fewer training seconds than the other row's run of the
-    same seed; None where they share none."""
-    def timed(r: dict) -> dict:
-        return {run["seed"]: run for run in r.get("runs") or [] if run.get("status") == "ok" and run.get("reached")
-                and run.get("steps") is not None and run.get("train_seconds") is not None}
-    mine, theirs = timed(row), timed(other)
+def seeds_earlier(row: dict, other: dict) -> dict | None:
+    """{"earlier", "of"}: of the seeds both rows' runs reached the target in with their steps known (`of`), those in
+    which this row's run reached it at an earlier validation (in fewer steps, so on fewer tokens) than the other
+    row's run of the same seed; None where they share none. The time's gain also counts the step's speed; this
+    counts the validations alone."""
+    def stepped(r: dict) -> dict:
+        return {run["seed"]: run["steps"] for run in r.get("runs") or []
+                if run.get("status") == "ok" and run.get("reached") and run.get("steps") is not None}
+    mine, theirs = stepped(row), stepped(other)
     shared = sorted(mine.keys() & theirs.keys())
     if not shared:
         return None
-    sooner = sum(mine[s]["steps"] < theirs[s]["steps"] and mine[s]["train_seconds"] < theirs[s]["train_seconds"]
-                 for s in shared)
-    return {"sooner": sooner, "of": len(shared)}
+    return {"earlier": sum(mine[s] < theirs[s] for s in shared), "of": len(shared)}
 
 
 def noise_rule(row: dict, other: dict, eval_every: int | None) -> tuple[bool, bool | None]:

@@ -28,7 +28,7 @@ def time_text(row: dict) -> str:
 
 def vs_prev(row: dict, before: dict | None = None) -> str:
     """The gain over the row it is read against, naming that row where it is not `before`, the row above it, and
-    its seeds that were sooner (`seeds_text`)."""
+    its seeds that reached the target at an earlier validation (`seeds_text`)."""
     if row.get("gain_vs_prev") is None:
         return "-"
     against = row.get("gain_vs")
@@ -40,14 +40,15 @@ def vs_prev(row: dict, before: dict | None = None) -> str:
 
 
 def seeds_text(row: dict) -> str:
-    """', 3/3 seeds sooner': in how many of the seeds both rows ran this one was sooner (two or more seeds)."""
-    seeds = row.get("seeds_sooner")
-    return f", {seeds['sooner']}/{seeds['of']} seeds sooner" if seeds and seeds["of"] > 1 else ""
+    """', earlier validation in 3/3 seeds': in how many of the seeds both rows ran this one reached the target at an
+    earlier validation (two or more seeds)."""
+    seeds = row.get("seeds_earlier")
+    return f", earlier validation in {seeds['earlier']}/{seeds['of']} seeds" if seeds and seeds["of"] > 1 else ""
 
 
 def _gain_against(row: dict) -> str:
     """'1.06x against speedrun, under one validation': the gain, the rung it is read against, then the noise rule
-    and the seeds that were sooner."""
+    and the seeds that reached the target at an earlier validation."""
     base = row.get("gain_vs") or "the rung before"
     if row["within_noise_of_prev"]:
         return f"within noise of {base}{seeds_text(row)}"
@@ -152,9 +153,9 @@ def format_markdown(record: dict) -> str:
         "the rung it is read against overlap (the rung before; for a rung written with + or -, the longest start of "
         "its name raced before it, else the rung before; for a rung with @ settings, the rung before its @); "
         "'under one validation': their medians lie nearer than one validation interval's steps take (at the slower "
-        "rung's step), finer than the reading at validations can tell; 'k/n seeds sooner': in k of the n seeds both "
-        "rungs ran, this rung's run reached the target at an earlier validation and in less time than the same "
-        "seed's run of the rung it is read against (the noise rule does not read it)",
+        "rung's step), finer than the reading at validations can tell; 'earlier validation in k/n seeds': in k of "
+        "the n seeds both rungs reached the target in, this rung's run reached it at an earlier validation (in fewer "
+        "steps) than the same seed's run of the rung it is read against (the noise rule does not read it)",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",
         f"- {record['date']}",
@@ -220,7 +221,8 @@ def _bar(ax, i: int, row: dict, colour, before: dict | None) -> None:
     ax.errorbar(i, t["median"], yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]], color="black",
                 capsize=3, linewidth=1)
     gain = (vs_prev(row, before).replace(", ", "\n").replace(" vs ", "\nvs ")  # short lines, each narrower than a bar
-            .replace("under one validation", "under one\nvalidation"))
+            .replace("under one validation", "under one\nvalidation")
+            .replace("earlier validation in ", "earlier in\n"))
     label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{gain}")
     ax.annotate(label, (i, t["max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
 

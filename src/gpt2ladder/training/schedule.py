@@ -18,7 +18,7 @@ def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, steps: int, sc
     if step >= steps:
         return min_lr
     if schedule == "wsd":
-        decay_start = max(warmup_steps, steps - int(decay_fraction * steps))
+        decay_start = max(warmup_steps, steps - int(decay_fraction * steps + 1e-9))  # 0.57 * 100 is 56.99...
         if step < decay_start:
             return lr
         progress = (step - decay_start) / max(1, steps - decay_start)
