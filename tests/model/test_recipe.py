@@ -53,6 +53,7 @@ def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
     longer = [lr_at(s, 1.0, 0.1, 10, 100, "wsd", decay_fraction=0.7) for s in range(100)]
     assert longer[10:30] == [1.0] * 20 and longer[31] < 1.0 and longer[99] == pytest.approx(rates[99], abs=0.01)
     assert lr_at(80, 1.0, 0.1, 10, 100, "cosine", decay_fraction=0.7) == lr_at(80, 1.0, 0.1, 10, 100)  # wsd's alone
+    assert lr_at(43, 1.0, 0.1, 10, 100, "wsd", 0.57) == 1.0 > lr_at(44, 1.0, 0.1, 10, 100, "wsd", 0.57)  # 57 steps
 
 
 def test_the_new_model_parts_race_after_softcap_and_the_speedrun_is_the_list_the_race_has_shown():
