@@ -89,6 +89,13 @@ def test_lr_warms_up_then_decays_to_a_tenth():
     assert lr_at(100, cfg.lr, cfg.lr * parity.MIN_LR_FRACTION, cfg.n_warmup, cfg.steps) == pytest.approx(1e-4)
 
 
+def test_the_record_names_the_recipes_own_decay():
+    """parity trains a recipe on its own schedule (cosine, or wsd's hold then linear decay), and says which."""
+    cosine = parity._schedule(ParityConfig(steps=100, lr=1e-3, warmup_steps=10))["decay"]
+    wsd = parity._schedule(ParityConfig(steps=100, lr=1e-3, warmup_steps=10, recipe="speedrun"))["decay"]
+    assert cosine.startswith("cosine to 0.1 x lr") and wsd.startswith("held at lr, then linear") and "(wsd)" in wsd
+
+
 def test_smooth_is_a_trailing_mean():
     assert parity_report.smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
 

@@ -31,7 +31,7 @@ from gpt2ladder import defaults
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded
-from gpt2ladder.model.recipe import parse_recipe, with_recipe
+from gpt2ladder.model.recipe import WSD_DECAY_FRACTION, parse_recipe, with_recipe
 from gpt2ladder.model.config import ModelConfig, preset
 from gpt2ladder.report.progress import on_terminal, progress_bar
 from gpt2ladder.report.records import record_header
@@ -388,8 +388,16 @@ def _optim(cfg: ParityConfig) -> OptimConfig:
     return OptimConfig.of(parse_recipe(cfg.recipe), lr=cfg.lr, grad_clip=GRAD_CLIP)
 
 
+def _decay_text(schedule: str) -> str:
+    """How the rate decays after warm-up, in words: the recipe's schedule (`training/schedule.py`)."""
+    if schedule == "wsd":
+        return (f"held at lr, then linear to {MIN_LR_FRACTION:g} x lr over the last {WSD_DECAY_FRACTION:g} of the "
+                "steps (wsd)")
+    return f"cosine to {MIN_LR_FRACTION:g} x lr at the last step"
+
+
 def _schedule(cfg: ParityConfig) -> dict:
     return {"optimizer": dataclasses.asdict(_optim(cfg)),
-            "warmup_steps": cfg.n_warmup, "decay": f"cosine to {MIN_LR_FRACTION:g} x lr at the last step",
+            "warmup_steps": cfg.n_warmup, "decay": _decay_text(parse_recipe(cfg.recipe).schedule),
             "eval_every": cfg.eval_interval, "eval_batches": cfg.eval_batches,
             "final_train_loss": "mean of the last 10% of steps"}
