@@ -194,9 +194,9 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         preset=name, model=shape, batch_size=batch, seq_len=seq_len, steps=steps, lr=lr, min_lr=lr / 10,
         tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=int(0.05 * steps), eval_every=every,
         eval_batches=d["eval_batches"], ckpt_every=RACE_CKPT_EVERY, keep_best=False, target_val_loss=target,
-        save_at_end=args.keep_weights,
-        data=args.data,
-        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", **{name: getattr(args, name) or d.get(name, rate) for name, rate in MUON_RATES.items()},
+        save_at_end=args.keep_weights, data=args.data,
+        compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
+        **{name: getattr(args, name) or d.get(name, rate) for name, rate in MUON_RATES.items()},
         decay_fraction=args.decay_fraction or WSD_DECAY_FRACTION,
     )
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
