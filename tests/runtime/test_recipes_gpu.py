@@ -17,8 +17,8 @@ RECIPE = parse_recipe("muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,sof
 SHAPE = dataclasses.replace(TINY, parts=RECIPE.model_parts)
 
 
-def _losses(setup, batches):
-    engine = Engine(SHAPE, setup, GPU, seed=0, optim=OptimConfig(name="muon", lr=3e-3, muon_lr=0.02))
+def _losses(setup, batches, **optim):
+    engine = Engine(SHAPE, setup, GPU, seed=0, optim=OptimConfig(name="muon", lr=3e-3, muon_lr=0.02, **optim))
     return [engine.step(x, y).item() for x, y in batches], engine
 
 
@@ -35,6 +35,19 @@ def test_the_top_of_auto_for_a_modern_recipe_trains_as_its_fp32_step_does():
     for a, b in zip(top, ungraphed):
         assert abs(a - b) <= 0.02 * abs(b)  # the same step replayed: bf16 and float8 rounding apart
     assert abs(top[-1] - fp32[-1]) <= 0.05 * fp32[-1]
+
+
+def test_the_polar_express_iteration_replays_in_the_graph_as_its_step_runs_unreplayed():
+    """The polar_express part at the top of auto: its per-step coefficients are constants of the captured update,
+    which replays as the ungraphed step runs, and the model learns."""
+    names = resolve_rungs("auto", detect(GPU), recipe=RECIPE)
+    batches = random_batches(1) * 8
+    top, engine = _losses(setup_for(names), batches, polar_express=True)
+    assert engine.captures == 1 and engine.optimizer.polar
+    ungraphed, _ = _losses(dataclasses.replace(setup_for(names), cuda_graph=False), batches, polar_express=True)
+    assert top[-1] < top[0] - 0.5
+    for a, b in zip(top, ungraphed):
+        assert abs(a - b) <= 0.02 * abs(b)
 
 
 def _muon_buffers(engine) -> torch.Tensor:
