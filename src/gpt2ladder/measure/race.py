@@ -44,7 +44,7 @@ from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.runtime.metrics import peak_flops
 from gpt2ladder.training.checkpoint import FILENAME, PREVIOUS, kept_none
-from gpt2ladder.training.config import TRAIN_DEFAULTS, TrainConfig
+from gpt2ladder.training.config import TrainConfig, with_defaults
 from gpt2ladder.training.run import claimed, run_cards, saved_run, train_claimed
 from gpt2ladder.training.runlog import read_log
 
@@ -362,9 +362,7 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
         return
     before = (earlier.get("config") or {}).get("settings") or {}
     now = json.loads(json.dumps(cfg.settings()))  # as race.json holds them
-    # a setting the race's version had no key for, its runs ran at its default (as a checkpoint is read)
-    unknown = {k: v for k, v in TRAIN_DEFAULTS.items() if k in now and k not in before}
-    before = {**json.loads(json.dumps(unknown)), **before}
+    before = with_defaults(before, keys=now)  # a setting the race's version had no key for: its default
     changed = sorted(k for k in set(before) | set(now) if k not in SAVING and before.get(k) != now.get(k))
     if changed:
         raise UsageError(f"--resume: the race in this folder ran with other settings ({', '.join(changed)}); give "
@@ -534,9 +532,7 @@ def _unlike(found: Path, cfg: TrainConfig, data_sha256: str) -> str | None:
     if not isinstance(settings, dict):
         return None
     wanted = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it
-    # a setting a run's version had no key for, it ran at its default, as its checkpoint is read
-    # (training/trainer.py)
-    ran = {**json.loads(json.dumps({k: v for k, v in TRAIN_DEFAULTS.items() if k not in settings})), **settings}
+    ran = with_defaults(settings)  # a setting the run's version had no key for: its default
     other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and ran.get(k) != v)
     if other:
         return f"ran with other settings ({', '.join(other)})"

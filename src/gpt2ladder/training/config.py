@@ -5,6 +5,7 @@ config.json beside --init-from's weights) and hands it in."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 
@@ -123,6 +124,14 @@ class TrainConfig:
 
 # Each setting's default, which a checkpoint written before the setting existed is read as having.
 TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+
+
+def with_defaults(saved: dict, keys=None) -> dict:
+    """Settings a run, checkpoint or race saved, each setting it has no key for (a version before the setting
+    existed) at its default, which is what that version ran at; as JSON holds them (tuples as lists). `keys`: only
+    these settings are filled in (all by default)."""
+    missing = {k: v for k, v in TRAIN_DEFAULTS.items() if k not in saved and (keys is None or k in keys)}
+    return {**json.loads(json.dumps(missing)), **saved}
 
 
 def _flag(name: str) -> str:

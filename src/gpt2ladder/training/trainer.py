@@ -64,7 +64,7 @@ from gpt2ladder.training.checkpoint import (
     set_rng_state,
 )
 from gpt2ladder.training.clock import RunClock
-from gpt2ladder.training.config import TRAIN_DEFAULTS, TrainConfig
+from gpt2ladder.training.config import TrainConfig, with_defaults
 from gpt2ladder.training.health import loss_limit, loss_problem
 from gpt2ladder.training.inflight import Finished, InFlight, readback_lag
 from gpt2ladder.training.runlog import Reporter
@@ -253,8 +253,7 @@ class Trainer:
         self.pending = state.get("pending")
         self.reached = self._still_reached(state, data_changed)
         saved = state["train_config"]  # a field newer than the checkpoint reads as its default: nothing changed
-        return config_differences({**{k: v for k, v in TRAIN_DEFAULTS.items() if k not in saved}, **saved},
-                                  self.cfg.to_dict())
+        return config_differences(with_defaults(saved), self.cfg.to_dict())
 
     def _still_reached(self, state: dict, data_changed: bool) -> dict | None:
         """The checkpoint's target figures when its validation loss also meets this run's target: such a run
