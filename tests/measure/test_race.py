@@ -878,6 +878,15 @@ def test_reuse_miss_says_why_a_folder_gives_none_of_a_races_runs(tmp_path):
     assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") == "its muon seed 0 did not finish"  # no log
     (where / "log.jsonl").write_text(json.dumps({"step": 2, "loss": 8.6, "ms": 1.0, "val_loss": 8.5, "target": {}}) + "\n")
     assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") is None  # finished: the race would copy it once it got there
+    # a run is copied onto its own card alone: seconds from two cards are not one race's
+    (where / "config.json").write_text(json.dumps({**held, "cards": ["H100"], "device": {"name": "H100"}}))
+    assert race.reuse_miss(tmp_path, cfg, 9.0, "abc", "H100") is None
+    assert race.reuse_miss(tmp_path, cfg, 9.0, "abc", "H200") == "its muon seed 0 trained on another card (H100)"
+    muon = cfg.run_config(cfg.rungs[1], 0)
+    assert race.reused_run((tmp_path,), tmp_path / "o" / "muon" / "seed0", "muon", muon, 0, "abc", "H200") is None
+    assert not (tmp_path / "o").exists()
+    assert race.reused_run((tmp_path,), tmp_path / "o" / "muon" / "seed0", "muon", muon, 0, "abc", "H100")["seed"] == 0
+    (where / "config.json").write_text(json.dumps(held))
     saved = json.loads(json.dumps(held))
     saved["train_config"]["ckpt_every"] = 7  # how a run saves itself is not what it computes
     (where / "config.json").write_text(json.dumps(saved))

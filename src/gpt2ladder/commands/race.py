@@ -284,7 +284,7 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     say("\n" + report.format_table(record))
     say(f"wrote {', '.join(str(p) for p in paths)}")
     for source in reuse if any(trained) else ():  # a folder that could serve no run: why, as the runs cost time
-        why = race.reuse_miss(source, cfg, record.get("target_val_loss"), tokens.sha256)
+        why = race.reuse_miss(source, cfg, record.get("target_val_loss"), tokens.sha256, caps.name)
         if why:
             say(f"notice: --reuse {source}: no run copied from it: {why}", flush=True)
     if code:

@@ -391,7 +391,7 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
             run_cfg = cfg.run_config(rung, seed)
             result = finished_run(where, run_cfg, seed) if resume else None
             if result is None and reuse and not (where / "log.jsonl").exists():
-                result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256)
+                result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256, caps.name)
             ran = result is None
             if ran:
                 code, result = train_run(run_cfg, device, where, caps, tokens, seed, resume, progress)
@@ -492,9 +492,10 @@ REUSED = "reused.json"  # where the copy says which run it is
 
 
 def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConfig, seed: int,
-               data_sha256: str) -> dict | None:
+               data_sha256: str, card: str | None = None) -> dict | None:
     """This rung's run of this seed, copied into `where` from the first race folder of `sources` that finished it
-    with these very settings on this corpus, and its result (`reused_from` names the run); None where none did, and
+    with these very settings on this corpus, on this `card` (None: any; seconds from two cards are not one race's),
+    and its result (`reused_from` names the run); None where none did, and
     always for a run that must keep its weights (--keep-weights), since no weights are copied. The gpt2 rung's runs
     planned for one budget, for one, serve every race at that budget."""
     if cfg.save_at_end:
@@ -504,7 +505,7 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
         found = run_dir(source, rung, seed).resolve()
         if here == found or here.is_relative_to(found) or found.is_relative_to(here):
             continue
-        if _unlike(found, cfg, data_sha256) != "":
+        if _unlike(found, cfg, data_sha256, card) != "":
             continue
         where.mkdir(parents=True, exist_ok=True)
         with claimed(where):
@@ -518,10 +519,10 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
     return None
 
 
-def _unlike(found: Path, cfg: TrainConfig, data_sha256: str) -> str | None:
-    """How the run in `found` differs from a run of `cfg` on this corpus: "" where it is that run, finished (so it
-    may be copied); None where it holds no readable run; else in words: the settings it ran with otherwise (named),
-    another corpus, or not finished."""
+def _unlike(found: Path, cfg: TrainConfig, data_sha256: str, card: str | None = None) -> str | None:
+    """How the run in `found` differs from a run of `cfg` on this corpus and `card` (None: any): "" where it is that
+    run, finished (so it may be copied); None where it holds no readable run; else in words: the settings it ran with
+    otherwise (named), another corpus, another card (named), or not finished."""
     try:
         held = json.loads((found / "config.json").read_text(encoding="utf-8"))
         entries = read_log(found / "log.jsonl")
@@ -538,12 +539,16 @@ def _unlike(found: Path, cfg: TrainConfig, data_sha256: str) -> str | None:
         return f"ran with other settings ({', '.join(other)})"
     if not isinstance(data, dict) or data.get("sha256") != data_sha256:
         return "trained on another corpus"
+    elsewhere = [c for c in run_cards(found) if c != card] if card is not None else []
+    if elsewhere:
+        return f"trained on another card ({', '.join(elsewhere)})"
     return "" if _finished(entries, cfg) else "did not finish"
 
 
-def reuse_miss(source: Path, cfg: RaceConfig, target: float | None, data_sha256: str) -> str | None:
+def reuse_miss(source: Path, cfg: RaceConfig, target: float | None, data_sha256: str,
+               card: str | None = None) -> str | None:
     """Why a --reuse folder gives this race none of its runs, in words: the first of its runs of this race's rungs
-    and seeds that says why (other settings, named; another corpus; not finished), or that it holds none of them.
+    and seeds that says why (other settings, named; another corpus; another card; not finished), or that it holds none of them.
     None where one of its runs could be copied (the race stopped before it came to that run). `target`: the race's,
     as its record has it (under --target-val-loss gpt2, known once the gpt2 rung has run)."""
     if cfg.train.save_at_end:
@@ -555,7 +560,7 @@ def reuse_miss(source: Path, cfg: RaceConfig, target: float | None, data_sha256:
                 break
             cfg = cfg.with_target(target)
         for seed in range(cfg.seeds):
-            unlike = _unlike(run_dir(source, rung.name, seed), cfg.run_config(rung, seed), data_sha256)
+            unlike = _unlike(run_dir(source, rung.name, seed), cfg.run_config(rung, seed), data_sha256, card)
             if unlike == "":
                 return None
             if unlike is not None:
