@@ -157,6 +157,10 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("race seeds 10**12", [*RACE, "--seeds", str(10**12)], 2, "--seeds: expected a positive integer, at most 1,000,"),
     ("race steps 2**63 - 1", [*RACE, "--steps", str(2**63 - 1)], 2, "--steps: expected a positive integer, at most"),
     ("race eval every 2**63", [*RACE, "--eval-every", str(2**63)], 2, "--eval-every: expected a positive integer, at"),
+    ("race muon rate and no muon rung", [*RACE, "--muon-lr", "0.01", "--embed-lr", "0.1"], 2,
+     "--muon-lr, --embed-lr set the muon recipe part's rates; no rung of this race has muon"),
+    ("race decay fraction and no wsd rung", [*RACE, "--rungs", "gpt2,muon", "--decay-fraction", "0.5"], 2,
+     "--decay-fraction sets the wsd recipe part's decay; no rung of this race has wsd"),
     # the options of train's measurements
     ("train target without validation", [*TRAIN, "--target-val-loss", "3"], 2,
      "--target-val-loss needs validation: give --eval-every N"),

@@ -23,7 +23,7 @@ from gpt2ladder.ladder import setup_for
 from gpt2ladder.measure import race
 from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.model.config import preset
-from gpt2ladder.model.recipe import WSD_DECAY_FRACTION
+from gpt2ladder.model.recipe import WSD_DECAY_FRACTION, parse_recipe
 from gpt2ladder.report import race as report
 from gpt2ladder.report.records import output_dir, write_json, write_record
 from gpt2ladder.runtime.hardware import Capabilities, cap_memory, detect, resolve_device
@@ -199,6 +199,12 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         **{name: getattr(args, name) or d.get(name, rate) for name, rate in MUON_RATES.items()},
         decay_fraction=args.decay_fraction or WSD_DECAY_FRACTION,
     )
+    recipes = [parse_recipe(recipe) for _, recipe in race.race_rungs(names)]
+    idle = [f"--{name.replace('_', '-')}" for name in MUON_RATES if getattr(args, name)]
+    if idle and all(r.optimizer != "muon" for r in recipes):  # taken, they would be recorded and do nothing
+        raise UsageError(f"{', '.join(idle)} set the muon recipe part's rates; no rung of this race has muon")
+    if args.decay_fraction and all(r.schedule != "wsd" for r in recipes):
+        raise UsageError("--decay-fraction sets the wsd recipe part's decay; no rung of this race has wsd")
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
     return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source,
                            from_baseline=target is None)
