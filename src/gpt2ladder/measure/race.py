@@ -549,8 +549,8 @@ def reuse_miss(source: Path, cfg: RaceConfig, target: float | None, data_sha256:
                card: str | None = None) -> str | None:
     """Why a --reuse folder gives this race none of its runs, in words: the first of its runs of this race's rungs
     and seeds that says why (other settings, named; another corpus; another card; not finished), or that it holds
-    none of them. None where one of its runs could be copied (the race stopped before it came to that run). `target`: the race's,
-    as its record has it (under --target-val-loss gpt2, known once the gpt2 rung has run)."""
+    none of them. None where one of its runs could be copied (the race stopped before it came to that run).
+    `target`: the race's, as its record has it (under --target-val-loss gpt2, known once the gpt2 rung has run)."""
     if cfg.train.save_at_end:
         return "under --keep-weights every run is trained, since no weights are copied"
     why = []
