@@ -22,7 +22,7 @@ from gpt2ladder.data import shards as fmt
 from gpt2ladder.errors import UsageError
 from gpt2ladder.measure import race
 from gpt2ladder.measure.doctor import diagnose
-from gpt2ladder.model.recipe import WSD_DECAY_FRACTION
+from gpt2ladder.model.recipe import SPEEDRUN, WSD_DECAY_FRACTION
 from gpt2ladder.report import race as report
 from gpt2ladder.report.doctor import format_report
 from gpt2ladder.runtime.hardware import Capabilities
@@ -187,6 +187,7 @@ def test_a_recipe_the_gpu_cannot_run_says_why_and_doctor_lists_every_race_rung()
     assert d["race"]["gpt2"]["usable"] and not d["race"]["wsd"]["usable"]
     text = format_report(diagnose(CPU_CAPS))
     assert "race rungs" in text and "+ rope, on step rungs baseline" in text
+    assert f"recipe {','.join(SPEEDRUN)}, on step rungs" in text  # speedrun: its own recipe, not a part on top
     assert "compile" not in race.step_rungs_for("muon", CPU_CAPS)  # a CPU's race never compiles
 
 

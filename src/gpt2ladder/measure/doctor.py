@@ -18,6 +18,7 @@ from gpt2ladder.ladder import LADDER, available_rungs, setup_for, why_unavailabl
 from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.measure.race import RACE_RUNGS, race_rungs, recipe_problem, step_rungs_for
 from gpt2ladder.model.config import preset
+from gpt2ladder.model.recipe import PARTS_BY_NAME
 from gpt2ladder.runtime.hardware import SDPA_BACKENDS, Capabilities
 from gpt2ladder.runtime.memory import GiB, step_memory
 
@@ -105,7 +106,7 @@ def race_checks(caps: Capabilities) -> list[Check]:
     checks = []
     for name, recipe in race_rungs(RACE_RUNGS):
         problem = recipe_problem(recipe, caps)
-        what = "GPT-2" if name == "gpt2" else f"+ {name}"
+        what = "GPT-2" if name == "gpt2" else f"+ {name}" if name in PARTS_BY_NAME else f"recipe {recipe}"
         steps = ",".join(step_rungs_for(recipe, caps))
         checks.append(Check(name, name, problem is None, problem or f"{what}, on step rungs {steps}"))
     return checks
