@@ -199,13 +199,14 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         **{name: getattr(args, name) or d.get(name, rate) for name, rate in MUON_RATES.items()},
         decay_fraction=args.decay_fraction or WSD_DECAY_FRACTION,
     )
-    recipes = [parse_recipe(recipe) for _, recipe in race.race_rungs(names)]
+    planned = race.race_rungs(names)
+    recipes = [parse_recipe(recipe) for _, recipe in planned]
     idle = [f"--{name.replace('_', '-')}" for name in MUON_RATES if getattr(args, name)]
     if idle and all(r.optimizer != "muon" for r in recipes):  # taken, they would be recorded and do nothing
         raise UsageError(f"{', '.join(idle)} set the muon recipe part's rates; no rung of this race has muon")
     if args.decay_fraction and all(r.schedule != "wsd" for r in recipes):
         raise UsageError("--decay-fraction sets the wsd recipe part's decay; no rung of this race has wsd")
-    rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in race.race_rungs(names))
+    rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in planned)
     return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source,
                            from_baseline=target is None)
 
