@@ -528,8 +528,9 @@ def _add_race(sub) -> None:
     p.add_argument("--decay-fraction", type=_positive_float, help="from the wsd rung on: the share of the steps "
                    f"over which the rate decays (default: {WSD_DECAY_FRACTION})")
     _out(p, "race", "race.json, race.md, race.png, and a run directory per rung and seed")
-    p.add_argument("--resume", action="store_true", help="continue the race in OUT: skip the runs it finished, "
-                   "continue a stopped one from its checkpoint (off by default)")
+    p.add_argument("--resume", action="store_true", help="continue the race in OUT: skip the runs it finished "
+                   "(read from their folders, or from OUT/race.json where a folder is not there), continue a stopped "
+                   "one from its checkpoint (off by default)")
     p.add_argument("--reuse", action="append", metavar="DIR", help="another race's --out (repeatable): a run it "
                    "finished with this run's very settings, seed and corpus (its sha256) is copied here, not trained "
                    "again; so the gpt2 rung's runs at a budget serve every race at that budget (in a race at several "

@@ -648,8 +648,8 @@ def test_a_race_cut_off_inside_the_rung_that_sets_its_target_still_writes_its_re
                           target_source="the gpt2 rung's", from_baseline=True)
     runs = {"gpt2": [{**_logged(0, [(2, 1.0, 9.5), (4, 2.0, 9.1)]), "steps_run": 4, "planned_tokens": 256,
                       "ms_per_step": 5.0, "mfu": None, "warmup_seconds": None, "validation_seconds": None}]}
-    record = race.race_record(cfg, torch.device("cpu"), CPU_CAPS, types.SimpleNamespace(source="t", n_tokens=9),
-                              runs, partial=True)
+    tokens = types.SimpleNamespace(source="t", n_tokens=9, sha256="abc")
+    record = race.race_record(cfg, torch.device("cpu"), CPU_CAPS, tokens, runs, partial=True)
     assert record["target_val_loss"] is None
     paths = write_record(tmp_path, "race", record, report.format_markdown, report.race_chart)
     assert "to validation loss gpt2's (not set: its rung did not finish)" in (tmp_path / "race.md").read_text()
@@ -965,3 +965,46 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     assert cli.main(["race", "--out", str(tmp_path / "x"), "--reuse", str(tmp_path / "none"), *SMALL]) == 2
     err = capsys.readouterr().err
     assert "--reuse" in err and "is not a folder" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys):
+    """race.json keeps every finished run's figures: --resume in a folder that holds only a race's race.json (its
+    record, carried to another machine without the run folders) reads those runs from it and trains the rest. A
+    record of another corpus is refused in one line; one that names no corpus trains its runs again."""
+    first, carried = tmp_path / "first", tmp_path / "carried"
+    base = ["--target-val-loss", "gpt2", *SMALL]
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    record = json.loads((first / "race.json").read_text())
+    assert len(record["data"]["sha256"]) == 64
+    carried.mkdir()
+    (carried / "race.json").write_text(json.dumps(record))
+    trained = []
+    real = race.train_run
+    monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or real(cfg, *a, **k))
+    code, text = _main(["race", "--rungs", "gpt2,muon,rope", "--out", str(carried), "--resume", *base])
+    assert code == 0, text
+    assert trained == ["muon,rope"] and text.count("(finished earlier)") == 2
+    again = json.loads((carried / "race.json").read_text())
+    assert [r["name"] for r in again["rungs"]] == ["gpt2", "muon", "rope"]
+    for before, now in zip(record["rungs"], again["rungs"]):
+        assert now["runs"][0]["curve"] == before["runs"][0]["curve"]
+        assert now["train_seconds"] == before["train_seconds"]
+    assert again["target_val_loss"] == record["target_val_loss"]  # read off the recorded gpt2 run, as before
+    assert not (carried / "gpt2").exists()  # nothing trained or copied for the recorded runs
+    # a record that names no corpus (a version before it did) says nothing of what its runs read: they train again
+    trained.clear()
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "race.json").write_text(json.dumps({**record, "data": {k: v for k, v in record["data"].items()
+                                                                     if k != "sha256"}}))
+    assert _main(["race", "--rungs", "gpt2", "--out", str(older), "--resume", *base])[0] == 0
+    assert trained == ["gpt2"]
+    # another corpus's record: one line, exit 2, nothing trained
+    trained.clear()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "race.json").write_text(json.dumps({**record, "data": {**record["data"], "sha256": "0" * 64}}))
+    capsys.readouterr()
+    assert cli.main(["race", "--rungs", "gpt2", "--out", str(other), "--resume", *base]) == 2
+    err = capsys.readouterr().err
+    assert "trained on another corpus" in err and len(err.strip().splitlines()) == 1 and trained == []

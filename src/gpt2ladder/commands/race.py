@@ -91,7 +91,7 @@ def _planned(args, steps: int | None, device, caps, names, out: Path, tokens) ->
     target, source = target_for(args, tokens)
     cfg = race_config(args, device, caps, names, target, source, steps)
     check_corpus(cfg, tokens)
-    race.check_same_race(cfg, earlier)
+    race.check_same_race(cfg, earlier, tokens.sha256)
     return cfg, earlier
 
 
@@ -286,7 +286,8 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     reuse = tuple(d / BUDGET_DIR.format(s.steps) if (d / BUDGET_DIR.format(s.steps)).is_dir() else d
                   for d in map(Path, args.reuse or ()))  # a race at several budgets: the one of this budget
     record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
-                                 on_record=on_rung, on_run=on_run, reuse=reuse)
+                                 on_record=on_rung, on_run=on_run, reuse=reuse,
+                                 recorded=race.recorded_runs(earlier, tokens.sha256))
     paths = write_record(out, "race", record, report.format_markdown, report.race_chart)
     say("\n" + report.format_table(record))
     say(f"wrote {', '.join(str(p) for p in paths)}")

@@ -355,11 +355,15 @@ def other_cards(earlier: dict | None, card: str) -> list[str]:
     return [c for c in named if c and c != card]
 
 
-def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
-    """--resume continues a race of the same settings, each rung training the same recipe (rungs may be added after
-    the last, and seeds)."""
+def check_same_race(cfg: RaceConfig, earlier: dict | None, data_sha256: str | None = None) -> None:
+    """--resume continues a race of the same settings on the same corpus (where its record names the corpus's
+    sha256), each rung training the same recipe (rungs may be added after the last, and seeds)."""
     if earlier is None:
         return
+    held = (earlier.get("data") or {}).get("sha256") if isinstance(earlier.get("data"), dict) else None
+    if data_sha256 is not None and held is not None and held != data_sha256:
+        raise UsageError(f"--resume: the race in this folder trained on another corpus (sha256 {held[:12]}…, this "
+                         f"one's {data_sha256[:12]}…); give its --data, or another --out")
     before = (earlier.get("config") or {}).get("settings") or {}
     now = json.loads(json.dumps(cfg.settings()))  # as race.json holds them
     before = with_defaults(before, keys=now)  # a setting the race's version had no key for: its default
@@ -377,12 +381,14 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None) -> None:
 
 def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilities, tokens: data_mod.TokenData, *,
              resume: bool = False, progress: bool = True, on_record=None, on_run=None,
-             reuse: tuple[Path, ...] = ()) -> tuple[dict, int]:
+             reuse: tuple[Path, ...] = (), recorded: dict | None = None) -> tuple[dict, int]:
     """Every (rung, seed) of the race, in order; the record and 0, or the exit code of the run a signal stopped.
 
     `on_record(record)` sees the record after each run (the command writes race.json there), `on_run(rung, seed,
     result, ran)` each run's result as it is known (`ran`: trained now, not read back from an earlier session or
-    another race). A run that another race in `reuse` finished exactly so (`reused_run`) is copied, not trained."""
+    another race). A run that another race in `reuse` finished exactly so (`reused_run`) is copied, not trained.
+    On --resume, `recorded` (`recorded_runs`: the finished runs of the race.json found in `out`) stands for a run
+    whose folder holds no log: the race's record carried to another machine continues there."""
     runs: dict[str, list[dict]] = {r.name: [] for r in cfg.rungs}
     code = 0
     for rung in cfg.rungs:
@@ -390,6 +396,8 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
             where = run_dir(out, rung.name, seed)
             run_cfg = cfg.run_config(rung, seed)
             result = finished_run(where, run_cfg, seed) if resume else None
+            if result is None and resume and recorded and not (where / "log.jsonl").exists():
+                result = recorded.get((rung.name, seed))
             if result is None and reuse and not (where / "log.jsonl").exists():
                 result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256, caps.name)
             ran = result is None
@@ -413,6 +421,21 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
             if on_record is not None:
                 on_record(race_record(cfg, device, caps, tokens, runs, partial=True))
     return race_record(cfg, device, caps, tokens, runs, partial=False), 0
+
+
+def recorded_runs(earlier: dict | None, data_sha256: str) -> dict[tuple[str, int], dict]:
+    """The finished runs of an earlier race.json, by (rung, seed), as it recorded them: on --resume they stand for
+    run folders that are not there (the record alone carried to another machine). None from a record that does not
+    name this corpus's sha256 (a version before it wrote one), since nothing else there says what the runs read."""
+    data = (earlier or {}).get("data")
+    if not isinstance(data, dict) or data.get("sha256") != data_sha256:
+        return {}
+    found = {}
+    for row in earlier.get("rungs") or []:
+        for run in (row.get("runs") or []) if isinstance(row, dict) else []:
+            if isinstance(run, dict) and run.get("status") == "ok" and isinstance(run.get("curve"), list):
+                found[(row.get("name"), run.get("seed"))] = run
+    return found
 
 
 def baseline_target(runs: list[dict]) -> float | None:
@@ -636,7 +659,7 @@ def race_record(cfg: RaceConfig, device, caps: Capabilities, tokens, runs: dict[
     add_gains(rows, cfg.train.eval_every)
     return {**record_header(caps, device), "command": "race", "config": cfg.to_dict(), "cards": cards_of(rows),
             "target_val_loss": cfg.target, "target_source": cfg.target_source,
-            "model": cfg.train.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens},
+            "model": cfg.train.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens, "sha256": tokens.sha256},
             "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": rows}
 
 
