@@ -31,6 +31,7 @@ from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model import family
 from gpt2ladder.model.gpt import GPT
 from gpt2ladder.model.setup import Setup
+from gpt2ladder.runtime import compile_workers
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime import graph_fills
 from gpt2ladder.runtime import optim
@@ -156,6 +157,7 @@ class Engine:
         # A fresh compile cache per engine: many engines in one process would otherwise exhaust
         # dynamo's per-function recompile limit and silently fall back to eager.
         torch._dynamo.reset()
+        compile_workers.detach()  # a signal to the run's process group leaves the workers to end the compile
         options = None  # Inductor's own options; only Inductor takes them
         if self.setup.tied_grad and backend == "inductor":
             from gpt2ladder.speedups.tied_grad import FoldTiedScatter

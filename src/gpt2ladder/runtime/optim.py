@@ -21,6 +21,7 @@ from collections import defaultdict
 import torch
 
 from gpt2ladder.kernels import gram
+from gpt2ladder.runtime import compile_workers
 
 # Newton-Schulz's quintic coefficients and step count, as published with Muon (K. Jordan, 2024) and used by
 # torch.optim.Muon: they maximise the slope at zero, so 5 steps take every singular value near 1.
@@ -161,6 +162,7 @@ PASS_OPTIONS = {"loop_ordering_after_fusion": False}
 
 def compile_pass(fn, backend: str):
     """One of Muon's passes compiled for its shapes, with PASS_OPTIONS where the backend is Inductor."""
+    compile_workers.detach()
     return torch.compile(fn, backend=backend, dynamic=False, options=PASS_OPTIONS if backend == "inductor" else None)
 
 

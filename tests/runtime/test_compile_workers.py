@@ -1,0 +1,49 @@
+"""Inductor's compile workers in a session of their own (`runtime/compile_workers.py`): a SIGTERM sent to the
+trainer's process group during a compile lets the compile end, where without it the trainer waited for ever."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch._inductor.compile_worker.subproc_pool")
+
+# A trainer in miniature: it notes SIGTERM and goes on (training/signals.py), has Inductor's worker pool run four
+# jobs of a second each on two workers, as a compile's kernels are, and says when they are in flight.
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    from gpt2ladder.runtime import compile_workers
+    from gpt2ladder.training.signals import StopSignals
+    detached = compile_workers.detach() if sys.argv[1] == "detach" else False
+    import torch._inductor.config as config
+    config.compile_threads = 2
+    from torch._inductor.async_compile import AsyncCompile
+    with StopSignals() as stop:
+        AsyncCompile.warm_pool()
+        AsyncCompile.wait_pool_ready()
+        pool = AsyncCompile.process_pool()
+        own = os.getsid(pool.process.pid) != os.getsid(0)
+        jobs = [pool.submit(time.sleep, 1.0) for _ in range(4)]
+        print("in flight", flush=True)
+        done = sum(job.result() is None for job in jobs)
+    print(f"detached {detached} own session {own} done {done} stop asked {stop.requested}", flush=True)
+""")
+
+
+def test_a_sigterm_to_the_group_during_a_compile_leaves_its_workers_to_finish():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), "src") if p)}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, "detach"], stdout=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)  # its own group, which the test signals as timeout would
+    try:
+        assert child.stdout.readline().strip() == "in flight"
+        os.killpg(child.pid, signal.SIGTERM)
+        out, _ = child.communicate(timeout=90)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 0, out
+    assert out.strip() == "detached True own session True done 4 stop asked True"
