@@ -999,6 +999,33 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
                                                                      if k != "sha256"}}))
     assert _main(["race", "--rungs", "gpt2", "--out", str(older), "--resume", *base])[0] == 0
     assert trained == ["gpt2"]
+    # a race stopped before it comes to the recorded runs keeps them in its race.json, their only copy
+    trained.clear()
+    stopping = tmp_path / "stopping"
+    stopping.mkdir()
+    (stopping / "race.json").write_text(json.dumps(record))
+
+    def stopped(cfg, device, where, caps, tokens, seed, *a, **k):
+        trained.append((cfg.recipe, seed))
+        return 143, {"seed": seed, "dir": str(where), "status": "stopped", "reason": "stopped at step 1"}
+
+    monkeypatch.setattr(race, "train_run", stopped)
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--seeds", "2", "--out", str(stopping), "--resume", *base])
+    assert code == 143 and trained == [("gpt2", 1)]
+    kept = {r["name"]: r["runs"] for r in json.loads((stopping / "race.json").read_text())["rungs"]}
+    assert [(r["seed"], r["status"]) for r in kept["gpt2"]] == [(0, "ok"), (1, "stopped")]
+    assert kept["muon"] == record["rungs"][1]["runs"]  # muon's seed 0, not reached, still there
+    monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or real(cfg, *a, **k))
+    trained.clear()
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--seeds", "2", "--out", str(stopping), "--resume", *base])
+    assert code == 0 and trained == ["gpt2", "muon"]  # the two seed 1 runs; muon's seed 0 read from the record
+    # under --keep-weights every run keeps its weights, which a record has none of: all trained
+    trained.clear()
+    kept_weights = tmp_path / "kept"
+    kept_weights.mkdir()
+    (kept_weights / "race.json").write_text(json.dumps(record))
+    code, text = _main(["race", "--rungs", "gpt2", "--out", str(kept_weights), "--resume", "--keep-weights", *base])
+    assert code == 0 and trained == ["gpt2"]
     # another corpus's record: one line, exit 2, nothing trained
     trained.clear()
     other = tmp_path / "other"
@@ -1008,3 +1035,17 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
     assert cli.main(["race", "--rungs", "gpt2", "--out", str(other), "--resume", *base]) == 2
     err = capsys.readouterr().err
     assert "trained on another corpus" in err and len(err.strip().splitlines()) == 1 and trained == []
+
+
+def test_recorded_runs_are_a_records_finished_runs_whole_and_of_its_corpus():
+    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 9.0}], "ms_per_step": 1.0,
+           "mfu": None, **{k: 1.0 for k in race.METRICS}}
+    record = {"data": {"sha256": "abc"}, "rungs": [
+        {"name": "gpt2", "runs": [run, {**run, "seed": 1, "status": "stopped"}, {**run, "seed": 2, "curve": []}]},
+        {"name": "muon", "runs": [{k: v for k, v in run.items() if k != "train_seconds"}, {**run, "seed": [1]},
+                                  {**run, "seed": True}, "x"]},
+        {"name": None, "runs": [run]}, "x"]}
+    assert race.recorded_runs(record, "abc") == {("gpt2", 0): run}
+    assert race.recorded_runs(record, "other") == {}
+    assert race.recorded_runs({**record, "data": {"source": "t"}}, "abc") == {}
+    assert race.recorded_runs(None, "abc") == {}

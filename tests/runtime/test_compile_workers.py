@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,8 @@ CHILD = textwrap.dedent("""
 
 
 def test_a_sigterm_to_the_group_during_a_compile_leaves_its_workers_to_finish():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), "src") if p)}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
     child = subprocess.Popen([sys.executable, "-c", CHILD, "detach"], stdout=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)  # its own group, which the test signals as timeout would
     try:

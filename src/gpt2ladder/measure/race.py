@@ -360,10 +360,11 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None, data_sha256: str | No
     sha256), each rung training the same recipe (rungs may be added after the last, and seeds)."""
     if earlier is None:
         return
-    held = (earlier.get("data") or {}).get("sha256") if isinstance(earlier.get("data"), dict) else None
+    data = earlier.get("data")
+    held = data.get("sha256") if isinstance(data, dict) else None
     if data_sha256 is not None and held is not None and held != data_sha256:
-        raise UsageError(f"--resume: the race in this folder trained on another corpus (sha256 {held[:12]}…, this "
-                         f"one's {data_sha256[:12]}…); give its --data, or another --out")
+        raise UsageError(f"--resume: the race in this folder trained on another corpus (sha256 {str(held)[:12]}…, "
+                         f"this one's {data_sha256[:12]}…); give its --data, or another --out")
     before = (earlier.get("config") or {}).get("settings") or {}
     now = json.loads(json.dumps(cfg.settings()))  # as race.json holds them
     before = with_defaults(before, keys=now)  # a setting the race's version had no key for: its default
@@ -390,14 +391,22 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
     On --resume, `recorded` (`recorded_runs`: the finished runs of the race.json found in `out`) stands for a run
     whose folder holds no log: the race's record carried to another machine continues there."""
     runs: dict[str, list[dict]] = {r.name: [] for r in cfg.rungs}
+    recorded = recorded if resume else None
     code = 0
+
+    def so_far() -> dict[str, list[dict]]:
+        """The runs reached so far, each rung's with the recorded runs of the seeds not reached yet after them: a
+        race that stops before it comes to them keeps them in its race.json, their only copy."""
+        return {name: done + [recorded[(name, s)] for s in range(len(done), cfg.seeds) if (name, s) in recorded]
+                for name, done in runs.items()} if recorded else runs
+
     for rung in cfg.rungs:
         for seed in range(cfg.seeds):
             where = run_dir(out, rung.name, seed)
             run_cfg = cfg.run_config(rung, seed)
             result = finished_run(where, run_cfg, seed) if resume else None
-            if result is None and resume and recorded and not (where / "log.jsonl").exists():
-                result = recorded.get((rung.name, seed))
+            if result is None and recorded and not run_cfg.save_at_end and not (where / "log.jsonl").exists():
+                result = recorded.get((rung.name, seed))  # none under --keep-weights: its weights are not here
             if result is None and reuse and not (where / "log.jsonl").exists():
                 result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256, caps.name)
             ran = result is None
@@ -406,7 +415,7 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
             runs[rung.name].append(result)
             if on_run is not None:
                 on_run(rung, seed, result, ran)
-            record = race_record(cfg, device, caps, tokens, runs, partial=True)
+            record = race_record(cfg, device, caps, tokens, so_far(), partial=True)
             if on_record is not None:
                 on_record(record)
             if code:
@@ -419,22 +428,30 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
             cfg = cfg.with_target(target)
             runs[rung.name] = [timed_to(r, target) for r in runs[rung.name]]
             if on_record is not None:
-                on_record(race_record(cfg, device, caps, tokens, runs, partial=True))
+                on_record(race_record(cfg, device, caps, tokens, so_far(), partial=True))
     return race_record(cfg, device, caps, tokens, runs, partial=False), 0
+
+
+# What a finished run's figures hold (`run_result`), so a run read back from a race.json makes its rung's row.
+RUN_KEYS = ("seed", "status", "reached", "curve", "ms_per_step", "mfu", *METRICS)
 
 
 def recorded_runs(earlier: dict | None, data_sha256: str) -> dict[tuple[str, int], dict]:
     """The finished runs of an earlier race.json, by (rung, seed), as it recorded them: on --resume they stand for
-    run folders that are not there (the record alone carried to another machine). None from a record that does not
-    name this corpus's sha256 (a version before it wrote one), since nothing else there says what the runs read."""
+    run folders that are not there (the record alone carried to another machine). Nothing from a record that does
+    not name this corpus's sha256 (a version before it wrote one), since nothing else there says what the runs read;
+    a run that lacks a figure or its validation curve (a damaged record) is left out, and trained again."""
     data = (earlier or {}).get("data")
     if not isinstance(data, dict) or data.get("sha256") != data_sha256:
         return {}
     found = {}
     for row in earlier.get("rungs") or []:
-        for run in (row.get("runs") or []) if isinstance(row, dict) else []:
-            if isinstance(run, dict) and run.get("status") == "ok" and isinstance(run.get("curve"), list):
-                found[(row.get("name"), run.get("seed"))] = run
+        if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+            continue
+        for run in row.get("runs") or []:
+            if (isinstance(run, dict) and all(k in run for k in RUN_KEYS) and run["status"] == "ok"
+                    and type(run["seed"]) is int and isinstance(run["curve"], list) and run["curve"]):
+                found[(row["name"], run["seed"])] = run
     return found
 
 
@@ -657,9 +674,10 @@ def race_record(cfg: RaceConfig, device, caps: Capabilities, tokens, runs: dict[
     trained on (the header's `device` is the card of the session that wrote it)."""
     rows = [rung_row(r, runs[r.name], cfg) for r in cfg.rungs if runs[r.name]]
     add_gains(rows, cfg.train.eval_every)
+    data = {"source": tokens.source, "n_tokens": tokens.n_tokens, "sha256": tokens.sha256}
     return {**record_header(caps, device), "command": "race", "config": cfg.to_dict(), "cards": cards_of(rows),
             "target_val_loss": cfg.target, "target_source": cfg.target_source,
-            "model": cfg.train.model.to_dict(), "data": {"source": tokens.source, "n_tokens": tokens.n_tokens, "sha256": tokens.sha256},
+            "model": cfg.train.model.to_dict(), "data": data,
             "peak_flops": peak_flops(caps.name), "partial": partial, "rungs": rows}
 
 

@@ -1,13 +1,16 @@
 """Inductor's compile workers, started in a session of their own.
 
-A signal sent to a process group reaches every process in it: GNU `timeout` at its deadline, Ctrl-C in a terminal,
-a scheduler that preempts a job. Inductor starts its compile workers (a sidecar process and the pool it forks, by
-`subprocess.Popen` in torch/_inductor/compile_worker/subproc_pool.py) in the trainer's group. So a SIGTERM that
-lands during a compile ends them as well, while the trainer, which only notes the signal and stops after the step
-in flight (`training/signals.py`), waits for their kernels: with no end, since the pool keeps its own copy of the
-pipe the sidecar answers on and never sees the sidecar go (torch 2.11 to 2.13). In a session of their own the
-workers never get the group's signal: the compile ends, then the step, and the run stops with its checkpoint saved.
-When the trainer dies, the sidecar sees its job pipe close and stops its pool, as it does without this.
+A signal sent to a process group reaches every process in it: GNU `timeout`'s at its deadline, `kill -TERM -PGID`.
+Inductor starts its compile workers (a sidecar process and the pool it forks, by `subprocess.Popen` in
+torch/_inductor/compile_worker/subproc_pool.py) in the trainer's group. So a SIGTERM that lands during a compile
+ends them as well, while the trainer, which only notes the signal and stops after the step in flight
+(`training/signals.py`), waits for their kernels: with no end, since the pool keeps its own copy of the pipe the
+sidecar answers on and never sees the sidecar go (torch 2.11 to 2.13). In a session of their own the workers never
+get the group's signal: the compile ends, then the step, and the run stops with its checkpoint saved. When the
+trainer dies, the sidecar sees its job pipe close and stops its pool, as it does without this.
+
+A signal sent to each process on its own (a scheduler that signals every process of a job's cgroup) still reaches
+them. Ctrl-C does no harm either way: the workers ignore SIGINT once started.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ _MARK = "_gpt2ladder_own_session"  # set on the module Inductor's pool starts it
 
 def detach() -> bool:
     """From now on, have Inductor start its compile workers in a new session; whether it will. False where this
-    torch starts them some other way (no subproc_pool, or no `subprocess` module in it). A pool already started
-    keeps its session; calling this again changes nothing."""
+    torch starts them some other way (no subproc_pool, no `subprocess` module in it, or a worker_start_method other
+    than "subprocess"). A pool already started keeps its session; calling this again changes nothing."""
     try:
+        from torch._inductor import config
         from torch._inductor.compile_worker import subproc_pool
     except ImportError:
+        return False
+    if getattr(config, "worker_start_method", "subprocess") != "subprocess":  # a pool of the trainer's own children
         return False
     real = getattr(subproc_pool, "subprocess", None)
     if not isinstance(real, types.ModuleType) or not isinstance(getattr(real, "Popen", None), type):
@@ -42,5 +48,5 @@ def detach() -> bool:
     shim.__dict__.update({k: v for k, v in vars(real).items() if k not in ("__name__", "__doc__")})
     shim.Popen = OwnSession
     setattr(shim, _MARK, True)
-    subproc_pool.subprocess = shim  # only this module's name: nothing else in the process starts processes so
+    subproc_pool.subprocess = shim  # that module's name alone: every other Popen in the process is as it was
     return True

@@ -162,7 +162,8 @@ PASS_OPTIONS = {"loop_ordering_after_fusion": False}
 
 def compile_pass(fn, backend: str):
     """One of Muon's passes compiled for its shapes, with PASS_OPTIONS where the backend is Inductor."""
-    compile_workers.detach()
+    if backend == "inductor":
+        compile_workers.detach()
     return torch.compile(fn, backend=backend, dynamic=False, options=PASS_OPTIONS if backend == "inductor" else None)
 
 
