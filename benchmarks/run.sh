@@ -6,9 +6,9 @@
 # From the repository root, on the machine to measure. jobs.txt has one job per line:
 #   NAME  GPUS  LIMIT_S  COMMAND...
 # (blank lines and lines starting with # are skipped). Each COMMAND runs with CUDA_VISIBLE_DEVICES=GPUS
-# under a time limit of LIMIT_S seconds, its output in RESULTS_DIR/logs/NAME.log; in COMMAND, $R is the
-# results folder and $G is `python3 -m gpt2ladder` from this checkout. Jobs run one after the other, so
-# figures of one run are comparable. RESULTS_DIR defaults to a fresh folder under /tmp.
+# under a time limit of LIMIT_S seconds (SIGTERM, then SIGKILL 30 s later), its output in RESULTS_DIR/logs/NAME.log;
+# in COMMAND, $R is the results folder and $G is `python3 -m gpt2ladder` from this checkout. Jobs run one after the
+# other, so figures of one run are comparable. RESULTS_DIR defaults to a fresh folder under /tmp.
 #
 # What the machine is gets written first (env.txt: nvidia-smi, Python, torch, CUDA, Triton, git SHA), its clocks
 # every 100 ms while the jobs run (clocks.csv),
@@ -67,7 +67,7 @@ python3 -c "import matplotlib.pyplot" 2>/dev/null &  # matplotlib's font cache, 
 while read -r name gpus limit cmd; do
   case "$name" in ''|'#'*) continue ;; esac
   stamp "start $name on GPU $gpus"
-  CUDA_VISIBLE_DEVICES=$gpus timeout "$limit" bash -c "$cmd" < /dev/null > "$R/logs/$name.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$gpus timeout -k 30 "$limit" bash -c "$cmd" < /dev/null > "$R/logs/$name.log" 2>&1
   stamp "end $name rc=$?"
 done < "$jobs_file"
 
