@@ -1049,3 +1049,21 @@ def test_recorded_runs_are_a_records_finished_runs_whole_and_of_its_corpus():
     assert race.recorded_runs(record, "other") == {}
     assert race.recorded_runs({**record, "data": {"source": "t"}}, "abc") == {}
     assert race.recorded_runs(None, "abc") == {}
+
+
+def test_a_run_read_back_is_timed_to_a_target_that_rose_since_it_stopped():
+    """More seeds of the gpt2 rung can raise the target (the highest of their last losses): a run that stopped at
+    the old one is timed to its first validation at or below the new one, read off its curve."""
+    curve = [{"step": 2, "tokens": 128, "train_seconds": 1.0, "val_loss": 10.2, "wall_seconds": 3.0},
+             {"step": 4, "tokens": 256, "train_seconds": 2.0, "val_loss": 10.1, "wall_seconds": 4.0}]
+    run = {"seed": 0, "status": "ok", "reached": True, "curve": curve, "train_seconds": 2.0, "steps": 4,
+           "tokens": 256, "wall_seconds": 4.0}
+    assert race.to_risen_target(run, 10.1) is run  # its own target: as it was
+    risen = race.to_risen_target(run, 10.25)
+    assert (risen["reached"], risen["steps"], risen["tokens"], risen["train_seconds"], risen["wall_seconds"]) == (
+        True, 2, 128, 1.0, 3.0)
+    short = {**run, "reached": False, "train_seconds": None, "steps": None, "tokens": None}  # its budget ran out
+    assert race.to_risen_target(short, 10.05) is short
+    assert race.to_risen_target(short, 10.15)["steps"] == 4
+    stopped = {"seed": 0, "status": "stopped", "reason": "stopped at step 3"}
+    assert race.to_risen_target(stopped, 10.25) is stopped
