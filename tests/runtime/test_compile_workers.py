@@ -49,3 +49,22 @@ def test_a_sigterm_to_the_group_during_a_compile_leaves_its_workers_to_finish():
             child.wait()
     assert child.returncode == 0, out
     assert out.strip() == "detached True own session True done 4 stop asked True"
+
+
+def test_every_inductor_compile_of_a_run_asks_for_the_workers_session_first(monkeypatch):
+    import torch
+
+    from gpt2ladder.model.config import preset
+    from gpt2ladder.model.setup import Setup
+    from gpt2ladder.runtime import compile_workers, optim
+    from gpt2ladder.runtime.engine import Engine
+
+    asked = []
+    monkeypatch.setattr(compile_workers, "detach", lambda: asked.append(True) or True)
+    Engine(preset("tiny"), Setup(compile=True), torch.device("cpu"), seed=0)  # Inductor, the default backend
+    optim.compile_pass(lambda x: x, "inductor")
+    assert len(asked) == 2
+    Engine(preset("tiny"), Setup(compile=True), torch.device("cpu"), seed=0, compile_backend="eager")
+    Engine(preset("tiny"), Setup(), torch.device("cpu"), seed=0)
+    optim.compile_pass(lambda x: x, "eager")
+    assert len(asked) == 2  # no Inductor, no workers

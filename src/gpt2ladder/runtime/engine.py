@@ -157,7 +157,8 @@ class Engine:
         # A fresh compile cache per engine: many engines in one process would otherwise exhaust
         # dynamo's per-function recompile limit and silently fall back to eager.
         torch._dynamo.reset()
-        compile_workers.detach()  # a signal to the run's process group leaves the workers to end the compile
+        if backend == "inductor":  # a signal to the run's process group leaves the workers to end the compile
+            compile_workers.detach()
         options = None  # Inductor's own options; only Inductor takes them
         if self.setup.tied_grad and backend == "inductor":
             from gpt2ladder.speedups.tied_grad import FoldTiedScatter
