@@ -1067,3 +1067,20 @@ def test_a_run_read_back_is_timed_to_a_target_that_rose_since_it_stopped():
     assert race.to_risen_target(short, 10.15)["steps"] == 4
     stopped = {"seed": 0, "status": "stopped", "reason": "stopped at step 3"}
     assert race.to_risen_target(stopped, 10.25) is stopped
+
+
+def test_a_race_resumed_on_the_same_corpus_may_find_it_at_another_path():
+    """Where the record names the corpus's sha256, that sha256 says which corpus it is, and its path may differ (a
+    record carried to another machine); without it the path is compared, as every setting is."""
+    def at(path):
+        cfg = _cfg()
+        return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, data=path))
+
+    earlier = json.loads(json.dumps({"config": at("/here/code").to_dict(), "data": {"sha256": "abc"}}))
+    race.check_same_race(at("/there/code"), earlier, "abc")
+    with pytest.raises(UsageError, match="trained on another corpus"):
+        race.check_same_race(at("/here/code"), earlier, "def")
+    older = {**earlier, "data": {"source": "code"}}  # a version before race.json named the sha256
+    race.check_same_race(at("/here/code"), older, "abc")
+    with pytest.raises(UsageError, match=r"ran with other settings \(data\)"):
+        race.check_same_race(at("/there/code"), older, "abc")

@@ -357,7 +357,8 @@ def other_cards(earlier: dict | None, card: str) -> list[str]:
 
 def check_same_race(cfg: RaceConfig, earlier: dict | None, data_sha256: str | None = None) -> None:
     """--resume continues a race of the same settings on the same corpus (where its record names the corpus's
-    sha256), each rung training the same recipe (rungs may be added after the last, and seeds)."""
+    sha256, which then stands for its path: a record carried to another machine finds the corpus elsewhere), each
+    rung training the same recipe (rungs may be added after the last, and seeds)."""
     if earlier is None:
         return
     data = earlier.get("data")
@@ -368,7 +369,8 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None, data_sha256: str | No
     before = (earlier.get("config") or {}).get("settings") or {}
     now = json.loads(json.dumps(cfg.settings()))  # as race.json holds them
     before = with_defaults(before, keys=now)  # a setting the race's version had no key for: its default
-    changed = sorted(k for k in set(before) | set(now) if k not in SAVING and before.get(k) != now.get(k))
+    moved = ("data",) if held is not None and held == data_sha256 else ()  # the same tokens at another path
+    changed = sorted(k for k in set(before) | set(now) if k not in (*SAVING, *moved) and before.get(k) != now.get(k))
     if changed:
         raise UsageError(f"--resume: the race in this folder ran with other settings ({', '.join(changed)}); give "
                          "the same flags, or another --out")
