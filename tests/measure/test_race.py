@@ -1051,22 +1051,68 @@ def test_recorded_runs_are_a_records_finished_runs_whole_and_of_its_corpus():
     assert race.recorded_runs(None, "abc") == {}
 
 
-def test_a_run_read_back_is_timed_to_a_target_that_rose_since_it_stopped():
+def test_a_run_read_back_is_timed_to_a_target_that_moved_since_it_stopped():
     """More seeds of the gpt2 rung can raise the target (the highest of their last losses): a run that stopped at
-    the old one is timed to its first validation at or below the new one, read off its curve."""
+    the old one is timed to its first validation at or below the new one, read off its curve. A gpt2 run trained
+    again can lower it: a run that ran all its steps above it did not reach it; one that stopped short of them above
+    it must train on (None)."""
     curve = [{"step": 2, "tokens": 128, "train_seconds": 1.0, "val_loss": 10.2, "wall_seconds": 3.0},
              {"step": 4, "tokens": 256, "train_seconds": 2.0, "val_loss": 10.1, "wall_seconds": 4.0}]
     run = {"seed": 0, "status": "ok", "reached": True, "curve": curve, "train_seconds": 2.0, "steps": 4,
            "tokens": 256, "wall_seconds": 4.0}
-    assert race.to_risen_target(run, 10.1) is run  # its own target: as it was
-    risen = race.to_risen_target(run, 10.25)
+    assert race.to_target(run, 10.1, steps=4) is run  # its own target: as it was
+    risen = race.to_target(run, 10.25, steps=4)
     assert (risen["reached"], risen["steps"], risen["tokens"], risen["train_seconds"], risen["wall_seconds"]) == (
         True, 2, 128, 1.0, 3.0)
     short = {**run, "reached": False, "train_seconds": None, "steps": None, "tokens": None}  # its budget ran out
-    assert race.to_risen_target(short, 10.05) is short
-    assert race.to_risen_target(short, 10.15)["steps"] == 4
+    assert race.to_target(short, 10.05, steps=4) is short
+    assert race.to_target(short, 10.15, steps=4)["steps"] == 4
+    fell = race.to_target(run, 10.05, steps=4)  # it reached the old target at its last step: not the new one
+    assert not fell["reached"] and all(fell[k] is None for k in race.METRICS) and fell["curve"] == curve
+    assert race.to_target(run, 10.05, steps=6) is None  # it stopped at step 4 of 6, above the new target
+    assert race.to_target(run, 10.15, steps=6)["steps"] == 4  # above its old target: as it was, read off the curve
     stopped = {"seed": 0, "status": "stopped", "reason": "stopped at step 3"}
-    assert race.to_risen_target(stopped, 10.25) is stopped
+    assert race.to_target(stopped, 10.25, steps=4) is stopped
+
+
+def test_a_run_that_stopped_at_a_target_that_fell_since_is_trained_again(tmp_path, monkeypatch):
+    """A gpt2 run trained again is not bit for bit the run before, so the target it sets can fall below the loss at
+    which a later rung's run stopped: that run is trained again, not read back as reaching a target it never did."""
+    first, carried = tmp_path / "first", tmp_path / "carried"
+    base = ["--target-val-loss", "gpt2", *SMALL]
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    record = json.loads((first / "race.json").read_text())
+    gpt2, muon = record["rungs"][0]["runs"][0], record["rungs"][1]["runs"][0]
+    assert muon["reached"] and muon["curve"][-1]["step"] < 4  # it stopped at the target, short of its steps
+    lower = muon["curve"][-1]["val_loss"] - 0.01
+    gpt2["curve"][-1]["val_loss"] = lower  # as a gpt2 run trained again, lower, would leave it
+    carried.mkdir()
+    (carried / "race.json").write_text(json.dumps(record))
+    trained = []
+    real = race.train_run
+    monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or real(cfg, *a, **k))
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--out", str(carried), "--resume", *base])
+    assert code == 0, text
+    assert trained == ["muon"]
+    again = json.loads((carried / "race.json").read_text())
+    assert again["target_val_loss"] == lower
+    run = again["rungs"][1]["runs"][0]
+    assert run["curve"][-1]["step"] > muon["curve"][-1]["step"]  # it trained past where it stopped before
+    assert run["reached"] == (run["curve"][-1]["val_loss"] <= lower)
+    # the same target again: nothing more to train
+    trained.clear()
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(carried), "--resume", *base])[0] == 0
+    assert trained == []
+    # the same in a race's own folders: the gpt2 run's log now ends lower, and the muon run trains again
+    log = race.run_dir(first, "gpt2", 0) / "log.jsonl"
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    entries[-1]["val_loss"] = lower
+    log.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    trained.clear()
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), "--resume", *base])[0] == 0
+    assert trained == ["muon"]
+    retrained = json.loads((first / "race.json").read_text())["rungs"][1]["runs"][0]["curve"]
+    assert [(p["step"], p["val_loss"]) for p in retrained] == [(p["step"], p["val_loss"]) for p in run["curve"]]
 
 
 def test_a_race_resumed_on_the_same_corpus_may_find_it_at_another_path():

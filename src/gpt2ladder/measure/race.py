@@ -411,11 +411,15 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
                 result = recorded.get((rung.name, seed))  # none under --keep-weights: its weights are not here
             if result is None and reuse and not (where / "log.jsonl").exists():
                 result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256, caps.name)
+            if result is not None and cfg.target is not None:
+                result = to_target(result, cfg.target, run_cfg.steps)
+                if result is None and where.is_dir():  # it stopped at a target that has fallen since: trained
+                    with claimed(where):  # again from its start, its log rewritten
+                        drop_checkpoints(where)
+                        (where / REUSED).unlink(missing_ok=True)
             ran = result is None
             if ran:
                 code, result = train_run(run_cfg, device, where, caps, tokens, seed, resume, progress)
-            elif cfg.target is not None:
-                result = to_risen_target(result, cfg.target)
             runs[rung.name].append(result)
             if on_run is not None:
                 on_run(rung, seed, result, ran)
@@ -478,15 +482,22 @@ def timed_to(result: dict, target: float) -> dict:
             "tokens": hit["tokens"], **{name: hit.get(name) for name in CLOCK_SECONDS}}
 
 
-def to_risen_target(result: dict, target: float) -> dict:
+def to_target(result: dict, target: float, steps: int) -> dict | None:
     """A finished run read back (from its folder, a record or another race), timed to the race's target where that
-    target has risen since the run stopped at its own: under --target-val-loss gpt2 the target is the highest of
-    the gpt2 rung's last losses, so more seeds of it can raise it. Its time is then its first validation at or
-    below the target, which came before the step it stopped at; else the run is as it was."""
+    target has moved since the run stopped at its own: under --target-val-loss gpt2 the target is the highest of the
+    gpt2 rung's last losses, so more seeds of it raise it, and a gpt2 run trained again (not bit for bit the same)
+    can lower it. Where it rose, the run's time is its first validation at or below it, which came before the step
+    it stopped at. Where it fell below the last loss of a run that ran all its `steps`, the run did not reach it;
+    where it fell below the loss at which a run stopped short of them, None: that run must train on. Else the run
+    is as it was."""
     if result.get("status") != "ok":
         return result
     first = next((point for point in result["curve"] if point["val_loss"] <= target), None)
-    if first is None or (result["reached"] and first["step"] >= result["steps"]):
+    if first is None:
+        if result["curve"][-1]["step"] < steps:
+            return None
+        return result if not result["reached"] else {**result, "reached": False, **dict.fromkeys(METRICS)}
+    if result["reached"] and first["step"] >= result["steps"]:
         return result
     return timed_to(result, target)
 
