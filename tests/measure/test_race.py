@@ -724,6 +724,10 @@ def _corpus(folder, train_tokens=2000):
     (["--target-val-loss", "abc"], "expected a positive number or gpt2, got abc"),
     (["--data", "TEXT"], "no --target-val-loss, and text.txt has no known target"),
     (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "100"], "fewer than one rung's 6,400"),
+    (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "20", "--rungs", "gpt2,speedrun,speedrun@steps=100"],
+     "fewer than one rung's 6,400 (rung speedrun@steps=100's 100 steps x --tokens-per-step 64)"),
+    (["--target-val-loss", "5", "--steps", "2,4", "--rungs", "gpt2,speedrun,speedrun@steps=3"],
+     "race rung speedrun@steps=3 is planned for steps of its own, which are no budget's: race it at one --steps"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_anything_starts(argv, says, tmp_path, capsys, shakespeare_cache):
     (tmp_path / "text.txt").write_text("To be, or not to be, that is the question. " * 40)
@@ -792,6 +796,8 @@ def test_a_rung_with_settings_is_read_against_its_base_rung_and_no_other_rung_ag
     ("gpt2,gpt2@lr=\u0661", "lr must be a positive number"),  # an Arabic-Indic one: float() reads it, a folder would not
     ("gpt2,gpt2@lr=1_0", "lr must be a positive number"),
     ("gpt2,gpt2@warmup_steps=-1", "warmup_steps must be a whole number of steps, 0 or more"),
+    ("gpt2,speedrun,speedrun@steps=0", "steps must be a positive whole number of steps, got '0'"),
+    ("gpt2,speedrun,speedrun@steps=1e3", "steps must be a positive whole number of steps, got '1e3'"),
     ("gpt2,gpt2@lr=0.001@min_lr=0.01", "its min_lr 0.01 is above its lr 0.001"),
     ("gpt2,speedrun,speedrun-wsd@lr=0.001,speedrun-wsd", "is read against speedrun-wsd, which races after it: list "
                                                          "speedrun-wsd first"),
@@ -821,6 +827,43 @@ def test_a_written_rung_with_no_recipe_alone_before_it_is_read_against_a_rung_wi
     rows = [race.rung_row(r, [_run(s, 10.0 + i + s / 10) for s in range(3)], cfg) for i, r in enumerate(cfg.rungs)]
     race.add_gains(rows)
     assert [r["gain_vs"] for r in rows] == [None, "gpt2", "gpt2"]
+
+
+def test_a_rung_planned_for_steps_of_its_own_warms_up_for_the_same_share_of_them():
+    """`speedrun@steps=N` plans the rung's runs for N steps: its schedule (warm-up, decay) spans N, validated on the
+    race's grid, and its row's planned tokens are its own; a warm-up it sets is its own."""
+    names = ("gpt2", "speedrun", "speedrun@steps=600", "speedrun@steps=700@warmup_steps=0")
+    rungs = tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names))
+    train = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=1500, eval_every=37, target_val_loss=9.0,
+                        lr=6e-4, min_lr=6e-5, warmup_steps=75, muon_lr=0.02)
+    cfg = race.RaceConfig(rungs=rungs, seeds=1, train=train)
+    by = {r.name: cfg.run_config(r, 0) for r in rungs}
+    assert by["speedrun@steps=600"] == dataclasses.replace(by["speedrun"], steps=600, warmup_steps=30)
+    assert (by["speedrun@steps=700@warmup_steps=0"].steps, by["speedrun@steps=700@warmup_steps=0"].warmup_steps) == (
+        700, 0)
+    rows = [race.rung_row(r, [_run(0, 10.0)], cfg) for r in rungs]
+    assert [row["planned_tokens"] for row in rows] == [1500 * 64, 1500 * 64, 600 * 64, 700 * 64]
+    with pytest.raises(UsageError, match="gives itself the settings rung speedrun trains with already"):
+        race.RaceConfig(rungs=(*rungs[:2], race.RaceRung("speedrun@steps=1500", rungs[1].recipe, ("baseline",), 2)),
+                        seeds=1, train=train)
+
+
+def test_a_race_with_a_rung_of_its_own_steps_trains_it_for_them(tmp_path):
+    """End to end: the rung's runs stop at their own last step (or the target), its row says its own planned tokens,
+    and race.md says so (at several budgets such a rung is refused, as is a corpus too small for it: bad input)."""
+    out = tmp_path / "race"
+    code, text = _main(["race", "--rungs", "gpt2,speedrun,speedrun@steps=2", "--target-val-loss", "1.0", "--out",
+                        str(out), *SMALL])
+    assert code == 0, text
+    record = json.loads((out / "race.json").read_text())
+    rows = {r["name"]: r for r in record["rungs"]}
+    assert rows["speedrun@steps=2"]["planned_tokens"] == 2 * 64 and rows["speedrun"]["planned_tokens"] == 4 * 64
+    assert [r["steps_run"] for r in rows["speedrun@steps=2"]["runs"]] == [2]  # the target is far below: all its steps
+    assert [r["steps_run"] for r in rows["speedrun"]["runs"]] == [4]
+    config = json.loads((race.run_dir(out, "speedrun@steps=2", 0) / "config.json").read_text())["train_config"]
+    assert config["steps"] == 2
+    assert "not reached in 128 tokens" in (out / "race.md").read_text()
+    assert "but a rung with @steps=N, planned for N" in (out / "race.md").read_text()
 
 
 def test_the_decay_fraction_reaches_the_wsd_rungs_alone_and_a_race_from_before_it_resumes():

@@ -69,6 +69,10 @@ def race_command(args) -> int:
         raise UsageError("--target-val-loss gpt2 reads the target off the gpt2 rung, so --rungs must start with gpt2")
     out = Path(args.out)
     budgets = args.steps or (None,)
+    planned = next((n for n in names if "steps" in race.split_settings(n)[1]), None)
+    if len(budgets) > 1 and planned is not None:
+        raise UsageError(f"race rung {planned} is planned for steps of its own, which are no budget's: race it at "
+                         "one --steps")
     if len(budgets) > 1:
         return _budgets(args, device, caps, names, out, budgets)
     tokens = data_mod.load_tokens(args.data)
@@ -236,11 +240,13 @@ def check_corpus(cfg: race.RaceConfig, tokens: data_mod.TokenData) -> None:
     """A UsageError unless the data holds what one rung needs: a sequence for training and one for validation
     and, for a corpus of shards (read without replacement), every token of a rung's planned steps."""
     data_mod.check_splits(tokens, cfg.train.seq_len, validate=True)
-    need = cfg.train.steps * cfg.train.tokens_per_step
+    steps, rung = max((cfg.run_config(r, 0).steps, r.name) for r in cfg.rungs)
+    need = steps * cfg.train.tokens_per_step
     if isinstance(tokens.train, data_mod.ShardedTokens) and len(tokens.train) < need:
+        planned = f"--steps {steps}" if steps == cfg.train.steps else f"rung {rung}'s {steps} steps"
         raise UsageError(f"the corpus's training shards hold {len(tokens.train):,} tokens, fewer than one rung's "
-                         f"{need:,} (--steps {cfg.train.steps} x --tokens-per-step {cfg.train.tokens_per_step:,}); "
-                         "use a larger corpus or fewer --steps")
+                         f"{need:,} ({planned} x --tokens-per-step {cfg.train.tokens_per_step:,}); "
+                         "use a larger corpus or fewer steps")
 
 
 def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: dict | None) -> tuple[int, dict]:

@@ -11,8 +11,10 @@ A rung's time is the training time of its run up to that validation: the sum of 
 clock, `training/clock.py`), without the first step, which compiles and captures, and without validation and
 checkpoints, which run between the steps; both are reported apart, with the wall time. The schedule is the one
 planned for all the steps, so a rung that reaches the target early did so with its learning rate still high: the
-time read is that of a run planned for a fixed budget, the same way for every rung. Over the seeds: the median,
-and the range (lowest to highest). A rung is "within noise" of the rung before when their ranges overlap.
+time read is that of a run planned for a fixed budget, the same way for every rung (a rung may plan its own,
+`speedrun@steps=1000`: its schedule's horizon is then part of its recipe, and its time is read the same way). Over
+the seeds: the median, and the range (lowest to highest). A rung is "within noise" of the rung before when their
+ranges overlap.
 
 Everything a row says is read back from its runs' log.jsonl, so a race cut off keeps the runs it finished, and
 continuing it (`resume`) skips them; a run stopped part-way by a signal continues from the checkpoint it saved then.
@@ -78,7 +80,7 @@ CLOCK_SECONDS = {"wall_seconds": "wall_s", "validation_seconds": "validation_s",
 SET = "@"
 # The settings a rung may give itself, and what each must be: TrainConfig's learning rates and warm-up.
 RUNG_SETTINGS = {"lr": float, "min_lr": float, "warmup_steps": int, "muon_lr": float, "embed_lr": float,
-                 "head_lr": float, "decay_fraction": float}
+                 "head_lr": float, "decay_fraction": float, "steps": int}
 MUON_SETTINGS = ("muon_lr", "embed_lr", "head_lr")
 WSD_SETTINGS = ("decay_fraction",)
 
@@ -107,8 +109,9 @@ def split_settings(name: str) -> tuple[str, dict]:
         if key in settings:
             raise UsageError(f"race rung {name}: {key} is set twice")
         value = kind(text) if re.fullmatch(_NUMBER[kind], text) else None  # plain ASCII digits, as a folder's name
-        if value is None or (value == 0 and kind is float) or value == float("inf"):
-            what = "a whole number of steps, 0 or more" if kind is int else "a positive number"
+        if value is None or (value == 0 and (kind is float or key == "steps")) or value == float("inf"):
+            what = ("a positive whole number of steps" if key == "steps" else "a whole number of steps, 0 or more"
+                    if kind is int else "a positive number")
             raise UsageError(f"race rung {name}: {key} must be {what}, got {text!r}")
         settings[key] = value
     if settings.get("decay_fraction", 0) > 1:
@@ -308,6 +311,8 @@ class RaceConfig:
         own = rung.settings
         if "lr" in own and "min_lr" not in own:  # the decay ends at a tenth of the peak, as the race's own rate's does
             own = {**own, "min_lr": own["lr"] * self.train.min_lr / self.train.lr}
+        if "steps" in own and "warmup_steps" not in own:  # a run planned for its own steps warms up for the same share
+            own = {**own, "warmup_steps": self.train.warmup_steps * own["steps"] // self.train.steps}
         return dataclasses.replace(self.train, recipe=rung.recipe, rungs=rung.step_rungs, batch_size=rung.batch_size,
                                    seed=seed, **rates, **own)
 
@@ -720,8 +725,8 @@ def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
            "batch_size": rung.batch_size, "status": status,
            "reason": failed[0]["reason"] if failed else None, "seeds_run": len(ok),
            "seeds_reached": sum(r["reached"] for r in ok), "reached": reached,
-           "planned_tokens": cfg.train.steps * cfg.train.tokens_per_step, "tokens_per_step": cfg.train.tokens_per_step,
-           "cards": list(dict.fromkeys(c for r in runs for c in r.get("cards") or []))}
+           "planned_tokens": cfg.run_config(rung, 0).steps * cfg.train.tokens_per_step,
+           "tokens_per_step": cfg.train.tokens_per_step, "cards": list(dict.fromkeys(c for r in runs for c in r.get("cards") or []))}
     for key in METRICS:
         row[key] = spread([r[key] for r in ok], reached)
     for key in ("ms_per_step", "mfu"):

@@ -137,6 +137,12 @@ def reused_line(record: dict) -> list[str]:
     return [f"- reused runs, trained by another race with the same settings: {'; '.join(reused)}"] if reused else []
 
 
+def planned_apart(record: dict) -> bool:
+    """Whether a rung of the race plans its runs for steps of its own (`speedrun@steps=1000`)."""
+    s = record["config"]["settings"]
+    return any(row["planned_tokens"] != s["steps"] * s["tokens_per_step"] for row in record["rungs"])
+
+
 def format_markdown(record: dict) -> str:
     cfg, s = record["config"], record["config"]["settings"]
     source = "" if record["target_source"] == "given" else f" ({record['target_source']})"
@@ -145,7 +151,9 @@ def format_markdown(record: dict) -> str:
         "",
         f"- target: validation loss {target_text(record)}{source}, on {record['data']['source']}",
         f"- every run planned for {s['steps']:,} steps of {s['tokens_per_step']:,} tokens "
-        f"({s['steps'] * s['tokens_per_step']:,} tokens), validated every {s['eval_every']} steps; "
+        f"({s['steps'] * s['tokens_per_step']:,} tokens)" + ("" if not planned_apart(record) else
+                                                             ", but a rung with @steps=N, planned for N")
+        + f", validated every {s['eval_every']} steps; "
         + (f"seeds 0 to {cfg['seeds'] - 1} per rung" if cfg["seeds"] > 1 else "one seed (0) per rung"),
         "- the time: training seconds of the timed steps up to the first validation at or below the target, in a "
         "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
