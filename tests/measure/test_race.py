@@ -1114,6 +1114,8 @@ def test_a_run_read_back_is_timed_to_a_target_that_moved_since_it_stopped():
     assert not fell["reached"] and all(fell[k] is None for k in race.METRICS) and fell["curve"] == curve
     assert race.to_target(run, 10.05, steps=6) is None  # it stopped at step 4 of 6, above the new target
     assert race.to_target(run, 10.15, steps=6)["steps"] == 4  # above its old target: as it was, read off the curve
+    early = race.to_target(run, 10.25, steps=6)  # timed to a risen target at step 2, then the target falls again
+    assert early["steps"] == 2 and race.to_target(early, 10.15, steps=6)["steps"] == 4
     stopped = {"seed": 0, "status": "stopped", "reason": "stopped at step 3"}
     assert race.to_target(stopped, 10.25, steps=4) is stopped
 
@@ -1128,6 +1130,15 @@ def test_a_run_that_stopped_at_a_target_that_fell_since_is_trained_again(tmp_pat
     gpt2, muon = record["rungs"][0]["runs"][0], record["rungs"][1]["runs"][0]
     assert muon["reached"] and muon["curve"][-1]["step"] < 4  # it stopped at the target, short of its steps
     lower = muon["curve"][-1]["val_loss"] - 0.01
+    reusing, kept = tmp_path / "reusing", tmp_path / "kept"
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(reusing), "--reuse", str(first), *base])[0] == 0
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(kept), "--keep-weights", *base])[0] == 0
+
+    def lower_gpt2(out):  # as a gpt2 run trained again, lower, would leave its log
+        log = race.run_dir(out, "gpt2", 0) / "log.jsonl"
+        entries = [json.loads(line) for line in log.read_text().splitlines()]
+        entries[-1]["val_loss"] = lower
+        log.write_text("".join(json.dumps(e) + "\n" for e in entries))
     gpt2["curve"][-1]["val_loss"] = lower  # as a gpt2 run trained again, lower, would leave it
     carried.mkdir()
     (carried / "race.json").write_text(json.dumps(record))
@@ -1147,15 +1158,29 @@ def test_a_run_that_stopped_at_a_target_that_fell_since_is_trained_again(tmp_pat
     assert _main(["race", "--rungs", "gpt2,muon", "--out", str(carried), "--resume", *base])[0] == 0
     assert trained == []
     # the same in a race's own folders: the gpt2 run's log now ends lower, and the muon run trains again
-    log = race.run_dir(first, "gpt2", 0) / "log.jsonl"
-    entries = [json.loads(line) for line in log.read_text().splitlines()]
-    entries[-1]["val_loss"] = lower
-    log.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    lower_gpt2(first)
     trained.clear()
     assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), "--resume", *base])[0] == 0
     assert trained == ["muon"]
     retrained = json.loads((first / "race.json").read_text())["rungs"][1]["runs"][0]["curve"]
     assert [(p["step"], p["val_loss"]) for p in retrained] == [(p["step"], p["val_loss"]) for p in run["curve"]]
+    # a run copied from another race is trained here, and no longer says it was copied
+    lower_gpt2(reusing)
+    assert (race.run_dir(reusing, "muon", 0) / "reused.json").exists()
+    trained.clear()
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(reusing), "--resume", *base])[0] == 0
+    assert trained == ["muon"] and not (race.run_dir(reusing, "muon", 0) / "reused.json").exists()
+    assert json.loads((reusing / "race.json").read_text())["rungs"][1]["runs"][0]["reused_from"] is None
+    # under --keep-weights the run's weights at its old stop are not continued from: it starts again
+    lower_gpt2(kept)
+    assert (race.run_dir(kept, "muon", 0) / "ckpt.pt").exists()
+    trained.clear()
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(kept), "--resume", "--keep-weights", *base])[0] == 0
+    assert trained == ["muon"]
+    again = json.loads((kept / "race.json").read_text())["rungs"][1]["runs"][0]
+    assert [(p["step"], p["val_loss"]) for p in again["curve"]] == [(p["step"], p["val_loss"]) for p in run["curve"]]
+    assert again["steps"] != muon["steps"]  # continued from its old stop, its log would say it stopped there
+    assert (race.run_dir(kept, "muon", 0) / "ckpt.pt").exists()  # its weights at its new end
 
 
 def test_a_race_resumed_on_the_same_corpus_may_find_it_at_another_path():

@@ -254,7 +254,8 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     s = cfg.train
     goal = "gpt2's" if cfg.target is None else f"{cfg.target:g}"
     say(f"gpt2ladder race: {len(cfg.rungs)} rungs x {cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}, model {s.preset} "
-        f"on {caps.name}, to validation loss {goal} ({cfg.target_source}); each run planned for {s.steps} steps "
+        f"on {caps.name}, to validation loss {goal} ({cfg.target_source}); each run planned for {s.steps} steps"
+        f"{' (an @steps rung for its own)' if any('steps' in r.settings for r in cfg.rungs) else ''} "
         f"of {s.tokens_per_step:,} tokens, validated every {s.eval_every}; runs in {out}/<rung>/seed<k>/", flush=True)
     if device.type != "cuda":
         say(f"notice: {race.CPU_COMPILE}", flush=True)

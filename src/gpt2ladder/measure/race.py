@@ -3,7 +3,7 @@
 Its rungs are recipes (`model/recipe.py`): rung k is GPT-2 with parts 0..k switched on, in the race's order
 (`RACE_RUNGS`). Every rung is a real training run (`training/run.py`), one per seed, each in its own run
 directory (OUT/<rung>/seed<k>/), all from the same seeds on the same data order and planned for the same
-number of steps, at the top of the step ladder this machine supports for that recipe. A run stops at its first
+number of steps (but a rung that plans its own, `@steps=N`), at the top of the step ladder this machine supports for that recipe. A run stops at its first
 validation at or below the target, or when its planned steps run out: then the target was not reached in its
 tokens.
 
@@ -502,9 +502,9 @@ def to_target(result: dict, target: float, steps: int) -> dict | None:
         if result["curve"][-1]["step"] < steps:
             return None
         return result if not result["reached"] else {**result, "reached": False, **dict.fromkeys(METRICS)}
-    if result["reached"] and first["step"] >= result["steps"]:
+    if result["reached"] and first["step"] == result["steps"]:
         return result
-    return timed_to(result, target)
+    return timed_to(result, target)  # earlier (it rose) or later (it fell, after an earlier rise) on its curve
 
 
 def train_run(cfg: TrainConfig, device, where: Path, caps, tokens, seed: int, resume: bool,
