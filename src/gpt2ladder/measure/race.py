@@ -1,11 +1,11 @@
 """The race: the second ladder, judged by the time to a target validation loss.
 
 Its rungs are recipes (`model/recipe.py`): rung k is GPT-2 with parts 0..k switched on, in the race's order
-(`RACE_RUNGS`). Every rung is a real training run (`training/run.py`), one per seed, each in its own run
-directory (OUT/<rung>/seed<k>/), all from the same seeds on the same data order and planned for the same
-number of steps (but a rung that plans its own, `@steps=N`), at the top of the step ladder this machine supports for that recipe. A run stops at its first
-validation at or below the target, or when its planned steps run out: then the target was not reached in its
-tokens.
+(`RACE_RUNGS`). Every rung is a real training run (`training/run.py`), one per seed, each in its own run directory
+(OUT/<rung>/seed<k>/), all from the same seeds on the same data order and planned for the same number of steps (but
+a rung that plans its own, `@steps=N`), at the top of the step ladder this machine supports for that recipe. A run
+stops at its first validation at or below the target, or when its planned steps run out: then the target was not
+reached in its tokens.
 
 A rung's time is the training time of its run up to that validation: the sum of its timed steps (the trainer's
 clock, `training/clock.py`), without the first step, which compiles and captures, and without validation and
