@@ -955,6 +955,16 @@ def test_reuse_miss_says_why_a_folder_gives_none_of_a_races_runs(tmp_path):
     assert race.reuse_miss(tmp_path, baseline, 9.0, "abc") is None
 
 
+_TRAIN_RUN = race.train_run
+
+
+def _counting_trains(monkeypatch) -> list:
+    """The recipes of the runs the race trains from here on, in order (each still trained)."""
+    trained = []
+    monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or _TRAIN_RUN(cfg, *a, **k))
+    return trained
+
+
 def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_the_rest(tmp_path, monkeypatch,
                                                                                           capsys):
     tmp_path = tmp_path.resolve()  # the runs name their source resolved
@@ -962,9 +972,7 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     base = ["--target-val-loss", "gpt2", *SMALL]
     assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
     (first / "gpt2" / "seed0" / "ckpt.pt").write_bytes(b"a kept checkpoint")  # as --keep-weights would leave one
-    trained = []
-    real = race.train_run
-    monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or real(cfg, *a, **k))
+    trained = _counting_trains(monkeypatch)
     code, text = _main(["race", "--rungs", "gpt2,rope", "--out", str(second), "--reuse", str(first), *base])
     assert code == 0 and trained == ["rope"]  # gpt2's run is the first race's, copied
     assert f"(reused from {first / 'gpt2' / 'seed0'})" in text and "no run copied" not in text
@@ -1021,9 +1029,7 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
     assert len(record["data"]["sha256"]) == 64
     carried.mkdir()
     (carried / "race.json").write_text(json.dumps(record))
-    trained = []
-    real = race.train_run
-    monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or real(cfg, *a, **k))
+    trained = _counting_trains(monkeypatch)
     code, text = _main(["race", "--rungs", "gpt2,muon,rope", "--out", str(carried), "--resume", *base])
     assert code == 0, text
     assert trained == ["muon,rope"] and text.count("(finished earlier)") == 2
@@ -1058,8 +1064,7 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
     kept = {r["name"]: r["runs"] for r in json.loads((stopping / "race.json").read_text())["rungs"]}
     assert [(r["seed"], r["status"]) for r in kept["gpt2"]] == [(0, "ok"), (1, "stopped")]
     assert kept["muon"] == record["rungs"][1]["runs"]  # muon's seed 0, not reached, still there
-    monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or real(cfg, *a, **k))
-    trained.clear()
+    trained = _counting_trains(monkeypatch)
     code, text = _main(["race", "--rungs", "gpt2,muon", "--seeds", "2", "--out", str(stopping), "--resume", *base])
     assert code == 0 and trained == ["gpt2", "muon"]  # the two seed 1 runs; muon's seed 0 read from the record
     # under --keep-weights every run keeps its weights, which a record has none of: all trained
@@ -1142,9 +1147,7 @@ def test_a_run_that_stopped_at_a_target_that_fell_since_is_trained_again(tmp_pat
     gpt2["curve"][-1]["val_loss"] = lower  # as a gpt2 run trained again, lower, would leave it
     carried.mkdir()
     (carried / "race.json").write_text(json.dumps(record))
-    trained = []
-    real = race.train_run
-    monkeypatch.setattr(race, "train_run", lambda cfg, *a, **k: trained.append(cfg.recipe) or real(cfg, *a, **k))
+    trained = _counting_trains(monkeypatch)
     code, text = _main(["race", "--rungs", "gpt2,muon", "--out", str(carried), "--resume", *base])
     assert code == 0, text
     assert trained == ["muon"]
