@@ -726,7 +726,8 @@ def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
            "reason": failed[0]["reason"] if failed else None, "seeds_run": len(ok),
            "seeds_reached": sum(r["reached"] for r in ok), "reached": reached,
            "planned_tokens": cfg.run_config(rung, 0).steps * cfg.train.tokens_per_step,
-           "tokens_per_step": cfg.train.tokens_per_step, "cards": list(dict.fromkeys(c for r in runs for c in r.get("cards") or []))}
+           "tokens_per_step": cfg.train.tokens_per_step,
+           "cards": list(dict.fromkeys(c for r in runs for c in r.get("cards") or []))}
     for key in METRICS:
         row[key] = spread([r[key] for r in ok], reached)
     for key in ("ms_per_step", "mfu"):
