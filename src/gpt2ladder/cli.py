@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2ladder.defaults import DEFAULTS, MUON_RATES, RUNGS_WHY
+from gpt2ladder.defaults import DEFAULTS, MAX_STEPS, MUON_RATES, RUNGS_WHY
 from gpt2ladder.defaults import default_text as D
 from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory, out_of_memory_advice
 from gpt2ladder.measure.timing import BOUND, SPREAD
@@ -25,7 +25,6 @@ INT_LIMIT = 2**63 - 1
 # Upper bounds of counts no later check bounds, so a typo (an extra zero, 2**63) is one line before any work
 # rather than a run of years, a list of a billion timings or an allocation the allocator refuses; each far
 # above any real use. (Batch sizes, sequence lengths and tokens per step are checked against memory later.)
-MAX_STEPS = 10**9  # optimizer steps of a run: step x tokens per step stays inside int64
 MAX_TIMED_STEPS = 10**6  # steps bench, profile and parity time or train per rung, and their warm-up
 MAX_WORKERS = 1024  # prepare's tokenizing processes
 MAX_EVAL_BATCH = 4096  # eval's examples per forward pass, four rows each

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder.defaults import MAX_STEPS
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import resolve_rungs
 from gpt2ladder.model.modern import block_mask_problem
@@ -109,9 +110,10 @@ def split_settings(name: str) -> tuple[str, dict]:
         if key in settings:
             raise UsageError(f"race rung {name}: {key} is set twice")
         value = kind(text) if re.fullmatch(_NUMBER[kind], text) else None  # plain ASCII digits, as a folder's name
-        if value is None or (value == 0 and (kind is float or key == "steps")) or value == float("inf"):
-            what = ("a positive whole number of steps" if key == "steps" else "a whole number of steps, 0 or more"
-                    if kind is int else "a positive number")
+        if (value is None or (value == 0 and (kind is float or key == "steps")) or value == float("inf")
+                or (kind is int and value > MAX_STEPS)):
+            what = (f"a whole number of steps, {'1' if key == 'steps' else '0'} to {MAX_STEPS:,}" if kind is int
+                    else "a positive number")
             raise UsageError(f"race rung {name}: {key} must be {what}, got {text!r}")
         settings[key] = value
     if settings.get("decay_fraction", 0) > 1:
