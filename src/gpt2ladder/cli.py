@@ -496,8 +496,9 @@ def _add_race(sub) -> None:
                    "speedrun-wsd), are recipes of their own, the +/- rungs raced last in the order given, each "
                    "against the longest start of its name raced before it, else the row before; a rung listed with "
                    "@ trains it with settings of its own and is read against it (speedrun@muon_lr=0.03, "
-                   "gpt2@lr=0.0012; lr, min_lr, warmup_steps, muon_lr, embed_lr, head_lr, decay_fraction, and steps: a "
-                   "schedule planned for other steps than --steps, speedrun@steps=1000) "
+                   "gpt2@lr=0.0012; lr, min_lr, warmup_steps, muon_lr, embed_lr, head_lr, decay_fraction, steps: a "
+                   "schedule planned for other steps than --steps, speedrun@steps=1000, and tokens_per_step: a batch "
+                   "of its own, validated after the race's tokens, speedrun@tokens_per_step=8192@steps=3000) "
                    "(default: all)")
     p.add_argument("--target-val-loss", type=_race_target, metavar="X", help="the validation loss to reach, "
                    "above 0 and below an untrained model's (ln 50257 = 10.82, and a margin); or gpt2: the gpt2 "

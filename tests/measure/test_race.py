@@ -97,7 +97,9 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     with pytest.raises(UsageError, match="--rungs all stands alone"):
         race.parse_race_rungs("all,speedrun-wsd")
     assert f", {11.1 / 13.1:.2f}x against speedrun, earlier validation in 0/3 seeds, 1 tokens" in report.progress_line(rows[3], 9.0)
-    race.add_gains(rows, 200)  # 200 steps of 11 ms: 2.2 s, more than the 2 s between the medians
+    for row in rows:
+        row["eval_every"] = 200
+    race.add_gains(rows)  # 200 steps of 11 ms: 2.2 s, more than the 2 s between the medians
     assert f", {11.1 / 13.1:.2f}x against speedrun, under one validation, earlier validation in 0/3 seeds, 1 tokens" in \
         report.progress_line(rows[3], 9.0)
     with pytest.raises(UsageError, match="race rungs softcap and speedrun-wsd both train recipe"):
@@ -286,7 +288,9 @@ def test_a_gain_finer_than_one_validation_interval_is_marked(eval_every, under):
     cfg = _cfg()
     rows = [race.rung_row(r, runs, cfg) for r, runs in zip(cfg.rungs, (
         [_run(0, 20.0), _run(1, 20.1), _run(2, 20.2)], [_run(0, 19.0), _run(1, 19.05), _run(2, 19.1)]))]
-    race.add_gains(rows, eval_every)
+    for row in rows:  # a race validating every eval_every steps (None: a row from before rows kept it, read alone)
+        row["eval_every"] = eval_every
+    race.add_gains(rows)
     assert rows[1]["within_noise_of_prev"] is False and rows[1]["within_one_validation_of_prev"] is under
     assert report.vs_prev(rows[1]) == "1.06x" + (", under one validation" if under else "") + ", earlier validation in 3/3 seeds"
 
@@ -725,9 +729,17 @@ def _corpus(folder, train_tokens=2000):
     (["--data", "TEXT"], "no --target-val-loss, and text.txt has no known target"),
     (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "100"], "fewer than one rung's 6,400"),
     (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "20", "--rungs", "gpt2,speedrun,speedrun@steps=100"],
-     "fewer than one rung's 6,400 (rung speedrun@steps=100's 100 steps x --tokens-per-step 64)"),
+     "fewer than one rung's 6,400 (rung speedrun@steps=100's 100 steps of 64 tokens)"),
     (["--target-val-loss", "5", "--steps", "2,4", "--rungs", "gpt2,speedrun,speedrun@steps=3"],
      "race rung speedrun@steps=3 is planned for steps of its own, which are no budget's: race it at one --steps"),
+    (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "20", "--eval-every", "2", "--rungs",
+      "gpt2,gpt2@tokens_per_step=128"],
+     "fewer than one rung's 2,560 (rung gpt2@tokens_per_step=128's 20 steps of 128 tokens)"),
+    (["--target-val-loss", "5", "--rungs", "gpt2,gpt2@tokens_per_step=48"], "race rung gpt2@tokens_per_step=48: "
+     "--tokens-per-step 48 is not a multiple of batch size x seq len x processes = 2 x 32 x 1 = 64"),
+    (["--target-val-loss", "5", "--eval-every", "1", "--rungs", "gpt2,gpt2@tokens_per_step=128"],
+     "race rung gpt2@tokens_per_step=128: the race validates every 64 tokens (1 step of 64), not a whole number of "
+     "its steps of 128"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_anything_starts(argv, says, tmp_path, capsys, shakespeare_cache):
     (tmp_path / "text.txt").write_text("To be, or not to be, that is the question. " * 40)
@@ -800,6 +812,8 @@ def test_a_rung_with_settings_is_read_against_its_base_rung_and_no_other_rung_ag
     ("gpt2,speedrun,speedrun@steps=1000000001", "steps must be a whole number of steps, 1 to 1,000,000,000"),
     ("gpt2,gpt2@warmup_steps=99999999999", "warmup_steps must be a whole number of steps, 0 to 1,000,000,000"),
     ("gpt2,speedrun,speedrun@steps=1e3", "steps must be a whole number of steps, 1 to 1,000,000,000, got '1e3'"),
+    ("gpt2,gpt2@tokens_per_step=0", "tokens_per_step must be a whole number of tokens, 1 to 1,000,000,000, got '0'"),
+    ("gpt2,gpt2@tokens_per_step=4096.0", "tokens_per_step must be a whole number of tokens, 1 to 1,000,000,000"),
     ("gpt2,gpt2@lr=0.001@min_lr=0.01", "its min_lr 0.01 is above its lr 0.001"),
     ("gpt2,speedrun,speedrun-wsd@lr=0.001,speedrun-wsd", "is read against speedrun-wsd, which races after it: list "
                                                          "speedrun-wsd first"),
@@ -866,6 +880,87 @@ def test_a_race_with_a_rung_of_its_own_steps_trains_it_for_them(tmp_path):
     assert config["steps"] == 2
     assert "not reached in 128 tokens" in (out / "race.md").read_text()
     assert "but a rung with @steps=N, planned for N" in (out / "race.md").read_text()
+
+
+def test_a_rung_with_a_batch_of_its_own_validates_on_the_races_batches_after_the_same_tokens():
+    """`gpt2@tokens_per_step=32` in a race of 64-token steps validated every 2: steps of 32 tokens, validated every 4
+    of them on the race's 2-sequence batches; its row says its own batch and planned tokens. The race's own batch is
+    the rung it is set on, refused as a twin."""
+    names = ("gpt2", "speedrun", "gpt2@tokens_per_step=32", "speedrun@tokens_per_step=128@steps=2")
+    rungs = tuple(race.RaceRung(n, r, ("baseline",), 1) for n, r in race.race_rungs(names))
+    train = TrainConfig(batch_size=1, seq_len=32, tokens_per_step=64, steps=4, eval_every=2, target_val_loss=9.0,
+                        warmup_steps=2, muon_lr=0.02)
+    cfg = race.RaceConfig(rungs=rungs, seeds=1, train=train)
+    by = {r.name: cfg.run_config(r, 0) for r in rungs}
+    assert by["gpt2"].val_batch is None and by["speedrun"].val_batch is None
+    assert by["gpt2@tokens_per_step=32"] == dataclasses.replace(by["gpt2"], tokens_per_step=32, val_batch=2,
+                                                                eval_every=4)
+    big = by["speedrun@tokens_per_step=128@steps=2"]
+    assert (big.tokens_per_step, big.steps, big.eval_every, big.val_batch, big.warmup_steps) == (128, 2, 1, 2, 1)
+    rows = [race.rung_row(r, [_run(0, 10.0)], cfg) for r in rungs]
+    assert [(row["tokens_per_step"], row["planned_tokens"], row["eval_every"]) for row in rows] == [
+        (64, 256, 2), (64, 256, 2), (32, 128, 4), (128, 256, 1)]
+    with pytest.raises(UsageError, match="gives itself the settings rung gpt2 trains with already"):
+        race.RaceConfig(rungs=(rungs[0], race.RaceRung("gpt2@tokens_per_step=64", "gpt2", ("baseline",), 1)),
+                        seeds=1, train=train)
+
+
+@pytest.mark.parametrize("kind", ["text", "corpus"])
+def test_a_run_with_a_validation_batch_of_its_own_validates_on_the_same_rows(kind, tmp_path):
+    """val_batch: the validation rows of a run stepping on 2 sequences with val_batch 4 are those of a run stepping
+    on 4 (random windows of a text, the first tokens of a corpus), cut into equal pieces the micro-batch holds,
+    so the mean over the pieces is the mean over the rows."""
+    from gpt2ladder import data as data_mod
+    from gpt2ladder.training import trainer
+
+    if kind == "text":
+        (tmp_path / "text.txt").write_text("To be, or not to be, that is the question. " * 200)
+        tokens = data_mod.load_tokens(str(tmp_path / "text.txt"))
+    else:
+        tokens = data_mod.load_tokens(str(_corpus(tmp_path / "corpus")))
+    wide = TrainConfig(batch_size=4, seq_len=16, tokens_per_step=64, steps=4, eval_every=2, eval_batches=3)
+    own = dataclasses.replace(wide, batch_size=3, tokens_per_step=48, val_batch=4)
+    narrow = dataclasses.replace(wide, batch_size=3, tokens_per_step=48)
+
+    def rows(cfg):
+        return torch.cat([x for x, _ in trainer.validation_batches(cfg, tokens)])
+
+    assert torch.equal(rows(own), rows(wide)) and not torch.equal(rows(narrow), rows(wide))
+    assert {len(x) for x, _ in trainer.validation_batches(own, tokens)} == {2}  # 4 rows a batch, in pieces of 2
+    with pytest.raises(UsageError, match="val_batch must be at least 1"):
+        dataclasses.replace(wide, val_batch=0)
+
+
+def test_rows_of_other_batches_are_read_seed_by_seed_on_their_tokens_and_their_own_validation_interval():
+    """seeds_earlier counts tokens, not steps (40 steps of 32 tokens come before 30 of 64), and the validation
+    interval is each row's own steps at its own step time."""
+    cfg = _cfg(seeds=1)
+    row, other = (race.rung_row(r, [_run(0, 1.0)], cfg) for r in cfg.rungs[:2])
+    row["runs"][0]["steps"], other["runs"][0]["steps"] = 40, 30
+    row["tokens_per_step"], row["eval_every"], row["ms_per_step"], other["ms_per_step"] = 32, 4, 100.0, 150.0
+    assert race.seeds_earlier(row, other) == {"earlier": 1, "of": 1}
+    row["train_seconds"] = {"median": 1.0, "min": 1.0, "max": 1.0}
+    other["train_seconds"] = {"median": 1.35, "min": 1.35, "max": 1.35}
+    assert race.noise_rule(row, other, 2) == (False, True)  # 4 steps x 100 ms = 0.4 s > 0.35 s; 2 x 150 ms is not
+    del row["eval_every"]
+    assert race.noise_rule(row, other, 2) == (False, False)
+
+
+def test_a_race_with_a_rung_of_its_own_batch_validates_it_after_the_same_tokens(tmp_path):
+    """End to end on CPU: the rung's curve lies on the race's grid of tokens, its run validated on the race's
+    batches, and race.md says what its batch is."""
+    out = tmp_path / "race"
+    code, text = _main(["race", "--rungs", "gpt2,gpt2@tokens_per_step=128@steps=2", "--target-val-loss", "1.0",
+                        "--out", str(out), *SMALL])
+    assert code == 0, text
+    assert "an @tokens_per_step rung of its own, validated after the same tokens" in text
+    rows = {r["name"]: r for r in json.loads((out / "race.json").read_text())["rungs"]}
+    own = rows["gpt2@tokens_per_step=128@steps=2"]
+    assert [p["tokens"] for p in own["runs"][0]["curve"]] == [p["tokens"] for p in rows["gpt2"]["runs"][0]["curve"]]
+    assert [p["step"] for p in own["runs"][0]["curve"]] == [1, 2]
+    config = json.loads((race.run_dir(out, own["name"], 0) / "config.json").read_text())["train_config"]
+    assert [config[k] for k in ("tokens_per_step", "val_batch", "eval_every", "batch_size")] == [128, 2, 1, 2]
+    assert "a rung with @tokens_per_step=N, steps of N tokens" in (out / "race.md").read_text()
 
 
 def test_the_decay_fraction_reaches_the_wsd_rungs_alone_and_a_race_from_before_it_resumes():

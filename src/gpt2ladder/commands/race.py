@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -222,15 +223,20 @@ def race_rung(name: str, recipe: str, train: TrainConfig, args, device, caps: Ca
     if problem:
         raise UsageError(f"race rung {name}: {problem}")
     step_rungs = race.step_rungs_for(recipe, caps)
-    cfg = dataclasses.replace(train, recipe=recipe, rungs=step_rungs)
-    batch = cfg.batch_size
+    own = race.split_settings(name)[1].get("tokens_per_step", train.tokens_per_step)
+    # a micro-batch that divides the step and the race's validation batch (a rung's own step may be another's)
+    per_step = math.gcd(own // train.seq_len, train.tokens_per_step // train.seq_len)
+    batch = train.batch_size if args.batch_size else math.gcd(train.batch_size, per_step)
+    try:
+        cfg = dataclasses.replace(train, recipe=recipe, rungs=step_rungs, tokens_per_step=own, batch_size=batch)
+    except UsageError as err:  # its own tokens_per_step, which the micro-batch does not divide
+        raise UsageError(f"race rung {name}: {err}") from None
     if device.type == "cuda" and not args.batch_size:
-        per_step = cfg.tokens_per_step // cfg.seq_len
         step_rungs, plan, _ = plan_training(cfg.model, step_rungs, cfg.seq_len, caps, device, per_step, validates=True,
                                             graph_only_too=True)
         batch = plan.batch
     problem = check_fits(cfg.model, setup_for(list(step_rungs)), batch, cfg.seq_len, caps,
-                         batch_tokens=(1 + cfg.eval_batches) * cfg.tokens_per_step)
+                         batch_tokens=own + cfg.eval_batches * train.tokens_per_step)
     if problem:
         raise UsageError(f"race rung {name}: {problem}")
     return race.RaceRung(name, recipe, step_rungs, batch)
@@ -240,23 +246,27 @@ def check_corpus(cfg: race.RaceConfig, tokens: data_mod.TokenData) -> None:
     """A UsageError unless the data holds what one rung needs: a sequence for training and one for validation
     and, for a corpus of shards (read without replacement), every token of a rung's planned steps."""
     data_mod.check_splits(tokens, cfg.train.seq_len, validate=True)
-    steps, rung = max((cfg.run_config(r, 0).steps, r.name) for r in cfg.rungs)
-    need = steps * cfg.train.tokens_per_step
+    runs = [(cfg.run_config(r, 0), r.name) for r in cfg.rungs]
+    need, steps, per_step, rung = max((run.steps * run.tokens_per_step, run.steps, run.tokens_per_step, name)
+                                      for run, name in runs)
     if isinstance(tokens.train, data_mod.ShardedTokens) and len(tokens.train) < need:
-        planned = f"--steps {steps}" if steps == cfg.train.steps else f"rung {rung}'s {steps} steps"
+        planned = (f"--steps {steps} x --tokens-per-step {per_step:,}" if (steps, per_step) == (
+            cfg.train.steps, cfg.train.tokens_per_step) else f"rung {rung}'s {steps} steps of {per_step:,} tokens")
         raise UsageError(f"the corpus's training shards hold {len(tokens.train):,} tokens, fewer than one rung's "
-                         f"{need:,} ({planned} x --tokens-per-step {cfg.train.tokens_per_step:,}); "
-                         "use a larger corpus or fewer steps")
+                         f"{need:,} ({planned}); use a larger corpus or fewer steps")
 
 
 def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: dict | None) -> tuple[int, dict]:
     say = print
     s = cfg.train
     goal = "gpt2's" if cfg.target is None else f"{cfg.target:g}"
+    own_batch = (" (an @tokens_per_step rung of its own, validated after the same tokens)"
+                 if any("tokens_per_step" in r.settings for r in cfg.rungs) else "")
     say(f"gpt2ladder race: {len(cfg.rungs)} rungs x {cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}, model {s.preset} "
         f"on {caps.name}, to validation loss {goal} ({cfg.target_source}); each run planned for {s.steps} steps"
         f"{' (an @steps rung for its own)' if any('steps' in r.settings for r in cfg.rungs) else ''} "
-        f"of {s.tokens_per_step:,} tokens, validated every {s.eval_every}; runs in {out}/<rung>/seed<k>/", flush=True)
+        f"of {s.tokens_per_step:,} tokens{own_batch}, validated every {s.eval_every}; runs in {out}/<rung>/seed<k>/",
+        flush=True)
     if device.type != "cuda":
         say(f"notice: {race.CPU_COMPILE}", flush=True)
     others = race.other_cards(earlier, caps.name)

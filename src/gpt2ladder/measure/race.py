@@ -79,9 +79,10 @@ CLOCK_SECONDS = {"wall_seconds": "wall_s", "validation_seconds": "validation_s",
 # A rung of another rung's recipe trained with settings of its own, each after this sign (`speedrun@muon_lr=0.03`,
 # `gpt2@lr=0.0012@warmup_steps=150`): a sweep of rates raced in one table, each row read against its base rung.
 SET = "@"
-# The settings a rung may give itself, and what each must be: TrainConfig's learning rates and warm-up.
+# The settings a rung may give itself, and what each must be: TrainConfig's learning rates, warm-up, planned steps
+# and batch (tokens per step).
 RUNG_SETTINGS = {"lr": float, "min_lr": float, "warmup_steps": int, "muon_lr": float, "embed_lr": float,
-                 "head_lr": float, "decay_fraction": float, "steps": int}
+                 "head_lr": float, "decay_fraction": float, "steps": int, "tokens_per_step": int}
 MUON_SETTINGS = ("muon_lr", "embed_lr", "head_lr")
 WSD_SETTINGS = ("decay_fraction",)
 
@@ -110,10 +111,10 @@ def split_settings(name: str) -> tuple[str, dict]:
         if key in settings:
             raise UsageError(f"race rung {name}: {key} is set twice")
         value = kind(text) if re.fullmatch(_NUMBER[kind], text) else None  # plain ASCII digits, as a folder's name
-        if (value is None or (value == 0 and (kind is float or key == "steps")) or value == float("inf")
+        if (value is None or (value == 0 and key != "warmup_steps") or value == float("inf")
                 or (kind is int and value > MAX_STEPS)):
-            what = (f"a whole number of steps, {'1' if key == 'steps' else '0'} to {MAX_STEPS:,}" if kind is int
-                    else "a positive number")
+            what = ("a positive number" if kind is float else f"a whole number of tokens, 1 to {MAX_STEPS:,}"
+                    if key == "tokens_per_step" else f"a whole number of steps, {int(key == 'steps')} to {MAX_STEPS:,}")
             raise UsageError(f"race rung {name}: {key} must be {what}, got {text!r}")
         settings[key] = value
     if settings.get("decay_fraction", 0) > 1:
@@ -315,8 +316,29 @@ class RaceConfig:
             own = {**own, "min_lr": own["lr"] * self.train.min_lr / self.train.lr}
         if "steps" in own and "warmup_steps" not in own:  # a run planned for its own steps warms up for the same share
             own = {**own, "warmup_steps": self.train.warmup_steps * own["steps"] // self.train.steps}
+        if "tokens_per_step" in own:  # its own batch: validated on the race's batches, at the race's tokens
+            own = {**own, **self.own_batch(rung.name, own["tokens_per_step"])}
         return dataclasses.replace(self.train, recipe=rung.recipe, rungs=rung.step_rungs, batch_size=rung.batch_size,
                                    seed=seed, **rates, **own)
+
+    def own_batch(self, name: str, tokens_per_step: int) -> dict:
+        """The settings of a run that steps on tokens_per_step tokens of its own: it validates on the race's
+        batches (val_batch) and after as many tokens as the race's runs do (eval_every in its own steps), so its
+        losses and their tokens are the other rungs'. A UsageError where a step is no whole number of sequences,
+        or the race's validation interval no whole number of its steps."""
+        s = self.train
+        if tokens_per_step == s.tokens_per_step:  # the race's own: the run of the rung it is set on
+            return {}
+        if tokens_per_step % s.seq_len:
+            raise UsageError(f"race rung {name}: tokens_per_step must be a whole number of {s.seq_len}-token "
+                             f"sequences, got {tokens_per_step:,}")
+        interval = s.eval_every * s.tokens_per_step
+        if interval % tokens_per_step:
+            raise UsageError(f"race rung {name}: the race validates every {interval:,} tokens ({s.eval_every} "
+                             f"step{'s' * (s.eval_every != 1)} of {s.tokens_per_step:,}), not a whole number of its "
+                             f"steps of {tokens_per_step:,}; give tokens_per_step that divides it, or another "
+                             "--eval-every")
+        return {"val_batch": s.tokens_per_step // s.seq_len, "eval_every": interval // tokens_per_step}
 
     def settings(self) -> dict:
         """What every run of the race shares: a race continued with --resume must share them too."""
@@ -720,6 +742,7 @@ def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
     """A rung's row: each figure as its median and range over the seeds, and every seed's own."""
     ok = [r for r in runs if r["status"] == "ok"]
     failed = [r for r in runs if r["status"] != "ok"]
+    run = cfg.run_config(rung, 0)
     complete = len(ok) == cfg.seeds
     reached = complete and all(r["reached"] for r in ok)
     status = "ok" if complete else (failed[0]["status"] if failed else "partial")
@@ -727,8 +750,8 @@ def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
            "batch_size": rung.batch_size, "status": status,
            "reason": failed[0]["reason"] if failed else None, "seeds_run": len(ok),
            "seeds_reached": sum(r["reached"] for r in ok), "reached": reached,
-           "planned_tokens": cfg.run_config(rung, 0).steps * cfg.train.tokens_per_step,
-           "tokens_per_step": cfg.train.tokens_per_step,
+           "planned_tokens": run.steps * run.tokens_per_step, "tokens_per_step": run.tokens_per_step,
+           "eval_every": run.eval_every,
            "cards": list(dict.fromkeys(c for r in runs for c in r.get("cards") or []))}
     for key in METRICS:
         row[key] = spread([r[key] for r in ok], reached)
@@ -794,13 +817,16 @@ def add_gains(rows: list[dict], eval_every: int | None = None) -> None:
 
 def seeds_earlier(row: dict, other: dict) -> dict | None:
     """{"earlier", "of"}: of the seeds both rows' runs reached the target in with their steps known (`of`), those in
-    which this row's run reached it at an earlier validation (in fewer steps, so on fewer tokens) than the other
-    row's run of the same seed; None where they share none. The time's gain also counts the step's speed; this
-    counts the validations alone."""
-    def stepped(r: dict) -> dict:
-        return {run["seed"]: run["steps"] for run in r.get("runs") or []
+    which this row's run reached it at an earlier validation (on fewer tokens: a rung may step on a batch of its own)
+    than the other row's run of the same seed; None where they share none. The time's gain also counts the step's
+    speed; this counts the validations alone."""
+    both = all(r.get("tokens_per_step") for r in (row, other))  # else read in steps: one batch for every row
+
+    def tokens(r: dict) -> dict:
+        per_step = r["tokens_per_step"] if both else 1
+        return {run["seed"]: run["steps"] * per_step for run in r.get("runs") or []
                 if run.get("status") == "ok" and run.get("reached") and run.get("steps") is not None}
-    mine, theirs = stepped(row), stepped(other)
+    mine, theirs = tokens(row), tokens(other)
     shared = sorted(mine.keys() & theirs.keys())
     if not shared:
         return None
@@ -813,8 +839,9 @@ def noise_rule(row: dict, other: dict, eval_every: int | None) -> tuple[bool, bo
     step time or the interval is unknown)."""
     a, b = row["train_seconds"], other["train_seconds"]
     nearer = None
-    if eval_every and row["ms_per_step"] and other["ms_per_step"]:
-        interval = eval_every * max(row["ms_per_step"], other["ms_per_step"]) / 1000
+    every = [r.get("eval_every", eval_every) for r in (row, other)]  # a row's own, where its version kept it
+    if all(every) and row["ms_per_step"] and other["ms_per_step"]:
+        interval = max(e * r["ms_per_step"] for e, r in zip(every, (row, other))) / 1000
         nearer = abs(a["median"] - b["median"]) < interval
     return overlap(a, b), nearer
 

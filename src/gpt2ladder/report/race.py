@@ -137,10 +137,15 @@ def reused_line(record: dict) -> list[str]:
     return [f"- reused runs, trained by another race with the same settings: {'; '.join(reused)}"] if reused else []
 
 
-def planned_apart(record: dict) -> bool:
-    """Whether a rung of the race plans its runs for steps of its own (`speedrun@steps=1000`)."""
+def planned_apart(record: dict) -> str:
+    """What the rungs that plan their runs otherwise than the race do: steps of their own (`speedrun@steps=1000`),
+    batches of their own (`speedrun@tokens_per_step=8192`); empty where none does."""
     s = record["config"]["settings"]
-    return any(row["planned_tokens"] != s["steps"] * s["tokens_per_step"] for row in record["rungs"])
+    rows = record["rungs"]
+    steps = any(row["planned_tokens"] != s["steps"] * row.get("tokens_per_step", s["tokens_per_step"]) for row in rows)
+    batch = any(row.get("tokens_per_step", s["tokens_per_step"]) != s["tokens_per_step"] for row in rows)
+    return (", but" * (steps or batch) + " a rung with @steps=N, planned for N" * steps + "," * (steps and batch)
+            + " a rung with @tokens_per_step=N, steps of N tokens, validated after the same tokens" * batch)
 
 
 def format_markdown(record: dict) -> str:
@@ -151,8 +156,7 @@ def format_markdown(record: dict) -> str:
         "",
         f"- target: validation loss {target_text(record)}{source}, on {record['data']['source']}",
         f"- every run planned for {s['steps']:,} steps of {s['tokens_per_step']:,} tokens "
-        f"({s['steps'] * s['tokens_per_step']:,} tokens)" + ("" if not planned_apart(record) else
-                                                             ", but a rung with @steps=N, planned for N")
+        f"({s['steps'] * s['tokens_per_step']:,} tokens)" + planned_apart(record)
         + f", validated every {s['eval_every']} steps; "
         + (f"seeds 0 to {cfg['seeds'] - 1} per rung" if cfg["seeds"] > 1 else "one seed (0) per rung"),
         "- the time: training seconds of the timed steps up to the first validation at or below the target, in a "
@@ -162,8 +166,8 @@ def format_markdown(record: dict) -> str:
         "its name raced before it, else the rung before; for a rung with @ settings, the rung before its @); "
         "'under one validation': their medians lie nearer than one validation interval's steps take (at the slower "
         "rung's step), finer than the reading at validations can tell; 'earlier validation in k/n seeds': in k of "
-        "the n seeds both rungs reached the target in, this rung's run reached it at an earlier validation (in fewer "
-        "steps) than the same seed's run of the rung it is read against (the noise rule does not read it)",
+        "the n seeds both rungs reached the target in, this rung's run reached it at an earlier validation (on fewer "
+        "tokens) than the same seed's run of the rung it is read against (the noise rule does not read it)",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",
         f"- {record['date']}",

@@ -46,6 +46,9 @@ class TrainConfig:
     # A corpus of shards: the tokens of its validation shards every evaluation reads, from their start;
     # None = eval_batches steps' worth. A text validates on eval_batches random windows instead.
     val_tokens: int | None = None
+    # Sequences per validation batch, before the micro-batch cuts it; None: a step's (tokens_per_step / seq_len). A
+    # race's rung that steps on a batch of its own validates on the race's batches, so its losses are the others'.
+    val_batch: int | None = None
     hellaswag_every: int = _D["hellaswag_every"]  # 0 = never (the last step is always scored when this is on)
     hellaswag_data: str | None = None  # a file in HellaSwag's format; None = the official validation set
     target_val_loss: float | None = None  # stop at the first validation at or below it; None = run all steps
@@ -97,6 +100,8 @@ class TrainConfig:
     def _check_targets(self) -> None:
         if self.val_tokens is not None and self.val_tokens < 1:
             raise UsageError(f"--val-tokens must be at least 1, got {self.val_tokens}")
+        if self.val_batch is not None and self.val_batch < 1:
+            raise UsageError(f"val_batch must be at least 1 sequence, got {self.val_batch}")
         target = self.target_val_loss
         if target is None:
             return
@@ -143,6 +148,7 @@ _INT, _NUM, _STR, _BOOL = (int,), (int, float), (str,), (bool,)
 KINDS = {"preset": _STR, "rungs": (list, tuple), "batch_size": _INT, "seq_len": _INT, "tokens_per_step": _INT,
          "steps": _INT, "lr": _NUM, "min_lr": _NUM, "warmup_steps": _INT, "weight_decay": _NUM, "grad_clip": _NUM,
          "eval_every": _INT, "eval_batches": _INT, "ckpt_every": _INT, "val_tokens": _INT + (type(None),),
+         "val_batch": _INT + (type(None),),
          "hellaswag_every": _INT, "hellaswag_data": _STR + (type(None),), "target_val_loss": _NUM + (type(None),),
          "seed": _INT, "data": _STR + (type(None),), "init_from": _STR + (type(None),), "compile_backend": _STR,
          "recipe": _STR, "muon_lr": _NUM + (type(None),), "embed_lr": _NUM + (type(None),),

@@ -104,15 +104,20 @@ def training_batches(cfg: TrainConfig, tokens: data_mod.TokenData, dist=distribu
                                      rank=dist.rank, world_size=dist.world_size)
 
 
+def validation_width(cfg: TrainConfig) -> int:
+    """Sequences per validation batch: the config's val_batch, else a step's."""
+    return cfg.val_batch or cfg.tokens_per_step // cfg.seq_len
+
+
 def validation_batches(cfg: TrainConfig, tokens: data_mod.TokenData) -> list:
-    """Batches of a whole step's sequences (a corpus: its first cfg.val_tokens validation tokens), cut to the
-    micro-batch: the same data on any card and any number of processes (every rank evaluates all of them).
-    None when the run never validates."""
+    """Batches of a whole step's sequences, or of cfg.val_batch (a corpus: its first cfg.val_tokens validation
+    tokens), cut to equal pieces of at most the micro-batch: the same data on any card and any number of processes
+    (every rank evaluates all of them). None when the run never validates."""
     if not cfg.eval_every:
         return []
-    full = data_mod.validation_batches(tokens, cfg.tokens_per_step // cfg.seq_len, cfg.seq_len, cfg.eval_batches,
-                                       cfg.val_tokens)
-    return data_mod.micro_batches(full, cfg.batch_size)
+    width = validation_width(cfg)
+    full = data_mod.validation_batches(tokens, width, cfg.seq_len, cfg.eval_batches, cfg.val_tokens)
+    return data_mod.micro_batches(full, max(d for d in range(1, min(cfg.batch_size, width) + 1) if width % d == 0))
 
 
 def weights_finite(model: torch.nn.Module, dist=distributed.SINGLE) -> bool:
