@@ -736,7 +736,9 @@ def _corpus(folder, train_tokens=2000):
       "gpt2,gpt2@tokens_per_step=128"],
      "fewer than one rung's 2,560 (rung gpt2@tokens_per_step=128's 20 steps of 128 tokens)"),
     (["--target-val-loss", "5", "--rungs", "gpt2,gpt2@tokens_per_step=48"], "race rung gpt2@tokens_per_step=48: "
-     "--tokens-per-step 48 is not a multiple of batch size x seq len x processes = 2 x 32 x 1 = 64"),
+     "tokens_per_step must be a whole number of 32-token sequences, got 48"),
+    (["--target-val-loss", "5", "--eval-every", "3", "--rungs", "gpt2,gpt2@tokens_per_step=96"], "race rung "
+     "gpt2@tokens_per_step=96: --tokens-per-step 96 is not a multiple of batch size x seq len x processes = 2 x 32"),
     (["--target-val-loss", "5", "--eval-every", "1", "--rungs", "gpt2,gpt2@tokens_per_step=128"],
      "race rung gpt2@tokens_per_step=128: the race validates every 64 tokens (1 step of 64), not a whole number of "
      "its steps of 128"),
@@ -927,6 +929,9 @@ def test_a_run_with_a_validation_batch_of_its_own_validates_on_the_same_rows(kin
 
     assert torch.equal(rows(own), rows(wide)) and not torch.equal(rows(narrow), rows(wide))
     assert {len(x) for x, _ in trainer.validation_batches(own, tokens)} == {2}  # 4 rows a batch, in pieces of 2
+    if kind == "corpus":  # fewer rows than a batch: the only batch, 3 rows, in equal pieces (the mean is the rows')
+        few = dataclasses.replace(own, val_tokens=50, batch_size=2, tokens_per_step=32)
+        assert [len(x) for x, _ in trainer.validation_batches(few, tokens)] == [1, 1, 1]
     with pytest.raises(UsageError, match="val_batch must be at least 1"):
         dataclasses.replace(wide, val_batch=0)
 
@@ -951,7 +956,7 @@ def test_a_race_with_a_rung_of_its_own_batch_validates_it_after_the_same_tokens(
     batches, and race.md says what its batch is."""
     out = tmp_path / "race"
     code, text = _main(["race", "--rungs", "gpt2,gpt2@tokens_per_step=128@steps=2", "--target-val-loss", "1.0",
-                        "--out", str(out), *SMALL])
+                        "--out", str(out), "--keep-weights", *SMALL])
     assert code == 0, text
     assert "an @tokens_per_step rung of its own, validated after the same tokens" in text
     rows = {r["name"]: r for r in json.loads((out / "race.json").read_text())["rungs"]}
@@ -961,6 +966,10 @@ def test_a_race_with_a_rung_of_its_own_batch_validates_it_after_the_same_tokens(
     config = json.loads((race.run_dir(out, own["name"], 0) / "config.json").read_text())["train_config"]
     assert [config[k] for k in ("tokens_per_step", "val_batch", "eval_every", "batch_size")] == [128, 2, 1, 2]
     assert "a rung with @tokens_per_step=N, steps of N tokens" in (out / "race.md").read_text()
+    run = race.run_dir(out, own["name"], 0)  # trained on by `train --resume`, it keeps validating on the same rows
+    code, text = _main(["train", "--resume", "--out", str(run), "--steps", "3", "--device", "cpu", "--no-progress"])
+    assert code == 0, text
+    assert json.loads((run / "config.json").read_text())["train_config"]["val_batch"] == 2
 
 
 def test_the_decay_fraction_reaches_the_wsd_rungs_alone_and_a_race_from_before_it_resumes():

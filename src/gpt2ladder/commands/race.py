@@ -224,8 +224,8 @@ def race_rung(name: str, recipe: str, train: TrainConfig, args, device, caps: Ca
         raise UsageError(f"race rung {name}: {problem}")
     step_rungs = race.step_rungs_for(recipe, caps)
     own = race.split_settings(name)[1].get("tokens_per_step", train.tokens_per_step)
-    # a micro-batch that divides the step and the race's validation batch (a rung's own step may be another's)
-    per_step = math.gcd(own // train.seq_len, train.tokens_per_step // train.seq_len)
+    race.check_sequences(name, own, train.seq_len)
+    per_step = own // train.seq_len  # a rung's own step: its validation is cut to what the micro-batch holds
     batch = train.batch_size if args.batch_size else math.gcd(train.batch_size, per_step)
     try:
         cfg = dataclasses.replace(train, recipe=recipe, rungs=step_rungs, tokens_per_step=own, batch_size=batch)

@@ -47,7 +47,7 @@ from gpt2ladder.training.run import Saved, claimed, prepared_hellaswag, saved_ru
 SETTINGS = ("preset", "rungs", "batch_size", "seq_len", "tokens_per_step", "steps", "lr", "min_lr", "warmup_steps",
             "weight_decay", "grad_clip", "eval_every", "eval_batches", "ckpt_every", "seed", "data", "init_from",
             "val_tokens", "hellaswag_every", "hellaswag_data", "target_val_loss", "recipe", "muon_lr", "embed_lr",
-            "head_lr", "decay_fraction")
+            "head_lr", "decay_fraction", "val_batch")
 
 
 def train_command(args) -> int:
@@ -155,7 +155,7 @@ def host_batch_tokens(cfg: TrainConfig, tokens: data_mod.TokenData, dist=distrib
         return held
     if cfg.val_tokens is not None and isinstance(tokens.val, data_mod.ShardedTokens):
         return held + min(cfg.val_tokens, len(tokens.val))
-    return held + cfg.eval_batches * cfg.tokens_per_step
+    return held + cfg.eval_batches * (cfg.val_batch * cfg.seq_len if cfg.val_batch else cfg.tokens_per_step)
 
 
 def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, notify=print,
@@ -199,7 +199,7 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
         eval_batches=value("eval_batches", rules.eval_batches(steps, every, d["eval_batches"])),
         ckpt_every=value("ckpt_every", rules.ckpt_every(steps)), seed=value("seed", d["seed"]), data=value("data"),
         init_from=value("init_from"), compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", model=shape,
-        val_tokens=value("val_tokens"), hellaswag_every=value("hellaswag_every", d["hellaswag_every"]),
+        val_tokens=value("val_tokens"), val_batch=value("val_batch"), hellaswag_every=value("hellaswag_every", d["hellaswag_every"]),
         hellaswag_data=value("hellaswag_data"), target_val_loss=value("target_val_loss"), recipe=recipe.name,
         **{name: value(name, rate if recipe.optimizer == "muon" else None) for name, rate in MUON_RATES.items()},
         decay_fraction=value("decay_fraction", WSD_DECAY_FRACTION),

@@ -329,9 +329,7 @@ class RaceConfig:
         s = self.train
         if tokens_per_step == s.tokens_per_step:  # the race's own: the run of the rung it is set on
             return {}
-        if tokens_per_step % s.seq_len:
-            raise UsageError(f"race rung {name}: tokens_per_step must be a whole number of {s.seq_len}-token "
-                             f"sequences, got {tokens_per_step:,}")
+        check_sequences(name, tokens_per_step, s.seq_len)
         interval = s.eval_every * s.tokens_per_step
         if interval % tokens_per_step:
             raise UsageError(f"race rung {name}: the race validates every {interval:,} tokens ({s.eval_every} "
@@ -351,6 +349,13 @@ class RaceConfig:
     def to_dict(self) -> dict:
         return {"rungs": [r.to_dict() for r in self.rungs], "seeds": self.seeds, "target_source": self.target_source,
                 "settings": self.settings()}
+
+
+def check_sequences(name: str, tokens_per_step: int, seq_len: int) -> None:
+    """A UsageError where a rung's own tokens_per_step is no whole number of sequences."""
+    if tokens_per_step % seq_len:
+        raise UsageError(f"race rung {name}: tokens_per_step must be a whole number of {seq_len}-token sequences, "
+                         f"got {tokens_per_step:,}")
 
 
 def _same_run(a: TrainConfig, b: TrainConfig) -> bool:

@@ -38,6 +38,7 @@ rank must agree on.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from pathlib import Path
@@ -115,9 +116,9 @@ def validation_batches(cfg: TrainConfig, tokens: data_mod.TokenData) -> list:
     (every rank evaluates all of them). None when the run never validates."""
     if not cfg.eval_every:
         return []
-    width = validation_width(cfg)
-    full = data_mod.validation_batches(tokens, width, cfg.seq_len, cfg.eval_batches, cfg.val_tokens)
-    return data_mod.micro_batches(full, max(d for d in range(1, min(cfg.batch_size, width) + 1) if width % d == 0))
+    full = data_mod.validation_batches(tokens, validation_width(cfg), cfg.seq_len, cfg.eval_batches, cfg.val_tokens)
+    rows = math.gcd(*(len(x) for x, _ in full)) or 1  # a step's sequences, or the fewer of a corpus's only batch
+    return data_mod.micro_batches(full, max(d for d in range(1, min(cfg.batch_size, rows) + 1) if rows % d == 0))
 
 
 def weights_finite(model: torch.nn.Module, dist=distributed.SINGLE) -> bool:
