@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2ladder.defaults import DEFAULTS, MAX_STEPS, MUON_RATES, RUNGS_WHY
+from gpt2ladder.defaults import DEFAULTS, MAX_STEPS, MUON_RATES, NEAR_SPLIT, RUNGS_WHY
 from gpt2ladder.defaults import default_text as D
 from gpt2ladder.errors import LadderError, UsageError, is_out_of_memory, out_of_memory_advice
 from gpt2ladder.measure.timing import BOUND, SPREAD
@@ -103,6 +103,10 @@ def _batch_size(text: str):
     except argparse.ArgumentTypeError as err:
         message = str(err).replace("a positive integer", "a positive integer, 'auto' or 'best'")
         raise argparse.ArgumentTypeError(message) from None
+
+
+NEAR_HELP = ("once a validation lands within X nats above the target, validate {split} times as often (every "
+             "--eval-every / {split} steps), so the time to the target is read finer; 0 for never")
 
 
 def _positive_float(text: str) -> float:
@@ -277,6 +281,8 @@ def _add_train(sub) -> None:
     p.add_argument("--target-val-loss", type=_positive_float, metavar="X", help="stop at the first validation at "
                    "or below X, and log the training time (the timed steps, compile and capture apart), the wall "
                    "time and the tokens it took; needs validation (off by default: all --steps)")
+    p.add_argument("--eval-near", type=float, metavar="X", help="with --target-val-loss: "
+                   + NEAR_HELP.format(split=NEAR_SPLIT) + " (default: 0)")
     p.add_argument("--ckpt-every", type=every, help="checkpoint every N steps, 0 for only at the end "
                    "(default: a fifth of --steps)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (or, if that is missing or "
@@ -513,6 +519,9 @@ def _add_race(sub) -> None:
                    f"budgets.json, .md and .png (default: {D('race', 'steps')})")
     p.add_argument("--eval-every", type=_count(MAX_STEPS), help="validate every N steps (default: --steps / "
                    f"{D('race', 'validations')})")
+    p.add_argument("--eval-near", type=float, metavar="X", help=NEAR_HELP.format(split=NEAR_SPLIT) + " (default: 0; "
+                   "under --target-val-loss gpt2 the gpt2 rung's runs, which train before the target is known, "
+                   "validate on the grid alone)")
     p.add_argument("--data", help=DATA_HELP)
     p.add_argument("--batch-size", type=_positive_int, help="micro-batch: sequences per forward pass (default: on a "
                    f"GPU the largest that fits and divides the step, {DEFAULTS['race']['cpu']['batch_size']} on CPU)")

@@ -38,6 +38,9 @@ LR = 6e-4  # peak learning rate, GPT-2 124M's (nanoGPT's and the write-up's)
 WEIGHT_DECAY = 0.1
 GRAD_CLIP = 1.0  # a training run's gradient-norm clip; the timed step of bench and profile does not clip (OPTIM)
 SEED = 0
+# --eval-near: nats above the target within which a run validates NEAR_SPLIT times as often (0: never).
+EVAL_NEAR = 0.0
+NEAR_SPLIT = 8
 MAX_STEPS = 10**9  # optimizer steps of a run: step x tokens per step stays inside int64
 # A config built without rungs (the library, tests): the fp32 step. A command resolves its own `rungs` default
 # ("seed", "auto", "all") against the machine before it builds one.

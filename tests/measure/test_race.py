@@ -98,7 +98,7 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
         race.parse_race_rungs("all,speedrun-wsd")
     assert f", {11.1 / 13.1:.2f}x against speedrun, earlier validation in 0/3 seeds, 1 tokens" in report.progress_line(rows[3], 9.0)
     for row in rows:
-        row["eval_every"] = 200
+        row["read_every"] = 200
     race.add_gains(rows)  # 200 steps of 11 ms: 2.2 s, more than the 2 s between the medians
     assert f", {11.1 / 13.1:.2f}x against speedrun, under one validation, earlier validation in 0/3 seeds, 1 tokens" in \
         report.progress_line(rows[3], 9.0)
@@ -288,9 +288,7 @@ def test_a_gain_finer_than_one_validation_interval_is_marked(eval_every, under):
     cfg = _cfg()
     rows = [race.rung_row(r, runs, cfg) for r, runs in zip(cfg.rungs, (
         [_run(0, 20.0), _run(1, 20.1), _run(2, 20.2)], [_run(0, 19.0), _run(1, 19.05), _run(2, 19.1)]))]
-    for row in rows:  # a race validating every eval_every steps (None: a row from before rows kept it, read alone)
-        row["eval_every"] = eval_every
-    race.add_gains(rows)
+    race.add_gains(rows, eval_every)
     assert rows[1]["within_noise_of_prev"] is False and rows[1]["within_one_validation_of_prev"] is under
     assert report.vs_prev(rows[1]) == "1.06x" + (", under one validation" if under else "") + ", earlier validation in 3/3 seeds"
 
@@ -900,8 +898,8 @@ def test_a_rung_with_a_batch_of_its_own_validates_on_the_races_batches_after_the
     big = by["speedrun@tokens_per_step=128@steps=2"]
     assert (big.tokens_per_step, big.steps, big.eval_every, big.val_batch, big.warmup_steps) == (128, 2, 1, 2, 1)
     rows = [race.rung_row(r, [_run(0, 10.0)], cfg) for r in rungs]
-    assert [(row["tokens_per_step"], row["planned_tokens"], row["eval_every"]) for row in rows] == [
-        (64, 256, 2), (64, 256, 2), (32, 128, 4), (128, 256, 1)]
+    assert [(row["tokens_per_step"], row["planned_tokens"]) for row in rows] == [(64, 256), (64, 256), (32, 128),
+                                                                                (128, 256)]
     with pytest.raises(UsageError, match="gives itself the settings rung gpt2 trains with already"):
         race.RaceConfig(rungs=(rungs[0], race.RaceRung("gpt2@tokens_per_step=64", "gpt2", ("baseline",), 1)),
                         seeds=1, train=train)
@@ -938,16 +936,16 @@ def test_a_run_with_a_validation_batch_of_its_own_validates_on_the_same_rows(kin
 
 def test_rows_of_other_batches_are_read_seed_by_seed_on_their_tokens_and_their_own_validation_interval():
     """seeds_earlier counts tokens, not steps (40 steps of 32 tokens come before 30 of 64), and the validation
-    interval is each row's own steps at its own step time."""
+    interval is each row's own steps (read_every) at its own step time."""
     cfg = _cfg(seeds=1)
     row, other = (race.rung_row(r, [_run(0, 1.0)], cfg) for r in cfg.rungs[:2])
     row["runs"][0]["steps"], other["runs"][0]["steps"] = 40, 30
-    row["tokens_per_step"], row["eval_every"], row["ms_per_step"], other["ms_per_step"] = 32, 4, 100.0, 150.0
+    row["tokens_per_step"], row["read_every"], row["ms_per_step"], other["ms_per_step"] = 32, 4, 100.0, 150.0
     assert race.seeds_earlier(row, other) == {"earlier": 1, "of": 1}
     row["train_seconds"] = {"median": 1.0, "min": 1.0, "max": 1.0}
     other["train_seconds"] = {"median": 1.35, "min": 1.35, "max": 1.35}
     assert race.noise_rule(row, other, 2) == (False, True)  # 4 steps x 100 ms = 0.4 s > 0.35 s; 2 x 150 ms is not
-    del row["eval_every"]
+    del row["read_every"]
     assert race.noise_rule(row, other, 2) == (False, False)
 
 
@@ -1307,3 +1305,36 @@ def test_a_race_resumed_on_the_same_corpus_may_find_it_at_another_path():
     race.check_same_race(at("/here/code"), older, "abc")
     with pytest.raises(UsageError, match=r"ran with other settings \(data\)"):
         race.check_same_race(at("/there/code"), older, "abc")
+
+
+def test_a_rows_resolution_is_the_widest_gap_before_the_validation_its_seeds_were_read_at():
+    """read_every: per run, the steps between the validation at or below the target and the one before it (the grid's
+    37, or 4 where --eval-near validated more often, the first validation's own step); the widest over the seeds,
+    None where no run reached the target. The noise rule reads it at the row's step time."""
+    def run(seed, steps, at):
+        return {"seed": seed, "status": "ok", "reached": at is not None, "steps": at,
+                "curve": [{"step": s} for s in steps]}
+
+    assert race.read_every([run(0, [37, 74, 111], 111), run(1, [37, 74, 78, 82], 82)]) == 37
+    assert race.read_every([run(0, [37, 74, 78, 82], 82), run(1, [37, 41], 41)]) == 4
+    assert race.read_every([run(0, [37], 37)]) == 37
+    assert race.read_every([run(0, [37, 74], None), {"seed": 1, "status": "ok", "reached": True, "steps": 5}]) is None
+    cfg = _cfg(seeds=1)
+    rows = [race.rung_row(r, [_run(0, 1.0)], cfg) for r in cfg.rungs[:2]]
+    assert rows[0]["read_every"] is None  # no curve: the race's eval_every stands in
+
+
+def test_a_race_near_its_target_validates_its_runs_more_often(tmp_path):
+    """race --eval-near reaches every run's config; a race to gpt2's loss validates its gpt2 runs on the grid (they
+    know no target while they train)."""
+    out = tmp_path / "race"
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--target-val-loss", "gpt2", "--eval-near", "50", "--out",
+                        str(out), "--steps", "16", "--eval-every", "8", *SMALL[4:]])
+    assert code == 0, text
+    rows = {r["name"]: r for r in json.loads((out / "race.json").read_text())["rungs"]}
+    assert [p["step"] for p in rows["gpt2"]["runs"][0]["curve"]] == [8, 16]
+    muon = [p["step"] for p in rows["muon"]["runs"][0]["curve"]]
+    assert muon[0] == 8 and muon[1:] == list(range(9, muon[-1] + 1))  # every step once near gpt2's loss
+    config = json.loads((race.run_dir(out, "muon", 0) / "config.json").read_text())["train_config"]
+    assert config["eval_near"] == 50
+    assert "validated every 8 steps (every 1 within 50 nats of the target)" in (out / "race.md").read_text()

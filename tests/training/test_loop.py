@@ -534,3 +534,28 @@ def test_a_target_needs_validation():
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(Exception, match="--target-val-loss must be a finite number above 0"):
             _cfg(eval_every=1, target_val_loss=bad)
+
+
+def test_near_the_target_a_run_validates_more_often_and_resumed_validates_where_it_would_have(tmp_path, monkeypatch):
+    """--eval-near: once a validation lands within eval_near nats above the target, validation comes every
+    eval_every // 8 steps (here 1); a run stopped in the band and resumed validates at the steps the straight run
+    did, its checkpoint holding that it is near. Without a target nothing changes."""
+    def validated(out):
+        return [e["step"] for e in _log(out) if "val_loss" in e]
+
+    cfg = _cfg(steps=20, eval_every=8, ckpt_every=4, target_val_loss=0.5, eval_near=100.0)
+    assert cfg.near_every == 1
+    _train(cfg, tmp_path / "straight")
+    assert validated(tmp_path / "straight") == [8, *range(9, 21)]
+    _train(_cfg(steps=20, eval_every=8, target_val_loss=0.5), tmp_path / "grid")
+    assert validated(tmp_path / "grid") == [8, 16, 20]
+    _train(_cfg(steps=20, eval_every=8, eval_near=100.0), tmp_path / "no-target")
+    assert validated(tmp_path / "no-target") == [8, 16, 20]
+    real_step = signal_at_step(monkeypatch, 12)
+    assert _train(cfg, tmp_path / "cut").exit_code == 130
+    assert load_checkpoint(tmp_path / "cut")["near"] is True
+    monkeypatch.setattr(Engine, "step", real_step)
+    _train(cfg, tmp_path / "cut", resume=True)
+    assert validated(tmp_path / "cut") == validated(tmp_path / "straight")
+    with pytest.raises(Exception, match="--eval-near must be a finite number of nats >= 0"):
+        _cfg(eval_near=-1.0)

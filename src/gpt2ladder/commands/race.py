@@ -19,6 +19,7 @@ import torch
 
 from gpt2ladder import data as data_mod
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, MUON_RATES, defaults
+from gpt2ladder.defaults import EVAL_NEAR
 from gpt2ladder.errors import UsageError
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.measure import race
@@ -202,7 +203,7 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
         save_at_end=args.keep_weights, data=args.data,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
         **{name: getattr(args, name) or d.get(name, rate) for name, rate in MUON_RATES.items()},
-        decay_fraction=args.decay_fraction or WSD_DECAY_FRACTION,
+        decay_fraction=args.decay_fraction or WSD_DECAY_FRACTION, eval_near=args.eval_near or EVAL_NEAR,
     )
     planned = race.race_rungs(names)
     recipes = [parse_recipe(recipe) for _, recipe in planned]
@@ -260,13 +261,14 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     say = print
     s = cfg.train
     goal = "gpt2's" if cfg.target is None else f"{cfg.target:g}"
+    near = f" (every {s.near_every} within {s.eval_near:g} of the target)" if s.eval_near else ""
     own_batch = (" (an @tokens_per_step rung of its own, validated after the same tokens)"
                  if any("tokens_per_step" in r.settings for r in cfg.rungs) else "")
     say(f"gpt2ladder race: {len(cfg.rungs)} rungs x {cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}, model {s.preset} "
         f"on {caps.name}, to validation loss {goal} ({cfg.target_source}); each run planned for {s.steps} steps"
         f"{' (an @steps rung for its own)' if any('steps' in r.settings for r in cfg.rungs) else ''} "
-        f"of {s.tokens_per_step:,} tokens{own_batch}, validated every {s.eval_every}; runs in {out}/<rung>/seed<k>/",
-        flush=True)
+        f"of {s.tokens_per_step:,} tokens{own_batch}, validated every {s.eval_every}{near}; runs in "
+        f"{out}/<rung>/seed<k>/", flush=True)
     if device.type != "cuda":
         say(f"notice: {race.CPU_COMPILE}", flush=True)
     others = race.other_cards(earlier, caps.name)

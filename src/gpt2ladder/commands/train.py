@@ -47,7 +47,7 @@ from gpt2ladder.training.run import Saved, claimed, prepared_hellaswag, saved_ru
 SETTINGS = ("preset", "rungs", "batch_size", "seq_len", "tokens_per_step", "steps", "lr", "min_lr", "warmup_steps",
             "weight_decay", "grad_clip", "eval_every", "eval_batches", "ckpt_every", "seed", "data", "init_from",
             "val_tokens", "hellaswag_every", "hellaswag_data", "target_val_loss", "recipe", "muon_lr", "embed_lr",
-            "head_lr", "decay_fraction", "val_batch")
+            "head_lr", "decay_fraction", "val_batch", "eval_near")
 
 
 def train_command(args) -> int:
@@ -178,6 +178,8 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
         raise UsageError(f"{', '.join(idle)} set the muon recipe part's rates; recipe {recipe.name} has no muon part")
     if "decay_fraction" in given and recipe.schedule != "wsd":
         raise UsageError(f"--decay-fraction sets the wsd recipe part's decay; recipe {recipe.name} has no wsd part")
+    if given.get("eval_near") and value("target_val_loss") is None:  # taken, it would be recorded and do nothing
+        raise UsageError("--eval-near validates more often near the target: give --target-val-loss too")
     if recipe.has("doc_windows") and (problem := block_mask_problem()):
         raise UsageError(problem)
     if problem := strategy_problem(recipe.optimizer, strategy):
@@ -201,7 +203,7 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
         init_from=value("init_from"), compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor", model=shape,
         val_tokens=value("val_tokens"), val_batch=value("val_batch"),
         hellaswag_every=value("hellaswag_every", d["hellaswag_every"]), hellaswag_data=value("hellaswag_data"),
-        target_val_loss=value("target_val_loss"), recipe=recipe.name,
+        target_val_loss=value("target_val_loss"), eval_near=value("eval_near", rules.EVAL_NEAR), recipe=recipe.name,
         **{name: value(name, rate if recipe.optimizer == "muon" else None) for name, rate in MUON_RATES.items()},
         decay_fraction=value("decay_fraction", WSD_DECAY_FRACTION),
     )

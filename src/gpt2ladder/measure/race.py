@@ -756,7 +756,7 @@ def rung_row(rung: RaceRung, runs: list[dict], cfg: RaceConfig) -> dict:
            "reason": failed[0]["reason"] if failed else None, "seeds_run": len(ok),
            "seeds_reached": sum(r["reached"] for r in ok), "reached": reached,
            "planned_tokens": run.steps * run.tokens_per_step, "tokens_per_step": run.tokens_per_step,
-           "eval_every": run.eval_every,
+           "read_every": read_every(ok),
            "cards": list(dict.fromkeys(c for r in runs for c in r.get("cards") or []))}
     for key in METRICS:
         row[key] = spread([r[key] for r in ok], reached)
@@ -800,10 +800,24 @@ def base_row(rows: list[dict], i: int) -> dict | None:
     return next((row for row in reversed(rows[:i]) if SET not in row["name"]), rows[i - 1])
 
 
+def read_every(runs: list[dict]) -> int | None:
+    """The resolution of a rung's time: the most steps, over its runs that reached the target, between the validation
+    its time was read at and the validation before it (`eval_every`, or fewer where --eval-near validated more often
+    near the target); None where no run's curve says."""
+    gaps = []
+    for run in runs:
+        steps = [point["step"] for point in run.get("curve") or []]
+        if run.get("reached") and run.get("steps") in steps:
+            at = steps.index(run["steps"])
+            gaps.append(run["steps"] - (steps[at - 1] if at else 0))
+    return max(gaps) if gaps else None
+
+
 def add_gains(rows: list[dict], eval_every: int | None = None) -> None:
     """Each row's gain over its `base_row` (`gain_vs` names it) in training seconds to the target (that row's median
     over this one's), whether the two are within noise (their seeds' ranges overlap), and whether their medians lie
-    nearer than one validation interval (`eval_every` steps at the slower row's step time): the time is read at
+    nearer than one validation interval (a row's `read_every` steps, else `eval_every`, at its step time, the
+    longer of the two rows'): the time is read at
     validations, so a run that crosses the target one validation sooner on slower steps may gain less than the
     reading can tell. And seed by seed (`seeds_earlier`), which the noise rule does not read: in how many of the seeds
     both rows ran this row reached the target at an earlier validation. (The `_prev` keys keep the names records
@@ -840,11 +854,11 @@ def seeds_earlier(row: dict, other: dict) -> dict | None:
 
 def noise_rule(row: dict, other: dict, eval_every: int | None) -> tuple[bool, bool | None]:
     """Whether two reached rows' training seconds are within noise (their seeds' ranges overlap), and whether their
-    medians lie nearer than one validation interval (`eval_every` steps at the slower row's step; None where a
-    step time or the interval is unknown)."""
+    medians lie nearer than one validation interval (each row's `read_every` steps, else `eval_every`, at its own
+    step time, the longer of the two; None where a step time or the interval is unknown)."""
     a, b = row["train_seconds"], other["train_seconds"]
     nearer = None
-    every = [r.get("eval_every", eval_every) for r in (row, other)]  # a row's own, where its version kept it
+    every = [r.get("read_every") or eval_every for r in (row, other)]
     if all(every) and row["ms_per_step"] and other["ms_per_step"]:
         interval = max(e * r["ms_per_step"] for e, r in zip(every, (row, other))) / 1000
         nearer = abs(a["median"] - b["median"]) < interval

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpt2ladder.defaults import NEAR_SPLIT
 from gpt2ladder.model.recipe import PARTS_BY_NAME
 from gpt2ladder.report.plots import pyplot, save_figure
 from gpt2ladder.report.tables import fmt, markdown_table, text_table
@@ -157,15 +158,17 @@ def format_markdown(record: dict) -> str:
         f"- target: validation loss {target_text(record)}{source}, on {record['data']['source']}",
         f"- every run planned for {s['steps']:,} steps of {s['tokens_per_step']:,} tokens "
         f"({s['steps'] * s['tokens_per_step']:,} tokens)" + planned_apart(record)
-        + f", validated every {s['eval_every']} steps; "
+        + f", validated every {s['eval_every']} steps"
+        + (f" (every {max(1, s['eval_every'] // NEAR_SPLIT)} within {s['eval_near']:g} nats of the target)"
+           if s.get("eval_near") else "") + "; "
         + (f"seeds 0 to {cfg['seeds'] - 1} per rung" if cfg["seeds"] > 1 else "one seed (0) per rung"),
         "- the time: training seconds of the timed steps up to the first validation at or below the target, in a "
         "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
         "- median and range (lowest-highest) over the seeds; 'within noise': the seeds' ranges of this rung and "
         "the rung it is read against overlap (the rung before; for a rung written with + or -, the longest start of "
         "its name raced before it, else the rung before; for a rung with @ settings, the rung before its @); "
-        "'under one validation': their medians lie nearer than one validation interval's steps take (at the slower "
-        "rung's step), finer than the reading at validations can tell; 'earlier validation in k/n seeds': in k of "
+        "'under one validation': their medians lie nearer than one validation interval takes (the steps before the "
+        "validation a rung's time was read at, at its step; the longer of the two), finer than the reading can tell; 'earlier validation in k/n seeds': in k of "
         "the n seeds both rungs reached the target in, this rung's run reached it at an earlier validation (on fewer "
         "tokens) than the same seed's run of the rung it is read against (the noise rule does not read it)",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "

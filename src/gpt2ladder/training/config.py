@@ -52,6 +52,10 @@ class TrainConfig:
     hellaswag_every: int = _D["hellaswag_every"]  # 0 = never (the last step is always scored when this is on)
     hellaswag_data: str | None = None  # a file in HellaSwag's format; None = the official validation set
     target_val_loss: float | None = None  # stop at the first validation at or below it; None = run all steps
+    # Near the target, validate NEAR_SPLIT times as often: once a validation lands within eval_near nats above
+    # target_val_loss, every eval_every // NEAR_SPLIT steps (at least 1), so the time to the target is read finer.
+    # 0 = never.
+    eval_near: float = defaults.EVAL_NEAR
     seed: int = _D["seed"]
     data: str | None = None  # a text file; None = Tiny Shakespeare (never random tokens)
     init_from: str | None = None  # local Hugging Face GPT-2 weights: a folder, or its model.safetensors
@@ -102,6 +106,8 @@ class TrainConfig:
             raise UsageError(f"--val-tokens must be at least 1, got {self.val_tokens}")
         if self.val_batch is not None and self.val_batch < 1:
             raise UsageError(f"val_batch must be at least 1 sequence, got {self.val_batch}")
+        if not (math.isfinite(self.eval_near) and self.eval_near >= 0):
+            raise UsageError(f"--eval-near must be a finite number of nats >= 0, got {self.eval_near}")
         target = self.target_val_loss
         if target is None:
             return
@@ -109,6 +115,11 @@ class TrainConfig:
             raise UsageError(f"--target-val-loss must be a finite number above 0, got {target}")
         if not self.eval_every:
             raise UsageError("--target-val-loss needs validation: give --eval-every N (not 0)")
+
+    @property
+    def near_every(self) -> int:
+        """The steps between validations near the target (`eval_near`)."""
+        return max(1, self.eval_every // defaults.NEAR_SPLIT)
 
     def grad_accum(self, world_size: int = 1) -> int:
         """Micro-batches per optimizer step on each device."""
@@ -152,7 +163,8 @@ KINDS = {"preset": _STR, "rungs": (list, tuple), "batch_size": _INT, "seq_len": 
          "hellaswag_every": _INT, "hellaswag_data": _STR + (type(None),), "target_val_loss": _NUM + (type(None),),
          "seed": _INT, "data": _STR + (type(None),), "init_from": _STR + (type(None),), "compile_backend": _STR,
          "recipe": _STR, "muon_lr": _NUM + (type(None),), "embed_lr": _NUM + (type(None),),
-         "head_lr": _NUM + (type(None),), "keep_best": _BOOL, "save_at_end": _BOOL, "decay_fraction": _NUM}
+         "head_lr": _NUM + (type(None),), "eval_near": _NUM, "keep_best": _BOOL, "save_at_end": _BOOL,
+         "decay_fraction": _NUM}
 
 
 def settings_problem(saved: dict, shape: ModelConfig) -> str | None:

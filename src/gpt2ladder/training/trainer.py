@@ -176,6 +176,7 @@ class Trainer:
         self.last_loss: float | None = None
         self.last_val_loss: float | None = None
         self.val_step: int | None = None  # the step last_val_loss was measured at
+        self.near = False  # the last validation was within cfg.eval_near of the target: validate every near_every
         self.best: dict | None = None  # {"step", "val_loss"}: the lowest validation loss, kept in best.pt
         self.reached: dict | None = None  # the target's figures, once validation reached cfg.target_val_loss
         self.pending: dict | None = None  # the log entry of a step whose measurements a signal cut short
@@ -190,7 +191,7 @@ class Trainer:
         The data position is the batch the next step takes, whatever the prefetcher has made ahead."""
         return {**self.engine.state_dict(), **self._facts(), "rng": rng_state(),
                 "data": (self.feed or self.batches).state_dict(), "clock": self.clock.state_dict(),
-                "reached": self.reached, "pending": self.pending}
+                "reached": self.reached, "pending": self.pending, "near": self.near}
 
     def weights_state(self) -> dict:
         """best.pt's contents: the weights and what describes them, without the optimizer's state (twice
@@ -257,6 +258,7 @@ class Trainer:
         self.kept_path = path
         self.best = None if data_changed else state.get("best")  # a loss on other text is no yardstick
         self.pending = state.get("pending")
+        self.near = bool(state.get("near")) and not data_changed  # resumed, it validates where it would have
         self.reached = self._still_reached(state, data_changed)
         saved = state["train_config"]  # a field newer than the checkpoint reads as its default: nothing changed
         return config_differences(with_defaults(saved), self.cfg.to_dict())
@@ -361,6 +363,8 @@ class Trainer:
             self.clock.add_between("validation", time.perf_counter() - started)
         self._check_loss("the validation loss", loss)  # finite but huge weights: do not checkpoint them
         self.last_val_loss, self.val_step = loss, self.step
+        target = self.cfg.target_val_loss
+        self.near = bool(self.cfg.eval_near) and target is not None and loss - target <= self.cfg.eval_near
         return loss
 
     @torch.no_grad()
@@ -470,11 +474,15 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return bool(every) and (self.step % every == 0 or self.step == self.cfg.steps)
 
+    def _validation_due(self) -> bool:
+        """Every eval_every steps; near the target (`cfg.eval_near`), every near_every."""
+        return self._due(self.cfg.eval_every) or (self.near and self._due(self.cfg.near_every))
+
     def _point_due(self) -> bool:
         """Whether this step needs every step before it read and logged: it measures or saves, or ends the run."""
         cfg = self.cfg
-        every = (cfg.eval_every, cfg.ckpt_every, cfg.hellaswag_every)
-        return self.step == cfg.steps or any(self._due(n) for n in every)
+        every = (cfg.ckpt_every, cfg.hellaswag_every)
+        return self.step == cfg.steps or self._validation_due() or any(self._due(n) for n in every)
 
     def _stopping(self, stop: StopSignals) -> bool:
         """Whether to stop after this step. Under torchrun every rank stops after the same step: a signal seen
@@ -535,7 +543,7 @@ class Trainer:
         """What this step measures (validation, HellaSwag), all of it or nothing: a stop asked for meanwhile
         raises StopRequested."""
         measured = {}
-        if self._due(self.cfg.eval_every):
+        if self._validation_due():
             measured["val_loss"] = self.evaluate(stop)
         if self._due(self.cfg.hellaswag_every):
             measured["hellaswag"] = self.score_hellaswag(stop)
