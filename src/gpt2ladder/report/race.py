@@ -168,9 +168,10 @@ def format_markdown(record: dict) -> str:
         "the rung it is read against overlap (the rung before; for a rung written with + or -, the longest start of "
         "its name raced before it, else the rung before; for a rung with @ settings, the rung before its @); "
         "'under one validation': their medians lie nearer than one validation interval takes (the steps before the "
-        "validation a rung's time was read at, at its step; the longer of the two), finer than the reading can tell; 'earlier validation in k/n seeds': in k of "
-        "the n seeds both rungs reached the target in, this rung's run reached it at an earlier validation (on fewer "
-        "tokens) than the same seed's run of the rung it is read against (the noise rule does not read it)",
+        "validation a rung's time was read at, at its step; the longer of the two), finer than the reading can "
+        "tell; 'earlier validation in k/n seeds': in k of the n seeds both rungs reached the target in, this "
+        "rung's run reached it at an earlier validation (on fewer tokens) than the same seed's run of the rung it "
+        "is read against (the noise rule does not read it)",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",
         f"- {record['date']}",
