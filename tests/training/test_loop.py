@@ -3,6 +3,7 @@ late as on a GPU (forced on the CPU), validation that a signal ends between batc
 validation loss. tests/training/test_trainer.py covers the loop's older duties; tests/training/test_loop_gpu.py
 its GPU timing."""
 
+import dataclasses
 import json
 import math
 import os
@@ -557,5 +558,10 @@ def test_near_the_target_a_run_validates_more_often_and_resumed_validates_where_
     monkeypatch.setattr(Engine, "step", real_step)
     _train(cfg, tmp_path / "cut", resume=True)
     assert validated(tmp_path / "cut") == validated(tmp_path / "straight")
+    signal_at_step(monkeypatch, 12)  # resumed with another target: on the grid until a validation is near it
+    assert _train(cfg, tmp_path / "moved").exit_code == 130
+    monkeypatch.setattr(Engine, "step", real_step)
+    _train(dataclasses.replace(cfg, target_val_loss=0.4), tmp_path / "moved", resume=True)
+    assert validated(tmp_path / "moved") == [8, 9, 10, 11, *range(16, 21)]  # 12: due near the old target only
     with pytest.raises(Exception, match="--eval-near must be a finite number of nats >= 0"):
         _cfg(eval_near=-1.0)

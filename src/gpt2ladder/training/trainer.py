@@ -258,7 +258,10 @@ class Trainer:
         self.kept_path = path
         self.best = None if data_changed else state.get("best")  # a loss on other text is no yardstick
         self.pending = state.get("pending")
-        self.near = bool(state.get("near")) and not data_changed  # resumed, it validates where it would have
+        # Resumed, it validates where it would have; near another target or margin, from its next validation on.
+        saved = state.get("train_config") or {}
+        same = all(saved.get(k) == getattr(self.cfg, k) for k in ("target_val_loss", "eval_near"))
+        self.near = bool(state.get("near")) and same and not data_changed
         self.reached = self._still_reached(state, data_changed)
         saved = state["train_config"]  # a field newer than the checkpoint reads as its default: nothing changed
         return config_differences(with_defaults(saved), self.cfg.to_dict())
