@@ -753,6 +753,31 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(argv, says, tmp
     assert not out.exists()
 
 
+@pytest.mark.parametrize("rungs, says", [
+    ("gpt2,gpt2@tokens_per_step=100000000", "race rung gpt2@tokens_per_step=100000000: the batches made on the host "
+     "(100,000,256 tokens"),
+    ("gpt2,speedrun", None),
+])
+def test_a_rung_whose_own_batch_does_not_fit_the_host_names_its_own_setting(rungs, says, monkeypatch, tmp_path,
+                                                                             capsys, shakespeare_cache):
+    """On a host of 1 GiB, a rung of 100M-token steps is refused in one line that names @tokens_per_step, the
+    setting that made its batch, before anything starts; the race's own rungs on the same host are not refused."""
+    monkeypatch.setattr("gpt2ladder.runtime.hardware._host_memory", lambda: 1 << 30)
+    out = tmp_path / "out"
+    argv = ["race", "--batch-size", "2", "--seq-len", "32", "--device", "cpu", "--target-val-loss", "5",
+            "--rungs", rungs, "--out", str(out)]
+    if says is None:  # the check itself: what a 1-GiB host refuses is the rung's batch, not the race
+        from gpt2ladder.commands import race as race_cmd
+        monkeypatch.setattr(race_cmd, "_race", lambda *a, **k: (0, {}))
+        assert cli.main(argv) == 0
+        return
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+    assert err.strip().endswith("use a smaller @tokens_per_step, --tokens-per-step or --eval-batches")
+    assert not out.exists()
+
+
 def test_under_torchrun_the_race_says_it_runs_on_one_process(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert cli.main(["race", "--out", str(tmp_path / "out"), "--device", "cpu"]) == 2

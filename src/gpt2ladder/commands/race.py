@@ -236,8 +236,10 @@ def race_rung(name: str, recipe: str, train: TrainConfig, args, device, caps: Ca
         step_rungs, plan, _ = plan_training(cfg.model, step_rungs, cfg.seq_len, caps, device, per_step, validates=True,
                                             graph_only_too=True)
         batch = plan.batch
+    own_batch = "" if own == train.tokens_per_step else "@tokens_per_step, "  # its step's batch is its own
     problem = check_fits(cfg.model, setup_for(list(step_rungs)), batch, cfg.seq_len, caps,
-                         batch_tokens=own + cfg.eval_batches * train.tokens_per_step)
+                         batch_tokens=own + cfg.eval_batches * train.tokens_per_step,
+                         fewer_tokens=f"{own_batch}--tokens-per-step or --eval-batches")
     if problem:
         raise UsageError(f"race rung {name}: {problem}")
     return race.RaceRung(name, recipe, step_rungs, batch)
