@@ -617,6 +617,20 @@ def test_a_budgets_cell_keeps_the_races_noise_rule_and_the_chart_draws_gaps(tmp_
     assert "partial" in report.format_budgets(nothing)
 
 
+def test_the_budgets_record_says_which_rungs_plan_steps_of_a_batch_of_their_own():
+    """A column's header states the race's tokens; a rung with its own @tokens_per_step is named under it, and each
+    budget's row keeps the rung's own batch (the race's where it has none)."""
+    plain = _budget(4, [20.0], [10.0])
+    own = _budget(4, [20.0], [10.0])
+    own["rungs"][1].update(name="r1@tokens_per_step=32", tokens_per_step=32)
+    assert "its own" not in report.format_budgets(race.budgets_record([plain], torch.device("cpu"), CPU_CAPS, False))
+    record = race.budgets_record([own], torch.device("cpu"), CPU_CAPS, partial=False)
+    assert [row["tokens_per_step"] for row in record["budgets"][0]["rungs"]] == [64, 32]
+    md = report.format_budgets(record)
+    assert "| rung | 4 steps (256 tokens) |" in md
+    assert "- r1@tokens_per_step=32: steps of a batch of its own (@tokens_per_step), so its runs were planned" in md
+
+
 @pytest.mark.parametrize("steps, says", [("4,4", "given twice"), ("4,x", "expected a positive integer"),
                                          (",", "comma list")])
 def test_a_bad_list_of_budgets_is_one_line(steps, says, tmp_path, capsys):

@@ -114,7 +114,9 @@ def _budgets(args, device, caps, names, out: Path, budgets: tuple[int, ...]) -> 
     with output_dir(out) as out:
         try:
             for steps, cfg, earlier in plans:
-                print(f"\nbudget: runs planned for {steps} steps ({steps * cfg.train.tokens_per_step:,} tokens)",
+                own = " (an @tokens_per_step rung: its steps of its own batch)" * any(
+                    "tokens_per_step" in r.settings for r in cfg.rungs)
+                print(f"\nbudget: runs planned for {steps} steps ({steps * cfg.train.tokens_per_step:,} tokens){own}",
                       flush=True)
                 with output_dir(out / BUDGET_DIR.format(steps)) as where:
                     code, record = _race(args, cfg, device, caps, tokens, where, earlier)

@@ -885,6 +885,7 @@ def budgets_record(records: list[dict], device, caps: Capabilities, partial: boo
         for r in rec["rungs"]:
             row = {"name": r["name"], "recipe": r["recipe"], "reached": r["reached"], "status": r["status"],
                    "train_seconds": r["train_seconds"], "tokens": r["tokens"], "ms_per_step": r["ms_per_step"],
+                   "tokens_per_step": r.get("tokens_per_step", s["tokens_per_step"]),
                    "share_of_first": None, "within_noise_of_first": None, "within_one_validation_of_first": None}
             if base and r["reached"] and r["train_seconds"]["median"] is not None:
                 row["share_of_first"] = r["train_seconds"]["median"] / base

@@ -300,6 +300,11 @@ def format_budgets(record: dict) -> str:
             "validation': the medians lie nearer than one validation interval",
             f"- torch {record['versions']['torch']}; gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; "
             f"{record['date']}"]
+    own = list(dict.fromkeys(row["name"] for b in record["budgets"] for row in b["rungs"]
+                             if row.get("tokens_per_step", b["tokens_per_step"]) != b["tokens_per_step"]))
+    if own:  # a header's tokens are the race's batch; these rungs' steps hold another
+        head.append(f"- {', '.join(own)}: steps of a batch of its own (@tokens_per_step), so its runs were planned "
+                    "for the column's steps of that batch, not the column's tokens")
     if record.get("partial"):
         head.append("- partial: the races stopped before every budget had run")
     return "\n".join(head + [""] + markdown_table(_budget_headers(record), _budget_rows(record))) + "\n"
