@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2ladder import cli
+from gpt2ladder import cli, defaults
 from gpt2ladder.commands import race as race_command
 from gpt2ladder.commands.defaults import DEFAULTS, MUON_RATES
 from gpt2ladder.data import manifest
@@ -781,8 +781,7 @@ def test_a_rung_whose_own_batch_does_not_fit_the_host_names_its_own_setting(rung
     argv = ["race", "--batch-size", "2", "--seq-len", "32", "--device", "cpu", "--target-val-loss", "5",
             "--rungs", rungs, "--out", str(out)]
     if says is None:  # the check itself: what a 1-GiB host refuses is the rung's batch, not the race
-        from gpt2ladder.commands import race as race_cmd
-        monkeypatch.setattr(race_cmd, "_race", lambda *a, **k: (0, {}))
+        monkeypatch.setattr(race_command, "_race", lambda *a, **k: (0, {}))
         assert cli.main(argv) == 0
         return
     assert cli.main(argv) == 2
@@ -884,20 +883,22 @@ def test_a_written_rung_with_no_recipe_alone_before_it_is_read_against_a_rung_wi
     assert [r["gain_vs"] for r in rows] == [None, "gpt2", "gpt2"]
 
 
-def test_a_rung_planned_for_steps_of_its_own_warms_up_for_the_same_share_of_them():
+def test_a_rung_planned_for_steps_of_its_own_warms_up_as_train_would_for_them():
     """`speedrun@steps=N` plans the rung's runs for N steps: its schedule (warm-up, decay) spans N, validated on the
-    race's grid, and its row's planned tokens are its own; a warm-up it sets is its own."""
-    names = ("gpt2", "speedrun", "speedrun@steps=600", "speedrun@steps=700@warmup_steps=0")
+    race's grid, and its row's planned tokens are its own; its warm-up is `train --steps N`'s (5% of N, also where
+    the race's odd steps would scale to one less: 224 of 4497 is 149.4 of 3000), and a warm-up it sets is its own."""
+    names = ("gpt2", "speedrun", "speedrun@steps=600", "speedrun@steps=700@warmup_steps=0", "speedrun@steps=3000")
     rungs = tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names))
-    train = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=1500, eval_every=37, target_val_loss=9.0,
-                        lr=6e-4, min_lr=6e-5, warmup_steps=75, muon_lr=0.02)
+    train = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4497, eval_every=37, target_val_loss=9.0,
+                        lr=6e-4, min_lr=6e-5, warmup_steps=224, muon_lr=0.02)
     cfg = race.RaceConfig(rungs=rungs, seeds=1, train=train)
     by = {r.name: cfg.run_config(r, 0) for r in rungs}
     assert by["speedrun@steps=600"] == dataclasses.replace(by["speedrun"], steps=600, warmup_steps=30)
+    assert by["speedrun@steps=3000"].warmup_steps == 150 == defaults.warmup_steps(3000)
     assert (by["speedrun@steps=700@warmup_steps=0"].steps, by["speedrun@steps=700@warmup_steps=0"].warmup_steps) == (
         700, 0)
     rows = [race.rung_row(r, [_run(0, 10.0)], cfg) for r in rungs]
-    assert [row["planned_tokens"] for row in rows] == [1500 * 64, 1500 * 64, 600 * 64, 700 * 64]
+    assert [row["planned_tokens"] for row in rows] == [4497 * 64, 4497 * 64, 600 * 64, 700 * 64, 3000 * 64]
     with pytest.raises(UsageError, match="gives itself the settings rung speedrun trains with already"):
         race.RaceConfig(rungs=(*rungs[:2], race.RaceRung("speedrun@steps=1500", rungs[1].recipe, ("baseline",), 2)),
                         seeds=1, train=train)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import defaults as rules
 from gpt2ladder.commands.defaults import COMPILE_BACKEND_ENV, MUON_RATES, defaults
 from gpt2ladder.defaults import EVAL_NEAR
 from gpt2ladder.errors import UsageError
@@ -200,7 +201,7 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
     every = args.eval_every or max(1, steps // d["validations"])
     train = TrainConfig(
         preset=name, model=shape, batch_size=batch, seq_len=seq_len, steps=steps, lr=lr, min_lr=lr / 10,
-        tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=int(0.05 * steps), eval_every=every,
+        tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=rules.warmup_steps(steps), eval_every=every,
         eval_batches=d["eval_batches"], ckpt_every=RACE_CKPT_EVERY, keep_best=False, target_val_loss=target,
         save_at_end=args.keep_weights, data=args.data,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",

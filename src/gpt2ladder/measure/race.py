@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from gpt2ladder import data as data_mod
+from gpt2ladder import defaults as rules
 from gpt2ladder.defaults import MAX_STEPS
 from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.ladder import resolve_rungs
@@ -314,8 +315,8 @@ class RaceConfig:
         own = rung.settings
         if "lr" in own and "min_lr" not in own:  # the decay ends at a tenth of the peak, as the race's own rate's does
             own = {**own, "min_lr": own["lr"] * self.train.min_lr / self.train.lr}
-        if "steps" in own and "warmup_steps" not in own:  # a run planned for its own steps warms up for the same share
-            own = {**own, "warmup_steps": self.train.warmup_steps * own["steps"] // self.train.steps}
+        if "steps" in own and "warmup_steps" not in own:  # warmed up as `train --steps N` would be
+            own = {**own, "warmup_steps": rules.warmup_steps(own["steps"])}
         if "tokens_per_step" in own:  # its own batch: validated on the race's batches, at the race's tokens
             own = {**own, **self.own_batch(rung.name, own["tokens_per_step"])}
         return dataclasses.replace(self.train, recipe=rung.recipe, rungs=rung.step_rungs, batch_size=rung.batch_size,
