@@ -900,7 +900,7 @@ def test_a_rung_planned_for_steps_of_its_own_warms_up_as_train_would_for_them():
     rows = [race.rung_row(r, [_run(0, 10.0)], cfg) for r in rungs]
     assert [row["planned_tokens"] for row in rows] == [4497 * 64, 4497 * 64, 600 * 64, 700 * 64, 3000 * 64]
     with pytest.raises(UsageError, match="gives itself the settings rung speedrun trains with already"):
-        race.RaceConfig(rungs=(*rungs[:2], race.RaceRung("speedrun@steps=1500", rungs[1].recipe, ("baseline",), 2)),
+        race.RaceConfig(rungs=(*rungs[:2], race.RaceRung("speedrun@steps=4497", rungs[1].recipe, ("baseline",), 2)),
                         seeds=1, train=train)
 
 
@@ -936,7 +936,7 @@ def test_a_rung_with_a_batch_of_its_own_validates_on_the_races_batches_after_the
     assert by["gpt2@tokens_per_step=32"] == dataclasses.replace(by["gpt2"], tokens_per_step=32, val_batch=2,
                                                                 eval_every=4)
     big = by["speedrun@tokens_per_step=128@steps=2"]
-    assert (big.tokens_per_step, big.steps, big.eval_every, big.val_batch, big.warmup_steps) == (128, 2, 1, 2, 1)
+    assert (big.tokens_per_step, big.steps, big.eval_every, big.val_batch, big.warmup_steps) == (128, 2, 1, 2, 0)
     rows = [race.rung_row(r, [_run(0, 10.0)], cfg) for r in rungs]
     assert [(row["tokens_per_step"], row["planned_tokens"]) for row in rows] == [(64, 256), (64, 256), (32, 128),
                                                                                 (128, 256)]
