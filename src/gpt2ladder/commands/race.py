@@ -200,10 +200,10 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
     batch = args.batch_size or d["batch_size"]
     every = args.eval_every or max(1, steps // d["validations"])
     train = TrainConfig(
-        preset=name, model=shape, batch_size=batch, seq_len=seq_len, steps=steps, lr=lr, min_lr=lr / 10,
-        tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=rules.warmup_steps(steps), eval_every=every,
-        eval_batches=d["eval_batches"], ckpt_every=RACE_CKPT_EVERY, keep_best=False, target_val_loss=target,
-        save_at_end=args.keep_weights, data=args.data,
+        preset=name, model=shape, batch_size=batch, seq_len=seq_len, steps=steps, lr=lr, min_lr=rules.min_lr(lr),
+        tokens_per_step=args.tokens_per_step or batch * seq_len, warmup_steps=rules.warmup_steps(steps),
+        eval_every=every, eval_batches=d["eval_batches"], ckpt_every=RACE_CKPT_EVERY, keep_best=False,
+        target_val_loss=target, save_at_end=args.keep_weights, data=args.data,
         compile_backend=os.environ.get(COMPILE_BACKEND_ENV) or "inductor",
         **{name: getattr(args, name) or d.get(name, rate) for name, rate in MUON_RATES.items()},
         decay_fraction=args.decay_fraction or WSD_DECAY_FRACTION, eval_near=args.eval_near or EVAL_NEAR,
