@@ -1218,6 +1218,17 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
     (kept_weights / "race.json").write_text(json.dumps(record))
     code, text = _main(["race", "--rungs", "gpt2", "--out", str(kept_weights), "--resume", "--keep-weights", *base])
     assert code == 0 and trained == ["gpt2"]
+    # a row whose step ran at other step rungs (a version whose auto differed): its runs train again, with a notice
+    trained.clear()
+    stepped = tmp_path / "stepped"
+    stepped.mkdir()
+    moved = json.loads(json.dumps(record))
+    moved["rungs"][1]["step_rungs"] = [*moved["rungs"][1]["step_rungs"], "cuda_graph"]
+    (stepped / "race.json").write_text(json.dumps(moved))
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--out", str(stepped), "--resume", *base])
+    assert code == 0 and trained == ["muon"] and text.count("(finished earlier)") == 1
+    assert "notice: rung muon's recorded runs train again: its step ran with cuda_graph" in text
+    assert "notice: rung gpt2" not in text
     # another corpus's record: one line, exit 2, nothing trained
     trained.clear()
     other = tmp_path / "other"
@@ -1239,6 +1250,14 @@ def test_recorded_runs_are_a_records_finished_runs_whole_and_of_its_corpus():
         {"name": None, "runs": [run]}, "x"]}
     assert race.recorded_runs(record, "abc") == {("gpt2", 0): run}
     assert race.recorded_runs(record, "other") == {}
+    here = race.RaceRung("gpt2", "gpt2", ("baseline", "bf16"), 4)
+    for held, kept in (({}, True), ({"step_rungs": ["baseline", "bf16"], "batch_size": 4}, True),
+                       ({"step_rungs": ["baseline"]}, False), ({"batch_size": 2}, False)):
+        rows = [{**record["rungs"][0], **held}]
+        assert race.recorded_runs({**record, "rungs": rows}, "abc", (here,)) == ({("gpt2", 0): run} if kept else {})
+    assert race.step_unlike({"step_rungs": ["baseline", "tf32"]}, here) == "its step ran without bf16 and with tf32"
+    assert race.step_unlike({"step_rungs": ["bf16", "baseline"], "batch_size": 4}, here) is None  # applied together
+    assert race.step_unlike({"batch_size": 8}, here) == "its step ran at micro-batch 8, here 4"
     assert race.recorded_runs({**record, "data": {"source": "t"}}, "abc") == {}
     assert race.recorded_runs(None, "abc") == {}
 

@@ -276,6 +276,14 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
         f"{out}/<rung>/seed<k>/", flush=True)
     if device.type != "cuda":
         say(f"notice: {race.CPU_COMPILE}", flush=True)
+    rows = {row.get("name"): row for row in (earlier or {}).get("rungs") or [] if isinstance(row, dict)}
+    for rung in cfg.rungs if args.resume else ():  # runs race.json alone holds (no folder here) of another step
+        row = rows.get(rung.name)
+        why = race.step_unlike(row, rung) if row else None
+        alone = [run for run in row.get("runs") or [] if isinstance(run, dict) and isinstance(run.get("seed"), int)
+                 and not (race.run_dir(out, rung.name, run["seed"]) / "log.jsonl").exists()] if why else []
+        if alone:
+            say(f"notice: rung {rung.name}'s recorded runs train again: {why}", flush=True)
     others = race.other_cards(earlier, caps.name)
     if others:
         say(f"notice: runs of this race trained on {', '.join(others)}, and this one trains on {caps.name}: its record "
@@ -311,7 +319,7 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
                   for d in map(Path, args.reuse or ()))  # a race at several budgets: the one of this budget
     record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
                                  on_record=on_rung, on_run=on_run, reuse=reuse,
-                                 recorded=race.recorded_runs(earlier, tokens.sha256))
+                                 recorded=race.recorded_runs(earlier, tokens.sha256, cfg.rungs))
     paths = write_record(out, "race", record, report.format_markdown, report.race_chart)
     say("\n" + report.format_table(record))
     say(f"wrote {', '.join(str(p) for p in paths)}")

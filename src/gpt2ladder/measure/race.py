@@ -479,23 +479,44 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
 RUN_KEYS = ("seed", "status", "reached", "curve", "ms_per_step", "mfu", *METRICS)
 
 
-def recorded_runs(earlier: dict | None, data_sha256: str) -> dict[tuple[str, int], dict]:
+def recorded_runs(earlier: dict | None, data_sha256: str,
+                  rungs: tuple[RaceRung, ...] = ()) -> dict[tuple[str, int], dict]:
     """The finished runs of an earlier race.json, by (rung, seed), as it recorded them: on --resume they stand for
     run folders that are not there (the record alone carried to another machine). Nothing from a record that does
     not name this corpus's sha256 (a version before it wrote one), since nothing else there says what the runs read;
-    a run that lacks a figure or its validation curve (a damaged record) is left out, and trained again."""
+    a run that lacks a figure or its validation curve (a damaged record) is left out, and trained again; so are the
+    runs of a row whose step ran otherwise than the same rung of `rungs` runs here (`step_unlike`)."""
     data = (earlier or {}).get("data")
     if not isinstance(data, dict) or data.get("sha256") != data_sha256:
         return {}
+    here = {rung.name: rung for rung in rungs}
     found = {}
     for row in earlier.get("rungs") or []:
         if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+            continue
+        if row["name"] in here and step_unlike(row, here[row["name"]]):
             continue
         for run in row.get("runs") or []:
             if (isinstance(run, dict) and all(k in run for k in RUN_KEYS) and run["status"] == "ok"
                     and type(run["seed"]) is int and isinstance(run["curve"], list) and run["curve"]):
                 found[(row["name"], run["seed"])] = run
     return found
+
+
+def step_unlike(row: dict, rung: RaceRung) -> str | None:
+    """How a recorded row's step differs from this rung's here, in words: other step rungs (named, those it lacks
+    and those it adds) or another micro-batch; None where they are the same or the row does not say (a version
+    before it recorded them). Seconds of another step are not this race's: its runs train again."""
+    ran = row.get("step_rungs")
+    missing = [r for r in rung.step_rungs if r not in ran] if isinstance(ran, list) else []
+    extra = [r for r in ran if r not in rung.step_rungs] if isinstance(ran, list) else []
+    if missing or extra:  # the rungs' switches apply together, so their order is no difference
+        parts = [f"without {', '.join(missing)}"] * bool(missing) + [f"with {', '.join(extra)}"] * bool(extra)
+        return f"its step ran {' and '.join(parts)}"
+    batch = row.get("batch_size")
+    if isinstance(batch, int) and batch != rung.batch_size:
+        return f"its step ran at micro-batch {batch}, here {rung.batch_size}"
+    return None
 
 
 def baseline_target(runs: list[dict]) -> float | None:
