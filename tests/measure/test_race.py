@@ -628,7 +628,7 @@ def test_the_budgets_record_says_which_rungs_plan_steps_of_a_batch_of_their_own(
     assert [row["tokens_per_step"] for row in record["budgets"][0]["rungs"]] == [64, 32]
     md = report.format_budgets(record)
     assert "| rung | 4 steps (256 tokens) |" in md
-    assert "- r1@tokens_per_step=32: steps of a batch of its own (@tokens_per_step), so its runs were planned" in md
+    assert "- r1@tokens_per_step=32: each a rung whose steps are of a batch of its own (@tokens_per_step), its runs" in md
 
 
 @pytest.mark.parametrize("steps, says", [("4,4", "given twice"), ("4,x", "expected a positive integer"),
@@ -1258,6 +1258,34 @@ def test_recorded_runs_are_a_records_finished_runs_whole_and_of_its_corpus():
     assert race.step_unlike({"step_rungs": ["baseline", "tf32"]}, here) == "its step ran without bf16 and with tf32"
     assert race.step_unlike({"step_rungs": ["bf16", "baseline"], "batch_size": 4}, here) is None  # applied together
     assert race.step_unlike({"batch_size": 8}, here) == "its step ran at micro-batch 8, here 4"
+    for damaged in ({"step_rungs": [1, None]}, {"step_rungs": "bf16"}, {"batch_size": True}):  # not legible: no say
+        assert race.step_unlike(damaged, here) is None
+    bad = {**record, "rungs": [{"name": "gpt2", "runs": 5, "step_rungs": ["baseline"]}, {"runs": [run]}, 7]}
+    assert race.recorded_runs(bad, "abc", (here,)) == {} == race.recorded_runs(bad, "abc")
+
+
+def test_the_runs_a_record_holds_of_another_step_are_named_only_where_they_train_again(tmp_path):
+    """`recorded_apart`: a rung whose recorded runs of this race's seeds, with no folder here, are passed over for
+    their step; not one under --keep-weights (all its runs train), a seed beyond --seeds, a run with a folder here,
+    a failed run (never read from a record) or a record of no known corpus."""
+    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 9.0}], "ms_per_step": 1.0,
+           "mfu": None, **{k: 1.0 for k in race.METRICS}}
+    rungs = (race.RaceRung("gpt2", "gpt2", ("baseline", "bf16"), 4), race.RaceRung("muon", "muon", ("baseline",), 4))
+    train = TrainConfig(batch_size=4, seq_len=32, tokens_per_step=128, steps=4, eval_every=2, target_val_loss=9.0,
+                        save_at_end=False)  # a race's runs keep no weights unless --keep-weights
+    cfg = race.RaceConfig(rungs=rungs, seeds=1, train=train)
+    rows = [{"name": "gpt2", "step_rungs": ["baseline"], "batch_size": 4, "runs": [run, {**run, "seed": 1}]},
+            {"name": "muon", "step_rungs": ["baseline"], "batch_size": 4, "runs": [{**run, "status": "failed"}]}]
+    record = {"data": {"sha256": "abc"}, "rungs": rows}
+    assert race.recorded_apart(cfg, record, "abc", tmp_path) == [("gpt2", "its step ran without bf16")]
+    kept = dataclasses.replace(cfg, train=dataclasses.replace(train, save_at_end=True))
+    assert race.recorded_apart(kept, record, "abc", tmp_path) == []
+    assert race.recorded_apart(cfg, {**record, "data": {}}, "abc", tmp_path) == []
+    assert race.recorded_apart(cfg, None, "abc", tmp_path) == []
+    folder = race.run_dir(tmp_path, "gpt2", 0)
+    folder.mkdir(parents=True)
+    (folder / "log.jsonl").write_text("")
+    assert race.recorded_apart(cfg, record, "abc", tmp_path) == []  # seed 0's folder is read; seed 1 is not raced
     assert race.recorded_runs({**record, "data": {"source": "t"}}, "abc") == {}
     assert race.recorded_runs(None, "abc") == {}
 

@@ -116,7 +116,8 @@ def _budgets(args, device, caps, names, out: Path, budgets: tuple[int, ...]) -> 
         try:
             for steps, cfg, earlier in plans:
                 own = " (an @tokens_per_step rung: its steps of its own batch)" * any(
-                    "tokens_per_step" in r.settings for r in cfg.rungs)
+                    r.settings.get("tokens_per_step", cfg.train.tokens_per_step) != cfg.train.tokens_per_step
+                    for r in cfg.rungs)
                 print(f"\nbudget: runs planned for {steps} steps ({steps * cfg.train.tokens_per_step:,} tokens){own}",
                       flush=True)
                 with output_dir(out / BUDGET_DIR.format(steps)) as where:
@@ -276,14 +277,8 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
         f"{out}/<rung>/seed<k>/", flush=True)
     if device.type != "cuda":
         say(f"notice: {race.CPU_COMPILE}", flush=True)
-    rows = {row.get("name"): row for row in (earlier or {}).get("rungs") or [] if isinstance(row, dict)}
-    for rung in cfg.rungs if args.resume else ():  # runs race.json alone holds (no folder here) of another step
-        row = rows.get(rung.name)
-        why = race.step_unlike(row, rung) if row else None
-        alone = [run for run in row.get("runs") or [] if isinstance(run, dict) and isinstance(run.get("seed"), int)
-                 and not (race.run_dir(out, rung.name, run["seed"]) / "log.jsonl").exists()] if why else []
-        if alone:
-            say(f"notice: rung {rung.name}'s recorded runs train again: {why}", flush=True)
+    for name, why in race.recorded_apart(cfg, earlier, tokens.sha256, out) if args.resume else ():
+        say(f"notice: rung {name}'s recorded runs train again: {why}", flush=True)
     others = race.other_cards(earlier, caps.name)
     if others:
         say(f"notice: runs of this race trained on {', '.join(others)}, and this one trains on {caps.name}: its record "

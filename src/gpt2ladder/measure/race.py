@@ -411,7 +411,9 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None, data_sha256: str | No
                          "the same flags, or another --out")
     recipes = {r.name: r.recipe for r in cfg.rungs}
     for row in earlier.get("rungs") or []:
-        if recipes.get(row.get("name"), row.get("recipe")) != row.get("recipe"):
+        if not isinstance(row, dict) or not isinstance(row.get("name"), str):  # a damaged row: no rung to compare
+            continue
+        if recipes.get(row["name"], row.get("recipe")) != row.get("recipe"):
             raise UsageError(f"--resume: rung {row['name']} of the race in this folder trained recipe {row['recipe']}, "
                              f"and here it would train {recipes[row['name']]} (other rungs before it); give its "
                              "--rungs, or another --out")
@@ -496,11 +498,25 @@ def recorded_runs(earlier: dict | None, data_sha256: str,
             continue
         if row["name"] in here and step_unlike(row, here[row["name"]]):
             continue
-        for run in row.get("runs") or []:
+        for run in row["runs"] if isinstance(row.get("runs"), list) else []:
             if (isinstance(run, dict) and all(k in run for k in RUN_KEYS) and run["status"] == "ok"
                     and type(run["seed"]) is int and isinstance(run["curve"], list) and run["curve"]):
                 found[(row["name"], run["seed"])] = run
     return found
+
+
+def recorded_apart(cfg: RaceConfig, earlier: dict | None, data_sha256: str, out: Path) -> list[tuple[str, str]]:
+    """(rung, why) for each rung some of whose runs `recorded_runs` would have read from the record, and does not
+    because the row's step ran otherwise (`step_unlike`): runs of this race's seeds, with no folder here, that
+    train again. None under --keep-weights, whose runs all train (a record holds no weights)."""
+    if cfg.train.save_at_end:
+        return []
+    kept = recorded_runs(earlier, data_sha256, cfg.rungs)
+    apart = [(name, seed) for name, seed in recorded_runs(earlier, data_sha256)
+             if (name, seed) not in kept and seed < cfg.seeds and not (run_dir(out, name, seed) / "log.jsonl").exists()]
+    rows = {row.get("name"): row for row in earlier["rungs"] if isinstance(row, dict)} if apart else {}
+    return [(rung.name, step_unlike(rows[rung.name], rung)) for rung in cfg.rungs
+            if any(name == rung.name for name, _ in apart)]
 
 
 def step_unlike(row: dict, rung: RaceRung) -> str | None:
@@ -508,13 +524,15 @@ def step_unlike(row: dict, rung: RaceRung) -> str | None:
     and those it adds) or another micro-batch; None where they are the same or the row does not say (a version
     before it recorded them). Seconds of another step are not this race's: its runs train again."""
     ran = row.get("step_rungs")
-    missing = [r for r in rung.step_rungs if r not in ran] if isinstance(ran, list) else []
-    extra = [r for r in ran if r not in rung.step_rungs] if isinstance(ran, list) else []
+    if not isinstance(ran, list) or not all(isinstance(r, str) for r in ran):  # not said, or not legibly
+        ran = list(rung.step_rungs)
+    missing = [r for r in rung.step_rungs if r not in ran]
+    extra = [r for r in ran if r not in rung.step_rungs]
     if missing or extra:  # the rungs' switches apply together, so their order is no difference
         parts = [f"without {', '.join(missing)}"] * bool(missing) + [f"with {', '.join(extra)}"] * bool(extra)
         return f"its step ran {' and '.join(parts)}"
     batch = row.get("batch_size")
-    if isinstance(batch, int) and batch != rung.batch_size:
+    if type(batch) is int and batch != rung.batch_size:
         return f"its step ran at micro-batch {batch}, here {rung.batch_size}"
     return None
 

@@ -303,8 +303,8 @@ def format_budgets(record: dict) -> str:
     own = list(dict.fromkeys(row["name"] for b in record["budgets"] for row in b["rungs"]
                              if row.get("tokens_per_step", b["tokens_per_step"]) != b["tokens_per_step"]))
     if own:  # a header's tokens are the race's batch; these rungs' steps hold another
-        head.append(f"- {', '.join(own)}: steps of a batch of its own (@tokens_per_step), so its runs were planned "
-                    "for the column's steps of that batch, not the column's tokens")
+        head.append(f"- {', '.join(own)}: each a rung whose steps are of a batch of its own (@tokens_per_step), its "
+                    "runs planned for the column's steps of that batch, not for the column's tokens")
     if record.get("partial"):
         head.append("- partial: the races stopped before every budget had run")
     return "\n".join(head + [""] + markdown_table(_budget_headers(record), _budget_rows(record))) + "\n"
