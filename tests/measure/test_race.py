@@ -628,7 +628,7 @@ def test_the_budgets_record_says_which_rungs_plan_steps_of_a_batch_of_their_own(
     assert [row["tokens_per_step"] for row in record["budgets"][0]["rungs"]] == [64, 32]
     md = report.format_budgets(record)
     assert "| rung | 4 steps (256 tokens) |" in md
-    assert "- r1@tokens_per_step=32: each a rung whose steps are of a batch of its own (@tokens_per_step), its runs" in md
+    assert "- r1@tokens_per_step=32: each a rung whose steps are of a batch of its own (@tokens_per_step)" in md
 
 
 @pytest.mark.parametrize("steps, says", [("4,4", "given twice"), ("4,x", "expected a positive integer"),
