@@ -1190,8 +1190,12 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
     older.mkdir()
     (older / "race.json").write_text(json.dumps({**record, "data": {k: v for k, v in record["data"].items()
                                                                      if k != "sha256"}}))
-    assert _main(["race", "--rungs", "gpt2", "--out", str(older), "--resume", *base])[0] == 0
-    assert trained == ["gpt2"]
+    code, text = _main(["race", "--rungs", "gpt2", "--out", str(older), "--resume", *base])
+    assert code == 0 and trained == ["gpt2"]
+    assert "notice: the race.json here names no corpus sha256 (an older version wrote it), so nothing says what its " \
+           "runs read: 1 finished run it records train again" in text
+    code, text = _main(["race", "--rungs", "gpt2", "--out", str(older), "--resume", *base])
+    assert code == 0 and "names no corpus sha256" not in text  # the race.json it wrote names it; its run is read
     # a race stopped before it comes to the recorded runs keeps them in its race.json, their only copy
     trained.clear()
     stopping = tmp_path / "stopping"
@@ -1281,6 +1285,9 @@ def test_the_runs_a_record_holds_of_another_step_are_named_only_where_they_train
     kept = dataclasses.replace(cfg, train=dataclasses.replace(train, save_at_end=True))
     assert race.recorded_apart(kept, record, "abc", tmp_path) == []
     assert race.recorded_apart(cfg, {**record, "data": {}}, "abc", tmp_path) == []
+    assert race.unnamed_corpus_runs(cfg, record, tmp_path) == 0  # it names its corpus
+    assert race.unnamed_corpus_runs(cfg, {**record, "data": {}}, tmp_path) == 1  # gpt2 seed 0; seed 1 not raced
+    assert race.unnamed_corpus_runs(kept, {**record, "data": {}}, tmp_path) == 0
     assert race.recorded_apart(cfg, None, "abc", tmp_path) == []
     folder = race.run_dir(tmp_path, "gpt2", 0)
     folder.mkdir(parents=True)

@@ -279,6 +279,10 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
         say(f"notice: {race.CPU_COMPILE}", flush=True)
     for name, why in race.recorded_apart(cfg, earlier, tokens.sha256, out) if args.resume else ():
         say(f"notice: rung {name}'s recorded runs train again: {why}", flush=True)
+    unnamed = race.unnamed_corpus_runs(cfg, earlier, out) if args.resume else 0
+    if unnamed:
+        say(f"notice: the race.json here names no corpus sha256 (an older version wrote it), so nothing says what its "
+            f"runs read: {unnamed} finished run{'s' * (unnamed > 1)} it records train again", flush=True)
     others = race.other_cards(earlier, caps.name)
     if others:
         say(f"notice: runs of this race trained on {', '.join(others)}, and this one trains on {caps.name}: its record "

@@ -491,6 +491,11 @@ def recorded_runs(earlier: dict | None, data_sha256: str,
     data = (earlier or {}).get("data")
     if not isinstance(data, dict) or data.get("sha256") != data_sha256:
         return {}
+    return _finished_runs(earlier, rungs)
+
+
+def _finished_runs(earlier: dict, rungs: tuple[RaceRung, ...] = ()) -> dict[tuple[str, int], dict]:
+    """`recorded_runs` whatever corpus the record names."""
     here = {rung.name: rung for rung in rungs}
     found = {}
     for row in earlier.get("rungs") or []:
@@ -517,6 +522,17 @@ def recorded_apart(cfg: RaceConfig, earlier: dict | None, data_sha256: str, out:
     rows = {row.get("name"): row for row in earlier["rungs"] if isinstance(row, dict)} if apart else {}
     return [(rung.name, step_unlike(rows[rung.name], rung)) for rung in cfg.rungs
             if any(name == rung.name for name, _ in apart)]
+
+
+def unnamed_corpus_runs(cfg: RaceConfig, earlier: dict | None, out: Path) -> int:
+    """How many finished runs of this race's rungs and seeds an earlier race.json holds, with no folder here, that
+    `recorded_runs` cannot read because the record names no corpus sha256 (an older version wrote it): they train
+    again. 0 under --keep-weights, whose runs all train."""
+    data = (earlier or {}).get("data")
+    if cfg.train.save_at_end or not isinstance(data, dict) or data.get("sha256"):
+        return 0
+    return len([key for key in _finished_runs(earlier) if key[0] in {r.name for r in cfg.rungs}
+                and key[1] < cfg.seeds and not (run_dir(out, *key) / "log.jsonl").exists()])
 
 
 def step_unlike(row: dict, rung: RaceRung) -> str | None:
