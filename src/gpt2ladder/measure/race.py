@@ -517,8 +517,7 @@ def recorded_apart(cfg: RaceConfig, earlier: dict | None, data_sha256: str, out:
     if cfg.train.save_at_end:
         return []
     kept = recorded_runs(earlier, data_sha256, cfg.rungs)
-    apart = [(name, seed) for name, seed in recorded_runs(earlier, data_sha256)
-             if (name, seed) not in kept and seed < cfg.seeds and not (run_dir(out, name, seed) / "log.jsonl").exists()]
+    apart = [key for key in recorded_runs(earlier, data_sha256) if key not in kept and _wanted_here(cfg, out, key)]
     rows = {row.get("name"): row for row in earlier["rungs"] if isinstance(row, dict)} if apart else {}
     return [(rung.name, step_unlike(rows[rung.name], rung)) for rung in cfg.rungs
             if any(name == rung.name for name, _ in apart)]
@@ -531,8 +530,14 @@ def unnamed_corpus_runs(cfg: RaceConfig, earlier: dict | None, out: Path) -> int
     data = (earlier or {}).get("data")
     if cfg.train.save_at_end or not isinstance(data, dict) or data.get("sha256"):
         return 0
-    return len([key for key in _finished_runs(earlier) if key[0] in {r.name for r in cfg.rungs}
-                and key[1] < cfg.seeds and not (run_dir(out, *key) / "log.jsonl").exists()])
+    return len([key for key in _finished_runs(earlier) if _wanted_here(cfg, out, key)])
+
+
+def _wanted_here(cfg: RaceConfig, out: Path, key: tuple[str, int]) -> bool:
+    """Whether the run (rung, seed) is one of this race's with no folder in `out`: one a record would stand for."""
+    name, seed = key
+    return (any(rung.name == name for rung in cfg.rungs) and seed < cfg.seeds
+            and not (run_dir(out, name, seed) / "log.jsonl").exists())
 
 
 def step_unlike(row: dict, rung: RaceRung) -> str | None:
