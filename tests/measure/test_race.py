@@ -904,7 +904,7 @@ def test_a_rung_planned_for_steps_of_its_own_warms_up_as_train_would_for_them():
                         seeds=1, train=train)
 
 
-def test_a_race_with_a_rung_of_its_own_steps_trains_it_for_them(tmp_path):
+def test_a_race_with_a_rung_of_its_own_steps_trains_it_for_them(tmp_path, shakespeare_cache):
     """End to end: the rung's runs stop at their own last step (or the target), its row says its own planned tokens,
     and race.md says so (at several budgets such a rung is refused, as is a corpus too small for it: bad input)."""
     out = tmp_path / "race"
@@ -989,7 +989,7 @@ def test_rows_of_other_batches_are_read_seed_by_seed_on_their_tokens_and_their_o
     assert race.noise_rule(row, other, 2) == (False, False)
 
 
-def test_a_race_with_a_rung_of_its_own_batch_validates_it_after_the_same_tokens(tmp_path):
+def test_a_race_with_a_rung_of_its_own_batch_validates_it_after_the_same_tokens(tmp_path, shakespeare_cache):
     """End to end on CPU: the rung's curve lies on the race's grid of tokens, its run validated on the race's
     batches, and race.md says what its batch is."""
     out = tmp_path / "race"
@@ -1026,7 +1026,7 @@ def test_the_decay_fraction_reaches_the_wsd_rungs_alone_and_a_race_from_before_i
         race.check_same_race(cfg, older)
 
 
-def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp_path):
+def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp_path, shakespeare_cache):
     out = tmp_path / "out"
     code, text = _main(["race", "--rungs", "gpt2,gpt2@lr=0.002", "--target-val-loss", "10.6", "--out", str(out),
                         *SMALL])
@@ -1110,7 +1110,7 @@ def _counting_trains(monkeypatch) -> list:
 
 
 def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_the_rest(tmp_path, monkeypatch,
-                                                                                          capsys):
+                                                                                          capsys, shakespeare_cache):
     tmp_path = tmp_path.resolve()  # the runs name their source resolved
     first, second, other = tmp_path / "first", tmp_path / "second", tmp_path / "other"
     base = ["--target-val-loss", "gpt2", *SMALL]
@@ -1162,7 +1162,7 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     assert "--reuse" in err and "is not a folder" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys):
+def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys, shakespeare_cache):
     """race.json keeps every finished run's figures: --resume in a folder that holds only a race's race.json (its
     record, carried to another machine without the run folders) reads those runs from it and trains the rest. A
     record of another corpus is refused in one line; one that names no corpus trains its runs again."""
@@ -1323,7 +1323,7 @@ def test_a_run_read_back_is_timed_to_a_target_that_moved_since_it_stopped():
     assert race.to_target(stopped, 10.25, steps=4) is stopped
 
 
-def test_a_run_that_stopped_at_a_target_that_fell_since_is_trained_again(tmp_path, monkeypatch):
+def test_a_run_that_stopped_at_a_target_that_fell_since_is_trained_again(tmp_path, monkeypatch, shakespeare_cache):
     """A gpt2 run trained again is not bit for bit the run before, so the target it sets can fall below the loss at
     which a later rung's run stopped: that run is trained again, not read back as reaching a target it never did."""
     first, carried = tmp_path / "first", tmp_path / "carried"
@@ -1418,7 +1418,7 @@ def test_a_rows_resolution_is_the_widest_gap_before_the_validation_its_seeds_wer
     assert rows[0]["read_every"] is None  # no curve: the race's eval_every stands in
 
 
-def test_a_race_near_its_target_validates_its_runs_more_often(tmp_path):
+def test_a_race_near_its_target_validates_its_runs_more_often(tmp_path, shakespeare_cache):
     """race --eval-near reaches every run's config; a race to gpt2's loss validates its gpt2 runs on the grid (they
     know no target while they train)."""
     out = tmp_path / "race"
