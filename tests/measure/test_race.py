@@ -937,6 +937,7 @@ def test_a_rung_with_a_batch_of_its_own_validates_on_the_races_batches_after_the
                                                                 eval_every=4)
     big = by["speedrun@tokens_per_step=128@steps=2"]
     assert (big.tokens_per_step, big.steps, big.eval_every, big.val_batch, big.warmup_steps) == (128, 2, 1, 2, 0)
+    assert cfg.own_batch_rungs == names[2:] and _cfg().own_batch_rungs == ()
     rows = [race.rung_row(r, [_run(0, 10.0)], cfg) for r in rungs]
     assert [(row["tokens_per_step"], row["planned_tokens"]) for row in rows] == [(64, 256), (64, 256), (32, 128),
                                                                                 (128, 256)]

@@ -115,9 +115,7 @@ def _budgets(args, device, caps, names, out: Path, budgets: tuple[int, ...]) -> 
     with output_dir(out) as out:
         try:
             for steps, cfg, earlier in plans:
-                own = " (an @tokens_per_step rung: its steps of its own batch)" * any(
-                    r.settings.get("tokens_per_step", cfg.train.tokens_per_step) != cfg.train.tokens_per_step
-                    for r in cfg.rungs)
+                own = " (an @tokens_per_step rung: its steps of its own batch)" * bool(cfg.own_batch_rungs)
                 print(f"\nbudget: runs planned for {steps} steps ({steps * cfg.train.tokens_per_step:,} tokens){own}",
                       flush=True)
                 with output_dir(out / BUDGET_DIR.format(steps)) as where:
@@ -268,8 +266,7 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     s = cfg.train
     goal = "gpt2's" if cfg.target is None else f"{cfg.target:g}"
     near = f" (every {s.near_every} within {s.eval_near:g} of the target)" if s.eval_near else ""
-    own_batch = (" (an @tokens_per_step rung of its own, validated after the same tokens)"
-                 if any("tokens_per_step" in r.settings for r in cfg.rungs) else "")
+    own_batch = " (an @tokens_per_step rung of its own, validated after the same tokens)" * bool(cfg.own_batch_rungs)
     say(f"gpt2ladder race: {len(cfg.rungs)} rungs x {cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}, model {s.preset} "
         f"on {caps.name}, to validation loss {goal} ({cfg.target_source}); each run planned for {s.steps} steps"
         f"{' (an @steps rung for its own)' if any('steps' in r.settings for r in cfg.rungs) else ''} "

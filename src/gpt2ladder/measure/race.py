@@ -303,6 +303,12 @@ class RaceConfig:
         """The target; None while it is still to be read off the gpt2 rung."""
         return self.train.target_val_loss
 
+    @property
+    def own_batch_rungs(self) -> tuple[str, ...]:
+        """The rungs whose steps are of a batch of their own (`@tokens_per_step` other than the race's)."""
+        race = self.train.tokens_per_step
+        return tuple(r.name for r in self.rungs if r.settings.get("tokens_per_step", race) != race)
+
     def with_target(self, target: float) -> "RaceConfig":
         return dataclasses.replace(self, train=dataclasses.replace(self.train, target_val_loss=target))
 
