@@ -268,6 +268,43 @@ def test_ctrl_c_saves_and_restores_the_signal_handlers(tmp_path, monkeypatch):
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+def _signal_during_setup(monkeypatch, signum=signal.SIGTERM):
+    """The Engine, built while the Trainer is set up, sends this process `signum` (the model built, no step begun)."""
+    real_init = Engine.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(Engine, "__init__", init)
+
+
+def test_a_sigterm_during_the_set_up_ends_the_run_before_its_first_step_with_one_line(tmp_path, monkeypatch, capsys):
+    _signal_during_setup(monkeypatch)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    result = _train(_cfg(steps=10, ckpt_every=0), tmp_path)
+    assert result.exit_code == 143 and result.step == 0
+    assert "stopped by SIGTERM before step 1 began: nothing was trained or saved" in capsys.readouterr().out
+    assert not (tmp_path / "ckpt.pt").exists() and read_log(tmp_path / "log.jsonl") == []
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_signal_during_a_resumes_set_up_keeps_its_checkpoint_as_it_was(tmp_path, monkeypatch, capsys):
+    signal_at_step(monkeypatch, 3)
+    assert _train(_cfg(steps=10, ckpt_every=0), tmp_path).exit_code == 130
+    monkeypatch.undo()
+    saved = (tmp_path / "ckpt.pt").read_bytes()
+    capsys.readouterr()
+    _signal_during_setup(monkeypatch, signal.SIGINT)
+    result = _train(_cfg(steps=10, ckpt_every=0), tmp_path, resume=True)
+    assert result.exit_code == 130 and result.step == 3
+    assert (f"stopped by SIGINT before step 4 began: {tmp_path / 'ckpt.pt'} still holds step 3; continue with "
+            "--resume") in capsys.readouterr().out
+    assert (tmp_path / "ckpt.pt").read_bytes() == saved
+    monkeypatch.undo()
+    assert _train(_cfg(steps=10, ckpt_every=0), tmp_path, resume=True).exit_code == 0
+
+
 @pytest.mark.parametrize("saved_graph, live_graph", [(False, True), (True, False), (False, False)])
 def test_loading_an_engines_state_keeps_the_learning_rate_type(saved_graph, live_graph):
     """The CUDA-graph rung's learning rate is a device tensor a replayed graph reads in place."""

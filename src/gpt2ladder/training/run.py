@@ -165,32 +165,39 @@ def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Save
     setup = setup_for(list(cfg.rungs)) if setup is None else setup
     if cfg.hellaswag_every and hellaswag is None:
         raise ValueError("cfg.hellaswag_every needs the examples: pass hellaswag=prepared_hellaswag(cfg, dist)")
-    trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps=caps, setup=setup, resuming=saved is not None,
-                      hellaswag=hellaswag)
-    changed = []
-    if saved is not None:
-        trainer.notices += saved.notices
-        changed = trainer.resume(saved.state, saved.path, allow_data_change)  # fails before the log is touched
-    if dist.is_main:
-        for name in (FILENAME, PREVIOUS, BEST):
-            remove_stale_temps(out / name)
-        _write_config(out, trainer, caps, batch_plan)
-    # a step whose measurements a signal cut short is logged again once they are made
-    report = Reporter(out, cfg, is_main=dist.is_main, progress=progress,
-                      start=trainer.step - (trainer.pending is not None))
-    try:
-        report.message(first_line(cfg, dist.world_size, batch_plan))
-        for line in notices:
-            report.message(line)
-        _announce(report, trainer, changed, saved is not None)
-        with StopSignals() as stop:
-            code = trainer.run(stop, report)
-        model = Path(cfg.init_from).name if cfg.init_from else cfg.preset
-        report.plot(f"{model} on {tokens.source}, {cfg.tokens_per_step:,} tokens/step")
-    finally:
-        trainer.close()
-        report.close()
-    return _finish(report, trainer, code, stop.signum)
+    # Noted from the start of the set-up (the model built, the checkpoint read), so that a signal before the first
+    # step ends the run with its line, and one during the first step's compile stops it after that step.
+    with StopSignals() as stop:
+        trainer = Trainer(cfg, device, out, tokens, dist, strategy, caps=caps, setup=setup,
+                          resuming=saved is not None, hellaswag=hellaswag)
+        changed = []
+        if saved is not None:
+            trainer.notices += saved.notices
+            changed = trainer.resume(saved.state, saved.path, allow_data_change)  # fails before the log is touched
+        if dist.is_main:
+            for name in (FILENAME, PREVIOUS, BEST):
+                remove_stale_temps(out / name)
+            _write_config(out, trainer, caps, batch_plan)
+        # a step whose measurements a signal cut short is logged again once they are made
+        report = Reporter(out, cfg, is_main=dist.is_main, progress=progress,
+                          start=trainer.step - (trainer.pending is not None))
+        try:
+            report.message(first_line(cfg, dist.world_size, batch_plan))
+            for line in notices:
+                report.message(line)
+            _announce(report, trainer, changed, saved is not None)
+            # Asked during the set-up: no step is begun. Under torchrun the loop decides, as every rank must agree.
+            early = dist.world_size == 1 and stop.requested
+            if early:
+                code = 128 + stop.signum
+            else:
+                code = trainer.run(stop, report)
+                model = Path(cfg.init_from).name if cfg.init_from else cfg.preset
+                report.plot(f"{model} on {tokens.source}, {cfg.tokens_per_step:,} tokens/step")
+        finally:
+            trainer.close()
+            report.close()
+    return _finish(report, trainer, code, stop.signum, early)
 
 
 def first_line(cfg: TrainConfig, world_size: int, plan) -> str:
@@ -250,9 +257,14 @@ def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bo
         report.message(f"notice: resuming with other settings than the checkpoint's: {'; '.join(changed)}")
 
 
-def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None) -> TrainResult:
+def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None, early: bool = False) -> TrainResult:
+    """The run's last line; `early`: a signal came during the set-up, and no step was begun."""
     loss, val = trainer.last_loss, trainer.last_val_loss
-    if signum is not None:
+    if early:
+        kept = (f"{trainer.ckpt_path} still holds step {trainer.step}; continue with --resume" if trainer.step
+                else "nothing was trained or saved")
+        report.message(f"stopped by {signal.Signals(signum).name} before step {trainer.step + 1} began: {kept}")
+    elif signum is not None:
         report.message(f"stopped by {signal.Signals(signum).name} after step {trainer.step}; checkpoint saved "
                        f"to {trainer.ckpt_path}; continue with --resume")
     elif trainer.step_ms:
