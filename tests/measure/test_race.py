@@ -1027,6 +1027,24 @@ def test_the_decay_fraction_reaches_the_wsd_rungs_alone_and_a_race_from_before_i
         race.check_same_race(cfg, older)
 
 
+def test_a_resumed_race_may_add_rungs_but_not_leave_out_one_it_has_runs_of():
+    """A race.json is written whole from the race's rungs: continuing with fewer would drop the rows of the ones left
+    out, which on another machine (race.json carried, the run folders not) are their only copy."""
+    cfg = _cfg()
+    fewer = dataclasses.replace(cfg, rungs=cfg.rungs[:2])
+    earlier = json.loads(json.dumps({"config": cfg.to_dict(), "data": {"sha256": "abc"}, "rungs": [
+        {"name": r.name, "recipe": r.recipe, "runs": [{"seed": 0, "status": "ok"}] if r.name != "rope" else []}
+        for r in cfg.rungs]}))
+    race.check_same_race(fewer, earlier, "abc")  # rope has no runs yet: left out, nothing is lost
+    race.check_same_race(cfg, earlier, "abc")
+    earlier["rungs"][2]["runs"] = [{"seed": 0, "status": "stopped"}]
+    with pytest.raises(UsageError, match="has runs of rung rope, which --rungs leaves out"):
+        race.check_same_race(fewer, earlier, "abc")
+    race.check_same_race(cfg, earlier, "abc")
+    older = {k: v for k, v in earlier.items() if k != "data"}  # a record that names no corpus: its runs train again
+    race.check_same_race(fewer, older, "abc")
+
+
 def test_a_race_of_a_rate_against_the_base_rung_trains_each_run_with_its_own(tmp_path, shakespeare_cache):
     out = tmp_path / "out"
     code, text = _main(["race", "--rungs", "gpt2,gpt2@lr=0.002", "--target-val-loss", "10.6", "--out", str(out),
@@ -1221,8 +1239,9 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
     kept_weights = tmp_path / "kept"
     kept_weights.mkdir()
     (kept_weights / "race.json").write_text(json.dumps(record))
-    code, text = _main(["race", "--rungs", "gpt2", "--out", str(kept_weights), "--resume", "--keep-weights", *base])
-    assert code == 0 and trained == ["gpt2"]
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--out", str(kept_weights), "--resume", "--keep-weights",
+                        *base])
+    assert code == 0 and trained == ["gpt2", "muon"]
     # a row whose step ran at other step rungs (a version whose auto differed): its runs train again, with a notice
     trained.clear()
     stepped = tmp_path / "stepped"

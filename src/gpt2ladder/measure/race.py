@@ -399,7 +399,7 @@ def other_cards(earlier: dict | None, card: str) -> list[str]:
 def check_same_race(cfg: RaceConfig, earlier: dict | None, data_sha256: str | None = None) -> None:
     """--resume continues a race of the same settings on the same corpus (where its record names the corpus's
     sha256, which then stands for its path: a record carried to another machine finds the corpus elsewhere), each
-    rung training the same recipe (rungs may be added after the last, and seeds)."""
+    rung training the same recipe (rungs may be added after the last, and seeds; none it has runs of left out)."""
     if earlier is None:
         return
     data = earlier.get("data")
@@ -419,6 +419,11 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None, data_sha256: str | No
     for row in earlier.get("rungs") or []:
         if not isinstance(row, dict) or not isinstance(row.get("name"), str):  # a damaged row: no rung to compare
             continue
+        # race.json is written from this race's rungs: one left out would lose the runs it records (read back where
+        # the record names its corpus), their only copy where the run folders did not travel with it
+        if row["name"] not in recipes and row.get("runs") and held is not None:
+            raise UsageError(f"--resume: the race in this folder has runs of rung {row['name']}, which --rungs leaves "
+                             "out (race.json would lose them); give its --rungs, or another --out")
         if recipes.get(row["name"], row.get("recipe")) != row.get("recipe"):
             raise UsageError(f"--resume: rung {row['name']} of the race in this folder trained recipe {row['recipe']}, "
                              f"and here it would train {recipes[row['name']]} (other rungs before it); give its "
