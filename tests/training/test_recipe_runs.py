@@ -29,13 +29,13 @@ _cli, _one_line_error = run_cli, one_line_error
 @pytest.fixture(scope="module")
 def modern_run(module_tmp, shakespeare_cache):
     out = module_tmp("modern") / "run"
-    assert cli.main(_args(out, "--muon-lr", "0.01", "--decay-fraction", "0.5")) == 0
+    assert cli.main(_args(out, "--muon-lr", "0.015", "--decay-fraction", "0.5")) == 0
     return out
 
 
 def test_the_run_records_its_recipe_and_trains(modern_run):
     config = json.loads((modern_run / "config.json").read_text())
-    assert config["train_config"]["recipe"] == RECIPE and config["train_config"]["muon_lr"] == 0.01
+    assert config["train_config"]["recipe"] == RECIPE and config["train_config"]["muon_lr"] == 0.015
     assert config["train_config"]["decay_fraction"] == 0.5
     rates = [e["lr"] for e in read_log(modern_run / "log.jsonl")]  # 6 steps, half of them decaying: from step 4
     assert rates[:4] == [rates[0]] * 4 and rates[3] > rates[4] > rates[5]  # at 0.4, step 5 would be at the peak
