@@ -544,7 +544,8 @@ def _add_race(sub) -> None:
     p.add_argument("--reuse", action="append", metavar="DIR", help="another race's --out (repeatable): a run it "
                    "finished with this run's very settings, seed and corpus (its sha256) is copied here, not trained "
                    "again; so the gpt2 rung's runs at a budget serve every race at that budget (in a race at several "
-                   "budgets, DIR/steps-N where it is one) (default: none, every run trained)")
+                   "budgets, DIR/steps-N where it is one); a DIR holding only a race.json (a record) serves the runs "
+                   "it records (default: none, every run trained)")
     p.add_argument("--keep-weights", action="store_true", help="save each run's weights when it ends (ckpt.pt, "
                    "for sample and eval; GPT-2's with its optimizer's state is 1.5 GB a run) (off by default: a run "
                    "saves only when a signal stops it, for --resume, and a finished run keeps no checkpoint)")

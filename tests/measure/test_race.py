@@ -5,6 +5,7 @@ refuses in one line."""
 import dataclasses
 import json
 import re
+import shutil
 import statistics
 import types
 import urllib.error
@@ -1179,6 +1180,82 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     assert cli.main(["race", "--out", str(tmp_path / "x"), "--reuse", str(tmp_path / "none"), *SMALL]) == 2
     err = capsys.readouterr().err
     assert "--reuse" in err and "is not a folder" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_race_reuses_the_runs_a_record_holds_without_their_folders(tmp_path, monkeypatch, shakespeare_cache):
+    """--reuse DIR where DIR holds a race.json alone (a record): its runs of this race's very settings, as that race
+    planned them, serve this race; a race-wide setting a run does not read (Muon's rate, for gpt2) is no
+    difference, one it reads is; the reusing race's own race.json keeps them for --resume."""
+    tmp_path = tmp_path.resolve()
+    first, record, second = tmp_path / "first", tmp_path / "record", tmp_path / "second"
+    base = ["--target-val-loss", "gpt2", *SMALL]
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    record.mkdir()
+    shutil.copyfile(first / "race.json", record / "race.json")
+    held = json.loads((record / "race.json").read_text())
+    trained = _counting_trains(monkeypatch)
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--muon-lr", "0.03", "--out", str(second), "--reuse",
+                        str(record), *base])
+    assert code == 0, text
+    assert trained == ["muon"]  # gpt2, an AdamW rung, reads no Muon rate: the record's run serves
+    assert f"(reused from {record / 'race.json'})" in text
+    assert f"notice: --reuse {record}" not in text  # it served a run
+    again = json.loads((second / "race.json").read_text())
+    assert again["rungs"][0]["runs"][0]["reused_from"] == str(record / "race.json")
+    assert again["rungs"][0]["runs"][0]["curve"] == held["rungs"][0]["runs"][0]["curve"]
+    assert again["target_val_loss"] == held["target_val_loss"]  # read off the same gpt2 run
+    assert not (second / "gpt2").exists()  # nothing copied: the record holds no files of the run
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--muon-lr", "0.03", "--out", str(second), "--resume", *base])
+    assert code == 0 and trained == ["muon"] and text.count("(finished earlier)") == 1
+    assert text.count(f"(reused from {record / 'race.json'})") == 1  # read back, it still says where it came from
+    # at the record's own settings both of its runs serve; at another AdamW rate, none does, and a notice says why
+    trained.clear()
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--out", str(tmp_path / "same"), "--reuse", str(record), *base])
+    assert code == 0 and trained == [] and text.count("(reused from") == 2
+    code, text = _main(["race", "--rungs", "gpt2", "--lr", "0.002", "--out", str(tmp_path / "lr"), "--reuse",
+                        str(record), *base])
+    assert code == 0 and trained == ["gpt2"]
+    assert f"notice: --reuse {record}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)" \
+        in text
+
+
+def test_recorded_unlike_names_what_differs_and_passes_a_damaged_record_over(tmp_path):
+    cfg = _cfg(seeds=1)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_at_end=False))
+    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 8.5}], "ms_per_step": 1.0,
+           "mfu": None, "cards": ["H100"], **dict.fromkeys(race.METRICS, 1)}
+    rows = [{"name": r.name, "recipe": r.recipe, "step_rungs": list(r.step_rungs), "batch_size": r.batch_size,
+             "runs": [dict(run)]} for r in cfg.rungs]
+    record = {"config": json.loads(json.dumps(cfg.to_dict())), "data": {"sha256": "abc"}, "target_val_loss": 9.0,
+              "rungs": rows}
+    muon = cfg.rungs[1]
+
+    def unlike(rec, rung=muon, card="H100", sha="abc"):
+        (tmp_path / "race.json").write_text(json.dumps(rec))
+        return race.recorded_unlike(tmp_path, cfg, rung, 0, sha, card)
+
+    why, got = unlike(record)
+    assert why == "" and got["seed"] == 0
+    assert unlike(record, card="H200")[0] == "trained on another card (H100)"
+    assert unlike(record, sha="abd")[0] == "trained on another corpus"
+    other = json.loads(json.dumps(record))
+    other["config"]["settings"]["muon_lr"] = 0.05
+    assert unlike(other)[0] == "ran with other settings (muon_lr)"
+    assert unlike(other, rung=cfg.rungs[0])[0] == ""  # gpt2 reads no Muon rate
+    other["config"]["settings"]["model"]["n_layer"] += 1
+    assert unlike(other)[0] == "ran on another model"
+    other = json.loads(json.dumps(record))
+    other["rungs"][1]["step_rungs"] = ["baseline", "tf32"]
+    assert unlike(other)[0] == "its step ran with tf32"
+    other["rungs"][1]["recipe"] = "gpt2"
+    assert unlike(other)[0] == "trained recipe gpt2, here muon"
+    other = json.loads(json.dumps(record))
+    other["rungs"][1]["runs"][0]["status"] = "stopped"
+    for damaged in (other, {"rungs": "x"}, [], {**record, "config": None}, {**record, "rungs": [None]}):
+        assert unlike(damaged) == (None, None)
+    (tmp_path / "race.json").write_text("{")
+    assert race.recorded_unlike(tmp_path, cfg, muon, 0, "abc") == (None, None)
+    assert race.recorded_unlike(tmp_path / "none", cfg, muon, 0, "abc") == (None, None)
 
 
 def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys, shakespeare_cache):

@@ -68,6 +68,10 @@ KNOWN_TARGETS = {"huggingfacefw/fineweb": 3.28}
 # Why a CPU's race runs no step rung that compiles: Inductor compiling each recipe's model on a CPU takes longer
 # than the run it would speed up.
 CPU_COMPILE = "on a CPU the race does not compile: compiling each rung's model would take longer than its run"
+# The settings each run of a race has of its own, or that say how its step runs: not the race's (`settings`).
+RUN_OWN = ("recipe", "rungs", "batch_size", "seed", "compile_backend")
+# TrainConfig's settings, but the model's shape.
+TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "model")
 # The settings of how a run saves itself: they change no figure of the race, so a race continued by a version that
 # saves otherwise is the same race.
 SAVING = ("ckpt_every", "keep_best", "save_at_end")
@@ -347,8 +351,7 @@ class RaceConfig:
 
     def settings(self) -> dict:
         """What every run of the race shares: a race continued with --resume must share them too."""
-        own = ("recipe", "rungs", "batch_size", "seed", "compile_backend")  # each run's, or how a step runs
-        shared = {k: v for k, v in self.train.to_dict().items() if k not in own}
+        shared = {k: v for k, v in self.train.to_dict().items() if k not in RUN_OWN}
         if self.from_baseline:
             shared["target_val_loss"] = BASELINE_TARGET  # read off the gpt2 rung, the same in every session
         return {**shared, "model": self.train.model.to_dict()}
@@ -458,7 +461,8 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
             if result is None and recorded and not run_cfg.save_at_end and not (where / "log.jsonl").exists():
                 result = recorded.get((rung.name, seed))  # none under --keep-weights: its weights are not here
             if result is None and reuse and not (where / "log.jsonl").exists():
-                result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256, caps.name)
+                result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256, caps.name,
+                                    race=(cfg, rung))
             if result is not None and cfg.target is not None:
                 result = to_target(result, cfg.target, run_cfg.steps)
                 if result is None and where.is_dir():  # it stopped at a target that has fallen since: trained
@@ -666,12 +670,17 @@ REUSED = "reused.json"  # where the copy says which run it is
 
 
 def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConfig, seed: int,
-               data_sha256: str, card: str | None = None) -> dict | None:
+               data_sha256: str, card: str | None = None, race: tuple[RaceConfig, RaceRung] | None = None
+               ) -> dict | None:
     """This rung's run of this seed, copied into `where` from the first race folder of `sources` that finished it
     with these very settings on this corpus, on this `card` (None: any; seconds from two cards are not one race's),
     and its result (`reused_from` names the run); None where none did, and
     always for a run that must keep its weights (--keep-weights), since no weights are copied. The gpt2 rung's runs
-    planned for one budget, for one, serve every race at that budget."""
+    planned for one budget, for one, serve every race at that budget.
+
+    A source without the run's folder serves it from its race.json (a record carried without its runs), where
+    `race` (this race and rung) is given and the row's run is that run (`recorded_unlike`): nothing is copied, and
+    the result, `reused_from` naming the race.json, is what this race's record keeps of it."""
     if cfg.save_at_end:
         return None
     here = where.resolve()
@@ -679,7 +688,12 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
         found = run_dir(source, rung, seed).resolve()
         if here == found or here.is_relative_to(found) or found.is_relative_to(here):
             continue
-        if _unlike(found, cfg, data_sha256, card) != "":
+        unlike = _unlike(found, cfg, data_sha256, card)
+        if unlike is None and race is not None and not found.is_dir():
+            unlike, run = recorded_unlike(source, *race, seed, data_sha256, card)
+            if unlike == "":
+                return {**run, "reused_from": str((source / RECORD).resolve())}
+        if unlike != "":
             continue
         where.mkdir(parents=True, exist_ok=True)
         with claimed(where):
@@ -691,6 +705,70 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
                     (where / f"{name}.tmp").replace(where / name)
         return run_result(read_log(where / "log.jsonl"), cfg, seed, where)
     return None
+
+
+RECORD = "race.json"
+
+
+def recorded_unlike(source: Path, cfg: RaceConfig, rung: RaceRung, seed: int, data_sha256: str,
+                    card: str | None = None) -> tuple[str | None, dict | None]:
+    """How the run (rung, seed) that the race.json in `source` records differs from this race's run of it, and the
+    run as recorded: ("", run) where it is that run, finished, on this corpus and `card` (None: any); (None, None)
+    where the record holds no readable finished run of it; else (why in words, None): the recipe or step it ran
+    otherwise, the settings it ran with otherwise (named), another corpus, another card (named).
+
+    The run's settings are rebuilt as the recorded race planned them (`RaceConfig.run_config` on its settings), so
+    a race-wide setting that this rung's run does not read (Muon's rates for an AdamW rung) is no difference. Its
+    target is the record's, but for the runs of a race's first rung under `--target-val-loss gpt2`, which ran
+    without one."""
+    try:
+        record = json.loads((source / RECORD).read_text(encoding="utf-8"))
+        rows = [r for r in record["rungs"] if isinstance(r, dict) and r.get("name") == rung.name]
+        settings = record["config"]["settings"]
+        first = record["rungs"][0]["name"]
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        return None, None
+    run = _finished_runs(record).get((rung.name, seed)) if rows else None
+    if run is None or not isinstance(settings, dict):
+        return None, None
+    row = rows[0]
+    if row.get("recipe") != rung.recipe:
+        return f"trained recipe {row.get('recipe')}, here {rung.recipe}", None
+    if step := step_unlike(row, rung):
+        return step, None
+    try:
+        ran = _recorded_run_config(cfg, rung, seed, settings, record.get("target_val_loss"), rung.name == first)
+    except (UsageError, ValueError, TypeError):
+        return None, None
+    if ran is None:
+        return "ran on another model", None
+    wanted = json.loads(json.dumps(cfg.run_config(rung, seed).to_dict()))
+    other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and ran.get(k) != v)
+    if other:
+        return f"ran with other settings ({', '.join(other)})", None
+    data = record.get("data")
+    if not isinstance(data, dict) or data.get("sha256") != data_sha256:
+        return "trained on another corpus", None
+    cards = run.get("cards") if isinstance(run.get("cards"), list) else []
+    elsewhere = [c for c in cards if c != card] if card is not None else []
+    if elsewhere:
+        return f"trained on another card ({', '.join(elsewhere)})", None
+    return "", run
+
+
+def _recorded_run_config(cfg: RaceConfig, rung: RaceRung, seed: int, settings: dict, target, first: bool
+                         ) -> dict | None:
+    """The settings (as config.json holds them) of the run (rung, seed) of a recorded race whose shared settings
+    race.json holds: this race's config with those settings, planning that run; None where the model differs."""
+    held = with_defaults({k: v for k, v in settings.items() if k != "model"})
+    if json.loads(json.dumps(cfg.train.model.to_dict())) != settings.get("model"):
+        return None
+    if held.get("target_val_loss") == BASELINE_TARGET:  # read off its gpt2 rung: its record's target
+        held["target_val_loss"] = None if first else target
+    shared = {k: v for k, v in held.items() if k in TRAIN_FIELDS and k not in RUN_OWN and k != "target_val_loss"}
+    shared = {k: tuple(v) if isinstance(v, list) else v for k, v in shared.items()}
+    planned = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **shared)).run_config(rung, seed)
+    return json.loads(json.dumps(dataclasses.replace(planned, target_val_loss=held.get("target_val_loss")).to_dict()))
 
 
 def _unlike(found: Path, cfg: TrainConfig, data_sha256: str, card: str | None = None) -> str | None:
@@ -734,7 +812,10 @@ def reuse_miss(source: Path, cfg: RaceConfig, target: float | None, data_sha256:
                 break
             cfg = cfg.with_target(target)
         for seed in range(cfg.seeds):
-            unlike = _unlike(run_dir(source, rung.name, seed), cfg.run_config(rung, seed), data_sha256, card)
+            found = run_dir(source, rung.name, seed)
+            unlike = _unlike(found, cfg.run_config(rung, seed), data_sha256, card)
+            if unlike is None and not found.is_dir():  # the run as the folder's race.json records it
+                unlike = recorded_unlike(source, cfg, rung, seed, data_sha256, card)[0]
             if unlike == "":
                 return None
             if unlike is not None:
