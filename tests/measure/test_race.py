@@ -1222,8 +1222,8 @@ def test_a_race_reuses_the_runs_a_record_holds_without_their_folders(tmp_path, m
 def test_recorded_unlike_names_what_differs_and_passes_a_damaged_record_over(tmp_path):
     cfg = _cfg(seeds=1)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_at_end=False))
-    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 8.5}], "ms_per_step": 1.0,
-           "mfu": None, "cards": ["H100"], **dict.fromkeys(race.METRICS, 1)}
+    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 8.5, "train_seconds": 1.0}],
+           "ms_per_step": 1.0, "mfu": None, "cards": ["H100"], **dict.fromkeys(race.METRICS, 1)}
     rows = [{"name": r.name, "recipe": r.recipe, "step_rungs": list(r.step_rungs), "batch_size": r.batch_size,
              "runs": [dict(run)]} for r in cfg.rungs]
     record = {"config": json.loads(json.dumps(cfg.to_dict())), "data": {"sha256": "abc"}, "target_val_loss": 9.0,
@@ -1246,16 +1246,59 @@ def test_recorded_unlike_names_what_differs_and_passes_a_damaged_record_over(tmp
     assert unlike(other)[0] == "ran on another model"
     other = json.loads(json.dumps(record))
     other["rungs"][1]["step_rungs"] = ["baseline", "tf32"]
-    assert unlike(other)[0] == "its step ran with tf32"
+    assert unlike(other)[0] == "ran its step with tf32"
     other["rungs"][1]["recipe"] = "gpt2"
     assert unlike(other)[0] == "trained recipe gpt2, here muon"
     other = json.loads(json.dumps(record))
+    other["config"]["compile_backend"] = "aot_eager"  # how it compiled changes its seconds
+    assert unlike(other)[0] == "ran with other settings (compile_backend)"
+    other = json.loads(json.dumps(record))
+    other["config"]["settings"]["tokens_per_step"] = 96  # no whole number of this rung's micro-batches
+    assert unlike(other)[0] == "ran with other settings (tokens_per_step)"
+    other = json.loads(json.dumps(record))
+    other["config"]["settings"]["eval_near"] = 0.5
+    assert unlike(other)[0] == "ran with other settings (eval_near)"
+    near = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_near=0.5))
+    (tmp_path / "race.json").write_text(json.dumps(other))  # it validated by a target race.json may not hold
+    assert race.recorded_unlike(tmp_path, near, muon, 0, "abc", "H100")[0].startswith(
+        "validated more often near its race's target then")
+    other = json.loads(json.dumps(record))
+    other["rungs"][1]["runs"][0]["cards"] = [None, "H100"]  # a damaged card is passed over, never raises
+    assert unlike(other) == ("", other["rungs"][1]["runs"][0])
+    assert unlike(other, card="H200")[0] == "trained on another card (H100)"
+    damaged = []
+    for point in ("x", {"step": 2, "val_loss": 8.5}, {"step": "2", "val_loss": 8.5, "train_seconds": 1.0},
+                  {"step": 2, "val_loss": None, "train_seconds": 1.0}):
+        other = json.loads(json.dumps(record))
+        other["rungs"][1]["runs"][0]["curve"].append(point)  # a point a run could not be timed by
+        damaged.append(other)
+    other = json.loads(json.dumps(record))
     other["rungs"][1]["runs"][0]["status"] = "stopped"
-    for damaged in (other, {"rungs": "x"}, [], {**record, "config": None}, {**record, "rungs": [None]}):
+    for damaged in (*damaged, other, {"rungs": "x"}, [], {**record, "config": None}, {**record, "rungs": [None]}):
         assert unlike(damaged) == (None, None)
     (tmp_path / "race.json").write_text("{")
     assert race.recorded_unlike(tmp_path, cfg, muon, 0, "abc") == (None, None)
     assert race.recorded_unlike(tmp_path / "none", cfg, muon, 0, "abc") == (None, None)
+
+
+def test_recorded_unlike_plans_the_records_runs_apart_from_this_races_other_rungs(tmp_path):
+    """Rungs of this race that the record's settings would make twins (muon at the record's rate, and muon with it
+    as its own) do not stop the record from serving a run they do not touch."""
+    train = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2, target_val_loss=9.0,
+                        muon_lr=0.03)
+    names = ("gpt2", "muon", "muon@muon_lr=0.05")
+    rungs = tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names))
+    cfg = race.RaceConfig(rungs=rungs, seeds=1, train=dataclasses.replace(train, save_at_end=False))
+    recorded = dataclasses.replace(cfg, rungs=rungs[:2], train=dataclasses.replace(cfg.train, muon_lr=0.05))
+    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 8.5, "train_seconds": 1.0}],
+           "ms_per_step": 1.0, "mfu": None, "cards": ["H100"], **dict.fromkeys(race.METRICS, 1)}
+    record = {"config": json.loads(json.dumps(recorded.to_dict())), "data": {"sha256": "abc"},
+              "target_val_loss": 9.0, "rungs": [{"name": r.name, "recipe": r.recipe, "step_rungs": ["baseline"],
+                                                 "batch_size": 2, "runs": [dict(run)]} for r in rungs[:2]]}
+    (tmp_path / "race.json").write_text(json.dumps(record))
+    assert race.recorded_unlike(tmp_path, cfg, rungs[0], 0, "abc")[0] == ""  # gpt2 reads no Muon rate
+    assert race.recorded_unlike(tmp_path, cfg, rungs[1], 0, "abc")[0] == "ran with other settings (muon_lr)"
+    assert race.recorded_unlike(tmp_path, cfg, rungs[2], 0, "abc") == (None, None)  # no row of it
 
 
 def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys, shakespeare_cache):
@@ -1342,12 +1385,12 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
 
 
 def test_recorded_runs_are_a_records_finished_runs_whole_and_of_its_corpus():
-    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 9.0}], "ms_per_step": 1.0,
-           "mfu": None, **{k: 1.0 for k in race.METRICS}}
+    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 9.0, "train_seconds": 1.0}],
+           "ms_per_step": 1.0, "mfu": None, **{k: 1.0 for k in race.METRICS}}
     record = {"data": {"sha256": "abc"}, "rungs": [
         {"name": "gpt2", "runs": [run, {**run, "seed": 1, "status": "stopped"}, {**run, "seed": 2, "curve": []}]},
         {"name": "muon", "runs": [{k: v for k, v in run.items() if k != "train_seconds"}, {**run, "seed": [1]},
-                                  {**run, "seed": True}, "x"]},
+                                  {**run, "seed": True}, "x", {**run, "seed": 4, "curve": [{"step": 2}]}]},
         {"name": None, "runs": [run]}, "x"]}
     assert race.recorded_runs(record, "abc") == {("gpt2", 0): run}
     assert race.recorded_runs(record, "other") == {}
@@ -1369,8 +1412,8 @@ def test_the_runs_a_record_holds_of_another_step_are_named_only_where_they_train
     """`recorded_apart`: a rung whose recorded runs of this race's seeds, with no folder here, are passed over for
     their step; not one under --keep-weights (all its runs train), a seed beyond --seeds, a run with a folder here,
     a failed run (never read from a record) or a record of no known corpus."""
-    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 9.0}], "ms_per_step": 1.0,
-           "mfu": None, **{k: 1.0 for k in race.METRICS}}
+    run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 9.0, "train_seconds": 1.0}],
+           "ms_per_step": 1.0, "mfu": None, **{k: 1.0 for k in race.METRICS}}
     rungs = (race.RaceRung("gpt2", "gpt2", ("baseline", "bf16"), 4), race.RaceRung("muon", "muon", ("baseline",), 4))
     train = TrainConfig(batch_size=4, seq_len=32, tokens_per_step=128, steps=4, eval_every=2, target_val_loss=9.0,
                         save_at_end=False)  # a race's runs keep no weights unless --keep-weights

@@ -317,37 +317,8 @@ class RaceConfig:
         return dataclasses.replace(self, train=dataclasses.replace(self.train, target_val_loss=target))
 
     def run_config(self, rung: RaceRung, seed: int) -> TrainConfig:
-        """The run of this rung and seed: AdamW's recipes leave the muon part's rates unset, as `train` does."""
-        recipe = parse_recipe(rung.recipe)
-        rates = {} if recipe.optimizer == "muon" else {"muon_lr": None, "embed_lr": None, "head_lr": None}
-        if recipe.schedule != "wsd":  # its runs, which no decay_fraction changes, are every race's with that recipe
-            rates["decay_fraction"] = WSD_DECAY_FRACTION
-        own = rung.settings
-        if "lr" in own and "min_lr" not in own:  # the decay ends at a tenth of the peak, as the race's own rate's does
-            own = {**own, "min_lr": own["lr"] * self.train.min_lr / self.train.lr}
-        if "steps" in own and "warmup_steps" not in own:  # warmed up as `train --steps N` would be
-            own = {**own, "warmup_steps": rules.warmup_steps(own["steps"])}
-        if "tokens_per_step" in own:  # its own batch: validated on the race's batches, at the race's tokens
-            own = {**own, **self.own_batch(rung.name, own["tokens_per_step"])}
-        return dataclasses.replace(self.train, recipe=rung.recipe, rungs=rung.step_rungs, batch_size=rung.batch_size,
-                                   seed=seed, **rates, **own)
-
-    def own_batch(self, name: str, tokens_per_step: int) -> dict:
-        """The settings of a run that steps on tokens_per_step tokens of its own: it validates on the race's
-        batches (val_batch) and after as many tokens as the race's runs do (eval_every in its own steps), so its
-        losses and their tokens are the other rungs'. A UsageError where a step is no whole number of sequences,
-        or the race's validation interval no whole number of its steps."""
-        s = self.train
-        if tokens_per_step == s.tokens_per_step:  # the race's own: the run of the rung it is set on
-            return {}
-        check_sequences(name, tokens_per_step, s.seq_len)
-        interval = s.eval_every * s.tokens_per_step
-        if interval % tokens_per_step:
-            raise UsageError(f"race rung {name}: the race validates every {interval:,} tokens ({s.eval_every} "
-                             f"step{'s' * (s.eval_every != 1)} of {s.tokens_per_step:,}), not a whole number of its "
-                             f"steps of {tokens_per_step:,}; give tokens_per_step that divides it, or another "
-                             "--eval-every")
-        return {"val_batch": s.tokens_per_step // s.seq_len, "eval_every": interval // tokens_per_step}
+        """The run of this rung and seed (`plan_run`)."""
+        return plan_run(self.train, rung, seed)
 
     def settings(self) -> dict:
         """What every run of the race shares: a race continued with --resume must share them too."""
@@ -357,8 +328,44 @@ class RaceConfig:
         return {**shared, "model": self.train.model.to_dict()}
 
     def to_dict(self) -> dict:
+        """As race.json keeps it; `compile_backend`, each run's own (not a setting --resume compares), for --reuse."""
         return {"rungs": [r.to_dict() for r in self.rungs], "seeds": self.seeds, "target_source": self.target_source,
-                "settings": self.settings()}
+                "settings": self.settings(), "compile_backend": self.train.compile_backend}
+
+
+def plan_run(train: TrainConfig, rung: RaceRung, seed: int) -> TrainConfig:
+    """The run of this rung and seed in a race whose runs share `train`: AdamW's recipes leave the muon part's rates
+    unset, as `train` does."""
+    recipe = parse_recipe(rung.recipe)
+    rates = {} if recipe.optimizer == "muon" else {"muon_lr": None, "embed_lr": None, "head_lr": None}
+    if recipe.schedule != "wsd":  # its runs, which no decay_fraction changes, are every race's with that recipe
+        rates["decay_fraction"] = WSD_DECAY_FRACTION
+    own = rung.settings
+    if "lr" in own and "min_lr" not in own:  # the decay ends at a tenth of the peak, as the race's own rate's does
+        own = {**own, "min_lr": own["lr"] * train.min_lr / train.lr}
+    if "steps" in own and "warmup_steps" not in own:  # warmed up as `train --steps N` would be
+        own = {**own, "warmup_steps": rules.warmup_steps(own["steps"])}
+    if "tokens_per_step" in own:  # its own batch: validated on the race's batches, at the race's tokens
+        own = {**own, **own_batch(train, rung.name, own["tokens_per_step"])}
+    return dataclasses.replace(train, recipe=rung.recipe, rungs=rung.step_rungs, batch_size=rung.batch_size,
+                               seed=seed, **rates, **own)
+
+
+def own_batch(s: TrainConfig, name: str, tokens_per_step: int) -> dict:
+    """The settings of a run that steps on tokens_per_step tokens of its own, in a race whose runs share `s`: it
+    validates on the race's batches (val_batch) and after as many tokens as the race's runs do (eval_every in its
+    own steps), so its losses and their tokens are the other rungs'. A UsageError where a step is no whole number
+    of sequences, or the race's validation interval no whole number of its steps."""
+    if tokens_per_step == s.tokens_per_step:  # the race's own: the run of the rung it is set on
+        return {}
+    check_sequences(name, tokens_per_step, s.seq_len)
+    interval = s.eval_every * s.tokens_per_step
+    if interval % tokens_per_step:
+        raise UsageError(f"race rung {name}: the race validates every {interval:,} tokens ({s.eval_every} "
+                         f"step{'s' * (s.eval_every != 1)} of {s.tokens_per_step:,}), not a whole number of its "
+                         f"steps of {tokens_per_step:,}; give tokens_per_step that divides it, or another "
+                         "--eval-every")
+    return {"val_batch": s.tokens_per_step // s.seq_len, "eval_every": interval // tokens_per_step}
 
 
 def check_sequences(name: str, tokens_per_step: int, seq_len: int) -> None:
@@ -520,9 +527,16 @@ def _finished_runs(earlier: dict, rungs: tuple[RaceRung, ...] = ()) -> dict[tupl
             continue
         for run in row["runs"] if isinstance(row.get("runs"), list) else []:
             if (isinstance(run, dict) and all(k in run for k in RUN_KEYS) and run["status"] == "ok"
-                    and type(run["seed"]) is int and isinstance(run["curve"], list) and run["curve"]):
+                    and type(run["seed"]) is int and isinstance(run["curve"], list) and run["curve"]
+                    and all(map(_legible_point, run["curve"]))):
                 found[(row["name"], run["seed"])] = run
     return found
+
+
+def _legible_point(point) -> bool:
+    """Whether a recorded validation point holds what a run is timed by: its step, loss and training seconds."""
+    return (isinstance(point, dict) and type(point.get("step")) is int
+            and all(type(point.get(k)) in (int, float) for k in ("val_loss", "train_seconds")))
 
 
 def recorded_apart(cfg: RaceConfig, earlier: dict | None, data_sha256: str, out: Path) -> list[tuple[str, str]]:
@@ -717,15 +731,17 @@ def recorded_unlike(source: Path, cfg: RaceConfig, rung: RaceRung, seed: int, da
     where the record holds no readable finished run of it; else (why in words, None): the recipe or step it ran
     otherwise, the settings it ran with otherwise (named), another corpus, another card (named).
 
-    The run's settings are rebuilt as the recorded race planned them (`RaceConfig.run_config` on its settings), so
-    a race-wide setting that this rung's run does not read (Muon's rates for an AdamW rung) is no difference. Its
-    target is the record's, but for the runs of a race's first rung under `--target-val-loss gpt2`, which ran
-    without one."""
+    The run's settings are rebuilt as the recorded race planned them (`plan_run` on its settings), so a race-wide
+    setting that this rung's run does not read (Muon's rates for an AdamW rung) is no difference. Its target is the
+    record's, but for the runs of a race's first rung under `--target-val-loss gpt2`, which ran without one. A race
+    that validated more often near its target (--eval-near) serves none: when a run ran, the race's target may
+    have been another, and race.json does not say."""
     try:
         record = json.loads((source / RECORD).read_text(encoding="utf-8"))
         rows = [r for r in record["rungs"] if isinstance(r, dict) and r.get("name") == rung.name]
-        settings = record["config"]["settings"]
+        config = record["config"]
         first = record["rungs"][0]["name"]
+        settings = config["settings"]
     except (OSError, ValueError, TypeError, KeyError, IndexError):
         return None, None
     run = _finished_runs(record).get((rung.name, seed)) if rows else None
@@ -735,40 +751,47 @@ def recorded_unlike(source: Path, cfg: RaceConfig, rung: RaceRung, seed: int, da
     if row.get("recipe") != rung.recipe:
         return f"trained recipe {row.get('recipe')}, here {rung.recipe}", None
     if step := step_unlike(row, rung):
-        return step, None
-    try:
-        ran = _recorded_run_config(cfg, rung, seed, settings, record.get("target_val_loss"), rung.name == first)
-    except (UsageError, ValueError, TypeError):
-        return None, None
-    if ran is None:
-        return "ran on another model", None
+        return f"ran its step {step.removeprefix('its step ran ')}", None
+    ran = _recorded_run_config(cfg, rung, seed, config, record.get("target_val_loss"), rung.name == first)
+    if isinstance(ran, str):
+        return ran, None
     wanted = json.loads(json.dumps(cfg.run_config(rung, seed).to_dict()))
     other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and ran.get(k) != v)
     if other:
         return f"ran with other settings ({', '.join(other)})", None
+    if ran.get("eval_near"):
+        return "validated more often near its race's target then (--eval-near), which race.json does not keep", None
     data = record.get("data")
     if not isinstance(data, dict) or data.get("sha256") != data_sha256:
         return "trained on another corpus", None
-    cards = run.get("cards") if isinstance(run.get("cards"), list) else []
+    cards = [c for c in run["cards"] if isinstance(c, str)] if isinstance(run.get("cards"), list) else []
     elsewhere = [c for c in cards if c != card] if card is not None else []
     if elsewhere:
         return f"trained on another card ({', '.join(elsewhere)})", None
     return "", run
 
 
-def _recorded_run_config(cfg: RaceConfig, rung: RaceRung, seed: int, settings: dict, target, first: bool
-                         ) -> dict | None:
-    """The settings (as config.json holds them) of the run (rung, seed) of a recorded race whose shared settings
-    race.json holds: this race's config with those settings, planning that run; None where the model differs."""
-    held = with_defaults({k: v for k, v in settings.items() if k != "model"})
+def _recorded_run_config(cfg: RaceConfig, rung: RaceRung, seed: int, config: dict, target, first: bool) -> dict | str:
+    """The settings (as config.json holds them) of the run (rung, seed) of a recorded race, from what race.json
+    keeps of its config (the settings its runs shared, its compile backend): this race's rung, planned on those
+    settings. Where they plan no run (another model's shape; a batch this rung's micro-batch does not divide), why,
+    in words."""
+    settings = config["settings"]
     if json.loads(json.dumps(cfg.train.model.to_dict())) != settings.get("model"):
-        return None
+        return "ran on another model"
+    backend = {"compile_backend": config["compile_backend"]} if "compile_backend" in config else {}
+    held = with_defaults({**{k: v for k, v in settings.items() if k != "model"}, **backend})
     if held.get("target_val_loss") == BASELINE_TARGET:  # read off its gpt2 rung: its record's target
         held["target_val_loss"] = None if first else target
-    shared = {k: v for k, v in held.items() if k in TRAIN_FIELDS and k not in RUN_OWN and k != "target_val_loss"}
-    shared = {k: tuple(v) if isinstance(v, list) else v for k, v in shared.items()}
-    planned = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **shared)).run_config(rung, seed)
-    return json.loads(json.dumps(dataclasses.replace(planned, target_val_loss=held.get("target_val_loss")).to_dict()))
+    shared = {k: tuple(v) if isinstance(v, list) else v for k, v in held.items()
+              if k in TRAIN_FIELDS and (k not in RUN_OWN or k == "compile_backend")}
+    try:
+        planned = plan_run(dataclasses.replace(cfg.train, **shared), rung, seed)
+    except (UsageError, ValueError, TypeError):  # settings no run of this rung can have
+        now = json.loads(json.dumps({**cfg.settings(), "compile_backend": cfg.train.compile_backend}))
+        other = sorted(k for k in shared if k != "target_val_loss" and now.get(k) != held.get(k))
+        return f"ran with other settings ({', '.join(other) or 'that plan no run here'})"
+    return json.loads(json.dumps(planned.to_dict()))
 
 
 def _unlike(found: Path, cfg: TrainConfig, data_sha256: str, card: str | None = None) -> str | None:
