@@ -1217,6 +1217,13 @@ def test_a_race_reuses_the_runs_a_record_holds_without_their_folders(tmp_path, m
     assert code == 0 and trained == ["gpt2"]
     assert f"notice: --reuse {record}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)" \
         in text
+    # the second race's muon ran at 0.03 as the race's rate: a race of muon@muon_lr=0.03 reads it from that row
+    trained.clear()
+    shutil.copyfile(second / "race.json", record / "race.json")
+    code, text = _main(["race", "--rungs", "gpt2,muon,muon@muon_lr=0.03", "--out", str(tmp_path / "named"),
+                        "--reuse", str(record), *base])
+    assert code == 0 and trained == ["muon"], text  # muon at the default rate is a run of its own
+    assert f"(reused from {record / 'race.json'}, its muon seed 0)" in text
 
 
 def test_recorded_unlike_names_what_differs_and_passes_a_damaged_record_over(tmp_path):
@@ -1264,7 +1271,8 @@ def test_recorded_unlike_names_what_differs_and_passes_a_damaged_record_over(tmp
         "validated more often near its race's target then")
     other = json.loads(json.dumps(record))
     other["rungs"][1]["runs"][0]["cards"] = [None, "H100"]  # a damaged card is passed over, never raises
-    assert unlike(other) == ("", other["rungs"][1]["runs"][0])
+    served = {**other["rungs"][1]["runs"][0], "reused_from": str((tmp_path / "race.json").resolve())}
+    assert unlike(other) == ("", served)
     assert unlike(other, card="H200")[0] == "trained on another card (H100)"
     damaged = []
     for point in ("x", {"step": 2, "val_loss": 8.5}, {"step": "2", "val_loss": 8.5, "train_seconds": 1.0},
@@ -1283,7 +1291,8 @@ def test_recorded_unlike_names_what_differs_and_passes_a_damaged_record_over(tmp
 
 def test_recorded_unlike_plans_the_records_runs_apart_from_this_races_other_rungs(tmp_path):
     """Rungs of this race that the record's settings would make twins (muon at the record's rate, and muon with it
-    as its own) do not stop the record from serving a run they do not touch."""
+    as its own) do not stop the record from serving a run they do not touch; a row of another name that ran the
+    very run serves it."""
     train = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2, target_val_loss=9.0,
                         muon_lr=0.03)
     names = ("gpt2", "muon", "muon@muon_lr=0.05")
@@ -1298,7 +1307,10 @@ def test_recorded_unlike_plans_the_records_runs_apart_from_this_races_other_rung
     (tmp_path / "race.json").write_text(json.dumps(record))
     assert race.recorded_unlike(tmp_path, cfg, rungs[0], 0, "abc")[0] == ""  # gpt2 reads no Muon rate
     assert race.recorded_unlike(tmp_path, cfg, rungs[1], 0, "abc")[0] == "ran with other settings (muon_lr)"
-    assert race.recorded_unlike(tmp_path, cfg, rungs[2], 0, "abc") == (None, None)  # no row of it
+    # muon@muon_lr=0.05 has no row there, but the record's muon row ran at 0.05: that very run, read as its own
+    why, run = race.recorded_unlike(tmp_path, cfg, rungs[2], 0, "abc")
+    assert why == "" and run["reused_from"] == f"{(tmp_path / 'race.json').resolve()}, its muon seed 0"
+    assert race.recorded_unlike(tmp_path, cfg, rungs[2], 0, "abc", "H200")[0] is None  # the reason is its own row's
 
 
 def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys, shakespeare_cache):

@@ -706,7 +706,7 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
         if unlike is None and race is not None and not found.is_dir():
             unlike, run = recorded_unlike(source, *race, seed, data_sha256, card)
             if unlike == "":
-                return {**run, "reused_from": str((source / RECORD).resolve())}
+                return run
         if unlike != "":
             continue
         where.mkdir(parents=True, exist_ok=True)
@@ -726,49 +726,74 @@ RECORD = "race.json"
 
 def recorded_unlike(source: Path, cfg: RaceConfig, rung: RaceRung, seed: int, data_sha256: str,
                     card: str | None = None) -> tuple[str | None, dict | None]:
-    """How the run (rung, seed) that the race.json in `source` records differs from this race's run of it, and the
-    run as recorded: ("", run) where it is that run, finished, on this corpus and `card` (None: any); (None, None)
-    where the record holds no readable finished run of it; else (why in words, None): the recipe or step it ran
-    otherwise, the settings it ran with otherwise (named), another corpus, another card (named).
+    """How the run of this rung and seed that the race.json in `source` records differs from this race's, and the
+    run as recorded: ("", run) where a row of it, the rung's own or another of its recipe (`speedrun@muon_lr=0.01`
+    for `speedrun` where 0.01 is this race's rate), holds that very run, finished, on this corpus and `card` (None:
+    any), `reused_from` naming the race.json (and the row, where it is another); (None, None) where the record holds
+    no readable finished run of its rung and seed; else (why in words, None), from the rung's own row: the recipe
+    or step it ran otherwise, the settings it ran with otherwise (named), another corpus, another card (named).
 
-    The run's settings are rebuilt as the recorded race planned them (`plan_run` on its settings), so a race-wide
-    setting that this rung's run does not read (Muon's rates for an AdamW rung) is no difference. Its target is the
-    record's, but for the runs of a race's first rung under `--target-val-loss gpt2`, which ran without one. A race
-    that validated more often near its target (--eval-near) serves none: when a run ran, the race's target may
-    have been another, and race.json does not say."""
+    A row's run is planned as the recorded race planned it (`plan_run` on its settings, with the row's own), so a
+    race-wide setting that this rung's run does not read (Muon's rates for an AdamW rung) is no difference. Its
+    target is the record's, but for the runs of the race's first rung under `--target-val-loss gpt2`, which ran
+    without one. A race that validated more often near its target (--eval-near) serves none: when a run ran, the
+    race's target may have been another, and race.json does not say."""
     try:
         record = json.loads((source / RECORD).read_text(encoding="utf-8"))
-        rows = [r for r in record["rungs"] if isinstance(r, dict) and r.get("name") == rung.name]
         config = record["config"]
         first = record["rungs"][0]["name"]
         settings = config["settings"]
+        rows = [r for r in record["rungs"] if isinstance(r, dict) and isinstance(r.get("name"), str)]
     except (OSError, ValueError, TypeError, KeyError, IndexError):
         return None, None
-    run = _finished_runs(record).get((rung.name, seed)) if rows else None
-    if run is None or not isinstance(settings, dict):
+    if not isinstance(settings, dict):
         return None, None
-    row = rows[0]
-    if row.get("recipe") != rung.recipe:
-        return f"trained recipe {row.get('recipe')}, here {rung.recipe}", None
-    if step := step_unlike(row, rung):
-        return f"ran its step {step.removeprefix('its step ran ')}", None
-    ran = _recorded_run_config(cfg, rung, seed, config, record.get("target_val_loss"), rung.name == first)
-    if isinstance(ran, str):
-        return ran, None
+    runs = _finished_runs(record)
     wanted = json.loads(json.dumps(cfg.run_config(rung, seed).to_dict()))
+    why = None
+    for row in sorted(rows, key=lambda r: r["name"] != rung.name):  # its own row first: its why is the one told
+        run = runs.get((row["name"], seed))
+        if run is None or (row["name"] != rung.name and row.get("recipe") != rung.recipe):
+            continue
+        unlike = _row_unlike(row, run, rung, seed, wanted, cfg, config, record, row["name"] == first)
+        if unlike == "":
+            data = record.get("data")
+            if not isinstance(data, dict) or data.get("sha256") != data_sha256:
+                unlike = "trained on another corpus"
+            else:
+                cards = [c for c in run["cards"] if isinstance(c, str)] if isinstance(run.get("cards"), list) else []
+                elsewhere = [c for c in cards if c != card] if card is not None else []
+                unlike = f"trained on another card ({', '.join(elsewhere)})" if elsewhere else ""
+        if unlike == "":
+            named = "" if row["name"] == rung.name else f", its {row['name']} seed {seed}"
+            return "", {**run, "reused_from": f"{(source / RECORD).resolve()}{named}"}
+        if row["name"] == rung.name:
+            why = unlike
+    return why, None
+
+
+def _row_unlike(row: dict, run: dict, rung: RaceRung, seed: int, wanted: dict, cfg: RaceConfig, config: dict,
+                record: dict, first: bool) -> str:
+    """How a recorded row's run of this seed, planned as its race planned it, differs from this rung's run here
+    (`wanted`, as config.json holds it): "" where it is that run."""
+    if row.get("recipe") != rung.recipe:
+        return f"trained recipe {row.get('recipe')}, here {rung.recipe}"
+    if step := step_unlike(row, rung):
+        return f"ran its step {step.removeprefix('its step ran ')}"
+    try:
+        own = RaceRung(row["name"], rung.recipe, rung.step_rungs, rung.batch_size)
+        own.settings  # a name whose settings do not read: a damaged row
+    except UsageError:
+        return "is a row whose name names no settings"
+    ran = _recorded_run_config(cfg, own, seed, config, record.get("target_val_loss"), first)
+    if isinstance(ran, str):
+        return ran
     other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and ran.get(k) != v)
     if other:
-        return f"ran with other settings ({', '.join(other)})", None
+        return f"ran with other settings ({', '.join(other)})"
     if ran.get("eval_near"):
-        return "validated more often near its race's target then (--eval-near), which race.json does not keep", None
-    data = record.get("data")
-    if not isinstance(data, dict) or data.get("sha256") != data_sha256:
-        return "trained on another corpus", None
-    cards = [c for c in run["cards"] if isinstance(c, str)] if isinstance(run.get("cards"), list) else []
-    elsewhere = [c for c in cards if c != card] if card is not None else []
-    if elsewhere:
-        return f"trained on another card ({', '.join(elsewhere)})", None
-    return "", run
+        return "validated more often near its race's target then (--eval-near), which race.json does not keep"
+    return ""
 
 
 def _recorded_run_config(cfg: RaceConfig, rung: RaceRung, seed: int, config: dict, target, first: bool) -> dict | str:
