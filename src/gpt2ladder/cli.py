@@ -546,6 +546,9 @@ def _add_race(sub) -> None:
                    "again; so the gpt2 rung's runs at a budget serve every race at that budget (in a race at several "
                    "budgets, DIR/steps-N where it is one); a DIR holding only a race.json (a record) serves the runs "
                    "it records (default: none, every run trained)")
+    p.add_argument("--dry-run", action="store_true", help="plan the race, make every check, and say what each run "
+                   "would be (trained, continued from its checkpoint, read back with --resume, reused with --reuse), "
+                   "then stop: nothing is trained or written (off by default)")
     p.add_argument("--keep-weights", action="store_true", help="save each run's weights when it ends (ckpt.pt, "
                    "for sample and eval; GPT-2's with its optimizer's state is 1.5 GB a run) (off by default: a run "
                    "saves only when a signal stops it, for --resume, and a finished run keeps no checkpoint)")

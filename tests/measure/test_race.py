@@ -1313,6 +1313,50 @@ def test_recorded_unlike_plans_the_records_runs_apart_from_this_races_other_rung
     assert race.recorded_unlike(tmp_path, cfg, rungs[2], 0, "abc", "H200")[0] is None  # the reason is its own row's
 
 
+def test_a_dry_run_says_what_each_run_would_be_and_changes_nothing(tmp_path, monkeypatch, shakespeare_cache):
+    tmp_path = tmp_path.resolve()
+    first, record = tmp_path / "first", tmp_path / "record"
+    base = ["--target-val-loss", "gpt2", *SMALL]
+    trained = _counting_trains(monkeypatch)
+    fresh = tmp_path / "fresh"
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--out", str(fresh), "--dry-run", *base])
+    assert code == 0 and trained == [] and not fresh.exists(), text
+    assert "gpt2 seed 0: trains" in text and "1 run of the rungs after gpt2 waits on its target" in text
+    assert "dry run: 2 runs: 1 to train, 1 waiting on the target; nothing trained or written" in text
+    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    record.mkdir()
+    shutil.copyfile(first / "race.json", record / "race.json")
+    trained.clear()
+    # a run stopped part-way, its checkpoint kept: --resume would continue it
+    stopped = race.run_dir(first, "rope", 0)
+    stopped.mkdir(parents=True)
+    (stopped / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 9.0, "ms": 1.0}) + "\n")
+    (stopped / "ckpt.pt").write_bytes(b"a checkpoint")
+    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    code, text = _main(["race", "--rungs", "gpt2,muon,rope,qk_norm", "--out", str(first), "--resume", "--dry-run",
+                        *base])
+    assert code == 0 and trained == [], text
+    assert "gpt2 seed 0: finished earlier" in text and "muon seed 0: finished earlier" in text
+    assert "rope seed 0: continues from its checkpoint" in text and "qk_norm seed 0: trains" in text
+    assert "dry run: 4 runs: 2 finished earlier, 1 to continue, 1 to train;" in text
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before  # nothing written or dropped
+    # from a record: its runs reused, the race's target known from them, so every rung after gpt2 is decided
+    code, text = _main(["race", "--rungs", "gpt2,muon,rope", "--out", str(tmp_path / "other"), "--reuse",
+                        str(record), "--dry-run", *base])
+    assert code == 0 and trained == [] and not (tmp_path / "other").exists(), text
+    assert f"gpt2 seed 0: reused from {record / 'race.json'}" in text and "rope seed 0: trains" in text
+    assert "dry run: 3 runs: 2 reused, 1 to train;" in text
+    code, text = _main(["race", "--rungs", "gpt2", "--lr", "0.002", "--out", str(tmp_path / "lr"), "--reuse",
+                        str(record), "--dry-run", *base])
+    assert code == 0 and f"notice: --reuse {record}: no run would be copied from it: its gpt2 seed 0 ran with other " \
+        "settings (lr, min_lr)" in text
+    # at several budgets, each budget's race is planned and said
+    code, text = _main(["race", "--rungs", "gpt2", "--out", str(tmp_path / "budgets"), "--dry-run",
+                        "--target-val-loss", "gpt2", *SMALL[2:], "--steps", "4,6"])
+    assert code == 0 and text.count("budget: runs planned for") == 2 and text.count("gpt2 seed 0: trains") == 2, text
+    assert not (tmp_path / "budgets").exists() and trained == []
+
+
 def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys, shakespeare_cache):
     """race.json keeps every finished run's figures: --resume in a folder that holds only a race's race.json (its
     record, carried to another machine without the run folders) reads those runs from it and trains the rest. A

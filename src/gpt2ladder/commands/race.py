@@ -80,6 +80,8 @@ def race_command(args) -> int:
         return _budgets(args, device, caps, names, out, budgets)
     tokens = data_mod.load_tokens(args.data)
     cfg, earlier = _planned(args, budgets[0], device, caps, names, out, tokens)
+    if args.dry_run:
+        return _dry_run(args, cfg, device, caps, tokens, out, earlier)
     with output_dir(out) as out:
         return _race(args, cfg, device, caps, tokens, out, earlier)[0]
 
@@ -111,6 +113,12 @@ def _budgets(args, device, caps, names, out: Path, budgets: tuple[int, ...]) -> 
     tokens = data_mod.load_tokens(args.data)
     plans = [(steps, *_planned(args, steps, device, caps, names, out / BUDGET_DIR.format(steps), tokens))
              for steps in budgets]
+    if args.dry_run:
+        for steps, cfg, earlier in plans:
+            print(f"\nbudget: runs planned for {steps} steps ({steps * cfg.train.tokens_per_step:,} tokens)",
+                  flush=True)
+            _dry_run(args, cfg, device, caps, tokens, out / BUDGET_DIR.format(steps), earlier)
+        return 0
     records, code = [], 0
     with output_dir(out) as out:
         try:
@@ -261,18 +269,20 @@ def check_corpus(cfg: race.RaceConfig, tokens: data_mod.TokenData) -> None:
                          f"{need:,} ({planned}); use a larger corpus or fewer steps")
 
 
-def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: dict | None) -> tuple[int, dict]:
+def _announce(args, cfg: race.RaceConfig, caps, tokens, out: Path, earlier: dict | None, dry: bool = False) -> None:
+    """The race's first line, and the notices about the runs an earlier record or another card holds."""
     say = print
     s = cfg.train
     goal = "gpt2's" if cfg.target is None else f"{cfg.target:g}"
     near = f" (every {s.near_every} within {s.eval_near:g} of the target)" if s.eval_near else ""
     own_batch = " (an @tokens_per_step rung of its own, validated after the same tokens)" * bool(cfg.own_batch_rungs)
-    say(f"gpt2ladder race: {len(cfg.rungs)} rungs x {cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}, model {s.preset} "
-        f"on {caps.name}, to validation loss {goal} ({cfg.target_source}); each run planned for {s.steps} steps"
+    say(f"gpt2ladder race{' --dry-run' * dry}: {len(cfg.rungs)} rungs x {cfg.seeds} seed{'s' if cfg.seeds > 1 else ''},"
+        f" model {s.preset} on {caps.name}, to validation loss {goal} ({cfg.target_source}); each run planned for "
+        f"{s.steps} steps"
         f"{' (an @steps rung for its own)' if any('steps' in r.settings for r in cfg.rungs) else ''} "
         f"of {s.tokens_per_step:,} tokens{own_batch}, validated every {s.eval_every}{near}; runs in "
         f"{out}/<rung>/seed<k>/", flush=True)
-    if device.type != "cuda":
+    if caps.device_type != "cuda":
         say(f"notice: {race.CPU_COMPILE}", flush=True)
     for name, why in race.recorded_apart(cfg, earlier, tokens.sha256, out) if args.resume else ():
         say(f"notice: rung {name}'s recorded runs train again: {why}", flush=True)
@@ -284,6 +294,12 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     if others:
         say(f"notice: runs of this race trained on {', '.join(others)}, and this one trains on {caps.name}: its record "
             "will name both cards, and seconds from two cards are not one race's", flush=True)
+
+
+def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: dict | None) -> tuple[int, dict]:
+    say = print
+    s = cfg.train
+    _announce(args, cfg, caps, tokens, out, earlier)
 
     def on_record(record: dict) -> None:
         for stale in ("race.md", "race.png"):
@@ -311,8 +327,7 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
         if row["seeds_run"] == cfg.seeds or row["status"] != "ok":
             say(report.progress_line(row, target[0]), flush=True)
 
-    reuse = tuple(d / BUDGET_DIR.format(s.steps) if (d / BUDGET_DIR.format(s.steps)).is_dir() else d
-                  for d in map(Path, args.reuse or ()))  # a race at several budgets: the one of this budget
+    reuse = _reuse_dirs(args, s.steps)
     record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
                                  on_record=on_rung, on_run=on_run, reuse=reuse,
                                  recorded=race.recorded_runs(earlier, tokens.sha256, cfg.rungs))
@@ -326,3 +341,49 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     if code:
         say("the race stopped; --resume continues it from the runs it finished")
     return code, record
+
+
+def _reuse_dirs(args, steps: int) -> tuple[Path, ...]:
+    """The --reuse folders for a race of `steps`: of a race at several budgets, the one of this budget."""
+    return tuple(d / BUDGET_DIR.format(steps) if (d / BUDGET_DIR.format(steps)).is_dir() else d
+                 for d in map(Path, args.reuse or ()))
+
+
+def _dry_run(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: dict | None) -> int:
+    """--dry-run: the race planned, every check made, and what each run would be: trained, continued from its
+    checkpoint, read back (--resume) or reused (--reuse); nothing is trained, copied or written."""
+    say = print
+    _announce(args, cfg, caps, tokens, out, earlier, dry=True)
+    fates: list[str] = []  # each run's, as the summary counts them
+
+    def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
+        if result["status"] == "planned":
+            again = result["reason"] == "continue"
+            fate, kind = ("continues from its checkpoint", "to continue") if again else ("trains", "to train")
+        elif result.get("reused_from"):
+            fate, kind = f"reused from {result['reused_from']}", "reused"
+        else:
+            fate = kind = "finished earlier"
+        fates.append(kind)
+        say(f"  {rung.name} seed {seed}: {fate}", flush=True)
+
+    reuse = _reuse_dirs(args, cfg.train.steps)
+    plan, _ = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=False, on_run=on_run,
+                            reuse=reuse, recorded=race.recorded_runs(earlier, tokens.sha256, cfg.rungs), dry=True)
+    waiting = 0
+    if plan["unknown_after"] is not None:
+        after = [r.name for r in cfg.rungs].index(plan["unknown_after"]) + 1
+        waiting = (len(cfg.rungs) - after) * cfg.seeds
+        say(f"  {waiting} run{'s' * (waiting != 1)} of the rungs after {plan['unknown_after']} wait"
+            f"{'s' * (waiting == 1)} on its target, which its runs to train set: each is read back, reused or trained "
+            "once they have", flush=True)
+    counts = {fate: fates.count(fate) for fate in dict.fromkeys(fates)}
+    told = ", ".join(f"{n} {fate}" for fate, n in counts.items())
+    say(f"dry run: {len(fates) + waiting} runs: {told}{f', {waiting} waiting on the target' * bool(waiting)}; "
+        "nothing trained or written")
+    if "to train" in counts or "to continue" in counts:
+        for source in reuse:
+            why = race.reuse_miss(source, cfg, cfg.target, tokens.sha256, caps.name)
+            if why:
+                say(f"notice: --reuse {source}: no run would be copied from it: {why}", flush=True)
+    return 0

@@ -442,14 +442,19 @@ def check_same_race(cfg: RaceConfig, earlier: dict | None, data_sha256: str | No
 
 def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilities, tokens: data_mod.TokenData, *,
              resume: bool = False, progress: bool = True, on_record=None, on_run=None,
-             reuse: tuple[Path, ...] = (), recorded: dict | None = None) -> tuple[dict, int]:
+             reuse: tuple[Path, ...] = (), recorded: dict | None = None, dry: bool = False) -> tuple[dict, int]:
     """Every (rung, seed) of the race, in order; the record and 0, or the exit code of the run a signal stopped.
 
     `on_record(record)` sees the record after each run (the command writes race.json there), `on_run(rung, seed,
     result, ran)` each run's result as it is known (`ran`: trained now, not read back from an earlier session or
     another race). A run that another race in `reuse` finished exactly so (`reused_run`) is copied, not trained.
     On --resume, `recorded` (`recorded_runs`: the finished runs of the race.json found in `out`) stands for a run
-    whose folder holds no log: the race's record carried to another machine continues there."""
+    whose folder holds no log: the race's record carried to another machine continues there.
+
+    `dry` (--dry-run): each run is decided as above, but nothing is trained, copied, dropped or recorded: a run to
+    train is a result of status "planned" (`reason` "train" or "continue", from its checkpoint), and the record
+    returned is {"planned": True, "unknown_after": the gpt2 rung's name where its target waits on runs to train,
+    so the rungs after it are not decided, else None}."""
     runs: dict[str, list[dict]] = {r.name: [] for r in cfg.rungs}
     recorded = recorded if resume else None
     code = 0
@@ -464,24 +469,31 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
         for seed in range(cfg.seeds):
             where = run_dir(out, rung.name, seed)
             run_cfg = cfg.run_config(rung, seed)
-            result = finished_run(where, run_cfg, seed) if resume else None
+            result = finished_run(where, run_cfg, seed, tidy=not dry) if resume else None
             if result is None and recorded and not run_cfg.save_at_end and not (where / "log.jsonl").exists():
                 result = recorded.get((rung.name, seed))  # none under --keep-weights: its weights are not here
             if result is None and reuse and not (where / "log.jsonl").exists():
                 result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256, caps.name,
-                                    race=(cfg, rung))
+                                    race=(cfg, rung), copy=not dry)
             if result is not None and cfg.target is not None:
                 result = to_target(result, cfg.target, run_cfg.steps)
-                if result is None and where.is_dir():  # it stopped at a target that has fallen since: trained
-                    with claimed(where):  # again from its start, its log rewritten
+                # it stopped at a target that has fallen since: trained again from its start, its log rewritten
+                if result is None and where.is_dir() and not dry:
+                    with claimed(where):
                         drop_checkpoints(where)
                         (where / REUSED).unlink(missing_ok=True)
             ran = result is None
-            if ran:
+            if ran and dry:
+                again = resume and _has_checkpoint(where)
+                result = {"seed": seed, "dir": str(where), "status": "planned",
+                          "reason": "continue" if again else "train"}
+            elif ran:
                 code, result = train_run(run_cfg, device, where, caps, tokens, seed, resume, progress)
             runs[rung.name].append(result)
             if on_run is not None:
                 on_run(rung, seed, result, ran)
+            if dry:
+                continue
             record = race_record(cfg, device, caps, tokens, so_far(), partial=True)
             if on_record is not None:
                 on_record(record)
@@ -489,13 +501,17 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
                 return record, code
         if cfg.target is None:  # the gpt2 rung has run all its steps: its last validations set the target
             target = baseline_target(runs[rung.name])
+            if target is None and dry:  # its runs to train set it: what the rungs after it read waits on them
+                return {"planned": True, "unknown_after": rung.name}, 0
             if target is None:
                 raise LadderError(f"the {rung.name} rung did not finish every seed, so it sets no target: "
                                   f"{next(r['reason'] for r in runs[rung.name] if r['status'] != 'ok')}")
             cfg = cfg.with_target(target)
             runs[rung.name] = [timed_to(r, target) for r in runs[rung.name]]
-            if on_record is not None:
+            if on_record is not None and not dry:
                 on_record(race_record(cfg, device, caps, tokens, so_far(), partial=True))
+    if dry:
+        return {"planned": True, "unknown_after": None}, 0
     return race_record(cfg, device, caps, tokens, runs, partial=False), 0
 
 
@@ -659,16 +675,17 @@ def _has_checkpoint(where: Path) -> bool:
     return (where / FILENAME).exists() or (where / PREVIOUS).exists()
 
 
-def finished_run(where: Path, cfg: TrainConfig, seed: int) -> dict | None:
+def finished_run(where: Path, cfg: TrainConfig, seed: int, tidy: bool = True) -> dict | None:
     """The result of a run an earlier session finished (it reached the target, or ran all its steps and, validating,
     measured its last), else None: a signal during the last step's validation leaves that step in the log unmeasured,
     and the run's checkpoint measures it on --resume. A finished run that a signal stopped after its last validation
     kept a checkpoint for --resume: dropped here, as its session would have, where the run was started without
-    --keep-weights."""
+    --keep-weights (unless `tidy` is off: a dry run changes nothing)."""
     entries = read_log(where / "log.jsonl")
     if not _finished(entries, cfg):
         return None
-    if not cfg.save_at_end and kept_none(where):  # started without --keep-weights (an older race's runs kept theirs)
+    # started without --keep-weights (an older race's runs kept theirs)
+    if tidy and not cfg.save_at_end and kept_none(where):
         with claimed(where):
             drop_checkpoints(where)
     return run_result(entries, cfg, seed, where)
@@ -684,8 +701,8 @@ REUSED = "reused.json"  # where the copy says which run it is
 
 
 def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConfig, seed: int,
-               data_sha256: str, card: str | None = None, race: tuple[RaceConfig, RaceRung] | None = None
-               ) -> dict | None:
+               data_sha256: str, card: str | None = None, race: tuple[RaceConfig, RaceRung] | None = None,
+               copy: bool = True) -> dict | None:
     """This rung's run of this seed, copied into `where` from the first race folder of `sources` that finished it
     with these very settings on this corpus, on this `card` (None: any; seconds from two cards are not one race's),
     and its result (`reused_from` names the run); None where none did, and
@@ -694,7 +711,8 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
 
     A source without the run's folder serves it from its race.json (a record carried without its runs), where
     `race` (this race and rung) is given and the row's run is that run (`recorded_unlike`): nothing is copied, and
-    the result, `reused_from` naming the race.json, is what this race's record keeps of it."""
+    the result, `reused_from` naming the race.json, is what this race's record keeps of it. Without `copy` (a dry
+    run) a folder's run is read where it is, nothing written."""
     if cfg.save_at_end:
         return None
     here = where.resolve()
@@ -709,6 +727,8 @@ def reused_run(sources: tuple[Path, ...], where: Path, rung: str, cfg: TrainConf
                 return run
         if unlike != "":
             continue
+        if not copy:
+            return {**run_result(read_log(found / "log.jsonl"), cfg, seed, found), "reused_from": str(found)}
         where.mkdir(parents=True, exist_ok=True)
         with claimed(where):
             (where / REUSED).write_text(json.dumps({"from": str(found)}) + "\n", encoding="utf-8")
