@@ -1332,20 +1332,26 @@ def test_a_dry_run_says_what_each_run_would_be_and_changes_nothing(tmp_path, mon
     stopped.mkdir(parents=True)
     (stopped / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 9.0, "ms": 1.0}) + "\n")
     (stopped / "ckpt.pt").write_bytes(b"a checkpoint")
-    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    def held():
+        return {p: p.read_bytes() if p.is_file() else None for p in first.rglob("*")}
+
+    before = held()
     code, text = _main(["race", "--rungs", "gpt2,muon,rope,qk_norm", "--out", str(first), "--resume", "--dry-run",
                         *base])
     assert code == 0 and trained == [], text
     assert "gpt2 seed 0: finished earlier" in text and "muon seed 0: finished earlier" in text
     assert "rope seed 0: continues from its checkpoint" in text and "qk_norm seed 0: trains" in text
     assert "dry run: 4 runs: 2 finished earlier, 1 to continue, 1 to train;" in text
-    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before  # nothing written or dropped
+    assert held() == before  # nothing written, made or dropped
     # from a record: its runs reused, the race's target known from them, so every rung after gpt2 is decided
     code, text = _main(["race", "--rungs", "gpt2,muon,rope", "--out", str(tmp_path / "other"), "--reuse",
                         str(record), "--dry-run", *base])
     assert code == 0 and trained == [] and not (tmp_path / "other").exists(), text
     assert f"gpt2 seed 0: reused from {record / 'race.json'}" in text and "rope seed 0: trains" in text
     assert "dry run: 3 runs: 2 reused, 1 to train;" in text
+    code, text = _main(["race", "--rungs", "gpt2,muon,rope", "--out", str(tmp_path / "other"), "--reuse",
+                        str(record), *base])
+    assert code == 0 and trained == ["muon,rope"] and text.count("(reused from") == 2  # as the dry run said
     code, text = _main(["race", "--rungs", "gpt2", "--lr", "0.002", "--out", str(tmp_path / "lr"), "--reuse",
                         str(record), "--dry-run", *base])
     assert code == 0 and f"notice: --reuse {record}: no run would be copied from it: its gpt2 seed 0 ran with other " \
@@ -1354,7 +1360,32 @@ def test_a_dry_run_says_what_each_run_would_be_and_changes_nothing(tmp_path, mon
     code, text = _main(["race", "--rungs", "gpt2", "--out", str(tmp_path / "budgets"), "--dry-run",
                         "--target-val-loss", "gpt2", *SMALL[2:], "--steps", "4,6"])
     assert code == 0 and text.count("budget: runs planned for") == 2 and text.count("gpt2 seed 0: trains") == 2, text
-    assert not (tmp_path / "budgets").exists() and trained == []
+    assert not (tmp_path / "budgets").exists() and trained == ["muon,rope"]
+    # the checks of a real race are made: an --out that cannot be a folder is one line, exit 2
+    code, text = _main(["race", "--rungs", "gpt2", "--out", str(record / "race.json" / "x"), "--dry-run", *base])
+    assert code == 2
+
+
+def test_a_dry_run_says_a_run_whose_target_fell_trains_again_from_its_start(tmp_path, monkeypatch,
+                                                                              shakespeare_cache):
+    """A run kept with its weights stopped at the target of its day; gpt2's runs, edited to end lower, now set a
+    lower one: the race trains it again from its start, its checkpoint no start for it, and the dry run says so."""
+    out = tmp_path / "out"
+    base = ["--rungs", "gpt2,muon", "--target-val-loss", "gpt2", "--out", str(out), "--keep-weights", *SMALL]
+    assert _main(["race", *base])[0] == 0
+    assert (race.run_dir(out, "muon", 0) / "ckpt.pt").is_file()
+    log = race.run_dir(out, "gpt2", 0) / "log.jsonl"
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    last = max(i for i, e in enumerate(entries) if "val_loss" in e)
+    entries[last]["val_loss"] = 1.0  # below every loss muon's run reached
+    log.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    trained = _counting_trains(monkeypatch)
+    code, text = _main(["race", *base, "--resume", "--dry-run"])
+    assert code == 0 and trained == [], text
+    assert "muon seed 0: trains again from its start: the target fell below where it stopped" in text
+    assert "dry run: 2 runs: 1 finished earlier, 1 to train;" in text
+    code, text = _main(["race", *base, "--resume"])
+    assert code == 0 and trained == ["muon"], text  # as the dry run said
 
 
 def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys, shakespeare_cache):

@@ -28,7 +28,7 @@ from gpt2ladder.measure.batch import plan_training
 from gpt2ladder.model.config import preset
 from gpt2ladder.model.recipe import WSD_DECAY_FRACTION, parse_recipe
 from gpt2ladder.report import race as report
-from gpt2ladder.report.records import output_dir, write_json, write_record
+from gpt2ladder.report.records import check_out_dir, output_dir, write_json, write_record
 from gpt2ladder.runtime.hardware import Capabilities, cap_memory, detect, resolve_device
 from gpt2ladder.runtime.memory import check_fits
 from gpt2ladder.training.config import TrainConfig
@@ -352,14 +352,16 @@ def _reuse_dirs(args, steps: int) -> tuple[Path, ...]:
 def _dry_run(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: dict | None) -> int:
     """--dry-run: the race planned, every check made, and what each run would be: trained, continued from its
     checkpoint, read back (--resume) or reused (--reuse); nothing is trained, copied or written."""
+    check_out_dir(out)
     say = print
     _announce(args, cfg, caps, tokens, out, earlier, dry=True)
     fates: list[str] = []  # each run's, as the summary counts them
 
     def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
         if result["status"] == "planned":
-            again = result["reason"] == "continue"
-            fate, kind = ("continues from its checkpoint", "to continue") if again else ("trains", "to train")
+            fate, kind = {"continue": ("continues from its checkpoint", "to continue"),
+                          "again": ("trains again from its start: the target fell below where it stopped", "to train")
+                          }.get(result["reason"], ("trains", "to train"))
         elif result.get("reused_from"):
             fate, kind = f"reused from {result['reused_from']}", "reused"
         else:
@@ -371,7 +373,7 @@ def _dry_run(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlie
     plan, _ = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=False, on_run=on_run,
                             reuse=reuse, recorded=race.recorded_runs(earlier, tokens.sha256, cfg.rungs), dry=True)
     waiting = 0
-    if plan["unknown_after"] is not None:
+    if plan["unknown_after"] is not None and plan["unknown_after"] != cfg.rungs[-1].name:
         after = [r.name for r in cfg.rungs].index(plan["unknown_after"]) + 1
         waiting = (len(cfg.rungs) - after) * cfg.seeds
         say(f"  {waiting} run{'s' * (waiting != 1)} of the rungs after {plan['unknown_after']} wait"
@@ -381,9 +383,9 @@ def _dry_run(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlie
     told = ", ".join(f"{n} {fate}" for fate, n in counts.items())
     say(f"dry run: {len(fates) + waiting} runs: {told}{f', {waiting} waiting on the target' * bool(waiting)}; "
         "nothing trained or written")
-    if "to train" in counts or "to continue" in counts:
+    if ("to train" in counts or "to continue" in counts) and not waiting:  # else: what serves is not known yet
         for source in reuse:
-            why = race.reuse_miss(source, cfg, cfg.target, tokens.sha256, caps.name)
+            why = race.reuse_miss(source, cfg, plan["target"], tokens.sha256, caps.name)
             if why:
                 say(f"notice: --reuse {source}: no run would be copied from it: {why}", flush=True)
     return 0

@@ -452,9 +452,10 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
     whose folder holds no log: the race's record carried to another machine continues there.
 
     `dry` (--dry-run): each run is decided as above, but nothing is trained, copied, dropped or recorded: a run to
-    train is a result of status "planned" (`reason` "train" or "continue", from its checkpoint), and the record
-    returned is {"planned": True, "unknown_after": the gpt2 rung's name where its target waits on runs to train,
-    so the rungs after it are not decided, else None}."""
+    train is a result of status "planned" (`reason` "train", "continue" from its checkpoint, or "again" from its
+    start, its target having fallen), and the record returned is {"planned": True, "unknown_after": the gpt2 rung's
+    name where its target waits on runs to train, so the rungs after it are not decided, else None, "target": the
+    target where known}."""
     runs: dict[str, list[dict]] = {r.name: [] for r in cfg.rungs}
     recorded = recorded if resume else None
     code = 0
@@ -475,18 +476,19 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
             if result is None and reuse and not (where / "log.jsonl").exists():
                 result = reused_run(reuse, where, rung.name, run_cfg, seed, tokens.sha256, caps.name,
                                     race=(cfg, rung), copy=not dry)
+            fell = False  # a run read back that stopped at a target that has fallen since: trained again
             if result is not None and cfg.target is not None:
                 result = to_target(result, cfg.target, run_cfg.steps)
+                fell = result is None
                 # it stopped at a target that has fallen since: trained again from its start, its log rewritten
                 if result is None and where.is_dir() and not dry:
                     with claimed(where):
                         drop_checkpoints(where)
                         (where / REUSED).unlink(missing_ok=True)
             ran = result is None
-            if ran and dry:
-                again = resume and _has_checkpoint(where)
-                result = {"seed": seed, "dir": str(where), "status": "planned",
-                          "reason": "continue" if again else "train"}
+            if ran and dry:  # what it would be: trained again from its start, continued, or trained
+                again = "again" if fell else "continue" if resume and _has_checkpoint(where) else "train"
+                result = {"seed": seed, "dir": str(where), "status": "planned", "reason": again}
             elif ran:
                 code, result = train_run(run_cfg, device, where, caps, tokens, seed, resume, progress)
             runs[rung.name].append(result)
@@ -502,7 +504,7 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
         if cfg.target is None:  # the gpt2 rung has run all its steps: its last validations set the target
             target = baseline_target(runs[rung.name])
             if target is None and dry:  # its runs to train set it: what the rungs after it read waits on them
-                return {"planned": True, "unknown_after": rung.name}, 0
+                return {"planned": True, "unknown_after": rung.name, "target": None}, 0
             if target is None:
                 raise LadderError(f"the {rung.name} rung did not finish every seed, so it sets no target: "
                                   f"{next(r['reason'] for r in runs[rung.name] if r['status'] != 'ok')}")
@@ -511,7 +513,7 @@ def run_race(cfg: RaceConfig, device: torch.device, out: Path, caps: Capabilitie
             if on_record is not None and not dry:
                 on_record(race_record(cfg, device, caps, tokens, so_far(), partial=True))
     if dry:
-        return {"planned": True, "unknown_after": None}, 0
+        return {"planned": True, "unknown_after": None, "target": cfg.target}, 0
     return race_record(cfg, device, caps, tokens, runs, partial=False), 0
 
 

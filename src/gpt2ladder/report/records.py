@@ -55,12 +55,27 @@ def git_sha() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def prepare_out_dir(path: str | Path) -> Path:
-    """Create the output directory, or fail in one line before any work is done."""
-    out = Path(path)
+def _no_file_on_path(out: Path) -> None:
     file = next((p for p in [out, *out.parents] if p.exists() and not p.is_dir()), None)
     if file is not None:  # mkdir would only say "File exists" (or "Not a directory" under a file)
         raise UsageError(f"cannot write to output directory {out}: {file} is a file, not a folder")
+
+
+def check_out_dir(path: str | Path) -> Path:
+    """What `prepare_out_dir` checks, creating nothing (a dry run): no file on the way, and the nearest folder that
+    exists writable."""
+    out = Path(path)
+    _no_file_on_path(out)
+    there = next(p for p in [out, *out.parents] if p.exists())
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to output directory {out}: {there} is not writable")
+    return out
+
+
+def prepare_out_dir(path: str | Path) -> Path:
+    """Create the output directory, or fail in one line before any work is done."""
+    out = Path(path)
+    _no_file_on_path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
