@@ -1361,6 +1361,7 @@ def test_a_dry_run_says_what_each_run_would_be_and_changes_nothing(tmp_path, mon
                         "--target-val-loss", "gpt2", *SMALL[2:], "--steps", "4,6"])
     assert code == 0 and text.count("budget: runs planned for") == 2 and text.count("gpt2 seed 0: trains") == 2, text
     assert not (tmp_path / "budgets").exists() and trained == ["muon,rope"]
+    assert "dry run: 1 run: 1 to train;" in text
     # the checks of a real race are made: an --out that cannot be a folder is one line, exit 2
     code, text = _main(["race", "--rungs", "gpt2", "--out", str(record / "race.json" / "x"), "--dry-run", *base])
     assert code == 2

@@ -381,7 +381,8 @@ def _dry_run(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlie
             "once they have", flush=True)
     counts = {fate: fates.count(fate) for fate in dict.fromkeys(fates)}
     told = ", ".join(f"{n} {fate}" for fate, n in counts.items())
-    say(f"dry run: {len(fates) + waiting} runs: {told}{f', {waiting} waiting on the target' * bool(waiting)}; "
+    total = len(fates) + waiting
+    say(f"dry run: {total} run{'s' * (total != 1)}: {told}{f', {waiting} waiting on the target' * bool(waiting)}; "
         "nothing trained or written")
     if ("to train" in counts or "to continue" in counts) and not waiting:  # else: what serves is not known yet
         for source in reuse:
