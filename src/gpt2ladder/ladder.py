@@ -312,7 +312,7 @@ LADDER: tuple[Rung, ...] = (
     Rung("ns_kernel", "Muon's two symmetric products of each Newton-Schulz step (the gram matrix A = X X^T, and "
          "b A + c A^2) run as a Triton kernel that computes only the output tiles on and above the diagonal (21 of 36 "
          "at 768 x 768 with 128-wide tiles) and writes each one's mirror below it, where cuBLAS computed every tile. "
-         "Opt-in: not yet measured on a GPU.",
+         "Opt-in: slower a step than cuBLAS's full products.",
          "overhead", {"ns_kernel": True}, _needs_triton_gpu("the ns_kernel rung"), opt_in=True,
          declines=_muon_only),
     Rung("memset_fill", "The CUDA graph's small memset nodes (cuBLAS zeroes 4 bytes of its workspace before most "
