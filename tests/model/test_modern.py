@@ -301,3 +301,33 @@ def test_a_token_sees_nothing_of_an_earlier_document():
     a, b = model(x)[0], model(other)[0]
     torch.testing.assert_close(a[0, 6:], b[0, 6:])  # the second document's logits do not move
     assert not torch.allclose(a[0, :6], b[0, :6])
+
+
+def test_bf16_tables_keeps_the_looked_up_tables_in_bf16_and_computes_the_model_with_them_rounded():
+    parts = ("untied_head", "value_embeds")
+    rounded, model = _model(*parts), _model(*parts, "bf16_tables")
+    tables = {"transformer.wte.weight", "transformer.wpe.weight", "value_embeds.0.weight"}
+    assert {n for n, p in model.named_parameters() if p.dtype == torch.bfloat16} == tables
+    with torch.no_grad():  # the reference: the fp32 model, its tables rounded to bf16; a classifier that is not zero
+        for name, p in rounded.named_parameters():
+            if name in tables:
+                p.copy_(p.bfloat16().float())
+                assert torch.equal(p, model.get_parameter(name).float())  # the same draws, rounded
+        rounded.lm_head.weight.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+        model.lm_head.weight.copy_(rounded.lm_head.weight)
+    x = torch.randint(0, 300, (2, 12))
+    assert model.embed(x).dtype == torch.float32  # widened before the sum with the positions
+    logits, loss = model(x, x)
+    assert torch.equal(logits, rounded(x, x)[0]) and torch.equal(loss, rounded(x, x)[1])
+    loss.backward()
+    assert all(model.get_parameter(n).grad.dtype == torch.bfloat16 for n in tables)
+    empty = family.build(model.config)  # as sample and --resume build a model to load a checkpoint into
+    empty.load_state_dict(model.state_dict())
+    assert {n for n, p in empty.named_parameters() if p.dtype == torch.bfloat16} == tables
+
+
+def test_bf16_tables_leaves_a_tied_token_embedding_in_fp32_as_the_classifier_it_also_is():
+    model = _model("rope", "bf16_tables")  # tied, and no position table: nothing is only looked up
+    assert model.tied and all(p.dtype == torch.float32 for p in model.parameters())
+    alone = _model("bf16_tables")
+    assert [n for n, p in alone.named_parameters() if p.dtype == torch.bfloat16] == ["transformer.wpe.weight"]

@@ -371,3 +371,31 @@ def test_the_polar_express_recipe_reaches_muon_and_changes_its_step():
         polar.step(x, x)
         plain.step(x, x)
     assert (_muon_weights(polar) - _muon_weights(plain)).norm() > 1e-3 * _muon_weights(plain).norm()
+
+
+def test_adamw_keeps_bf16_tables_moments_in_bf16_and_the_engine_resumes_them_exactly():
+    cfg = ModelConfig(**{**SHAPE.to_dict(), "parts": ("rope", "untied_head", "bf16_tables")})
+
+    def engine():
+        return Engine(cfg, Setup(), torch.device("cpu"), seed=0,
+                      optim=OptimConfig(name="muon", lr=1e-3, muon_lr=0.02, grad_clip=1.0, embed_lr=0.03))
+
+    x = torch.randint(0, 300, (2, 16))
+    a = engine()
+    wte = a.raw_model.transformer.wte.weight
+    before = wte.detach().clone()
+    losses = [a.step(x, x).item() for _ in range(4)]
+    assert losses[-1] < losses[0] and not torch.equal(wte, before) and wte.dtype == torch.bfloat16
+    state = a.optimizer.state[wte]
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+    saved = copy.deepcopy(a.state_dict())
+    after = [a.step(x, x).item() for _ in range(2)]
+    b = engine()
+    b.load_state_dict(saved)
+    assert [b.step(x, x).item() for _ in range(2)] == after
+
+
+def test_bf16_tables_under_fsdp_is_refused_in_one_line_and_elsewhere_not():
+    assert "FSDP2" in optim.strategy_problem("adamw", "fsdp", ("untied_head", "bf16_tables"))
+    assert optim.strategy_problem("adamw", "ddp", ("untied_head", "bf16_tables")) is None
+    assert optim.strategy_problem("adamw", "fsdp", ("untied_head",)) is None

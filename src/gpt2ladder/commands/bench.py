@@ -226,7 +226,8 @@ def bench_config(args, device: torch.device, caps: Capabilities, dist: distribut
     name = args.preset or d["preset"]
     shape = preset(name)
     strategy = distributed.resolve_strategy(args.strategy, name, dist)  # a bad --strategy fails before any work
-    if problem := strategy_problem(parse_recipe(args.recipe).optimizer, strategy):  # timed, it would time a wrong step
+    recipe = parse_recipe(args.recipe)
+    if problem := strategy_problem(recipe.optimizer, strategy, recipe.parts):  # timed, it would time a wrong step
         raise UsageError(problem)
     if args.batch_size == "best" and dist.enabled:
         raise UsageError("--batch-size best times sizes on one GPU; under torchrun pass a number "

@@ -182,7 +182,7 @@ def config_from_args(args, device: torch.device, caps, dist=distributed.SINGLE, 
         raise UsageError("--eval-near validates more often near the target: give --target-val-loss too")
     if recipe.has("doc_windows") and (problem := block_mask_problem()):
         raise UsageError(problem)
-    if problem := strategy_problem(recipe.optimizer, strategy):
+    if problem := strategy_problem(recipe.optimizer, strategy, recipe.parts):
         raise UsageError(problem)
     if saved and not {"preset", "init_from"} & given.keys():
         shape = _saved_shape(saved)

@@ -305,15 +305,28 @@ class ModernGPT(GPT):
                 table.token_table = True  # drawn as the token embedding is (`gpt.init_weights`)
         if cfg.has("unet_skips"):  # one weight per kept output, set by init_modern_weights
             self.skip_weights = nn.Parameter(torch.full((cfg.n_layer // 2,), SKIP_INIT))
+        if cfg.has("bf16_tables"):  # from the start, so a model built to load a checkpoint into has them too
+            for table in self.lookup_tables():
+                table.to(torch.bfloat16)
+
+    def lookup_tables(self) -> list[nn.Embedding]:
+        """The tables that are only looked up, never multiplied: an untied token embedding, the position table and
+        the value embeddings' tables (the bf16_tables part keeps these in bf16)."""
+        tables = [] if self.tied else [self.transformer.wte]
+        if "wpe" in self.transformer:
+            tables.append(self.transformer.wpe)
+        return tables + list(getattr(self, "value_embeds", []))
 
     @property
     def tied(self) -> bool:
         return self.transformer.wte.weight is self.lm_head.weight
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.transformer.wte(idx)
+        """The residual stream's start, in fp32 whatever the tables' dtype (bf16_tables): each lookup is widened
+        before the sum, and the hidden states' own cast (bf16_residual) comes after it, as for GPT-2."""
+        x = self.transformer.wte(idx).float()
         if "wpe" in self.transformer:
-            x = x + self.transformer.wpe(torch.arange(idx.shape[1], device=idx.device))
+            x = x + self.transformer.wpe(torch.arange(idx.shape[1], device=idx.device)).float()
         return x
 
     def run_blocks(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,9 @@ PARTS: tuple[Part, ...] = (
     Part("polar_express", "optimizer", "Muon's orthogonalisation takes each of its 5 steps with its own "
          "coefficients, the odd quintic nearest to 1 on the range the singular values are in by then (Polar "
          "Express), so the update's singular values end nearer 1 (it needs muon)."),
+    Part("bf16_tables", "model", "The tables that are only looked up (an untied token embedding, the position table, "
+         "the value embeddings' tables) are kept in bf16, and so their gradients and AdamW's moments: half the bytes "
+         "their update reads and writes. A tied token embedding is the classifier's weight too and stays fp32."),
 )
 
 PARTS_BY_NAME = {p.name: p for p in PARTS}

@@ -249,11 +249,14 @@ class MuonAdamW(torch.optim.Optimizer):
         return step
 
 
-def strategy_problem(optimizer: str, strategy: str | None) -> str | None:
-    """Why this optimizer cannot train under this data-parallel strategy, or None."""
+def strategy_problem(optimizer: str, strategy: str | None, parts: tuple[str, ...] = ()) -> str | None:
+    """Why a recipe with this optimizer and these parts cannot train under this data-parallel strategy, or None."""
     if optimizer == "muon" and strategy == "fsdp":
         return ("the muon recipe part orthogonalises whole matrices, which FSDP2 shards: run it under DDP "
                 "(--strategy ddp) or on one GPU")
+    if "bf16_tables" in parts and strategy == "fsdp":
+        return ("the bf16_tables recipe part keeps bf16 tables beside fp32 weights, and FSDP2 gathers a group's "
+                "parameters in one dtype: run it under DDP (--strategy ddp) or on one GPU")
     return None
 
 
