@@ -110,6 +110,10 @@ def test_a_recipe_written_with_signs_adds_and_takes_away_parts_left_to_right():
     ("muon-muon+rope", "it takes every part away"),
     ("speedrun+gpt2", "recipe 'speedrun+gpt2': it adds gpt2"),
     ("speedrun-muon,momentum_warmup", "momentum_warmup warms Muon's momentum, and the recipe has no muon"),
+    ("untied_head,bf16_tables", "bf16_tables keeps tables in bf16, where AdamW's weight decay (under muon, none) would "
+                                "round away, and the recipe has no muon"),
+    ("speedrun-untied_head+bf16_tables", "bf16_tables keeps the token embedding in bf16 only where it is not the "
+                                         "classifier's weight too; add untied_head"),
     ("speedrun-", "recipe 'speedrun-': it has an empty part beside a + or - sign")])
 def test_a_written_recipe_that_cannot_be_read_is_one_line(spec, says):
     with pytest.raises(UsageError, match=re.escape(says)) as err:

@@ -196,7 +196,7 @@ def _dtypes(engine: Engine, x: torch.Tensor) -> tuple[str, str]:
     with engine.precision(), engine.autocast():
         # The whole forward (not hidden + lm_head): under FSDP2 only it gathers the sharded weights.
         logits, _ = engine.raw_model(x[:1, :16])
-    weight = engine.raw_model.transformer.wte.weight.dtype
+    weight = engine.raw_model.lm_head.weight.dtype  # the matrices' (a bf16_tables recipe's tables are bf16)
     head = "float8_e4m3fn" if engine.setup.fp8_head else str(logits.dtype).replace("torch.", "")
     return head, str(weight).replace("torch.", "")
 

@@ -63,9 +63,9 @@ PARTS: tuple[Part, ...] = (
     Part("polar_express", "optimizer", "Muon's orthogonalisation takes each of its 5 steps with its own "
          "coefficients, the odd quintic nearest to 1 on the range the singular values are in by then (Polar "
          "Express), so the update's singular values end nearer 1 (it needs muon)."),
-    Part("bf16_tables", "model", "The tables that are only looked up (an untied token embedding, the position table, "
+    Part("bf16_tables", "model", "The tables that are only looked up (the untied token embedding, the position table, "
          "the value embeddings' tables) are kept in bf16, and so their gradients and AdamW's moments: half the bytes "
-         "their update reads and writes. A tied token embedding is the classifier's weight too and stays fp32."),
+         "their update reads and writes (it needs muon, which decays no table, and untied_head)."),
 )
 
 PARTS_BY_NAME = {p.name: p for p in PARTS}
@@ -77,7 +77,8 @@ WSD_DECAY_FRACTION = 0.4  # the wsd part's share of the steps spent decaying
 MOMENTUM_WARMUP = (0.85, 0.95)
 MOMENTUM_WARMUP_STEPS = 300
 # The parts that change Muon, so a recipe with one needs muon: what each does to it.
-MUON_ONLY = {"momentum_warmup": "warms Muon's momentum", "polar_express": "changes Muon's orthogonalisation"}
+MUON_ONLY = {"momentum_warmup": "warms Muon's momentum", "polar_express": "changes Muon's orthogonalisation",
+             "bf16_tables": "keeps tables in bf16, where AdamW's weight decay (under muon, none) would round away"}
 # The race's top, written out: a part joins it only once the race has shown it beats the rung before it by more
 # than the seeds' spread (a new part is not in it by being in PARTS).
 SPEEDRUN = ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "wsd")
@@ -150,6 +151,9 @@ def parse_recipe(spec: str | None) -> Recipe:
         if part in names and "muon" not in names:
             raise UsageError(f"recipe {spec.strip()!r}: {part} {what}, and the recipe has no muon; add muon (or "
                              "speedrun) to it")
+    if "bf16_tables" in names and "untied_head" not in names:
+        raise UsageError(f"recipe {spec.strip()!r}: bf16_tables keeps the token embedding in bf16 only where it is "
+                         "not the classifier's weight too; add untied_head (or speedrun) to it")
     order = {p.name: i for i, p in enumerate(PARTS)}
     return Recipe(tuple(sorted(dict.fromkeys(names), key=order.__getitem__)))
 
