@@ -1404,6 +1404,9 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
     code, text = _main(["race", "--rungs", "gpt2,muon,rope", "--out", str(carried), "--resume", *base])
     assert code == 0, text
     assert trained == ["muon,rope"] and text.count("(finished earlier)") == 2
+    # each rung's line comes once, after its own last seed, though the record holds later rungs' runs by then
+    assert [line.split(":")[0] for line in text.splitlines() if line.startswith("race ")] == \
+        ["race gpt2", "race muon", "race rope"]
     again = json.loads((carried / "race.json").read_text())
     assert [r["name"] for r in again["rungs"]] == ["gpt2", "muon", "rope"]
     for before, now in zip(record["rungs"], again["rungs"]):
@@ -1442,6 +1445,7 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
     trained = _counting_trains(monkeypatch)
     code, text = _main(["race", "--rungs", "gpt2,muon", "--seeds", "2", "--out", str(stopping), "--resume", *base])
     assert code == 0 and trained == ["gpt2", "muon"]  # the two seed 1 runs; muon's seed 0 read from the record
+    assert [line.split(":")[0] for line in text.splitlines() if line.startswith("race ")] == ["race gpt2", "race muon"]
     # under --keep-weights every run keeps its weights, which a record has none of: all trained
     trained.clear()
     kept_weights = tmp_path / "kept"

@@ -309,23 +309,27 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     target = [cfg.target]  # set by the gpt2 rung's runs under --target-val-loss gpt2
 
     trained = []  # whether each run trained here
+    last = []  # (rung, seed, result) of the run just done
 
     def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
         again = f" (reused from {result['reused_from']})" if result.get("reused_from") else " (finished earlier)"
         say(report.run_line(rung.name, result, target[0]) + ("" if ran else again), flush=True)
         trained.append(ran)
+        last[:] = [(rung.name, seed, result)]
 
     def on_rung(record: dict) -> None:
         on_record(record)
-        row = record["rungs"][-1]
         if target[0] is None and record["target_val_loss"] is not None:
             target[0] = record["target_val_loss"]
             say(f"target: validation loss {target[0]:g}, the gpt2 rung's after {s.steps} steps (the highest over its "
                 "seeds)", flush=True)
         elif target[0] is None:
             return
-        if row["seeds_run"] == cfg.seeds or row["status"] != "ok":
-            say(report.progress_line(row, target[0]), flush=True)
+        # The row of the rung whose run was just done, once its last seed is or a run of it failed: under --resume
+        # the record also holds later rungs' recorded runs, so its last row need not be this rung's.
+        name, seed, result = last[0]
+        if seed == cfg.seeds - 1 or result["status"] != "ok":
+            say(report.progress_line(next(r for r in record["rungs"] if r["name"] == name), target[0]), flush=True)
 
     reuse = _reuse_dirs(args, s.steps)
     record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
