@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from gpt2ladder.defaults import NEAR_SPLIT
@@ -239,6 +240,9 @@ def _bar(ax, i: int, row: dict, colour, before: dict | None) -> None:
     gain = (vs_prev(row, before).replace(", ", "\n").replace(" vs ", "\nvs ")  # short lines, each narrower than a bar
             .replace("under one validation", "under one\nvalidation")
             .replace("earlier validation in ", "earlier in\n"))
+    head, vs, against = gain.rpartition("\nvs ")
+    if vs:  # a recipe read against, one line per part it adds, takes away or sets (speedrun / +value_embeds / @steps=)
+        gain = head + vs + re.sub(r"(?<=.)([+@-])", r"\n\1", against)
     label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{gain}")
     ax.annotate(label, (i, t["max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
 
