@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.config import preset
@@ -38,6 +39,24 @@ def test_parameters_count_the_padded_vocabulary_once():
     cfg = preset("gpt2")
     assert parameters(cfg, Setup()) == 124_439_808  # GPT-2 124M, as Hugging Face counts it
     assert parameters(cfg, Setup(vocab_multiple=128)) - parameters(cfg, Setup()) == 47 * 768
+
+
+@pytest.mark.parametrize("parts", [("untied_head", "bf16_tables"), ("untied_head", "value_embeds", "bf16_tables"),
+                                   ("rope", "untied_head", "value_embeds", "bf16_tables")])
+def test_bf16_tables_hold_8_bytes_a_parameter_the_rest_16(parts):
+    """A bf16 table's weight, gradient and AdamW's two moments are 2 bytes each: the fixed part counts the tables the
+    built model keeps in bf16 at 8 bytes, every other parameter at 16."""
+    from gpt2ladder.model import family
+
+    cfg = dataclasses.replace(preset("tiny"), parts=parts)
+    setup = Setup(vocab_multiple=128)
+    model = family.build(dataclasses.replace(cfg, vocab_multiple=128))
+    weights = [p for p in model.parameters()]
+    held = sum(p.numel() * p.element_size() * 4 for p in weights)  # weight, gradient, exp_avg, exp_avg_sq
+    assert any(p.dtype == torch.bfloat16 for p in weights)
+    assert step_memory(cfg, setup, 64).fixed == held
+    without = dataclasses.replace(cfg, parts=tuple(p for p in parts if p != "bf16_tables"))
+    assert step_memory(without, setup, 64).fixed == 16 * parameters(without, setup) > held
 
 
 def test_the_attention_matrix_grows_with_the_square_of_the_sequence():

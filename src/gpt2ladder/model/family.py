@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpt2ladder.model.config import ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
-from gpt2ladder.model.modern import ModernGPT, init_modern_weights, parameter_count
+from gpt2ladder.model.modern import ModernGPT, bf16_table_count, init_modern_weights, parameter_count
 
 
 def build(cfg: ModelConfig) -> GPT:
@@ -30,6 +30,11 @@ def parameters(cfg: ModelConfig) -> int:
     """Parameters of the model cfg builds (the tied classifier counted once), without building it: GPT-2's
     count is the modern family's with no part on."""
     return parameter_count(cfg, cfg.padded_vocab_size)
+
+
+def bf16_table_parameters(cfg: ModelConfig) -> int:
+    """Parameters of the tables the bf16_tables part keeps in bf16 (0 without it), without building the model."""
+    return bf16_table_count(cfg, cfg.padded_vocab_size)
 
 
 def matrix_parameters(cfg: ModelConfig) -> int:

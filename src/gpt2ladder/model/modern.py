@@ -391,6 +391,15 @@ def parameter_count(cfg: ModelConfig, padded_vocab: int) -> int:
     return n
 
 
+def bf16_table_count(cfg: ModelConfig, padded_vocab: int) -> int:
+    """Parameters the bf16_tables part keeps in bf16 (`ModernGPT.lookup_tables`), from the shape alone; 0 without it."""
+    if not cfg.has("bf16_tables"):
+        return 0
+    C = cfg.n_embd
+    n = (padded_vocab * C if cfg.has("untied_head") else 0) + (0 if cfg.has("rope") else cfg.block_size * C)
+    return n + (value_embed_count(cfg.n_layer) * padded_vocab * C if cfg.has("value_embeds") else 0)
+
+
 @torch.no_grad()
 def init_modern_weights(model: ModernGPT, seed: int) -> ModernGPT:
     """GPT-2's initialisation (`gpt.init_weights`: the same draws in the same order, then the value embeddings'

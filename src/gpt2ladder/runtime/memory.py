@@ -18,7 +18,8 @@ estimate is over, never under, by at most 0.15 GiB for the eager rungs that set 
 B=4) and 1.6 GiB for the others; a test checks that it stays so.
 
 The fixed part:
-- the fp32 weights, their gradients and AdamW's two moments: 16 bytes per parameter (derived);
+- the fp32 weights, their gradients and AdamW's two moments: 16 bytes per parameter, 8 for a table the bf16_tables
+  part keeps in bf16 with its gradient and moments (derived);
 - accumulating micro-batches, a second set of weight gradients: after the first micro-batch each
   backward makes new gradients that are added into the kept ones, and a compiled backward returns
   all of them at once, 4 bytes per parameter; an eager one returns them one by one, so only the
@@ -48,6 +49,7 @@ GiB = 2**30
 # fp32 weight, gradient, AdamW's exp_avg and exp_avg_sq. Muon's matrices hold one moment (12 bytes): the estimate
 # keeps 16 for them too, an upper bound.
 OPTIMIZER_BYTES_PER_PARAM = 16
+BF16_TABLE_BYTES_PER_PARAM = 8  # the bf16_tables part's: a bf16 weight, its gradient and AdamW's two moments
 GRADIENT_BYTES_PER_PARAM = 4  # fp32
 CAST_BYTES_PER_PARAM = 1  # the weight_cast rung's bf16 copies, less the casts they replace (fitted)
 GRAPH_BYTES = GiB // 10
@@ -135,7 +137,8 @@ def _attention_bytes(cfg: ModelConfig, setup: Setup, T: int, per_score: int) -> 
 
 def _fixed(cfg: ModelConfig, setup: Setup, seq_len: int, accumulates: bool, validates: bool) -> int:
     n = parameters(cfg, setup)
-    fixed = OPTIMIZER_BYTES_PER_PARAM * n
+    tables = family.bf16_table_parameters(dataclasses.replace(cfg, vocab_multiple=setup.vocab_multiple))
+    fixed = OPTIMIZER_BYTES_PER_PARAM * n - (OPTIMIZER_BYTES_PER_PARAM - BF16_TABLE_BYTES_PER_PARAM) * tables
     if setup.weight_cast:
         fixed += CAST_BYTES_PER_PARAM * block_parameters(cfg)
     if accumulates:
