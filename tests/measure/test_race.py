@@ -1476,6 +1476,20 @@ def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, mon
     assert "trained on another corpus" in err and len(err.strip().splitlines()) == 1 and trained == []
 
 
+def test_a_rung_whose_run_failed_says_so_once_and_the_race_goes_on(tmp_path, monkeypatch, shakespeare_cache):
+    def failing(cfg, device, where, caps, tokens, seed, *a, **k):
+        if cfg.recipe == "muon" and seed == 0:
+            return 0, {"seed": seed, "dir": str(where), "status": "failed", "reason": "loss is nan"}
+        return _TRAIN_RUN(cfg, device, where, caps, tokens, seed, *a, **k)
+
+    monkeypatch.setattr(race, "train_run", failing)
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--seeds", "3", "--target-val-loss", "10.5",
+                        "--out", str(tmp_path / "r"), *SMALL])
+    lines = [line for line in text.splitlines() if line.startswith("race ")]
+    assert code == 0 and [line.split(":")[0] for line in lines] == ["race gpt2", "race muon"], text
+    assert lines[1] == "race muon: failed: loss is nan" and text.count("  muon seed ") == 3
+
+
 def test_recorded_runs_are_a_records_finished_runs_whole_and_of_its_corpus():
     run = {"seed": 0, "status": "ok", "reached": True, "curve": [{"step": 2, "val_loss": 9.0, "train_seconds": 1.0}],
            "ms_per_step": 1.0, "mfu": None, **{k: 1.0 for k in race.METRICS}}

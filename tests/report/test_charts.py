@@ -195,7 +195,7 @@ def race_record(n):
     each gain under one validation and counting its seeds at an earlier validation (the longest label a bar carries),
     one seed's curve each."""
     def row(i, name, seconds):
-        against = None if i == 0 else "gpt2" if i == 1 else "speedrun" if i % 2 else "speedrun+value_embeds@steps=2250"
+        against = None if i == 0 else "gpt2" if i == 1 else "speedrun" if i % 2 else "speedrun-relu2+value_embeds"
         curve = [{"train_seconds": s, "val_loss": 2.0 + 4.0 / (1 + s)} for s in (1.0, seconds / 2, seconds)]
         return {"name": name, "status": "ok", "reached": True, "runs": [{"curve": curve}],
                 "train_seconds": {"median": seconds, "min": seconds, "max": seconds},
@@ -217,3 +217,15 @@ def test_no_two_words_of_the_race_chart_overlap(figures, n):
     figures(fig)
     assert len(fig.axes[0].patches) == n
     assert overlaps(fig) == []
+    if n > 2:  # a long recipe read against: one line per part it takes away or adds
+        assert "\nvs speedrun\n-relu2\n+value_embeds" in "\n".join(t.get_text() for t in fig.axes[0].texts)
+
+
+def test_a_rate_written_with_an_exponent_stays_on_one_line_of_its_bars_label(figures):
+    from gpt2ladder.report.race import race_figure
+
+    record = race_record(3)
+    record["rungs"][2]["gain_vs"] = "gpt2@lr=1e-3"
+    fig = race_figure(record)
+    figures(fig)
+    assert "\nvs gpt2\n@lr=1e-3" in "\n".join(t.get_text() for t in fig.axes[0].texts)

@@ -310,6 +310,7 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
 
     trained = []  # whether each run trained here
     last = []  # (rung, seed, result) of the run just done
+    said = set()  # the rungs whose line has come
 
     def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
         again = f" (reused from {result['reused_from']})" if result.get("reused_from") else " (finished earlier)"
@@ -325,10 +326,11 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
                 "seeds)", flush=True)
         elif target[0] is None:
             return
-        # The row of the rung whose run was just done, once its last seed is or a run of it failed: under --resume
-        # the record also holds later rungs' recorded runs, so its last row need not be this rung's.
+        # The row of the rung whose run was just done, once, after its last seed or its first run that failed: under
+        # --resume the record also holds later rungs' recorded runs, so its last row need not be this rung's.
         name, seed, result = last[0]
-        if seed == cfg.seeds - 1 or result["status"] != "ok":
+        if name not in said and (seed == cfg.seeds - 1 or result["status"] != "ok"):
+            said.add(name)
             say(report.progress_line(next(r for r in record["rungs"] if r["name"] == name), target[0]), flush=True)
 
     reuse = _reuse_dirs(args, s.steps)
