@@ -51,7 +51,7 @@ def test_bf16_tables_hold_8_bytes_a_parameter_the_rest_16(parts):
     cfg = dataclasses.replace(preset("tiny"), parts=parts)
     setup = Setup(vocab_multiple=128)
     model = family.build(dataclasses.replace(cfg, vocab_multiple=128))
-    weights = [p for p in model.parameters()]
+    weights = list(model.parameters())
     held = sum(p.numel() * p.element_size() * 4 for p in weights)  # weight, gradient, exp_avg, exp_avg_sq
     assert any(p.dtype == torch.bfloat16 for p in weights)
     assert step_memory(cfg, setup, 64).fixed == held
