@@ -530,7 +530,7 @@ def _add_race(sub) -> None:
                    "the difference (default: one micro-batch of the default size)")
     p.add_argument("--lr", type=_positive_float, help=f"peak AdamW learning rate (default: {D('race', 'lr')})")
     p.add_argument("--muon-lr", type=_positive_float, help="peak Muon learning rate of the Blocks' matrices, from "
-                   f"the muon rung on (default: {MUON_RATES['muon_lr']})")
+                   f"the muon rung on (default: {D('race', 'muon_lr')})")
     p.add_argument("--embed-lr", type=_positive_float, help="from the muon rung on: the AdamW rate of the embeddings "
                    f"(default: {MUON_RATES['embed_lr']})")
     p.add_argument("--head-lr", type=_positive_float, help="from the untied_head rung on: the AdamW rate of the "

@@ -68,13 +68,14 @@ DEFAULTS: dict[str, dict[str, dict]] = {
                # ever accepted; `floor`: the smallest always accepted (no flag sets it)
                "any": {"seeds": 2, "tolerance": 0.02, "floor": 0.005, "lr": LR, "eval_batches": 10, "seed": SEED}},
     # A CPU races the tiny preset on short steps at a higher rate, so the whole race ends in minutes; the untied
-    # head's rate is raised as --lr is (5x), else the zero-initialised head barely moves in 60 steps and every rung
-    # from untied_head on missed the demo target. `validations`: how many times a run planned for --steps validates
-    # (--eval-every is steps / validations).
+    # head's rate and Muon's are raised as --lr is (5x), else the zero-initialised head barely moves in 60 steps and
+    # every rung from untied_head on missed the demo target, and at Muon's rate the muon rung missed it too.
+    # `validations`: how many times a run planned for --steps validates (--eval-every is steps / validations).
     "race": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "steps": 1000, "seeds": 3, "lr": LR,
-                     "head_lr": MUON_RATES["head_lr"], "validations": 40, "eval_batches": 20},
+                     "muon_lr": MUON_RATES["muon_lr"], "head_lr": MUON_RATES["head_lr"], "validations": 40,
+                     "eval_batches": 20},
              "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "steps": 60, "seeds": 1, "lr": 3e-3,
-                     "head_lr": 3.5e-3, "validations": 12, "eval_batches": 4}},
+                     "muon_lr": 0.05, "head_lr": 3.5e-3, "validations": 12, "eval_batches": 4}},
     "profile": {"gpu": {"preset": "gpt2", "batch_size": 16, "seq_len": None, "rungs": "all"},
                 "cpu": {"preset": "tiny", "batch_size": 4, "seq_len": 128, "rungs": "auto"},
                 "any": {"steps": 5, "warmup": 5, "seed": SEED}},

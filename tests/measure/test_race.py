@@ -680,8 +680,9 @@ def _check_rows(out, text) -> dict:
     gpt2, muon = record["rungs"]
     assert (gpt2["name"], gpt2["recipe"], muon["recipe"]) == ("gpt2", "gpt2", "muon")
     ran = [json.loads((out / r / "seed0" / "config.json").read_text())["train_config"] for r in ("gpt2", "muon")]
-    assert ran[0]["muon_lr"] is None and ran[1]["muon_lr"] == MUON_RATES["muon_lr"]  # each rung its own rates
-    assert ran[1]["head_lr"] == DEFAULTS["race"]["cpu"]["head_lr"] == pytest.approx(5 * MUON_RATES["head_lr"])  # as --lr
+    assert ran[0]["muon_lr"] is None  # each rung its own rates, a CPU's raised as --lr is
+    assert ran[1]["muon_lr"] == DEFAULTS["race"]["cpu"]["muon_lr"] == pytest.approx(5 * MUON_RATES["muon_lr"])
+    assert ran[1]["head_lr"] == DEFAULTS["race"]["cpu"]["head_lr"] == pytest.approx(5 * MUON_RATES["head_lr"])
     assert ran[0]["save_at_end"] is ran[1]["save_at_end"] is False  # no --keep-weights
     for row in (gpt2, muon):
         assert row["reached"] and row["status"] == "ok"
