@@ -1121,4 +1121,21 @@ def budgets_record(records: list[dict], device, caps: Capabilities, partial: boo
                         "target_source": rec["target_source"], "partial": rec["partial"], "cards": rec.get("cards"),
                         "race": f"steps-{s['steps']}/race.json", "rungs": rows})
     return {**record_header(caps, device), "command": "race", "kind": "budgets", "partial": partial,
-            "budgets": budgets}
+            "budgets": budgets, "shortest": shortest_budgets(budgets)}
+
+
+def shortest_budgets(budgets: list[dict]) -> list[dict] | None:
+    """Where every budget races to one target (a number given, or the corpus's): per rung, the shortest planned
+    budget whose every seed reached it, and the median training seconds there (steps None: none of them did).
+    None where the budgets' targets differ (gpt2's after each budget) or one is not set yet."""
+    targets = {b["target_val_loss"] for b in budgets}
+    if len(targets) != 1 or None in targets:
+        return None
+    names = list(dict.fromkeys(r["name"] for b in budgets for r in b["rungs"]))
+    out = []
+    for name in names:
+        rows = [(b["steps"], r) for b in sorted(budgets, key=lambda b: b["steps"]) for r in b["rungs"]
+                if r["name"] == name and r["status"] == "ok" and r["reached"]]
+        steps, row = rows[0] if rows else (None, None)
+        out.append({"name": name, "steps": steps, "train_seconds": row and row["train_seconds"]})
+    return out

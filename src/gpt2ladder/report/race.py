@@ -279,13 +279,26 @@ def token_count(n: int) -> str:
 
 
 def _budget_headers(record: dict) -> list[str]:
-    return ["rung"] + [f"{b['steps']:,} steps ({token_count(b['planned_tokens'])} tokens)" for b in record["budgets"]]
+    shortest = ["shortest budget to it"] if record.get("shortest") else []
+    return (["rung"] + [f"{b['steps']:,} steps ({token_count(b['planned_tokens'])} tokens)" for b in record["budgets"]]
+            + shortest)
+
+
+def _shortest_cell(record: dict, name: str) -> list[str]:
+    """The shortest planned budget whose every seed reached the one target of every budget, and its median seconds."""
+    if not record.get("shortest"):
+        return []
+    row = next((r for r in record["shortest"] if r["name"] == name), None)
+    if row is None or row["steps"] is None:
+        return ["none of these"]
+    return [f"{row['steps']:,} steps: {row['train_seconds']['median']:.1f} s"]
 
 
 def _budget_rows(record: dict) -> list[list[str]]:
     targets = ["target"] + ["-" if b["target_val_loss"] is None else f"{b['target_val_loss']:.4f}"
-                            for b in record["budgets"]]
-    return [targets] + [[name] + [_budget_cell(b, name) for b in record["budgets"]] for name in _budget_rungs(record)]
+                            for b in record["budgets"]] + [""] * bool(record.get("shortest"))
+    return [targets] + [[name] + [_budget_cell(b, name) for b in record["budgets"]] + _shortest_cell(record, name)
+                        for name in _budget_rungs(record)]
 
 
 def format_budgets_table(record: dict) -> str:
@@ -309,6 +322,10 @@ def format_budgets(record: dict) -> str:
     if own:  # a header's tokens are the race's batch; these rungs' steps hold another
         head.append(f"- {', '.join(own)}: each a rung whose steps are of a batch of its own (@tokens_per_step), its "
                     "runs planned for the column's steps of that batch, not for the column's tokens")
+    if record.get("shortest"):
+        head.append("- one target at every budget: the last column is a rung's shortest planned budget whose every "
+                    "seed reached it, with the median training seconds there (the horizon read as the NanoGPT "
+                    "speedrun reads it: a run planned to end at the target)")
     if record.get("partial"):
         head.append("- partial: the races stopped before every budget had run")
     return "\n".join(head + [""] + markdown_table(_budget_headers(record), _budget_rows(record))) + "\n"
