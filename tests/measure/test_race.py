@@ -483,7 +483,7 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     assert run["validation_seconds"] > 0 and run["warmup_seconds"] > 0
     assert run["wall_seconds"] > run["train_seconds"] + run["warmup_seconds"] + run["validation_seconds"]
     assert gpt2["wall_seconds"]["median"] == run["wall_seconds"]
-    assert [_cells(record)[h] for h in ("wall s", "compile s", "validation s")] == [
+    assert [_cells(record)[h] for h in ("wall s", "warm-up s", "validation s")] == [
         f"{gpt2[k]['median']:.1f}" for k in ("wall_seconds", "warmup_seconds", "validation_seconds")]
     assert (tmp_path / "race.md").is_file() and (tmp_path / "race.png").stat().st_size > 0
     card = record["device"]["name"]
@@ -670,7 +670,7 @@ def test_a_folder_of_other_files_is_refused_for_several_budgets(tmp_path, capsys
 
 def _cells(record: dict, row: int = 0) -> dict:
     """A rung's row of race.md's table, by its headers."""
-    return dict(zip(report.HEADERS, report.rows(record)[row]))
+    return dict(zip(report.headers(record), report.rows(record)[row]))
 
 
 def _lines(log) -> list[dict]:
@@ -716,7 +716,12 @@ def _check_rows(out, text) -> dict:
         assert "compile" not in row["step_rungs"]
     assert muon["within_noise_of_prev"] is (muon["train_seconds"]["median"] == gpt2["train_seconds"]["median"])
     assert (out / "race.md").read_text().count("| gpt2 |") == 2 and (out / "race.png").stat().st_size > 0
-    assert "race gpt2: val loss 10.6 in" in text and "race muon: val loss 10.6 in" in text
+    assert "race gpt2: target 10.6 reached in" in text and "race muon: target 10.6 reached in" in text
+    for row in (gpt2, muon):  # each run's line: the loss it measured, not the target; its first step a warm-up
+        (run,) = row["runs"]
+        assert (f"{row['name']} seed 0: val loss {run['curve'][-1]['val_loss']:.4f} (target 10.6) at step "
+                f"{run['steps']} in {run['train_seconds']:.1f} s of training ({run['warmup_seconds']:.1f} s warm-up "
+                "step,") in text
     return record
 
 

@@ -314,7 +314,8 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
 
     def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
         again = f" (reused from {result['reused_from']})" if result.get("reused_from") else " (finished earlier)"
-        say(report.run_line(rung.name, result, target[0]) + ("" if ran else again), flush=True)
+        say(report.run_line(rung.name, result, target[0], "compile" in rung.step_rungs) + ("" if ran else again),
+            flush=True)
         trained.append(ran)
         last[:] = [(rung.name, seed, result)]
 

@@ -15,6 +15,16 @@ HEADERS = ["rung", "train s to target (range)", "vs rung before", "wall s", "tok
            "compile s", "validation s"]
 
 
+def compiled(record: dict) -> bool:
+    """Whether any rung's step compiled (else its first step, left out of the time, is a plain warm-up: a CPU)."""
+    return any("compile" in r.get("step_rungs", ()) for r in record["rungs"])
+
+
+def headers(record: dict) -> list[str]:
+    """HEADERS, with "warm-up s" for "compile s" where no rung compiled."""
+    return HEADERS if compiled(record) else [("warm-up s" if h == "compile s" else h) for h in HEADERS]
+
+
 def not_reached(row: dict) -> str:
     seeds = "" if row["seeds_run"] <= 1 else f" ({row['seeds_reached']} of {row['seeds_run']} seeds reached it)"
     return f"not reached in {row['planned_tokens']:,} tokens{seeds}"
@@ -79,7 +89,7 @@ def rows(record: dict) -> list[list[str]]:
 
 
 def format_table(record: dict) -> str:
-    return text_table(HEADERS, rows(record))
+    return text_table(headers(record), rows(record))
 
 
 def progress_line(row: dict, target: float) -> str:
@@ -87,16 +97,18 @@ def progress_line(row: dict, target: float) -> str:
     if row["status"] != "ok":
         return f"race {row['name']}: {row['status']}: {row['reason'] or 'cut off'}"
     if not row["reached"]:
-        return f"race {row['name']}: val loss {target:g} {not_reached(row)}"
+        return f"race {row['name']}: target {target:g} {not_reached(row)}"
     gain, seeds = vs_prev(row), row["seeds_run"]
     over = "" if seeds == 1 else f" (median and range of {seeds} seeds)"
     against = "" if gain == "-" else f", {_gain_against(row)}"
-    return (f"race {row['name']}: val loss {target:g} in {time_text(row)} s of training{over}{against}, "
+    return (f"race {row['name']}: target {target:g} reached in {time_text(row)} s of training{over}{against}, "
             f"{row['tokens']['median']:,.0f} tokens, {row['ms_per_step']:.1f} ms/step")
 
 
-def run_line(rung: str, result: dict, target: float | None) -> str:
-    """What the race says when one run (a rung's seed) is done (target None: still to be set by this run's rung)."""
+def run_line(rung: str, result: dict, target: float | None, compiles: bool = True) -> str:
+    """What the race says when one run (a rung's seed) is done (target None: still to be set by this run's rung): the
+    validation loss it measured at the target's step, and the seconds left out of its time (its first step's, a
+    compile and capture where `compiles`, else a warm-up)."""
     head = f"  {rung} seed {result['seed']}: "
     if result["status"] != "ok":
         return head + f"{result['status']}: {result['reason']}"
@@ -105,9 +117,11 @@ def run_line(rung: str, result: dict, target: float | None) -> str:
         return head + f"val loss {last:.4f} after all {result['steps_run']} steps ({result['planned_tokens']:,} tokens)"
     if not result["reached"]:
         return head + f"not reached in {result['steps_run']} steps ({result['planned_tokens']:,} tokens)"
-    return (head + f"val loss {target:g} at step {result['steps']} in {result['train_seconds']:.1f} s of training "
-            f"({result['warmup_seconds']:.1f} s compile and capture, {result['validation_seconds']:.1f} s validation "
-            f"apart; {result['wall_seconds']:.1f} s wall)")
+    hit = next(p["val_loss"] for p in result["curve"] if p["step"] == result["steps"])
+    first = "compile and capture" if compiles else "warm-up step"
+    return (head + f"val loss {hit:.4f} (target {target:g}) at step {result['steps']} in "
+            f"{result['train_seconds']:.1f} s of training ({result['warmup_seconds']:.1f} s {first}, "
+            f"{result['validation_seconds']:.1f} s validation apart; {result['wall_seconds']:.1f} s wall)")
 
 
 def target_text(record: dict) -> str:
@@ -164,7 +178,9 @@ def format_markdown(record: dict) -> str:
            if s.get("eval_near") else "") + "; "
         + (f"seeds 0 to {cfg['seeds'] - 1} per rung" if cfg["seeds"] > 1 else "one seed (0) per rung"),
         "- the time: training seconds of the timed steps up to the first validation at or below the target, in a "
-        "run planned for the steps above; compile and capture (the first step), validation and checkpoints apart",
+        "run planned for the steps above; " + ("compile and capture (the first step)" if compiled(record) else
+                                                "the first step (a warm-up)")
+        + ", validation and checkpoints apart",
         "- median and range (lowest-highest) over the seeds; 'within noise': the seeds' ranges of this rung and "
         "the rung it is read against overlap (the rung before; for a rung written with + or -, the longest start of "
         "its name raced before it, else the rung before; for a rung with @ settings, the rung before its @); "
@@ -184,7 +200,7 @@ def format_markdown(record: dict) -> str:
     steps = ["", "| rung | recipe | step rungs | micro-batch |", "|---|---|---|---|"]
     steps += [f"| {r['name']} | {r['recipe']} | {', '.join(r['step_rungs'])} | {r['batch_size']} |"
               for r in record["rungs"]]
-    return "\n".join(head + [""] + markdown_table(HEADERS, rows(record)) + steps) + "\n"
+    return "\n".join(head + [""] + markdown_table(headers(record), rows(record)) + steps) + "\n"
 
 
 def race_chart(record: dict, path: Path) -> Path:
