@@ -477,6 +477,18 @@ def test_a_target_stops_at_the_first_validation_at_or_below_it_and_logs_what_it_
     assert f"{got['warmup_s']:.1f} s more in 1 warm-up step" in out and "256 tokens" in out
 
 
+def test_a_session_of_one_step_gives_no_ms_per_step_its_warm_up_is_not_a_timed_step(tmp_path, capsys):
+    """The first step of a session is its warm-up (compile, capture): with no other, no median is made of it."""
+    _train(_cfg(steps=1), tmp_path)
+    out = capsys.readouterr().out
+    (entry,) = _log(tmp_path)
+    assert f"one step this session ({entry['ms']:.1f} ms, a warm-up: no step timed apart from it)" in out
+    assert "ms/step" not in out and "tokens/s" not in out
+    _train(_cfg(steps=3), tmp_path, resume=True)  # its next session: step 2 warms up, step 3 is timed
+    out = capsys.readouterr().out
+    assert f"{_log(tmp_path)[-1]['ms']:.1f} ms/step (median)" in out
+
+
 def test_every_validation_logs_the_runs_clock_as_it_stands_after_it(vals):
     """Without a target too: a target chosen after the run (the race's gpt2 rung) is timed from these."""
     first, second = (v["clock"] for v in vals)
@@ -532,8 +544,8 @@ def test_config_json_names_every_card_a_resumed_run_trained_on(tmp_path, monkeyp
 def test_a_target_needs_validation():
     with pytest.raises(Exception, match="--target-val-loss needs validation"):
         _cfg(target_val_loss=3.0)
-    for bad in (0.0, -1.0, math.inf, math.nan):
-        with pytest.raises(Exception, match="--target-val-loss must be a finite number above 0"):
+    for bad in (0.0, -1.0, math.inf, math.nan, math.log(50257), 50.0):  # at or above ln 50257: met untrained
+        with pytest.raises(Exception, match="--target-val-loss must be a finite number above 0 and below 10.82"):
             _cfg(eval_every=1, target_val_loss=bad)
 
 

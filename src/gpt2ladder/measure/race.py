@@ -48,7 +48,7 @@ from gpt2ladder.report.records import record_header
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.runtime.metrics import peak_flops
 from gpt2ladder.training.checkpoint import FILENAME, PREVIOUS, kept_none
-from gpt2ladder.training.config import TrainConfig, with_defaults
+from gpt2ladder.training.config import UNTRAINED_LOSS, TrainConfig, with_defaults
 from gpt2ladder.training.run import claimed, run_cards, saved_run, train_claimed
 from gpt2ladder.training.runlog import read_log
 
@@ -59,9 +59,6 @@ RACE_RUNGS = ("gpt2", *(p.name for p in PARTS), "speedrun")
 STACK, DROP, _SIGNS = ADD, TAKE, SIGNS
 # `--target-val-loss gpt2`: the target is the gpt2 rung's validation loss at the end of its planned steps.
 BASELINE_TARGET = "gpt2"
-# The untrained model's loss is ln(50257) = 10.82 nats a token: a target above this (and a margin) is met
-# before training starts, and the race would time nothing.
-MAX_TARGET = 10.9
 # Known targets, by a prepared corpus's source name: GPT-2 124M's validation loss on FineWeb, the speedrun's
 # yardstick.
 KNOWN_TARGETS = {"huggingfacefw/fineweb": 3.28}
@@ -139,7 +136,11 @@ def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
     order given."""
     if spec is None or spec.strip() == "all":
         return RACE_RUNGS
-    names = list(dict.fromkeys(_spelled(n) for n in spec.split(",") if n.strip()))
+    given = [_spelled(n) for n in spec.split(",") if n.strip()]
+    names = list(dict.fromkeys(given))
+    twice = [n for n in names if given.count(n) > 1]
+    if twice:
+        raise UsageError(f"race rung {twice[0]} is given twice in --rungs; a rung races once (its seeds: --seeds)")
     stacked = [n for n in names if is_written(n)]
     unknown = [n for n in names if n not in RACE_RUNGS and n not in stacked]
     if "all" in names:
@@ -189,9 +190,9 @@ def stacked_recipe(name: str):
 
 def check_target(target: float) -> None:
     """A UsageError for a target no run can be timed to."""
-    if not 0 < target <= MAX_TARGET:
-        raise UsageError(f"--target-val-loss must be above 0 and at most {MAX_TARGET} (an untrained GPT-2's loss "
-                         f"is ln(50257) = 10.82), got {target:g}")
+    if not 0 < target < UNTRAINED_LOSS:  # one at or above it is met before training has done anything
+        raise UsageError(f"--target-val-loss must be above 0 and below {UNTRAINED_LOSS:.2f} (ln 50257, about an "
+                         f"untrained model's loss), got {target:g}")
 
 
 def known_target(source_name: str | None) -> float | None:

@@ -17,6 +17,9 @@ from gpt2ladder.model.recipe import WSD_DECAY_FRACTION, Recipe, parse_recipe
 # Validation batches are made once and held for the run: a number meant for --steps would fill the memory
 # before the first step instead of failing in one line.
 MAX_EVAL_BATCHES = 10_000
+# ln(50257) = 10.82 nats a token, a uniform guess over GPT-2's tokens and about an untrained model's loss: a target at
+# or above it is met before training has done anything, and its time would say nothing.
+UNTRAINED_LOSS = math.log(50257)
 
 
 # A config built without a value takes what `train` decides on a CPU with no flags (`gpt2ladder/defaults.py`),
@@ -111,8 +114,9 @@ class TrainConfig:
         target = self.target_val_loss
         if target is None:
             return
-        if not (math.isfinite(target) and target > 0):
-            raise UsageError(f"--target-val-loss must be a finite number above 0, got {target}")
+        if not (math.isfinite(target) and 0 < target < UNTRAINED_LOSS):
+            raise UsageError(f"--target-val-loss must be a finite number above 0 and below {UNTRAINED_LOSS:.2f} (ln "
+                             f"50257, about an untrained model's loss), got {target:g}")
         if not self.eval_every:
             raise UsageError("--target-val-loss needs validation: give --eval-every N (not 0)")
 

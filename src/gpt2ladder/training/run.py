@@ -268,13 +268,13 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None, e
         report.message(f"stopped by {signal.Signals(signum).name} after step {trainer.step}; checkpoint saved "
                        f"to {trainer.ckpt_path}; continue with --resume")
     elif trainer.step_ms:
-        timed = trainer.step_ms[1:] or trainer.step_ms  # the first step pays for compilation
-        ms = statistics.median(timed)
+        ms = statistics.median(trainer.step_ms[1:]) if len(trainer.step_ms) > 1 else None  # the first: a warm-up
+        speed = (f", {ms:.1f} ms/step (median), {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
+                 + _per_gpu(trainer, ms) if ms is not None else
+                 f", one step this session ({trainer.step_ms[0]:.1f} ms, a warm-up: no step timed apart from it)")
         report.message(_target_text(trainer) + f", loss {loss:.4f}"
                        + (f", val loss {val:.4f}" if val is not None and trainer.reached is None else "")
-                       + f", {ms:.1f} ms/step (median), {trainer.cfg.tokens_per_step / ms * 1000:,.0f} tokens/s"
-                       + _per_gpu(trainer, ms) + _between(trainer)
-                       + _wrote(trainer, "loss.png"))
+                       + speed + _between(trainer) + _wrote(trainer, "loss.png"))
     elif trainer.remeasured:
         report.message(_target_text(trainer) + (f", val loss {val:.4f}" if val is not None and trainer.reached is None
                                                 else "") + f"; measured step {trainer.step} again, as a signal had "
@@ -303,10 +303,11 @@ def _target_text(trainer: Trainer) -> str:
         return f"done: step {trainer.step}, target val loss {target:g} not reached"
     since = f" since step {got['from_step']}" if got["from_step"] else ""
     warm = got["warmup_steps"]
+    does = ", which compile and capture" if trainer.engine.setup.compile else ""
     return (f"done: val loss {trainer.last_val_loss:.4f} reached the target {target:g} at step {got['step']}: "
             f"{got['train_s']:.1f} s of training{since} (the timed steps; {got['warmup_s']:.1f} s more in {warm} "
-            f"warm-up step{'s' if warm != 1 else ''}, which compile and capture), {got['wall_s']:.1f} s wall from "
-            f"the start, {got['tokens']:,} tokens")
+            f"warm-up step{'s' if warm != 1 else ''}{does}), {got['wall_s']:.1f} s wall from the start, "
+            f"{got['tokens']:,} tokens")
 
 
 def _between(trainer: Trainer) -> str:
