@@ -517,8 +517,10 @@ def _add_race(sub) -> None:
                    "learning-rate schedule spans; a run stops sooner at the target. A comma list (750,1500,3000) "
                    "races at each budget, the shortest first, in OUT/steps-N/, and compares the budgets in "
                    f"budgets.json, .md and .png (default: {D('race', 'steps')})")
-    p.add_argument("--eval-every", type=_count(MAX_STEPS), help="validate every N steps (default: --steps / "
-                   f"{D('race', 'validations')})")
+    p.add_argument("--eval-every", type=_count(MAX_STEPS), help="validate every N steps, at most --steps (the "
+                   "shortest of them): a race reads its time at a validation (default: --steps / "
+                   f"{DEFAULTS['race']['gpu']['validations']} on a GPU, --steps / "
+                   f"{DEFAULTS['race']['cpu']['validations']} on CPU)")
     p.add_argument("--eval-near", type=float, metavar="X", help=NEAR_HELP.format(split=NEAR_SPLIT) + " (default: 0; "
                    "under --target-val-loss gpt2 the gpt2 rung's runs, which train before the target is known, "
                    "validate on the grid alone)")

@@ -765,6 +765,13 @@ def _corpus(folder, train_tokens=2000):
     (["--rungs", "gpt2,speedrun+flash"], "race rung speedrun+flash: unknown recipe part flash"),
     (["--rungs", "gpt2,speedrun,speedrun+muon"], "race rungs speedrun and speedrun+muon both train recipe"),
     (["--target-val-loss", "11"], "--target-val-loss must be above 0 and below 10.82 (ln 50257"),
+    (["--rungs", "gpt2,speedrun,gpt2"], "race rung gpt2 is given twice in --rungs"),
+    (["--rungs", "gpt2,speedrun-wsd,speedrun - wsd"], "race rung speedrun-wsd is given twice in --rungs"),
+    (["--eval-every", "100"], "the race validates every 100 steps, more than the 60 steps a run is planned for: its "
+     "runs would validate at their last step alone; give --eval-every 60 or fewer"),
+    (["--target-val-loss", "5", "--steps", "20", "--eval-every", "10", "--rungs", "gpt2,gpt2@steps=5"],
+     "more than the 5 steps rung gpt2@steps=5 is planned for"),
+    (["--resume"], "--resume: OUT is not a folder, so there is no race to continue"),
     (["--target-val-loss", "-1"], "argument --target-val-loss: expected a positive number"),
     (["--rungs", "muon", "--target-val-loss", "gpt2"], "--rungs must start with gpt2"),
     (["--target-val-loss", "abc"], "expected a positive number or gpt2, got abc"),
@@ -790,6 +797,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(argv, says, tmp
     corpus = _corpus(tmp_path / "corpus")
     argv = [str(tmp_path / "text.txt") if a == "TEXT" else str(corpus) if a == "CORPUS" else a for a in argv]
     out = tmp_path / "out"
+    says = says.replace("OUT", str(out))
     small = ["--batch-size", "2", "--seq-len", "32", "--device", "cpu"]
     assert cli.main(["race", *small, "--out", str(out), *argv]) == 2
     captured = capsys.readouterr()

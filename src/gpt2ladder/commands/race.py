@@ -71,6 +71,9 @@ def race_command(args) -> int:
     if args.target_val_loss == race.BASELINE_TARGET and names[0] != race.BASELINE_TARGET:
         raise UsageError("--target-val-loss gpt2 reads the target off the gpt2 rung, so --rungs must start with gpt2")
     out = Path(args.out)
+    if args.resume and not out.is_dir():  # a mistyped --out would start the whole race over
+        raise UsageError(f"--resume: {out} is not a folder, so there is no race to continue; give the --out of the "
+                         "race to continue, or leave out --resume to start one there")
     budgets = args.steps or (None,)
     planned = next((n for n in names if "steps" in race.split_settings(n)[1]), None)
     if len(budgets) > 1 and planned is not None:
@@ -223,8 +226,22 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
     if args.decay_fraction and all(r.schedule != "wsd" for r in recipes):
         raise UsageError("--decay-fraction sets the wsd recipe part's decay; no rung of this race has wsd")
     rungs = tuple(race_rung(n, recipe, train, args, device, caps) for n, recipe in planned)
-    return race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source,
-                           from_baseline=target is None)
+    cfg = race.RaceConfig(rungs=rungs, seeds=args.seeds or d["seeds"], train=train, target_source=source,
+                          from_baseline=target is None)
+    check_validations(cfg)
+    return cfg
+
+
+def check_validations(cfg: race.RaceConfig) -> None:
+    """A UsageError where a run would validate at its last step alone: a race reads its time at a validation, so
+    the interval must fit in the steps a run is planned for (the race's, or a rung's own @steps)."""
+    for rung in cfg.rungs:
+        run = cfg.run_config(rung, 0)
+        if run.eval_every > run.steps:
+            whose = ("a run is planned for" if run.steps == cfg.train.steps else f"rung {rung.name} is planned for")
+            raise UsageError(f"the race validates every {run.eval_every} steps, more than the {run.steps} steps "
+                             f"{whose}: its runs would validate at their last step alone; give --eval-every "
+                             f"{run.steps} or fewer")
 
 
 def race_rung(name: str, recipe: str, train: TrainConfig, args, device, caps: Capabilities) -> race.RaceRung:
