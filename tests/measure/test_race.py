@@ -28,6 +28,7 @@ from gpt2ladder.model.recipe import SPEEDRUN, WSD_DECAY_FRACTION
 from gpt2ladder.report import race as report
 from gpt2ladder.report.doctor import format_report
 from gpt2ladder.runtime.hardware import Capabilities
+from gpt2ladder.training import runlog
 from gpt2ladder.training.config import TrainConfig
 
 CPU_CAPS = Capabilities("cpu", "cpu (x86_64)", compile_problem=None)
@@ -440,6 +441,13 @@ def test_a_race_stopped_resumed_read_back_and_refused_over_again(shakespeare_cac
     monkeypatch.setattr(urllib.request, "urlopen", _no_network)
     argv = ["race", "--rungs", "gpt2,muon", "--target-val-loss", "10.6", "--out", str(tmp_path), *SMALL]
     calls, saved = _signal_at_first_step(monkeypatch), rng_state()
+    bars, made = [], runlog.Reporter.__init__
+
+    def reporter(self, *args, **kwargs):  # each run's bar: named by its rung and seed, cleared when it ends
+        bars.append((kwargs["label"], kwargs["leave"]))
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(runlog.Reporter, "__init__", reporter)
     try:
         code, text = _main(argv)
         assert code == 130 and "the race stopped; --resume continues it" in text
@@ -457,6 +465,7 @@ def test_a_race_stopped_resumed_read_back_and_refused_over_again(shakespeare_cac
     assert "this run kept no weights (a race's run; race --keep-weights keeps them)" in capsys.readouterr().err
     record = _check_rows(tmp_path, text)
     assert len(calls) == sum(r["steps"]["median"] for r in record["rungs"])  # no step twice
+    assert bars == [("gpt2 seed 0", False)] * 2 + [("muon seed 0", False)]
     _check_resume_trains_nothing(tmp_path, argv, monkeypatch)
     _check_refusals(tmp_path, capsys)
 

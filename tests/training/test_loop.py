@@ -577,3 +577,29 @@ def test_near_the_target_a_run_validates_more_often_and_resumed_validates_where_
     assert validated(tmp_path / "moved") == [8, 9, 10, 11, *range(16, 21)]  # 12: due near the old target only
     with pytest.raises(Exception, match="--eval-near must be a finite number of nats >= 0"):
         _cfg(eval_near=-1.0)
+
+
+def test_the_bar_on_a_terminal_shows_each_steps_own_loss_and_can_leave_nothing_behind(tmp_path, monkeypatch, capsys):
+    """Each frame the bar draws gives the loss of the step its count names (it was the step before's); a bar made
+    with leave=False (a race's run, whose line follows it) is cleared when the run ends."""
+    from gpt2ladder.training import runlog
+
+    monkeypatch.setattr(runlog, "on_terminal", lambda: True)
+    entries = [{"step": n, "loss": 10.0 - n, "ms": 5.0, "tokens_per_s": 100.0, "mfu": None} for n in (1, 2, 3)]
+    for leave in (True, False):
+        out = tmp_path / f"leave-{leave}"
+        out.mkdir()
+        report = Reporter(out, _cfg(steps=5), is_main=True, progress=True, start=0, label="gpt2 seed 1", leave=leave)
+        report.bar.mininterval, report.bar.miniters = 0, 1  # draw at every update
+        capsys.readouterr()
+        for entry in entries:
+            report.step(entry)
+        report.close()
+        err = capsys.readouterr().err
+        frames = [f for f in re.split(r"[\r\n]", err) if "/5" in f]
+        for n in (1, 2, 3):
+            drawn = [f for f in frames if f" {n}/5 " in f]
+            assert drawn and all(f"loss {10.0 - n:.4f}" in f for f in drawn), frames
+        assert all(f.lstrip().startswith("gpt2 seed 1:") for f in frames)
+        last = err.rstrip("\n").split("\r")[-1]  # what the terminal's line holds once the run has ended
+        assert ("3/5" in last) is leave and err.endswith("\n") is leave, repr(err[-200:])

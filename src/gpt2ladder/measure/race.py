@@ -654,7 +654,8 @@ def train_run(cfg: TrainConfig, device, where: Path, caps, tokens, seed: int, re
         saved = saved_run(where, resume=resume and _has_checkpoint(where))
         try:
             with open(where / "train.txt", "a", encoding="utf-8") as said, contextlib.redirect_stdout(said):
-                result = train_claimed(cfg, device, where, saved, tokens=tokens, progress=progress, caps=caps)
+                result = train_claimed(cfg, device, where, saved, tokens=tokens, progress=progress, caps=caps,
+                                       bar=(f"{where.parent.name} seed {seed}", False))  # its line follows it
         except UsageError:
             raise
         except LadderError as err:

@@ -154,14 +154,16 @@ def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Save
                   tokens: data_mod.TokenData, progress: bool = True, dist=distributed.SINGLE,
                   strategy: str | None = None, allow_data_change: bool = False, caps: Capabilities,
                   setup: Setup | None = None, batch_plan=None,
-                  notices=(), hellaswag: runner.Prepared | None = None) -> TrainResult:
+                  notices=(), hellaswag: runner.Prepared | None = None, bar: tuple[str, bool] = ("train", True)
+                  ) -> TrainResult:
     """The run in a directory this process holds: the loop set up (and resumed), then trained to its end.
 
     Nothing is printed before the loop is ready, so any input the loop refuses (a text too short, a
     checkpoint of another model or text) fails first. `batch_plan` (how the micro-batch was chosen) goes
     into config.json and the first line, `notices` (the command's, e.g. rungs left out) after it;
     `hellaswag` is what `prepared_hellaswag` read for cfg.hellaswag_every; `caps` what the device can do, as the
-    caller detected it; `setup` how the step runs, `setup_for(cfg.rungs)` (computed here when not given)."""
+    caller detected it; `setup` how the step runs, `setup_for(cfg.rungs)` (computed here when not given); `bar` the
+    progress bar's label and whether it stays on the terminal when the run ends."""
     setup = setup_for(list(cfg.rungs)) if setup is None else setup
     if cfg.hellaswag_every and hellaswag is None:
         raise ValueError("cfg.hellaswag_every needs the examples: pass hellaswag=prepared_hellaswag(cfg, dist)")
@@ -180,7 +182,7 @@ def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Save
             _write_config(out, trainer, caps, batch_plan)
         # a step whose measurements a signal cut short is logged again once they are made
         report = Reporter(out, cfg, is_main=dist.is_main, progress=progress,
-                          start=trainer.step - (trainer.pending is not None))
+                          start=trainer.step - (trainer.pending is not None), label=bar[0], leave=bar[1])
         try:
             report.message(first_line(cfg, dist.world_size, batch_plan))
             for line in notices:

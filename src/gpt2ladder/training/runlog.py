@@ -52,7 +52,8 @@ class Reporter:
     Silent in every process but the main one, so side effects sit behind one `is_main`.
     """
 
-    def __init__(self, out: Path, cfg: TrainConfig, *, is_main: bool, progress: bool, start: int):
+    def __init__(self, out: Path, cfg: TrainConfig, *, is_main: bool, progress: bool, start: int,
+                 label: str = "train", leave: bool = True):
         self.out, self.cfg, self.enabled = out, cfg, is_main
         self.log = self.bar = self.tb = None
         if not is_main:
@@ -62,7 +63,7 @@ class Reporter:
         self.tb = _tensorboard(out / "tb")
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=cfg.steps, initial=start, unit="step", desc="train",
+        self.bar = tqdm(total=cfg.steps, initial=start, unit="step", desc=label, leave=leave,
                         disable=not (progress and on_terminal()), dynamic_ncols=True)
 
     def message(self, text: str) -> None:
@@ -74,8 +75,8 @@ class Reporter:
             return
         self.log.write(json.dumps(entry) + "\n")
         self.log.flush()  # a killed run keeps every step it logged
+        self.bar.set_postfix_str(_postfix(entry), refresh=False)  # shown by the update: this step's, not the last's
         self.bar.update(1)
-        self.bar.set_postfix_str(_postfix(entry), refresh=False)
         if "val_loss" in entry or "hellaswag" in entry:
             self.message(f"step {entry['step']}/{self.cfg.steps}: {_postfix(entry)}{_measured(entry)}")
         if self.tb is not None:
