@@ -731,7 +731,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the help of what they followed: the command's, or the tool's where they came before it
+            after = args.command and argv.index(args.command) < argv.index(extra[0])
+            where = f"gpt2ladder {args.command}" if after else "gpt2ladder"
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see {where} --help)")
         if args.command is None:
             build_parser().print_help()
             return 2

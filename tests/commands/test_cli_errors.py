@@ -146,12 +146,14 @@ def test_unknown_rung(tmp_path, capsys, text_file):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["bench", "--fast"], ["unrecognized arguments: --fast"]),
+    (["bench", "--fast"], ["unrecognized arguments: --fast (see gpt2ladder bench --help)"]),
     (["bench", "--rungs"], ["--rungs", "expected one argument"]),
     (["benchmark"], ["invalid choice: 'benchmark'", "bench"]),
-    (["doctor", "--jsn"], ["unrecognized arguments: --jsn"]),
+    (["doctor", "--jsn"], ["unrecognized arguments: --jsn (see gpt2ladder doctor --help)"]),
+    (["sample", "run", "--max-new-tokens", "9"], ["unrecognized arguments: --max-new-tokens 9 (see gpt2ladder sample "
+                                                  "--help)"]),
     (["sample"], ["required", "checkpoint"]),
-    (["--bogus", "doctor"], ["unrecognized arguments: --bogus"]),
+    (["--bogus", "doctor"], ["unrecognized arguments: --bogus (see gpt2ladder --help)"]),
 ])
 def test_unknown_flags_and_commands(capsys, argv, words):
     code, _, err = run(capsys, *argv)
@@ -441,16 +443,17 @@ def test_sample_truncated_checkpoint(run_dir, capsys):
 
 @pytest.mark.parametrize("content,words", [
     ("torch", ["foreign.pt", "not a gpt2ladder checkpoint"]),
-    ("text", ["foreign.pt", "unreadable"]),
+    ("text", ["foreign.pt", "is not a PyTorch file"]),
 ])
 def test_sample_foreign_file(tmp_path, capsys, content, words):
+    """Another kind of file named as the model is a mistake (exit 2); a damaged checkpoint is not (exit 1)."""
     path = tmp_path / "foreign.pt"
     if content == "torch":
         torch.save({"model": {"weight": torch.zeros(2, 2)}}, path)
     else:
         path.write_text("this is not a checkpoint\n")
     code, _, err = run(capsys, "sample", path, "--device", "cpu")
-    assert_one_line_error(code, err, 1, *words)
+    assert_one_line_error(code, err, 2, *words)
 
 
 def test_train_into_a_run_that_has_a_checkpoint_needs_resume(run_dir, capsys):
@@ -475,7 +478,7 @@ def test_resume_from_a_foreign_file_keeps_its_bytes(run_dir, capsys):
     torch.save({"weights": torch.ones(3)}, run_path / "ckpt.pt")
     before["ckpt.pt"] = (run_path / "ckpt.pt").read_bytes()
     code, _, err = run(capsys, *train(run_path, "--resume"))
-    assert_one_line_error(code, err, 1, "not a gpt2ladder checkpoint")
+    assert_one_line_error(code, err, 2, "not a gpt2ladder checkpoint")  # someone's file: a mistake, kept
     assert_untouched(run_path, before)
 
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2ladder.data import Batches, OrderedBatches, TokenData, eval_batches, training_batches, validation_batches
+from gpt2ladder.data import (Batches, OrderedBatches, TokenData, check_splits, eval_batches, training_batches,
+                             validation_batches)
 from gpt2ladder.data import shards as fmt
 from gpt2ladder.data.corpus import ShardedTokens
 from gpt2ladder.errors import LadderError, UsageError
@@ -128,6 +129,10 @@ def test_a_corpus_too_small_for_a_sequence_is_one_line(tmp_path):
     td = corpus(tmp_path, sizes=(5, 7, 8))
     with pytest.raises(UsageError, match="no shard of the corpus holds one sequence of 9 tokens"):
         OrderedBatches(td.train, 2, T)
+    with pytest.raises(UsageError, match="no shard of the corpus holds one sequence of 9 tokens \\(its largest "
+                                         "training shard holds 8\\)"):  # said before any shard is scanned
+        check_splits(td, T, validate=False)
+    check_splits(td, T - 1, validate=False)  # 8 tokens: one sequence of 7 and its targets
     with pytest.raises(UsageError, match="validation shards hold 200 tokens, too few for one sequence of 201"):
         validation_batches(td, 2, 200, 1)
 

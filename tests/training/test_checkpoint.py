@@ -85,8 +85,9 @@ def test_damaged_file_is_a_one_line_error(tmp_path, damage):
     with pytest.raises(LadderError) as err:
         load_checkpoint(path)
     assert _one_line(err.value)
-    expected = "do not match their sha256" if damage == "flip_tensor_bytes" else "unreadable"
-    assert expected in str(err.value)
+    expected = {"flip_tensor_bytes": "do not match their sha256", "text_file": "is not a PyTorch file"}
+    assert expected.get(damage, "unreadable (truncated or corrupt)") in str(err.value)
+    assert isinstance(err.value, UsageError) is (damage == "text_file")  # another kind of file: a mistake
 
 
 def test_foreign_torch_file_is_rejected(tmp_path):

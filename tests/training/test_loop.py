@@ -315,6 +315,41 @@ def test_a_run_that_saves_nothing_at_its_end_makes_its_last_validation_on_resume
     assert "measured step 4 again" in done and "ckpt.pt" not in done
 
 
+def test_resuming_with_fewer_steps_than_the_checkpoint_holds_is_refused_and_all_of_them_changes_nothing(tmp_path):
+    cfg = _cfg(steps=4, ckpt_every=2)
+    _train(cfg, tmp_path)
+    kept = {name: (tmp_path / name).read_bytes() for name in ("ckpt.pt", "config.json", "log.jsonl")}
+    with pytest.raises(Exception, match=f"{re.escape(str(tmp_path / 'ckpt.pt'))} holds step 4, past --steps 3: give "
+                                        "--steps 4 or more to continue the run"):
+        _train(dataclasses.replace(cfg, steps=3), tmp_path, resume=True)
+    assert _train(dataclasses.replace(cfg, batch_size=1), tmp_path, resume=True).step == 4  # nothing left to train
+    assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
+
+
+def test_a_run_extended_past_its_end_says_the_rate_it_goes_on_at(tmp_path, capsys):
+    """Its schedule is planned for the new steps: the notice gives the next step's rate beside its last one's, the
+    rates its log then holds."""
+    cfg = _cfg(steps=6, ckpt_every=2)
+    _train(cfg, tmp_path)
+    capsys.readouterr()
+    _train(dataclasses.replace(cfg, steps=12), tmp_path, resume=True)
+    log = _log(tmp_path)
+    assert log[6]["lr"] > 2 * log[5]["lr"]  # the cosine stretched over 12 steps: back near the peak
+    assert (f"steps 6 -> 12; the learning rate follows the schedule for these settings: {log[6]['lr']:.3g} at step 7, "
+            f"where step 6 trained at {log[5]['lr']:.3g}") in capsys.readouterr().out
+    _train(dataclasses.replace(cfg, steps=12, lr=2e-3), tmp_path, resume=True)  # no step left: the rate is moot
+    out = capsys.readouterr().out
+    assert "lr 0.001 -> 0.002" in out and "learning rate follows" not in out
+
+
+def test_a_warm_up_longer_than_the_run_is_said(tmp_path, capsys):
+    _train(_cfg(steps=3, warmup_steps=6, lr=1e-3), tmp_path)
+    log = _log(tmp_path)
+    assert (f"notice: --warmup-steps 6 is more than --steps 3: the learning rate never reaches --lr 0.001 (its last "
+            f"step trains at {log[-1]['lr']:.3g})") in capsys.readouterr().out
+    assert log[-1]["lr"] == pytest.approx(0.5e-3)
+
+
 def test_a_run_that_reached_its_target_has_nothing_to_do_on_resume(tmp_path, capsys, vals):
     cfg = _cfg(steps=8, eval_every=2, lr=3e-3, target_val_loss=vals[1]["val_loss"])
     assert _train(cfg, tmp_path).step == 4
@@ -324,6 +359,9 @@ def test_a_run_that_reached_its_target_has_nothing_to_do_on_resume(tmp_path, cap
     assert result.exit_code == 0 and result.step == 4
     assert (tmp_path / "log.jsonl").read_bytes() == log  # no step trained, no second "target"
     assert "nothing to do" in capsys.readouterr().out
+    config = (tmp_path / "config.json").read_bytes()
+    assert _train(dataclasses.replace(cfg, batch_size=1), tmp_path, resume=True).step == 4
+    assert (tmp_path / "config.json").read_bytes() == config  # nothing trained: no setting recorded as if it had
     lower = _cfg(steps=5, eval_every=2, lr=3e-3, target_val_loss=vals[1]["val_loss"] / 2)
     assert _train(lower, tmp_path, resume=True).step == 5  # a lower target trains on
 
@@ -475,6 +513,7 @@ def test_a_target_stops_at_the_first_validation_at_or_below_it_and_logs_what_it_
     assert load_checkpoint(tmp_path / "run")["step"] == 4 and load_checkpoint(tmp_path / "run" / "best.pt")["step"] == 4
     assert f"reached the target {target:g} at step 4: {got['train_s']:.1f} s of training" in out
     assert f"{got['warmup_s']:.1f} s more in 1 warm-up step" in out and "256 tokens" in out
+    assert "capture" not in out  # a CPU captures no CUDA graph
 
 
 def test_a_session_of_one_step_gives_no_ms_per_step_its_warm_up_is_not_a_timed_step(tmp_path, capsys):

@@ -371,7 +371,10 @@ def test_resume_alone_continues_with_the_runs_own_settings(tmp_path, capsys, mon
     code, out, _ = _cli(capsys, ["train", "--resume", "--steps", "8", *where, str(run)])
     assert code == 0
     changed = [line for line in out.splitlines() if "other settings" in line]
-    assert changed == ["notice: resuming with other settings than the checkpoint's: steps 6 -> 8"]
+    log = read_log(run / "log.jsonl")
+    assert changed == ["notice: resuming with other settings than the checkpoint's: steps 6 -> 8; the learning rate "
+                       f"follows the schedule for these settings: {log[6]['lr']:.3g} at step 7, where step 6 trained "
+                       f"at {log[5]['lr']:.3g}"]
     assert load_checkpoint(run)["train_config"] == {**saved, "steps": 8}
 
 

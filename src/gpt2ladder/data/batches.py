@@ -42,6 +42,9 @@ def check_splits(tokens, seq_len: int, validate: bool) -> None:
                 f"{place}) {len(part):,}: too few for one sequence of {need}; use a "
                 f"{'larger corpus' if corpus else 'longer text'} or a smaller --seq-len"
                 + (", or --eval-every 0" if name == "validation" else ""))
+    if corpus and len(tokens.train) and max(len(a) for a in tokens.train.arrays) < need:  # no window spans shards
+        raise UsageError(f"no shard of the corpus holds one sequence of {need} tokens (its largest training shard "
+                         f"holds {max(len(a) for a in tokens.train.arrays):,}); use a smaller --seq-len")
 
 
 class Batches:

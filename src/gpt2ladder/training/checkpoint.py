@@ -57,6 +57,10 @@ class CheckpointDamaged(LadderError):
     """The file is truncated, unreadable or fails its sha256: an older copy may stand in for it."""
 
 
+class NotACheckpoint(UsageError):
+    """A file named as a checkpoint that holds something else (another program's file, another format)."""
+
+
 def checkpoint_path(path: str | Path) -> Path:
     """A checkpoint file, or the ckpt.pt inside a run directory."""
     path = Path(path).expanduser()
@@ -196,6 +200,14 @@ def kept_none(folder: Path) -> str:
     return "" if saves is not False else ": this run kept no weights (a race's run; race --keep-weights keeps them)"
 
 
+def _starts_as_torch(path: Path) -> bool:
+    """Whether a file begins as torch.save writes one (a zip archive, PK; a pickle of the old format, 0x80) or is
+    empty: damage, not another kind of file."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return not head or head.startswith((b"PK\x03\x04", b"\x80"))
+
+
 def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...] = ()) -> dict:
     """A verified checkpoint dict holding the keys `needs`, or one line saying why the file cannot be one."""
     path = checkpoint_path(path)
@@ -204,11 +216,14 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for truncated or foreign files
+        if not _starts_as_torch(path):  # another kind of file named: a mistake, not damage
+            raise NotACheckpoint(f"{path} is not a PyTorch file, so no gpt2ladder checkpoint; give a run "
+                                 "directory or its ckpt.pt") from None
         detail = _first_line(err)
-        raise CheckpointDamaged(f"checkpoint {path} is unreadable (truncated, corrupt or not a PyTorch file)"
+        raise CheckpointDamaged(f"checkpoint {path} is unreadable (truncated or corrupt)"
                                 + (f": {detail}" if detail else "")) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise LadderError(f"{path} is not a gpt2ladder checkpoint")
+        raise NotACheckpoint(f"{path} is not a gpt2ladder checkpoint")
     if state.get("version") != VERSION:
         raise LadderError(f"checkpoint {path} has format version {state.get('version')}; "
                           f"this gpt2ladder reads version {VERSION}")

@@ -46,6 +46,7 @@ from gpt2ladder.training.outdirs import check_run_out
 from gpt2ladder.training.checkpoint import BEST, FILENAME, PREVIOUS, RESUME_KEYS, last_good, remove_stale_temps
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import Reporter
+from gpt2ladder.training.schedule import lr_at
 from gpt2ladder.training.signals import StopSignals
 from gpt2ladder.training.trainer import Trainer
 
@@ -176,10 +177,16 @@ def train_claimed(cfg: TrainConfig, device: torch.device, out: Path, saved: Save
         if saved is not None:
             trainer.notices += saved.notices
             changed = trainer.resume(saved.state, saved.path, allow_data_change)  # fails before the log is touched
+            if trainer.step > cfg.steps:
+                raise UsageError(f"{saved.path} holds step {trainer.step}, past --steps {cfg.steps}: give --steps "
+                                 f"{trainer.step} or more to continue the run (or leave --steps out)")
+        # A run with nothing left to train (all its steps, or its target reached) keeps the config.json it trained by.
+        idle = trainer.pending is None and (trainer.step >= cfg.steps or trainer.reached is not None)
         if dist.is_main:
             for name in (FILENAME, PREVIOUS, BEST):
                 remove_stale_temps(out / name)
-            _write_config(out, trainer, caps, batch_plan)
+            if not idle:
+                _write_config(out, trainer, caps, batch_plan)
         # a step whose measurements a signal cut short is logged again once they are made
         report = Reporter(out, cfg, is_main=dist.is_main, progress=progress,
                           start=trainer.step - (trainer.pending is not None), label=bar[0], leave=bar[1])
@@ -253,6 +260,10 @@ def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bo
                    f"data: {trainer.tokens.source}")
     for notice in trainer.notices:
         report.message(notice)
+    if cfg.warmup_steps > cfg.steps:
+        top = lr_at(cfg.steps - 1, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps, trainer.schedule)
+        report.message(f"notice: --warmup-steps {cfg.warmup_steps} is more than --steps {cfg.steps}: the learning "
+                       f"rate never reaches --lr {cfg.lr:g} (its last step trains at {top:.3g})")
     if resume:
         report.message(f"resuming from step {trainer.step} of {trainer.kept_path}")
     if changed:
@@ -305,7 +316,10 @@ def _target_text(trainer: Trainer) -> str:
         return f"done: step {trainer.step}, target val loss {target:g} not reached"
     since = f" since step {got['from_step']}" if got["from_step"] else ""
     warm = got["warmup_steps"]
-    does = ", which compile and capture" if trainer.engine.setup.compile else ""
+    setup = trainer.engine.setup
+    captures = setup.cuda_graph and trainer.device.type == "cuda"
+    does = {(True, True): ", which compile and capture", (True, False): ", which compile",
+            (False, True): ", which capture"}.get((setup.compile, captures), "")
     return (f"done: val loss {trainer.last_val_loss:.4f} reached the target {target:g} at step {got['step']}: "
             f"{got['train_s']:.1f} s of training{since} (the timed steps; {got['warmup_s']:.1f} s more in {warm} "
             f"warm-up step{'s' if warm != 1 else ''}{does}), {got['wall_s']:.1f} s wall from the start, "

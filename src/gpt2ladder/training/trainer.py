@@ -264,7 +264,20 @@ class Trainer:
         self.near = bool(state.get("near")) and same and not data_changed
         self.reached = self._still_reached(state, data_changed)
         saved = state["train_config"]  # a field newer than the checkpoint reads as its default: nothing changed
-        return config_differences(with_defaults(saved), self.cfg.to_dict())
+        changed = config_differences(with_defaults(saved), self.cfg.to_dict())
+        return changed + self._schedule_change(with_defaults(saved))
+
+    def _schedule_change(self, saved: dict) -> list[str]:
+        """Where the schedule's settings changed and steps remain: the rate it gives the next step, beside the one
+        the checkpoint's last step trained at (a run extended past its end warms back up from its floor)."""
+        cfg, keys = self.cfg, ("steps", "lr", "min_lr", "warmup_steps", "decay_fraction")
+        if not self.step or self.step >= cfg.steps or all(saved.get(k) == getattr(cfg, k) for k in keys):
+            return []
+        before = lr_at(self.step - 1, *(saved.get(k, getattr(cfg, k)) for k in keys[1:4]), saved.get("steps", 0),
+                       self.schedule, saved.get("decay_fraction") or cfg.decay_fraction)
+        now = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps, self.schedule, cfg.decay_fraction)
+        return [f"the learning rate follows the schedule for these settings: {now:.3g} at step {self.step + 1}, "
+                f"where step {self.step} trained at {before:.3g}"]
 
     def _still_reached(self, state: dict, data_changed: bool) -> dict | None:
         """The checkpoint's target figures when its validation loss also meets this run's target: such a run
