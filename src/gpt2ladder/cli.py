@@ -279,8 +279,9 @@ def _add_train(sub) -> None:
     p.add_argument("--hellaswag-data", metavar="FILE", help="with --hellaswag-every: a file in HellaSwag's JSONL "
                    "format to score instead of the official set (default: the official validation set)")
     p.add_argument("--target-val-loss", type=_positive_float, metavar="X", help="stop at the first validation at "
-                   "or below X (above 0, below ln 50257 = 10.82), and log the training time (the timed steps, compile and capture apart), the wall "
-                   "time and the tokens it took; needs validation (off by default: all --steps)")
+                   "or below X (above 0, below ln 50257 = 10.82), and log the training time (the timed steps, "
+                   "compile and capture apart), the wall time and the tokens it took; needs validation (off by "
+                   "default: all --steps)")
     p.add_argument("--eval-near", type=float, metavar="X", help="with --target-val-loss: "
                    + NEAR_HELP.format(split=NEAR_SPLIT) + " (default: 0)")
     p.add_argument("--ckpt-every", type=every, help="checkpoint every N steps, 0 for only at the end "
@@ -734,7 +735,8 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         if extra:  # the help of what they followed: the command's, or the tool's where they came before it
-            after = args.command and argv.index(args.command) < argv.index(extra[0])
+            at = argv.index(args.command) if args.command else len(argv)
+            after = extra[0] in argv[at + 1:]  # `doctor doctor`: the second is the command's
             where = f"gpt2ladder {args.command}" if after else "gpt2ladder"
             raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see {where} --help)")
         if args.command is None:

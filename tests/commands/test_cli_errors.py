@@ -154,6 +154,7 @@ def test_unknown_rung(tmp_path, capsys, text_file):
                                                   "--help)"]),
     (["sample"], ["required", "checkpoint"]),
     (["--bogus", "doctor"], ["unrecognized arguments: --bogus (see gpt2ladder --help)"]),
+    (["doctor", "doctor"], ["unrecognized arguments: doctor (see gpt2ladder doctor --help)"]),
 ])
 def test_unknown_flags_and_commands(capsys, argv, words):
     code, _, err = run(capsys, *argv)

@@ -161,6 +161,19 @@ def test_a_target_set_after_the_run_takes_the_wall_validation_and_compile_second
                                        **clocks[1]}
 
 
+def test_a_runs_line_gives_the_loss_measured_where_its_time_was_read_and_what_its_first_step_did():
+    """The validation at the run's target step (a target that rose since the run stopped reads an earlier one), not
+    its last; its first step named by its step rungs."""
+    curve = [{"step": s, "val_loss": v} for s, v in ((2, 5.0), (4, 4.25), (6, 3.5))]
+    result = {"seed": 1, "status": "ok", "reached": True, "steps": 4, "train_seconds": 1.0, "warmup_seconds": 2.0,
+              "validation_seconds": 0.5, "wall_seconds": 4.0, "curve": curve}
+    assert report.run_line("r", result, 4.5) == ("  r seed 1: val loss 4.2500 (target 4.5) at step 4 in 1.0 s of "
+                                                 "training (2.0 s compile and capture, 0.5 s validation apart; 4.0 s "
+                                                 "wall)")
+    assert "(2.0 s warm-up step," in report.run_line("r", result, 4.5, ("baseline",))
+    assert "(2.0 s compile," in report.run_line("r", result, 4.5, ("compile", "bf16"))
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.log(50257), 10.85, 50.0])
 def test_a_target_no_run_can_be_timed_to_is_refused(bad):
     """At or above ln 50257 (about an untrained model's loss) the first validation meets it: refused, as train does."""
@@ -645,7 +658,11 @@ def test_one_target_at_every_budget_gives_each_rungs_shortest_budget_that_reache
     assert cells == {"target": "", "r0": "4 steps: 21.0 s", "r1": "8 steps: 5.0 s", "r2": "none of these"}
     md = report.format_budgets(record)
     assert "| shortest budget to it |" in md and "every seed reached it" in md
-    records[1]["target_val_loss"] = 3.1  # gpt2's after each budget: no one target
+    assert race.budgets_record(records[:1], torch.device("cpu"), CPU_CAPS, partial=True)["shortest"] is None
+    for r in records:  # --target-val-loss gpt2: each budget's own target, equal or not
+        r["config"]["settings"]["target_val_loss"] = "gpt2"
+    assert race.budgets_record(records[::-1], torch.device("cpu"), CPU_CAPS, partial=False)["shortest"] is None
+    records[1]["target_val_loss"] = 3.1
     record = race.budgets_record(records[::-1], torch.device("cpu"), CPU_CAPS, partial=False)
     assert record["shortest"] is None and "shortest" not in report.format_budgets(record)
 
@@ -776,10 +793,14 @@ def _corpus(folder, train_tokens=2000):
     (["--target-val-loss", "11"], "--target-val-loss must be above 0 and below 10.82 (ln 50257"),
     (["--rungs", "gpt2,speedrun,gpt2"], "race rung gpt2 is given twice in --rungs"),
     (["--rungs", "gpt2,speedrun-wsd,speedrun - wsd"], "race rung speedrun-wsd is given twice in --rungs"),
-    (["--eval-every", "100"], "the race validates every 100 steps, more than the 60 steps a run is planned for: its "
-     "runs would validate at their last step alone; give --eval-every 60 or fewer"),
+    (["--eval-every", "100"], "the race validates every 100 steps of 64 tokens, more than the 60 steps a run is "
+     "planned for: give --eval-every 60 or fewer"),
     (["--target-val-loss", "5", "--steps", "20", "--eval-every", "10", "--rungs", "gpt2,gpt2@steps=5"],
-     "more than the 5 steps rung gpt2@steps=5 is planned for"),
+     "more than the 5 steps of 64 tokens rung gpt2@steps=5 trains: give --eval-every 5 or fewer"),
+    (["--target-val-loss", "5", "--steps", "20", "--eval-every", "12", "--tokens-per-step", "128", "--rungs",
+      "gpt2,gpt2@tokens_per_step=64@steps=20"],  # the advice in the race's steps, not the rung's (of half the tokens)
+     "every 12 steps of 128 tokens, more than the 10 steps of 128 tokens rung gpt2@tokens_per_step=64@steps=20 trains: "
+     "give --eval-every 10 or fewer"),
     (["--resume"], "--resume: OUT is not a folder, so there is no race to continue"),
     (["--target-val-loss", "-1"], "argument --target-val-loss: expected a positive number"),
     (["--rungs", "muon", "--target-val-loss", "gpt2"], "--rungs must start with gpt2"),

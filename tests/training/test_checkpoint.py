@@ -220,6 +220,8 @@ def test_a_damaged_ckpt_falls_back_to_the_previous_and_can_be_set_aside(tmp_path
     assert not path.exists() and (tmp_path / "ckpt.pt.damaged").exists() and "ckpt.pt.damaged" in notes[0]
     with pytest.raises(LadderError, match="unreadable"):  # a file named explicitly is that file, no fallback
         checkpoint.last_good(tmp_path / "ckpt.pt.damaged")
+    path.write_bytes(b"\0" * 4096)  # zeroed, as a crash can leave a file: damage too, not another kind of file
+    assert checkpoint.last_good(tmp_path, notify=lambda _: None)[0]["step"] == 1
 
 
 def test_a_foreign_ckpt_is_not_passed_over(tmp_path):

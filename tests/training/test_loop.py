@@ -24,7 +24,7 @@ from gpt2ladder import cli, data
 from gpt2ladder.data import shards as fmt
 from gpt2ladder.data.corpus import ShardedTokens
 from gpt2ladder.data.loader import ORDER
-from gpt2ladder.errors import LadderError
+from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.evals import runner
 from gpt2ladder.runtime.distributed import Dist
 from gpt2ladder.runtime.engine import Engine
@@ -319,7 +319,7 @@ def test_resuming_with_fewer_steps_than_the_checkpoint_holds_is_refused_and_all_
     cfg = _cfg(steps=4, ckpt_every=2)
     _train(cfg, tmp_path)
     kept = {name: (tmp_path / name).read_bytes() for name in ("ckpt.pt", "config.json", "log.jsonl")}
-    with pytest.raises(Exception, match=f"{re.escape(str(tmp_path / 'ckpt.pt'))} holds step 4, past --steps 3: give "
+    with pytest.raises(UsageError, match=f"{re.escape(str(tmp_path / 'ckpt.pt'))} holds step 4, past --steps 3: give "
                                         "--steps 4 or more to continue the run"):
         _train(dataclasses.replace(cfg, steps=3), tmp_path, resume=True)
     assert _train(dataclasses.replace(cfg, batch_size=1), tmp_path, resume=True).step == 4  # nothing left to train
@@ -340,6 +340,15 @@ def test_a_run_extended_past_its_end_says_the_rate_it_goes_on_at(tmp_path, capsy
     _train(dataclasses.replace(cfg, steps=12, lr=2e-3), tmp_path, resume=True)  # no step left: the rate is moot
     out = capsys.readouterr().out
     assert "lr 0.001 -> 0.002" in out and "learning rate follows" not in out
+
+
+def test_a_run_that_reached_its_target_resumed_for_more_steps_says_no_rate(tmp_path, capsys, vals):
+    cfg = _cfg(steps=8, eval_every=2, lr=3e-3, target_val_loss=vals[1]["val_loss"])
+    assert _train(cfg, tmp_path).step == 4
+    capsys.readouterr()
+    assert _train(dataclasses.replace(cfg, steps=12), tmp_path, resume=True).step == 4  # done: nothing trains
+    out = capsys.readouterr().out
+    assert "nothing to do" in out and "steps 8 -> 12" in out and "learning rate follows" not in out
 
 
 def test_a_warm_up_longer_than_the_run_is_said(tmp_path, capsys):

@@ -235,13 +235,15 @@ def race_config(args, device, caps: Capabilities, names: tuple[str, ...], target
 def check_validations(cfg: race.RaceConfig) -> None:
     """A UsageError where a run would validate at its last step alone: a race reads its time at a validation, so
     the interval must fit in the steps a run is planned for (the race's, or a rung's own @steps)."""
+    every, per_step = cfg.train.eval_every, cfg.train.tokens_per_step
     for rung in cfg.rungs:
         run = cfg.run_config(rung, 0)
-        if run.eval_every > run.steps:
-            whose = ("a run is planned for" if run.steps == cfg.train.steps else f"rung {rung.name} is planned for")
-            raise UsageError(f"the race validates every {run.eval_every} steps, more than the {run.steps} steps "
-                             f"{whose}: its runs would validate at their last step alone; give --eval-every "
-                             f"{run.steps} or fewer")
+        if run.eval_every > run.steps:  # in the rung's own steps; the advice in the race's
+            most = run.steps * run.tokens_per_step // per_step
+            whose = (f"the {run.steps} steps a run is planned for" if (run.steps, run.tokens_per_step) == (
+                cfg.train.steps, per_step) else f"the {most:,} steps of {per_step:,} tokens rung {rung.name} trains")
+            raise UsageError(f"the race validates every {every} steps of {per_step:,} tokens, more than {whose}: "
+                             f"give --eval-every {most} or fewer")
 
 
 def race_rung(name: str, recipe: str, train: TrainConfig, args, device, caps: Capabilities) -> race.RaceRung:
@@ -331,8 +333,7 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
 
     def on_run(rung: race.RaceRung, seed: int, result: dict, ran: bool) -> None:
         again = f" (reused from {result['reused_from']})" if result.get("reused_from") else " (finished earlier)"
-        say(report.run_line(rung.name, result, target[0], "compile" in rung.step_rungs) + ("" if ran else again),
-            flush=True)
+        say(report.run_line(rung.name, result, target[0], rung.step_rungs) + ("" if ran else again), flush=True)
         trained.append(ran)
         last[:] = [(rung.name, seed, result)]
 

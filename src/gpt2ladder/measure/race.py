@@ -190,7 +190,7 @@ def stacked_recipe(name: str):
 
 def check_target(target: float) -> None:
     """A UsageError for a target no run can be timed to."""
-    if not 0 < target < UNTRAINED_LOSS:  # one at or above it is met before training has done anything
+    if not 0 < target < UNTRAINED_LOSS:  # about an untrained model's score: its time would say little
         raise UsageError(f"--target-val-loss must be above 0 and below {UNTRAINED_LOSS:.2f} (ln 50257, about an "
                          f"untrained model's loss), got {target:g}")
 
@@ -1121,6 +1121,7 @@ def budgets_record(records: list[dict], device, caps: Capabilities, partial: boo
         budgets.append({"steps": s["steps"], "tokens_per_step": s["tokens_per_step"],
                         "planned_tokens": s["steps"] * s["tokens_per_step"], "target_val_loss": rec["target_val_loss"],
                         "target_source": rec["target_source"], "partial": rec["partial"], "cards": rec.get("cards"),
+                        "target_from_gpt2": s.get("target_val_loss") == BASELINE_TARGET,
                         "race": f"steps-{s['steps']}/race.json", "rungs": rows})
     return {**record_header(caps, device), "command": "race", "kind": "budgets", "partial": partial,
             "budgets": budgets, "shortest": shortest_budgets(budgets)}
@@ -1129,9 +1130,9 @@ def budgets_record(records: list[dict], device, caps: Capabilities, partial: boo
 def shortest_budgets(budgets: list[dict]) -> list[dict] | None:
     """Where every budget races to one target (a number given, or the corpus's): per rung, the shortest planned
     budget whose every seed reached it, and the median training seconds there (steps None: none of them did).
-    None where the budgets' targets differ (gpt2's after each budget) or one is not set yet."""
+    None where the budgets' targets are each gpt2's after that budget, or one is not set yet, or one budget ran."""
     targets = {b["target_val_loss"] for b in budgets}
-    if len(targets) != 1 or None in targets:
+    if len(budgets) < 2 or len(targets) != 1 or None in targets or any(b.get("target_from_gpt2") for b in budgets):
         return None
     names = list(dict.fromkeys(r["name"] for b in budgets for r in b["rungs"]))
     out = []

@@ -105,10 +105,10 @@ def progress_line(row: dict, target: float) -> str:
             f"{row['tokens']['median']:,.0f} tokens, {row['ms_per_step']:.1f} ms/step")
 
 
-def run_line(rung: str, result: dict, target: float | None, compiles: bool = True) -> str:
+def run_line(rung: str, result: dict, target: float | None, step_rungs=("compile", "cuda_graph")) -> str:
     """What the race says when one run (a rung's seed) is done (target None: still to be set by this run's rung): the
-    validation loss it measured at the target's step, and the seconds left out of its time (its first step's, a
-    compile and capture where `compiles`, else a warm-up)."""
+    validation loss it measured at the target's step, and the seconds left out of its time (its first step's: a
+    compile and capture as its step rungs have them, else a warm-up)."""
     head = f"  {rung} seed {result['seed']}: "
     if result["status"] != "ok":
         return head + f"{result['status']}: {result['reason']}"
@@ -117,9 +117,11 @@ def run_line(rung: str, result: dict, target: float | None, compiles: bool = Tru
         return head + f"val loss {last:.4f} after all {result['steps_run']} steps ({result['planned_tokens']:,} tokens)"
     if not result["reached"]:
         return head + f"not reached in {result['steps_run']} steps ({result['planned_tokens']:,} tokens)"
-    hit = next(p["val_loss"] for p in result["curve"] if p["step"] == result["steps"])
-    first = "compile and capture" if compiles else "warm-up step"
-    return (head + f"val loss {hit:.4f} (target {target:g}) at step {result['steps']} in "
+    hit = next((p["val_loss"] for p in result["curve"] if p["step"] == result["steps"]), None)
+    measured = "" if hit is None else f"val loss {hit:.4f} "
+    first = {(True, True): "compile and capture", (True, False): "compile", (False, True): "capture"}.get(
+        ("compile" in step_rungs, "cuda_graph" in step_rungs), "warm-up step")
+    return (head + f"{measured}(target {target:g}) at step {result['steps']} in "
             f"{result['train_seconds']:.1f} s of training ({result['warmup_seconds']:.1f} s {first}, "
             f"{result['validation_seconds']:.1f} s validation apart; {result['wall_seconds']:.1f} s wall)")
 

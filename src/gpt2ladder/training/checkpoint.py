@@ -201,11 +201,11 @@ def kept_none(folder: Path) -> str:
 
 
 def _starts_as_torch(path: Path) -> bool:
-    """Whether a file begins as torch.save writes one (a zip archive, PK; a pickle of the old format, 0x80) or is
-    empty: damage, not another kind of file."""
+    """Whether a file begins as torch.save writes one (a zip archive, PK; a pickle of the old format, 0x80), or is
+    empty or zeroed as a crash leaves one: damage, not another kind of file."""
     with open(path, "rb") as f:
         head = f.read(4)
-    return not head or head.startswith((b"PK\x03\x04", b"\x80"))
+    return not head.strip(b"\0") or head.startswith((b"PK\x03\x04", b"\x80"))
 
 
 def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...] = ()) -> dict:

@@ -17,8 +17,8 @@ from gpt2ladder.model.recipe import WSD_DECAY_FRACTION, Recipe, parse_recipe
 # Validation batches are made once and held for the run: a number meant for --steps would fill the memory
 # before the first step instead of failing in one line.
 MAX_EVAL_BATCHES = 10_000
-# ln(50257) = 10.82 nats a token, a uniform guess over GPT-2's tokens and about an untrained model's loss: a target at
-# or above it is met before training has done anything, and its time would say nothing.
+# ln(50257) = 10.82 nats a token, a uniform guess over GPT-2's tokens and about what an untrained model scores: the
+# time to a target at or above it would say little about training.
 UNTRAINED_LOSS = math.log(50257)
 
 

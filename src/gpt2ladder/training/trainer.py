@@ -271,7 +271,8 @@ class Trainer:
         """Where the schedule's settings changed and steps remain: the rate it gives the next step, beside the one
         the checkpoint's last step trained at (a run extended past its end warms back up from its floor)."""
         cfg, keys = self.cfg, ("steps", "lr", "min_lr", "warmup_steps", "decay_fraction")
-        if not self.step or self.step >= cfg.steps or all(saved.get(k) == getattr(cfg, k) for k in keys):
+        if (not self.step or self.step >= cfg.steps or self.reached is not None
+                or all(saved.get(k) == getattr(cfg, k) for k in keys)):
             return []
         before = lr_at(self.step - 1, *(saved.get(k, getattr(cfg, k)) for k in keys[1:4]), saved.get("steps", 0),
                        self.schedule, saved.get("decay_fraction") or cfg.decay_fraction)
