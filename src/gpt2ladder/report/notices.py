@@ -1,5 +1,5 @@
 """What the measuring commands tell people beyond their tables: the warning before a GPT-2-sized bench
-on a CPU, and why a bench or profile measured nothing at all."""
+on a CPU, why a bench or profile measured nothing at all, and what a run's first step did."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ from gpt2ladder.model.setup import Setup
 from gpt2ladder.runtime.hardware import matmul_rate
 from gpt2ladder.runtime.memory import parameters
 from gpt2ladder.runtime.metrics import flops_per_token
+
+
+def first_step_work(compiles: bool, captures: bool) -> str | None:
+    """What a session's first step, left out of the training time, paid for: "compile and capture", "compile" or
+    "capture"; None where it did neither (a warm-up alone, as on a CPU without compile)."""
+    return {(True, True): "compile and capture", (True, False): "compile", (False, True): "capture"}.get(
+        (compiles, captures))
 
 
 def cpu_warning(model_cfg: ModelConfig, cfg, n_rungs: int, rate: float | None = None) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpt2ladder.defaults import NEAR_SPLIT
 from gpt2ladder.model.recipe import PARTS_BY_NAME
+from gpt2ladder.report.notices import first_step_work
 from gpt2ladder.report.plots import pyplot, save_figure
 from gpt2ladder.report.tables import fmt, markdown_table, text_table
 
@@ -119,8 +120,7 @@ def run_line(rung: str, result: dict, target: float | None, step_rungs=("compile
         return head + f"not reached in {result['steps_run']} steps ({result['planned_tokens']:,} tokens)"
     hit = next((p["val_loss"] for p in result["curve"] if p["step"] == result["steps"]), None)
     measured = "" if hit is None else f"val loss {hit:.4f} "
-    first = {(True, True): "compile and capture", (True, False): "compile", (False, True): "capture"}.get(
-        ("compile" in step_rungs, "cuda_graph" in step_rungs), "warm-up step")
+    first = first_step_work("compile" in step_rungs, "cuda_graph" in step_rungs) or "warm-up step"
     return (head + f"{measured}(target {target:g}) at step {result['steps']} in "
             f"{result['train_seconds']:.1f} s of training ({result['warmup_seconds']:.1f} s {first}, "
             f"{result['validation_seconds']:.1f} s validation apart; {result['wall_seconds']:.1f} s wall)")

@@ -38,6 +38,7 @@ from gpt2ladder.evals import runner
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.model.setup import Setup
+from gpt2ladder.report.notices import first_step_work
 from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import Capabilities
@@ -317,9 +318,8 @@ def _target_text(trainer: Trainer) -> str:
     since = f" since step {got['from_step']}" if got["from_step"] else ""
     warm = got["warmup_steps"]
     setup = trainer.engine.setup
-    captures = setup.cuda_graph and trainer.device.type == "cuda"
-    does = {(True, True): ", which compile and capture", (True, False): ", which compile",
-            (False, True): ", which capture"}.get((setup.compile, captures), "")
+    work = first_step_work(setup.compile, setup.cuda_graph and trainer.device.type == "cuda")
+    does = f", which {work}" if work else ""
     return (f"done: val loss {trainer.last_val_loss:.4f} reached the target {target:g} at step {got['step']}: "
             f"{got['train_s']:.1f} s of training{since} (the timed steps; {got['warmup_s']:.1f} s more in {warm} "
             f"warm-up step{'s' if warm != 1 else ''}{does}), {got['wall_s']:.1f} s wall from the start, "
