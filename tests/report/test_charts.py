@@ -229,3 +229,21 @@ def test_a_rate_written_with_an_exponent_stays_on_one_line_of_its_bars_label(fig
     fig = race_figure(record)
     figures(fig)
     assert "\nvs gpt2\n@lr=1e-3" in "\n".join(t.get_text() for t in fig.axes[0].texts)
+
+
+def test_only_rungs_with_a_curve_are_in_the_race_charts_legend(figures):
+    """A partial race's rung that has not run, or whose run stopped before its first validation, draws no curve, so
+    the legend leaves it out; a race where no run validated has no legend at all."""
+    from gpt2ladder.report.race import race_figure
+
+    record = race_record(4)
+    record["rungs"][2]["runs"] = []
+    record["rungs"][3]["runs"] = [{"curve": []}]
+    fig = race_figure(record)
+    figures(fig)
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["gpt2", "speedrun"]
+    for r in record["rungs"]:
+        r["runs"] = []
+    fig = race_figure(record)
+    figures(fig)
+    assert fig.axes[1].get_legend() is None

@@ -222,8 +222,8 @@ def race_figure(record: dict):
     for i, r in enumerate(rungs):
         colour = colours(i / max(1, len(rungs) - 1))
         _bar(bars, i, r, colour, rungs[i - 1] if i else None)
-        for run in r["runs"][:1]:
-            curve = run.get("curve") or []
+        curve = (r["runs"][0].get("curve") or []) if r["runs"] else []
+        if curve:  # a rung with no run that validated has no curve, and no entry in the legend
             curves.plot([p["train_seconds"] for p in curve], [p["val_loss"] for p in curve], color=colour,
                         label=r["name"], linewidth=1.4)
     # a rung of the race's order adds its part to the rungs before it ("+ rope"); speedrun and the rungs written
@@ -239,7 +239,8 @@ def race_figure(record: dict):
     curves.set_ylabel("validation loss")
     curves.set_title(f"model {record['config']['settings']['preset']} on {record['data']['source']}, "
                      f"{cards_text(record)}", fontsize=10)
-    curves.legend(frameon=False, fontsize=7)
+    if curves.get_legend_handles_labels()[0]:  # none where no run validated; matplotlib would warn on stderr
+        curves.legend(frameon=False, fontsize=7)
     for ax in (bars, curves):
         ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
