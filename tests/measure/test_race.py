@@ -52,20 +52,21 @@ def test_rungs_default_to_gpt2_and_every_part_and_a_list_is_put_in_race_order():
 def test_a_rung_of_parts_joined_by_plus_is_its_own_recipe_after_the_race_order_in_the_order_given():
     from gpt2ladder.model.recipe import parse_recipe
 
-    names = race.parse_race_rungs("speedrun+value_embeds+unet_skips, speedrun+value_embeds,gpt2,speedrun")
-    assert names == ("gpt2", "speedrun", "speedrun+value_embeds+unet_skips", "speedrun+value_embeds")
-    got = dict(race.race_rungs(("gpt2", "muon", "speedrun", "speedrun+value_embeds", "muon+rope")))
-    assert got["speedrun+value_embeds"] == parse_recipe("speedrun,value_embeds").name
+    names = race.parse_race_rungs("speedrun+unet_skips+bf16_tables, speedrun+unet_skips,gpt2,speedrun")
+    assert names == ("gpt2", "speedrun", "speedrun+unet_skips+bf16_tables", "speedrun+unet_skips")
+    got = dict(race.race_rungs(("gpt2", "muon", "speedrun", "speedrun+unet_skips", "muon+rope")))
+    assert got["speedrun+unet_skips"] == parse_recipe("speedrun,unet_skips").name
     assert got["muon+rope"] == "muon,rope" and got["muon"] == "muon"  # not stacked on the rungs before it
     with pytest.raises(UsageError, match="race rung speedrun\\+nope: unknown recipe part nope"):
         race.parse_race_rungs("gpt2,speedrun+nope")
-    assert race.parse_race_rungs(" speedrun + value_embeds ") == ("speedrun+value_embeds",)  # as its folder is named
-    for spec in ("gpt2+", "speedrun++value_embeds", "speedrun-", "speedrun+-wsd"):
+    assert race.parse_race_rungs(" speedrun + unet_skips ") == ("speedrun+unet_skips",)  # as its folder is named
+    for spec in ("gpt2+", "speedrun++unet_skips", "speedrun-", "speedrun+-wsd"):
         with pytest.raises(UsageError, match="has an empty part beside a \\+ or - sign"):
             race.parse_race_rungs(spec)
-    for spec, twins in [("speedrun,speedrun+muon", "speedrun and speedrun+muon"), ("gpt2,muon,gpt2+muon",
-                        "muon and gpt2+muon"), ("value_embeds+speedrun,speedrun+value_embeds", "value_embeds+speedrun "
-                        "and speedrun+value_embeds")]:
+    for spec, twins in [("speedrun,speedrun+muon", "speedrun and speedrun+muon"),
+                        ("speedrun,speedrun+value_embeds", "speedrun and speedrun+value_embeds"), ("gpt2,muon,gpt2+muon",
+                        "muon and gpt2+muon"), ("unet_skips+speedrun,speedrun+unet_skips", "unet_skips+speedrun "
+                        "and speedrun+unet_skips")]:
         with pytest.raises(UsageError, match=f"race rungs {re.escape(twins)} both train recipe"):
             race.race_rungs(race.parse_race_rungs(spec))
     assert len(race.race_rungs(race.RACE_RUNGS)) == len(race.RACE_RUNGS)  # every rung its own recipe
@@ -77,14 +78,14 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     another rung's recipe is refused as any twin is."""
     from gpt2ladder.model.recipe import SPEEDRUN, parse_recipe
 
-    names = race.parse_race_rungs("speedrun - wsd,gpt2,speedrun,speedrun-rope-qk_norm,speedrun+value_embeds-wsd")
-    assert names == ("gpt2", "speedrun", "speedrun-wsd", "speedrun-rope-qk_norm", "speedrun+value_embeds-wsd")
+    names = race.parse_race_rungs("speedrun - wsd,gpt2,speedrun,speedrun-rope-qk_norm,speedrun+unet_skips-wsd")
+    assert names == ("gpt2", "speedrun", "speedrun-wsd", "speedrun-rope-qk_norm", "speedrun+unet_skips-wsd")
     got = dict(race.race_rungs(names))
     assert got["speedrun-wsd"] == parse_recipe(",".join(p for p in SPEEDRUN if p != "wsd")).name
     assert got["speedrun-rope-qk_norm"] == parse_recipe(",".join(p for p in SPEEDRUN if p not in ("rope", "qk_norm"))).name
-    assert got["speedrun+value_embeds-wsd"] == parse_recipe("speedrun,value_embeds").name.replace(",wsd", "")
+    assert got["speedrun+unet_skips-wsd"] == parse_recipe("speedrun,unet_skips").name.replace(",wsd", "")
     assert race.stacked_recipe("momentum_warmup+speedrun").momentum_warmup  # checked whole, not piece by piece
-    for spec, says in [("speedrun-value_embeds", "takes away value_embeds, which the parts before it do not have"),
+    for spec, says in [("speedrun-unet_skips", "takes away unet_skips, which the parts before it do not have"),
                        ("speedrun-gpt2", "takes away gpt2"), ("speedrun-muon+momentum_warmup", "has no muon"),
                        ("speedrun-nope", "unknown recipe part nope"), ("speedrun-speedrun", "takes every part away"),
                        ("speedrun-speedrun+wsd", "takes every part away"),
@@ -95,7 +96,7 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     cfg = dataclasses.replace(_cfg(), rungs=tuple(rungs))
     rows = [race.rung_row(r, [_run(s, 10.0 + i + s / 10) for s in range(3)], cfg) for i, r in enumerate(cfg.rungs)]
     race.add_gains(rows)
-    # speedrun-rope-qk_norm and speedrun+value_embeds-wsd: no speedrun-rope, no speedrun+value_embeds raced: speedrun
+    # speedrun-rope-qk_norm and speedrun+unet_skips-wsd: no speedrun-rope, no speedrun+unet_skips raced: speedrun
     assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun", "speedrun"]
     with pytest.raises(UsageError, match="--rungs all stands alone"):
         race.parse_race_rungs("all,speedrun-wsd")
@@ -105,9 +106,9 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     race.add_gains(rows)  # 200 steps of 11 ms: 2.2 s, more than the 2 s between the medians
     assert f", {11.1 / 13.1:.2f}x against speedrun, under one validation, earlier validation in 0/3 seeds, 1 tokens" in \
         report.progress_line(rows[3], 9.0)
-    with pytest.raises(UsageError, match="race rungs softcap and speedrun-wsd both train recipe"):
+    with pytest.raises(UsageError, match="race rungs value_embeds and speedrun-wsd both train recipe"):
         race.race_rungs(race.parse_race_rungs("gpt2,muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,"
-                                              "speedrun-wsd"))
+                                              "value_embeds,speedrun-wsd"))
 
 
 def test_the_race_owns_folders_of_its_rungs_and_of_parts_joined_by_plus_only():
@@ -249,27 +250,27 @@ def test_a_row_is_the_median_and_range_over_the_seeds_and_its_gain_over_the_rung
 
 
 def test_a_plus_rung_is_read_against_the_rung_it_adds_its_last_part_to():
-    """speedrun+value_embeds+doc_windows is read against speedrun+value_embeds, not against the unet_skips rung
-    raced between them, and the table names it; speedrun+unet_skips+doc_windows, with no speedrun+unet_skips raced,
+    """speedrun+unet_skips+doc_windows is read against speedrun+unet_skips, not against the bf16_tables rung
+    raced between them, and the table names it; speedrun+bf16_tables+doc_windows, with no speedrun+bf16_tables raced,
     against speedrun; a + rung no start of which the race has is read against the row above."""
-    names = ("gpt2", "speedrun", "speedrun+value_embeds", "speedrun+value_embeds+unet_skips",
-             "speedrun+value_embeds+doc_windows", "speedrun+unet_skips+doc_windows", "momentum_warmup+speedrun")
+    names = ("gpt2", "speedrun", "speedrun+unet_skips", "speedrun+unet_skips+bf16_tables",
+             "speedrun+unet_skips+doc_windows", "speedrun+bf16_tables+doc_windows", "momentum_warmup+speedrun")
     cfg = dataclasses.replace(_cfg(), rungs=tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names)))
     times = (40.0, 20.0, 19.0, 25.0, 18.0, 30.0, 21.0)
     rows = [race.rung_row(r, [_run(s, t + s / 10) for s in range(3)], cfg) for r, t in zip(cfg.rungs, times)]
     race.add_gains(rows)
-    assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun+value_embeds", "speedrun+value_embeds",
-                                           "speedrun",  # no speedrun+unet_skips raced
-                                           "speedrun+unet_skips+doc_windows"]  # momentum_warmup alone is no recipe
-    assert rows[4]["gain_vs_prev"] == pytest.approx(19.1 / 18.1)  # against 19.x, not against unet_skips' 25.x
-    assert rows[5]["gain_vs_prev"] == pytest.approx(20.1 / 30.1)  # no speedrun+unet_skips row: speedrun
+    assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun+unet_skips", "speedrun+unet_skips",
+                                           "speedrun",  # no speedrun+bf16_tables raced
+                                           "speedrun+bf16_tables+doc_windows"]  # momentum_warmup alone is no recipe
+    assert rows[4]["gain_vs_prev"] == pytest.approx(19.1 / 18.1)  # against 19.x, not against bf16_tables' 25.x
+    assert rows[5]["gain_vs_prev"] == pytest.approx(20.1 / 30.1)  # no speedrun+bf16_tables row: speedrun
     record = {"rungs": rows}
     table = report.rows(record)
     assert table[3][2] == f"{19.1 / 25.1:.2f}x, earlier validation in 0/3 seeds"
-    assert table[4][2] == f"{19.1 / 18.1:.2f}x, earlier validation in 3/3 seeds vs speedrun+value_embeds"
+    assert table[4][2] == f"{19.1 / 18.1:.2f}x, earlier validation in 3/3 seeds vs speedrun+unet_skips"
     assert table[5][2] == f"{20.1 / 30.1:.2f}x, earlier validation in 0/3 seeds vs speedrun"
     assert table[6][2] == f"{30.1 / 21.1:.2f}x, earlier validation in 3/3 seeds"
-    assert "against speedrun+value_embeds" in report.progress_line(rows[4], 9.0)
+    assert "against speedrun+unet_skips" in report.progress_line(rows[4], 9.0)
 
 
 def _finished_folder(where, entries, save_at_end):

@@ -25,8 +25,8 @@ def test_parts_are_put_in_race_order_and_decide_the_three_settings():
 
 
 def test_speedrun_in_a_list_stands_for_its_parts():
-    on_top = parse_recipe("value_embeds,speedrun")
-    assert set(on_top.parts) == {*SPEEDRUN, "value_embeds"} and on_top.parts[-1] == "wsd"  # in PARTS order
+    on_top = parse_recipe("unet_skips,speedrun")
+    assert set(on_top.parts) == {*SPEEDRUN, "unet_skips"} and on_top.parts[-1] == "wsd"  # in PARTS order
     assert parse_recipe("speedrun,muon") == parse_recipe("speedrun")  # a part it has already: the same recipe
 
 
@@ -60,8 +60,9 @@ def test_the_new_model_parts_race_after_softcap_and_the_speedrun_is_the_list_the
     names = [p.name for p in PARTS]
     assert names[names.index("softcap"):] == ["softcap", "value_embeds", "unet_skips", "doc_windows", "wsd",
                                               "momentum_warmup", "polar_express", "bf16_tables"]
-    assert SPEEDRUN == ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "wsd")
-    assert not {"value_embeds", "unet_skips", "doc_windows"} & set(parse_recipe("speedrun").parts)
+    assert SPEEDRUN == ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap",
+                        "value_embeds", "wsd")
+    assert not {"unet_skips", "doc_windows", "momentum_warmup", "polar_express", "bf16_tables"} & set(SPEEDRUN)
     recipe = parse_recipe("doc_windows,value_embeds,unet_skips")
     assert recipe.model_parts == ("value_embeds", "unet_skips", "doc_windows") and recipe.family == "modern"
 
@@ -104,7 +105,7 @@ def test_a_recipe_written_with_signs_adds_and_takes_away_parts_left_to_right():
 
 @pytest.mark.parametrize("spec, says", [
     ("speedrun-nope", "unknown recipe part nope; choose from: gpt2, speedrun, muon"),
-    ("speedrun-value_embeds", "it takes away value_embeds, which the parts before it do not have"),
+    ("speedrun-unet_skips", "it takes away unet_skips, which the parts before it do not have"),
     ("speedrun+gpt2", "it adds gpt2, which is no part"),
     ("muon-muon", "recipe 'muon-muon': it takes every part away, which leaves GPT-2: name gpt2 instead"),
     ("muon-muon+rope", "it takes every part away"),

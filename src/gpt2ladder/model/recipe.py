@@ -81,7 +81,7 @@ MUON_ONLY = {"momentum_warmup": "warms Muon's momentum", "polar_express": "chang
              "bf16_tables": "keeps tables in bf16, where AdamW's weight decay (under muon, none) would round away"}
 # The race's top, written out: a part joins it only once the race has shown it beats the rung before it by more
 # than the seeds' spread (a new part is not in it by being in PARTS).
-SPEEDRUN = ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "wsd")
+SPEEDRUN = ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap", "value_embeds", "wsd")
 
 
 @dataclass(frozen=True)
