@@ -165,8 +165,8 @@ def _recipe(p: argparse.ArgumentParser, resumable: bool = False) -> None:
                    help="what is trained: 'gpt2' (GPT-2, AdamW, warm-up + cosine), 'speedrun' (the race's top: "
                    f"{','.join(SPEEDRUN)}), or a comma list of parts switched on top of GPT-2: "
                    f"{', '.join(p.name for p in PARTS)}, where 'speedrun' stands for its parts "
-                   "(speedrun,value_embeds); + adds parts and - takes them away, read left to right, as the race "
-                   f"names its rungs (speedrun-relu2,momentum_warmup) (default: gpt2{kept})")
+                   "(speedrun,unet_skips: speedrun with U-net skips on top); + adds parts and - takes them away, read "
+                   f"left to right, as the race names its rungs (speedrun-relu2,momentum_warmup) (default: gpt2{kept})")
 
 
 def _add_bench(sub) -> None:
@@ -350,14 +350,18 @@ def _add_export(sub) -> None:
                        "model.safetensors (50257 vocabulary rows, Conv1D layout, tied classifier), "
                        "generation_config.json, the GPT-2 tokenizer files and a model card (README.md) with the "
                        "run's data, steps and validation loss. No optimizer state: this is also the file to share. "
-                       "The folder is written beside OUT_DIR and renamed into place when complete.")
+                       "The folder is written beside OUT_DIR and renamed into place when complete. Only GPT-2's "
+                       "model exports: runs of the gpt2 recipe, or of a recipe whose parts change only the "
+                       "optimizer, the schedule or the initialisation (such as muon,wsd,zero_init); a part that "
+                       "changes the network (rope, relu2, ...) does not.")
     p.add_argument("run", metavar="RUN", help="a run directory or its ckpt.pt; or, to re-export, a Hugging Face "
                    "folder or a hub name such as gpt2")
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (absent or empty, unless --force)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
                    help="weights' dtype in model.safetensors (default: float32)")
-    p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty, but never the folder "
-                   "of a run still training there (off by default)")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty (an earlier export, "
+                   "say), but never a folder holding a gpt2ladder run's checkpoint (ckpt.pt, ckpt.prev.pt or "
+                   "best.pt) in it or anywhere below it, finished or still training (off by default)")
     p.add_argument("--license", metavar="ID", help="the license the model card states, as a Hugging Face hub "
                    "license id such as mit or apache-2.0 (default: none stated)")
     p.add_argument("--push-to-hub", metavar="REPO", help="then upload OUT_DIR to the Hugging Face hub as the model "
@@ -377,8 +381,10 @@ def _add_eval(sub) -> None:
                        description="Score a model on a benchmark the way build-nanogpt and llm.c score GPT-2: for "
                        "HellaSwag, each of an example's four endings by its summed loss over the ending's tokens "
                        "(acc) and by its mean loss per token (acc_norm), over the official validation set of "
-                       "10,042 examples, downloaded once into the data cache. Writes OUT/eval.json and prints one "
-                       "line. A literal <|endoftext|> in the data is GPT-2's end-of-text token.")
+                       "10,042 examples, downloaded once into the data cache. Writes OUT/eval.json (with --limit N, "
+                       "OUT/eval-limit-N.json, so a quick look never replaces the full result that export puts on "
+                       "the model card) and prints one line. A literal <|endoftext|> in the data is GPT-2's "
+                       "end-of-text token.")
     p.add_argument("model", metavar="MODEL", help="a run directory or checkpoint, a Hugging Face folder or "
                    "weights file, or a hub name such as gpt2 or openai-community/gpt2 (the local Hugging Face "
                    "cache first, then a download unless HF_HUB_OFFLINE is set)")
@@ -387,12 +393,12 @@ def _add_eval(sub) -> None:
     p.add_argument("--task-data", metavar="FILE", help="a file in the task's own format to use instead of its "
                    "official data (default: none; the official validation set from the data cache)")
     p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N examples, for a quick "
-                   "look (default: all of them)")
+                   "look, written to eval-limit-N.json instead of eval.json (default: all of them, into eval.json)")
     p.add_argument("--batch-size", type=_count(MAX_EVAL_BATCH), help="examples per forward pass, four rows each "
                    f"(default: {D('eval', 'batch_size')})")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    p.add_argument("--out", help="the folder for eval.json (default: the run directory when MODEL is one, "
-                   "else runs/eval)")
+    p.add_argument("--out", help="the folder for eval.json or eval-limit-N.json (default: the run directory when "
+                   "MODEL is one, else runs/eval)")
     p.add_argument("--no-compile", action="store_true", help="run the model eagerly on a GPU too (default: "
                    "compiled on a GPU that can compile, eager on CPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on a terminal)")
@@ -499,7 +505,7 @@ def _add_race(sub) -> None:
                        "is a train run directory, OUT/<rung>/seed<k>/. See docs/race.md.")
     _common(p)
     p.add_argument("--rungs", help="'all' (alone), or race rungs, a comma list taken in race order; rung k trains the "
-                   "parts of rungs 0..k; 'speedrun', and parts joined by + or taken away by - (speedrun+value_embeds, "
+                   "parts of rungs 0..k; 'speedrun', and parts joined by + or taken away by - (speedrun+unet_skips, "
                    "speedrun-wsd), are recipes of their own, the +/- rungs raced last in the order given, each "
                    "against the longest start of its name raced before it, else the row before; a rung listed with "
                    "@ trains it with settings of its own and is read against it (speedrun@muon_lr=0.03, "
@@ -684,7 +690,7 @@ then, in Python:
   GPT2LMHeadModel.from_pretrained("hf/shakespeare"), AutoTokenizer.from_pretrained("hf/shakespeare")""",
     "eval": """examples:
   gpt2ladder eval gpt2                             OpenAI's GPT-2 124M from the Hugging Face hub
-  gpt2ladder eval runs/shakespeare --limit 500     a run, on the first 500 examples
+  gpt2ladder eval runs/shakespeare --limit 500     a run, on the first 500 examples (eval-limit-500.json)
   gpt2ladder eval hf/shakespeare --task-data hellaswag_val.jsonl --device cpu""",
     "parity": """examples:
   gpt2ladder parity --rungs seed --steps 300

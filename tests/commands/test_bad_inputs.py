@@ -62,6 +62,9 @@ CASES = [  # (id, argv, exit code, a fragment of the one line)
     ("resume a missing run directory", [*TRAIN, "--out", "{root}/no-such-run", "--resume"], 2, "no checkpoint at"),
     ("sample a missing run directory", sample("{root}/no-such-run"), 2, "no checkpoint at"),
     ("export a missing run directory", ["export", "{root}/no-such-run", "{out}"], 2, "no checkpoint at"),
+    ("eval a text file", ["eval", "{text}", "--device", "cpu", "--out", "{out}"], 2, "is not a PyTorch file"),
+    ("eval a folder of no model", ["eval", "{mine}", "--device", "cpu", "--out", "{out}"], 2,
+     "nor Hugging Face weights in"),
     ("doctor unknown device", ["doctor", "--device", "tpu"], 2, "unknown device 'tpu'"),
     ("doctor gpu memory zero", ["doctor", "--gpu-memory", "0"], 2, "--gpu-memory: expected a positive number"),
     # numbers no flag can take

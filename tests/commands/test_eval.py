@@ -74,13 +74,29 @@ def test_eval_of_a_hugging_face_folder_writes_eval_json(setup, tmp_path, capsys)
 
 def test_eval_of_a_run_goes_into_the_run_directory(setup, run_dir, capsys):
     model, root = setup
-    code, out, _ = _eval(capsys, run_dir, "--task-data", root / "hellaswag.jsonl", "--limit", 2)
-    assert code == 0 and "(the first 2 of 3)" in out and f"{run_dir / 'ckpt.pt'} (step 7)" in out
+    code, out, _ = _eval(capsys, run_dir, "--task-data", root / "hellaswag.jsonl")
+    assert code == 0 and f"{run_dir / 'ckpt.pt'} (step 7)" in out and out.endswith(f"wrote {run_dir / 'eval.json'}\n")
     record = json.loads((run_dir / "eval.json").read_text())
     state = load_checkpoint(run_dir)
     assert record["model"]["step"] == 7 and record["model"]["weights_sha256"] == state_digest(state["model"])
-    assert record["n"] == 2 and record["data"]["limit"] == 2
+    assert record["n"] == 3 and record["data"]["limit"] is None
     assert record["settings"]["autocast"] is None  # the run's bf16 autocast applies on a GPU only
+
+
+def test_a_partial_eval_never_replaces_the_full_one(setup, run_dir, capsys):
+    """--limit N writes eval-limit-N.json: the full eval.json, which export puts on the model card, stays as it was
+    (and one quick look does not replace another of a different N)."""
+    _, root = setup
+    assert _eval(capsys, run_dir, "--task-data", root / "hellaswag.jsonl")[0] == 0
+    full = (run_dir / "eval.json").read_bytes()
+    for limit in (2, 1):
+        code, out, err = _eval(capsys, run_dir, "--task-data", root / "hellaswag.jsonl", "--limit", limit)
+        assert code == 0 and err == "" and f"(the first {limit} of 3)" in out, err
+        assert out.endswith(f"wrote {run_dir / f'eval-limit-{limit}.json'}\n")
+        record = json.loads((run_dir / f"eval-limit-{limit}.json").read_text())
+        assert record["n"] == limit and record["data"]["limit"] == limit
+    assert (run_dir / "eval.json").read_bytes() == full
+    assert json.loads((run_dir / "eval-limit-2.json").read_text())["n"] == 2
 
 
 def test_eval_of_a_hub_name_from_the_cache(setup, tmp_path, capsys, monkeypatch):
@@ -128,6 +144,33 @@ def test_bad_inputs_are_one_line_and_leave_no_output(setup, tmp_path, capsys, mo
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("what, words", [
+    ("a text file", "is not a PyTorch file, so no gpt2ladder checkpoint"),
+    ("an empty folder", "nor Hugging Face weights in"),
+    ("a missing file", "no such file or folder"),
+])
+def test_a_model_that_is_none_is_refused_before_the_task_data_is_downloaded(tmp_path, capsys, monkeypatch, what,
+                                                                              words):
+    """MODEL is the argument typed: a path that names no model is one line, exit 2, before the official set (not in
+    the cache) is fetched, or even tried."""
+    from gpt2ladder.evals import hellaswag
+
+    def no_download(url, timeout):
+        raise AssertionError(f"eval fetched {url} before it checked MODEL")
+
+    monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hellaswag.urllib.request, "urlopen", no_download)
+    model = {"a text file": tmp_path / "notes.txt", "an empty folder": tmp_path / "empty",
+             "a missing file": tmp_path / "missing.txt"}[what]
+    if what == "a text file":
+        model.write_text("not a model\n")
+    elif what == "an empty folder":
+        model.mkdir()
+    code, out, err = _eval(capsys, model, "--out", tmp_path / "o")
+    _one_line(code, err, 2, words, str(model))
+    assert out == "" and not (tmp_path / "o").exists() and not (tmp_path / "cache").exists()
+
+
 def test_offline_without_the_official_set_says_where_to_put_it(setup, tmp_path, capsys, monkeypatch):
     import urllib.error
 
@@ -151,6 +194,8 @@ def test_eval_help_states_every_default(capsys):
                    "--no-progress"):
         start = text.index(option + " ", text.index("options:"))
         assert "(default:" in text[start:start + 300], option
+    assert "--limit N only the first N examples, for a quick look, written to eval-limit-N.json instead of " \
+           "eval.json" in text
 
 
 @pytest.mark.parametrize("device, kind, setup, expected", [

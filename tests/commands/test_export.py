@@ -143,17 +143,20 @@ def test_a_failure_leaves_no_half_folder(run, tmp_path, capsys, monkeypatch):
 def test_export_help_has_an_example(capsys):
     with pytest.raises(SystemExit):
         cli.main(["export", "--help"])
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())
     assert "gpt2ladder export runs/shakespeare hf/shakespeare" in text and "(default: float32)" in text
+    assert "never a folder holding a gpt2ladder run's checkpoint (ckpt.pt, ckpt.prev.pt or best.pt)" in text
+    assert "a recipe whose parts change only the optimizer, the schedule or the initialisation" in text
 
 
 # --- the destination: never a running run, never two exports at once, nothing followed ---------------
 
 
 def test_force_never_replaces_the_folder_of_a_run_still_going_on(run, tmp_path, capsys):
+    """A run that has written no checkpoint yet (its config.json and log so far) is kept by its lock alone."""
     from gpt2ladder.training import lock
 
-    target = shutil.copytree(run, tmp_path / "running")
+    target = shutil.copytree(run, tmp_path / "running", ignore=shutil.ignore_patterns("*.pt"))
     before = {p.name: p.read_bytes() for p in target.iterdir()}
     held, _ = lock.try_lock(target)  # as `train --out running` holds it
     try:
@@ -163,8 +166,69 @@ def test_force_never_replaces_the_folder_of_a_run_still_going_on(run, tmp_path, 
     assert _one_line_error(err, code, 2) and "still going on" in err and f"pid {os.getpid()} on" in err
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "running"]  # no temp folder, no lock left
-    assert _export(capsys, run, target, "--force")[0] == 0  # the run has finished: now it may be replaced
-    assert not (target / "ckpt.pt").exists() and (target / "model.safetensors").is_file()
+
+
+def _files(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["the run itself", "a copy of the run", "best.pt alone", "a run two folders down",
+                                   "ckpt.prev.pt alone, below"])
+def test_force_never_replaces_a_finished_run_or_a_folder_holding_one(run, tmp_path, capsys, where):
+    """A run that has finished holds no lock: its checkpoints alone say that replacing the folder would delete it."""
+    target = tmp_path / "target"
+    if where == "the run itself":
+        target = run  # a finished run: no lock
+        source = shutil.copytree(run, tmp_path / "source")  # exported from elsewhere, so only --force is in question
+    else:
+        source = run
+        target.mkdir()
+        (target / "notes.txt").write_text("mine")
+    checkpoint = {"the run itself": target / "ckpt.pt", "a copy of the run": target / "run" / "ckpt.pt",
+                  "best.pt alone": target / "best.pt", "a run two folders down": target / "runs" / "a" / "ckpt.pt",
+                  "ckpt.prev.pt alone, below": target / "runs" / "ckpt.prev.pt"}[where]
+    if where == "a copy of the run":
+        shutil.copytree(run, target / "run")  # ckpt.pt, best.pt, config.json, log.jsonl: ckpt.pt is named
+    elif not checkpoint.exists():
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(run / "ckpt.pt", checkpoint)
+    before = _files(target)
+    for force in (["--force"], []):  # without --force too, the refusal names the run, not --force
+        code, out, err = _export(capsys, source, target, *force)
+        assert _one_line_error(err, code, 2) and out == "", err
+        assert f"holds a gpt2ladder run's checkpoint ({checkpoint})" in err and "--force" in err
+    assert _files(target) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder, no lock left
+
+
+def test_force_still_replaces_an_earlier_export_and_a_link_to_a_run_is_not_followed(run, tmp_path, capsys):
+    assert _export(capsys, run, tmp_path / "hf")[0] == 0
+    assert _export(capsys, run, tmp_path / "hf", "--dtype", "bfloat16", "--force")[0] == 0  # an earlier export
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
+    (tmp_path / "hf" / "the-run").symlink_to(run)  # replacing hf removes the link, never the run it points to
+    (tmp_path / "hf" / "ckpt.pt").symlink_to(run / "ckpt.pt")
+    before = _files(run)
+    assert _export(capsys, run, tmp_path / "hf", "--force")[0] == 0
+    assert not (tmp_path / "hf" / "the-run").exists() and _files(run) == before
+
+
+def test_an_unreadable_folder_inside_is_not_replaced(run, tmp_path, capsys, monkeypatch):
+    """What a folder that cannot be read holds is not known, so it may hold a run: refused. (Its listing is made to
+    fail, as a folder of mode 000 fails for any user but root.)"""
+    locked = tmp_path / "target" / "locked"
+    locked.mkdir(parents=True)
+    scandir = os.scandir
+
+    def no_permission(path="."):
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", no_permission)
+    code, _, err = _export(capsys, run, tmp_path / "target", "--force")
+    assert _one_line_error(err, code, 2) and f"cannot read {locked} to see whether it holds a gpt2ladder run" in err
+    assert "(Permission denied)" in err
+    assert locked.is_dir()
 
 
 EXPORT_THAT_HANGS = """import sys, time
@@ -283,3 +347,33 @@ def test_a_run_record_of_the_wrong_types_leaves_those_facts_out_of_the_card(run,
     assert "| steps | 4 |" in card and "| data | tinyshakespeare (sha256" in card
     for absent in ("many", "planned", "tokens per step", "a string", "20261201", "| rungs |", "seed"):
         assert absent not in card, absent
+
+
+# --- which recipes export: GPT-2's model, whatever optimizer, schedule or initialisation trained it -----------
+
+
+@pytest.mark.parametrize("parts, refused", [(("zero_init",), None), (("rope",), "rope"),
+                                            (("relu2", "zero_init"), "relu2")])
+def test_only_a_recipe_that_keeps_gpt2s_function_exports(tmp_path, capsys, parts, refused):
+    """zero_init only sets where the output projections start: its model is GPT-2's, tensor for tensor. A part that
+    changes the network is refused in one line naming it (and only it), before anything is written."""
+    from gpt2ladder.model.config import ModelConfig
+    from gpt2ladder.model.family import built
+    from gpt2ladder.model.gpt import GPT
+    from gpt2ladder.training.checkpoint import save_checkpoint
+
+    cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, parts=parts)
+    model = built(cfg, seed=1)
+    (tmp_path / "run").mkdir()
+    save_checkpoint(tmp_path / "run" / "ckpt.pt", {"model": model.state_dict(), "model_config": cfg.to_dict(),
+                                                   "setup": {}, "step": 1})
+    code, _, err = _export(capsys, tmp_path / "run", tmp_path / "hf")
+    if refused:
+        assert _one_line_error(err, code, 2) and f"GPT-2 with the recipe parts {refused}, which" in err
+        assert "zero_init" not in err and not (tmp_path / "hf").exists()
+        return
+    assert code == 0, err
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    gpt2 = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)).state_dict()
+    assert sorted(tensors) == sorted(k for k in gpt2 if k != "lm_head.weight")
+    assert not tensors["transformer.h.0.attn.c_proj.weight"].any()  # where zero_init starts it

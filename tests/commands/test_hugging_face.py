@@ -3,7 +3,8 @@
 - export -> `from_pretrained` (model and tokenizer) with no warning, the same logits to 1e-5 in fp32 and
   the same greedy tokens as `gpt2ladder sample --temperature 0`;
 - a folder transformers wrote (`save_pretrained`) -> gpt2ladder's sample and `train --init-from`, the same;
-- the exported tokenizer gives gpt2ladder's ids on Tiny Shakespeare.
+- the exported tokenizer gives gpt2ladder's ids on Tiny Shakespeare;
+- a run of a recipe whose only model part sets the initial weights (muon,wsd,zero_init) exports, the same logits.
 The 124M model is built once per module and checked with one forward per model over transformers'
 greedy sequence (the same check as decoding again, token by token: see `_same_function_and_greedy_tokens`);
 the command line is exercised on the small config.
@@ -215,3 +216,34 @@ def test_124m_folder_transformers_wrote_loads_the_same(gpt2_export, tmp_path):
     ours = load_hf_model(tmp_path / "hf")
     assert ours.config == ModelConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024)
     _same_function_and_greedy_tokens(ours, sequence, hf_logits)
+
+
+# --- a recipe whose only model part is an initialisation: GPT-2's function, exported as GPT-2 ------------------
+
+
+@pytest.fixture(scope="module")
+def zero_init_run(module_tmp):
+    """A real 3-step run of `train --recipe muon,wsd,zero_init` (tiny preset, padded vocabulary) and its export."""
+    root = module_tmp("zero-init")
+    text = root / "text.txt"
+    text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 100)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPT2LADDER_CACHE", str(root / "cache"))
+        assert cli.main(["train", "--recipe", "muon,wsd,zero_init", "--device", "cpu", "--preset", "tiny", "--rungs",
+                         "baseline,vocab", "--batch-size", "2", "--seq-len", "32", "--steps", "3", "--eval-every", "0",
+                         "--ckpt-every", "0", "--no-progress", "--data", str(text), "--out", str(root / "run")]) == 0
+    assert cli.main(["export", str(root / "run"), str(root / "hf")]) == 0
+    return root / "run", root / "hf"
+
+
+def test_a_run_of_an_initialisation_only_recipe_exports_the_same_logits(zero_init_run):
+    from gpt2ladder.model.modern import ModernGPT
+    from gpt2ladder.training.loading import load_model
+
+    run, folder = zero_init_run
+    model = load_model(run, torch.device("cpu")).model
+    assert isinstance(model, ModernGPT) and model.config.parts == ("zero_init",)
+    assert model.transformer.h[0].attn.c_proj.weight.any()  # trained away from zero: not a trivial check
+    with no_warnings():
+        hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    torch.testing.assert_close(_logits(hf, _ids(4)), _logits(model, _ids(4)), rtol=1e-5, atol=1e-5)

@@ -141,6 +141,8 @@ def test_hellaswag_of_anything_else_stays_off_the_card(tmp_path, capsys, officia
     if why == "not the official set":
         monkeypatch.setattr(hellaswag, "SHA256", "0" * 64)
     assert cli.main(argv + (["--limit", "2"] if why == "a subset" else [])) == 0
+    if why == "a subset":  # as eval.json (an older gpt2ladder wrote it there): still read as a subset
+        (run / "eval-limit-2.json").rename(run / "eval.json")
     if why == "other weights":  # the run trained on after the evaluation
         shutil.copy(run / "eval.json", tmp_path / "eval.json")
         shutil.rmtree(run)
@@ -150,6 +152,22 @@ def test_hellaswag_of_anything_else_stays_off_the_card(tmp_path, capsys, officia
     assert export(capsys, run, tmp_path / "hf")[0] == 0
     _, text, results = card(tmp_path / "hf")
     assert _hellaswag_rows(results) == {} and "HellaSwag" not in text
+
+
+def test_a_quick_look_after_the_full_evaluation_leaves_the_full_result_on_the_card(tmp_path, capsys,
+                                                                                     official_standin):
+    """`eval --limit N` after a full `eval` writes eval-limit-N.json beside eval.json: the card keeps the full
+    result."""
+    run = make_run(tmp_path / "run")
+    argv = ["eval", str(run), "--task-data", str(official_standin), "--device", "cpu", "--no-progress"]
+    assert cli.main(argv) == 0
+    measured = json.loads((run / "eval.json").read_text())
+    assert cli.main(argv + ["--limit", "2"]) == 0
+    assert json.loads((run / "eval-limit-2.json").read_text())["n"] == 2
+    capsys.readouterr()
+    assert export(capsys, run, tmp_path / "hf")[0] == 0
+    assert _hellaswag_rows(card(tmp_path / "hf")[2]) == {"acc_norm": round(measured["acc_norm"], 4),
+                                                          "acc": round(measured["acc"], 4)}
 
 
 def test_hellaswag_from_a_log_entry_at_the_checkpoints_step(tmp_path, capsys, official_standin):

@@ -8,10 +8,15 @@ card was made from (exporting that folder again keeps the run's details); it is 
 OUT_DIR and renamed into place, so a failure leaves no half folder behind. Meanwhile the export holds a
 lock beside OUT_DIR (a second export to the same place is refused, and what a killed one left there is
 removed) and, when OUT_DIR is a run's folder, that run's lock (a run still training there is never
-replaced). A run's weights are its last good checkpoint, as `sample` reads it. The card's results are only
-those measured on these very weights: the run's last finite validation loss at or before the
-checkpoint's step, and a full HellaSwag evaluation of the official set (an eval.json in the run
-directory whose weights digest is this checkpoint's, or a log entry at this step).
+replaced). --force replaces a folder of other files, an earlier export among them, but never one that holds
+a gpt2ladder run's checkpoint, in it or anywhere below it: a finished run is kept as a running one is.
+
+Only GPT-2's model exports: the gpt2 recipe, or one whose parts change only the optimizer, the schedule or
+the initial weights (`model/hf.check_exportable`). A run's weights are its last good checkpoint, as `sample`
+reads it. The card's results are only those measured on these very weights: the run's last finite validation
+loss at or before the checkpoint's step, and a full HellaSwag evaluation of the official set (an eval.json in
+the run directory whose weights digest is this checkpoint's, or a log entry at this step; a partial one,
+`eval --limit N`, is written to eval-limit-N.json and never read here).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from gpt2ladder.model.hf import WEIGHTS_NAME, check_exportable, save_hf_gpt2
 from gpt2ladder.report.model_card import finite, model_card
 from gpt2ladder.report.records import check_new_folder, folder_written_whole, remove_stale_folders
 from gpt2ladder.training import lock
-from gpt2ladder.training.checkpoint import state_digest
+from gpt2ladder.training.checkpoint import BEST, FILENAME, PREVIOUS, state_digest
 from gpt2ladder.training.loading import LoadedModel, is_run, load_model
 from gpt2ladder.training.outdirs import hold_unless_training
 from gpt2ladder.training.runlog import read_log
@@ -86,7 +91,32 @@ def _check_target(source: str, out: Path, force: bool) -> None:
     if path.exists() and path.resolve().is_relative_to(out.resolve()):
         what = "run" if is_run(path) else "model"
         raise UsageError(f"{out} holds the {what} being exported ({path}); give another folder")
+    _check_no_run_inside(out)
     check_new_folder(out, force)
+
+
+# The files a gpt2ladder run keeps its weights in (`training/checkpoint.py`), in the order a refusal names them: a
+# folder holding one is never replaced.
+RUN_CHECKPOINTS = (FILENAME, PREVIOUS, BEST)
+
+
+def _check_no_run_inside(out: Path) -> None:
+    """A UsageError when `out` holds a gpt2ladder run's checkpoint, in it or in any folder below it: replacing `out`
+    would delete that run. A link is not followed (replacing `out` removes the link, never what it points to); a
+    folder that cannot be read is refused too, since what it holds cannot be known."""
+    if out.is_symlink() or not out.is_dir():
+        return  # check_new_folder says why such an OUT_DIR is refused
+
+    def unreadable(err: OSError) -> None:
+        raise UsageError(f"cannot read {err.filename} to see whether it holds a gpt2ladder run "
+                         f"({err.strerror or err}); {out} is not replaced: give another folder")
+
+    for folder, subfolders, files in os.walk(out, onerror=unreadable):
+        subfolders.sort()  # in name order: the same checkpoint is named every time
+        found = [n for n in RUN_CHECKPOINTS if n in files and not os.path.islink(os.path.join(folder, n))]
+        if found:
+            raise UsageError(f"{out} holds a gpt2ladder run's checkpoint ({Path(folder) / found[0]}); an export "
+                             "never replaces a run, even with --force: give another folder")
 
 
 @contextlib.contextmanager
@@ -104,6 +134,7 @@ def _destination(out: Path, force: bool):
     run_lock = None
     try:
         check_new_folder(out, force)  # again, now that no other export can write there
+        _check_no_run_inside(out)  # and a run written there meanwhile
         run_lock = hold_unless_training(out)
         remove_stale_folders(out)
         with folder_written_whole(out, force) as tmp:

@@ -401,12 +401,19 @@ def hf_tensors(model, dtype: torch.dtype = torch.float32) -> dict[str, torch.Ten
     return out
 
 
+# The recipe's model parts that change only where the weights start (`model/recipe.py`): the modules, their names
+# and shapes, and the function the trained weights compute stay GPT-2's, so such a model exports as GPT-2.
+INIT_ONLY_PARTS = ("zero_init",)
+
+
 def check_exportable(cfg: ModelConfig) -> None:
-    """A UsageError unless the model is GPT-2 itself: Hugging Face's GPT-2 computes no other family's function."""
-    if cfg.family != "gpt2":
-        raise UsageError(f"this model is GPT-2 with the recipe parts {', '.join(cfg.parts)}, which Hugging Face's "
-                         "GPT-2 does not compute: only a model of the gpt2 recipe exports (sample and eval read the "
-                         "run itself)")
+    """A UsageError unless the model computes GPT-2's function: GPT-2 itself, or GPT-2 with parts that only set its
+    initial weights (INIT_ONLY_PARTS). Hugging Face's GPT-2 computes no other function."""
+    changed = [p for p in cfg.parts if p not in INIT_ONLY_PARTS]
+    if changed:
+        raise UsageError(f"this model is GPT-2 with the recipe parts {', '.join(changed)}, which Hugging Face's "
+                         "GPT-2 does not compute: only GPT-2's model exports, a recipe whose parts change only the "
+                         "optimizer, the schedule or the initialisation (sample and eval read the run itself)")
 
 
 def save_hf_gpt2(model, folder: str | Path, dtype: torch.dtype = torch.float32) -> list[Path]:
