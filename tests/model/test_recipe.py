@@ -120,3 +120,10 @@ def test_a_written_recipe_that_cannot_be_read_is_one_line(spec, says):
     with pytest.raises(UsageError, match=re.escape(says)) as err:
         parse_recipe(spec)
     assert "\n" not in str(err.value)
+
+
+def test_a_race_rungs_settings_given_to_recipe_point_to_the_flags():
+    with pytest.raises(UsageError, match="recipe 'speedrun@muon_lr=0.03': @ gives a race rung settings of its own; "
+                                         "a run takes them as flags: --recipe speedrun --muon-lr X") as err:
+        parse_recipe("speedrun@muon_lr=0.03")
+    assert "\n" not in str(err.value)

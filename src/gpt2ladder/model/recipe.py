@@ -132,11 +132,16 @@ GPT2 = Recipe()
 def parse_recipe(spec: str | None) -> Recipe:
     """`gpt2` (or None), `speedrun`, or a comma list of items, each a part, `speedrun` (its parts) or `gpt2` (none),
     or such names written with `+` and `-` (`speedrun-relu2`: `written_parts`); the recipe has every item's parts,
-    put in `PARTS` order (so `speedrun,value_embeds` is the speedrun with value embeddings on top)."""
+    put in `PARTS` order (so `speedrun,unet_skips` is the speedrun with U-net skips on top)."""
     if spec is None or spec.strip() == "gpt2":
         return GPT2
     if spec.strip() == "speedrun":
         return Recipe(SPEEDRUN)
+    if "@" in spec:  # a race rung's settings (speedrun@muon_lr=0.03): a run takes them as flags
+        name, setting = spec.split("@", 1)
+        flag = "--" + setting.split("=", 1)[0].strip().replace("_", "-")
+        raise UsageError(f"recipe {spec.strip()!r}: @ gives a race rung settings of its own; a run takes them as "
+                         f"flags: --recipe {name.strip()} {flag} X")
     items = [n.strip() for n in spec.split(",") if n.strip()]
     unknown = [n for n in items if not SIGNS.search(n) and n not in NAMES]
     if unknown or not items:
@@ -159,7 +164,7 @@ def parse_recipe(spec: str | None) -> Recipe:
 
 
 # A recipe's name written with signs, read left to right: `+` adds the parts of the name after it, `-` takes them
-# away (`speedrun-relu2+value_embeds`). The race names the rungs of such recipes so.
+# away (`speedrun-relu2+unet_skips`). The race names the rungs of such recipes so.
 ADD, TAKE = "+", "-"
 SIGNS = re.compile(r"\s*([" + re.escape(ADD + TAKE) + r"])\s*")
 NAMES = ("gpt2", "speedrun", *(p.name for p in PARTS))
@@ -174,7 +179,7 @@ def written_parts(name: str) -> tuple[str, ...]:
     pieces = SIGNS.split(name.strip())  # [first, sign, piece, sign, piece, ...]
     if not all(pieces):
         raise UsageError(f"it has an empty part beside a {ADD} or {TAKE} sign; write parts joined by {ADD} or taken "
-                         f"away by {TAKE}, such as speedrun{ADD}value_embeds or speedrun{TAKE}wsd")
+                         f"away by {TAKE}, such as speedrun{ADD}unet_skips or speedrun{TAKE}wsd")
     parts = list(_parts_of(pieces[0]))
     for sign, piece in zip(pieces[1::2], pieces[2::2]):
         named = _parts_of(piece)
