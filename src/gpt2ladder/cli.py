@@ -596,7 +596,8 @@ def _add_prepare(sub) -> None:
                        "same command continues after the last finished shard. Any command's --data takes OUT.")
     p.add_argument("source", metavar="SOURCE", help="a text file (one document); a folder of text files (one "
                    "document per file, in sorted order); JSON Lines, Parquet or CSV files (or a folder of them, .gz "
-                   "allowed) with a text column; or a Hugging Face dataset name such as HuggingFaceFW/fineweb-edu, "
+                   "allowed) with a text column, a folder's other files (a README.md) skipped and counted in the "
+                   "banner and manifest.json; or a Hugging Face dataset name such as HuggingFaceFW/fineweb-edu, "
                    "streamed, never downloaded whole (there is no default)")
     p.add_argument("out", metavar="OUT", help="the folder for the shards: absent, empty, or holding an unfinished "
                    "prepare of the same source to continue (there is no default)")

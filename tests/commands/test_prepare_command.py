@@ -114,6 +114,10 @@ CASES = [  # (id, make the source in tmp_path -> SOURCE, extra flags, exit code,
     ("a name saying val", lambda d: _write(d / "x.txt", "x"), ["--name", "my_val_set"], 2, ["'val' or 'train'"]),
     ("empty text file", lambda d: _write(d / "x.txt", ""), [], 2, ["holds no documents, or empty ones only"]),
     ("empty documents only", lambda d: _write(d / "x.jsonl", '{"text": ""}\n' * 3), [], 2, ["holds no documents"]),
+    ("a bad record on line 2", lambda d: _write(d / "x.jsonl", '{"text": "hello"}\n{"text": 5}\n'), [], 2,
+     ["x.jsonl line 2: field 'text' is int, not text"]),  # found in the first lines: before the banner
+    ("no JSON on line 2", lambda d: _write(d / "x.jsonl", '{"text": "hello"}\nnot json\n'), [], 2,
+     ["x.jsonl line 2 is not valid JSON"]),
     ("a picture among texts", lambda d: (_write(_mkdir(d / "docs") / "a.txt", DOC),
                                          _write(d / "docs" / "b.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"))[0].parent,
      [], 2, ["b.png is not UTF-8 text", "move it out"]),
@@ -332,6 +336,62 @@ def test_sigterm_stops_prepare_as_ctrl_c_does(tmp_path, shakespeare_cache):
     assert err.count("\n") == 1 and "terminated;" in err and "leaked" not in err, err
     out = tmp_path / "out"
     assert not out.exists() or not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_a_bad_record_past_the_first_lines_stops_the_run_with_nothing_claimed(tmp_path, capsys, monkeypatch):
+    """Found only while tokenizing: the banner (a plan) is followed by the one line, no summary, and OUT is gone."""
+    from gpt2ladder.data import sources
+
+    monkeypatch.setattr(sources, "CHECK_DOCUMENTS", 2)
+    source = _write(tmp_path / "x.jsonl", '{"text": "hello"}\n' * 3 + '{"text": 5}\n')
+    code, stdout, err = run(capsys, "prepare", source, tmp_path / "out", "--workers", "1", "--no-progress")
+    one_line(code, err, 2, "x.jsonl line 4: field 'text' is int, not text")
+    assert stdout.count("\n") == 1 and stdout.startswith("prepare: ") and "wrote" not in stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_skipped_files_of_a_folder_are_counted_in_the_banner_and_manifest(tmp_path, capsys):
+    folder = _mkdir(tmp_path / "f")
+    _write(folder / "a.txt", "a text")
+    _write(_mkdir(folder / "sub") / "b.md", "another text")
+    _write(folder / "d.jsonl", '{"text": "a record"}\n')
+    _write(folder / "c.bin", b"\x7fELF\0\0\0")
+    code, stdout, err = run(capsys, "prepare", folder, tmp_path / "out", "--workers", "1", "--no-progress")
+    assert code == 0, err
+    assert f"prepare: {folder.resolve()} (1 jsonl file, skipping 1 file of a format prepare does not read (c.bin) " \
+           "and 2 files of another format (a.txt, sub/b.md)) -> " in stdout
+    skipped = json.loads((tmp_path / "out" / "manifest.json").read_text())["source"]["skipped"]
+    assert skipped == {"files of a format prepare does not read": {"count": 1, "first": ["c.bin"]},
+                       "files of another format": {"count": 2, "first": ["a.txt", "sub/b.md"]}}
+
+
+def test_a_corpus_too_short_to_train_on_says_so_instead_of_suggesting_it(tmp_path, capsys):
+    source = _write(tmp_path / "s.csv", 'id,text\n1,"hello world"\n2,"second doc, with comma"\n')
+    code, stdout, err = run(capsys, "prepare", source, tmp_path / "out", "--workers", "1", "--no-progress")
+    assert code == 0 and err == ""
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith(f"wrote {tmp_path / 'out'}: 2 documents, 9 tokens: validation 0, training 9 in 1 shard")
+    assert last.endswith("; too small for train's shortest default sequence, 129 tokens (--seq-len 128 on a CPU, plus "
+                         "the next token): validation holds 0 tokens and training holds 9; prepare a longer source, "
+                         "or train with --eval-every 0 and a --seq-len below 9")
+    assert "--data" not in last
+
+
+@pytest.mark.parametrize("val, train, says", [
+    (200, [300], "train on it with --data OUT"),
+    (50, [300], "validation holds 50 tokens; prepare a longer source, or train with --eval-every 0 or a --seq-len "
+                "below 50"),
+    (0, [300], "validation holds 0 tokens; prepare a longer source, or train with --eval-every 0"),
+    (200, [100, 100], "no training shard holds that many (the largest 100; a sequence never spans shards); prepare it "
+                      "into another OUT with a larger --shard-tokens, or train with a --seq-len below 100"),
+    (40, [1], "validation holds 40 tokens and training holds 1; prepare a longer source"),
+])
+def test_the_last_line_says_when_train_would_refuse_the_corpus(val, train, says):
+    from gpt2ladder.commands.prepare import _next_step
+
+    shards = [{"split": "val", "n_tokens": val}] + [{"split": "train", "n_tokens": n} for n in train]
+    got = _next_step(Path("OUT"), {"shards": shards})
+    assert got.endswith(says) and (got == says) is (says.startswith("train on it"))
 
 
 def test_counts_of_one_are_singular():

@@ -158,9 +158,52 @@ def test_a_missing_path_and_a_mixed_folder_are_one_line(tmp_path):
         open_source(SourceSpec(str(tmp_path / "nope.jsonl")))
     (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
     (tmp_path / "b.csv").write_text("text\nb\n")
-    with pytest.raises(UsageError, match="holds csv and jsonl files; name one with --format"):
+    with pytest.raises(UsageError) as err:
         open_source(SourceSpec(str(tmp_path)))
-    assert documents(open_source(SourceSpec(str(tmp_path), format="csv"))) == ["b"]
+    assert str(err.value) == (f"{tmp_path} holds CSV files (b.csv) and JSON Lines files (a.jsonl), which prepare "
+                              "reads differently; prepare each kind from a folder of its own, or read one kind alone "
+                              "with --format csv or --format jsonl")
+    csv_only = open_source(SourceSpec(str(tmp_path), format="csv"))
+    assert documents(csv_only) == ["b"]
+    assert csv_only.description["skipped"] == {sources.OTHER: {"count": 1, "first": ["a.jsonl"]}}
+
+
+def test_text_files_beside_records_are_left_out_and_counted(tmp_path):
+    """A folder's records are its documents (a dataset card beside them is not one); the text files left out
+    were dropped without a word, and are now counted as what the folder's walk passes over is."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("a text")
+    (tmp_path / "sub" / "b.md").write_text("another text")
+    (tmp_path / "d.jsonl").write_text('{"text": "a record"}\n')
+    records = open_source(SourceSpec(str(tmp_path)))
+    assert documents(records) == ["a record"] and records.description["kind"] == "jsonl"
+    assert records.description["skipped"] == {sources.OTHER: {"count": 2, "first": ["a.txt", "sub/b.md"]}}
+    assert sources.OTHER == "files of another format"
+    texts = open_source(SourceSpec(str(tmp_path), format="text"))  # every file, read as text
+    assert len(documents(texts)) == 3 and "skipped" not in texts.description
+
+
+def test_files_of_a_suffix_no_reader_understands_are_counted(tmp_path):
+    (tmp_path / "a.txt").write_text("a text")
+    (tmp_path / "c.bin").write_bytes(b"\x7fELF\0\0")
+    source = open_source(SourceSpec(str(tmp_path)))
+    assert documents(source) == ["a text"] and source.description["files"] == 1
+    assert source.description["skipped"] == {sources.UNREAD: {"count": 1, "first": ["c.bin"]}}
+    assert sources.UNREAD == "files of a format prepare does not read"
+    (tmp_path / "a.txt").unlink()
+    with pytest.raises(UsageError) as err:
+        open_source(SourceSpec(str(tmp_path)))
+    assert str(err.value) == (f"source folder {tmp_path} holds no files prepare reads (1 of a format it does not "
+                              "read, such as c.bin)")
+
+
+def test_check_reads_the_first_documents_not_only_the_first(tmp_path, monkeypatch):
+    """A bad record among the first documents is found before any work; one further on, while tokenizing."""
+    (tmp_path / "x.jsonl").write_text('{"text": "hello"}\n{"text": 5}\n')
+    with pytest.raises(UsageError, match="line 2: field 'text' is int, not text"):
+        open_source(SourceSpec(str(tmp_path / "x.jsonl"))).check()
+    monkeypatch.setattr(sources, "CHECK_DOCUMENTS", 1)
+    open_source(SourceSpec(str(tmp_path / "x.jsonl"))).check()  # past the documents it reads: no error yet
 
 
 def test_without_pyarrow_a_parquet_source_says_what_to_install(tmp_path, monkeypatch):

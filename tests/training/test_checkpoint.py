@@ -3,6 +3,7 @@
 import errno
 import os
 import random
+import zipfile
 
 import numpy as np
 import pytest
@@ -66,7 +67,7 @@ def test_missing_file_is_a_one_line_usage_error(tmp_path):
     assert _one_line(err.value)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_tensor_bytes", "text_file", "empty"])
+@pytest.mark.parametrize("damage", ["truncate", "flip_tensor_bytes", "text_file", "empty", "other_zip"])
 def test_damaged_file_is_a_one_line_error(tmp_path, damage):
     path = save_checkpoint(tmp_path / "ckpt.pt", _state())
     raw = bytearray(path.read_bytes())
@@ -79,14 +80,24 @@ def test_damaged_file_is_a_one_line_error(tmp_path, damage):
         raw[at + 2] ^= 0xFF
     elif damage == "text_file":
         raw = bytearray(b"hello, I am not a checkpoint\n")
+    elif damage == "other_zip":  # a whole zip archive, but not torch.save's
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "hello")
+        raw = bytearray(path.read_bytes())
     else:
         raw = bytearray()
     path.write_bytes(bytes(raw))
     with pytest.raises(LadderError) as err:
         load_checkpoint(path)
     assert _one_line(err.value)
-    expected = {"flip_tensor_bytes": "do not match their sha256", "text_file": "is not a PyTorch file"}
-    assert expected.get(damage, "unreadable (truncated or corrupt)") in str(err.value)
+    expected = {"flip_tensor_bytes": "do not match their sha256", "text_file": "is not a PyTorch file",
+                "truncate": f"checkpoint {path} is unreadable (not a whole torch.save archive: truncated or corrupted)",
+                "empty": f"checkpoint {path} is unreadable (empty or zeroed, as a crash can leave a file)",
+                "other_zip": f"checkpoint {path} is unreadable (torch.load cannot read what the archive holds: "
+                             "corrupted, or not written by gpt2ladder)"}
+    assert expected[damage] in str(err.value)
+    if "unreadable" in expected[damage]:  # our reason whole, nothing of torch's after it
+        assert str(err.value) == expected[damage]
     assert isinstance(err.value, UsageError) is (damage == "text_file")  # another kind of file: a mistake
 
 
@@ -222,6 +233,20 @@ def test_a_damaged_ckpt_falls_back_to_the_previous_and_can_be_set_aside(tmp_path
         checkpoint.last_good(tmp_path / "ckpt.pt.damaged")
     path.write_bytes(b"\0" * 4096)  # zeroed, as a crash can leave a file: damage too, not another kind of file
     assert checkpoint.last_good(tmp_path, notify=lambda _: None)[0]["step"] == 1
+
+
+def test_the_fallback_notice_gives_our_reason_not_torchs_cut_short(tmp_path):
+    """A ckpt.pt cut to 1000 bytes: torch's message is a paragraph of miniz's advice; the notice says in a few
+    words of ours what is wrong, and the checkpoint before it is used."""
+    path, previous = tmp_path / "ckpt.pt", tmp_path / "ckpt.prev.pt"
+    save_checkpoint(path, {**_state(), "step": 1}, previous=previous)
+    save_checkpoint(path, {**_state(), "step": 2}, previous=previous)
+    path.write_bytes(path.read_bytes()[:1000])
+    notes = []
+    state, used = checkpoint.last_good(tmp_path, notify=notes.append)
+    assert used == previous and state["step"] == 1
+    assert notes == [f"notice: checkpoint {path} is unreadable (not a whole torch.save archive: truncated or "
+                     f"corrupted); using the checkpoint before it, {previous} (step 1)"]
 
 
 def test_a_foreign_ckpt_is_not_passed_over(tmp_path):

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpt2ladder.commands.defaults import DEFAULTS
 from gpt2ladder.data import manifest as manifest_mod
 from gpt2ladder.data.prepare import PrepareConfig, Plan, available_cores, default_name, drop_temporaries, plan, run
 from gpt2ladder.data.sources import Source, SourceSpec, open_source
@@ -86,8 +87,37 @@ def _prepare(args, cfg: PrepareConfig, source: Source) -> int:
         bar.close()
     seconds = time.perf_counter() - t0
     print(f"wrote {cfg.out}: {_counts(manifest)}, in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s "
-          f"on {cfg.workers} worker{'' if cfg.workers == 1 else 's'}); train on it with --data {cfg.out}")
+          f"on {cfg.workers} worker{'' if cfg.workers == 1 else 's'}); {_next_step(cfg.out, manifest)}")
     return 0
+
+
+def _next_step(out: Path, manifest: dict) -> str:
+    """What to do with the corpus: train on it, or, where train as it runs by default would refuse it (the rule
+    of `data/batches.check_splits`, for the shortest sequence of train's defaults: --seq-len on a CPU, plus the
+    next token), which split is too short and what to do instead."""
+    seq_len = DEFAULTS["train"]["cpu"]["seq_len"]
+    need = seq_len + 1
+    val = sum(s["n_tokens"] for s in manifest["shards"] if s["split"] == "val")
+    train = [s["n_tokens"] for s in manifest["shards"] if s["split"] == "train"]
+    largest = max(train, default=0)
+    short = [f"validation holds {_many(val, 'token')}"] if val < need else []
+    if sum(train) < need:
+        short.append(f"training holds {sum(train):,}")
+    elif largest < need:
+        short.append(f"no training shard holds that many (the largest {largest:,}; a sequence never spans shards)")
+    if not short:
+        return f"train on it with --data {out}"
+    if largest >= need:  # only validation is short
+        remedy = "prepare a longer source, or train with --eval-every 0" + (f" or a --seq-len below {val:,}"
+                                                                           if val >= 2 else "")
+    else:
+        remedy = ("prepare a longer source" if sum(train) < need or val < need else
+                  "prepare it into another OUT with a larger --shard-tokens")
+        if largest >= 2:
+            remedy += (f", or train with --eval-every 0 and a --seq-len below {largest:,}" if val < 2 else
+                       f", or train with a --seq-len below {min(largest, val):,}")
+    return (f"too small for train's shortest default sequence, {need} tokens (--seq-len {seq_len} on a CPU, plus "
+            f"the next token): {' and '.join(short)}; {remedy}")
 
 
 class _Terminated(KeyboardInterrupt):
@@ -128,9 +158,16 @@ def _describe(d: dict) -> str:
     if d["kind"] == "hf":
         subset = f" ({d['subset']})" if d.get("subset") else ""
         return f"the Hugging Face dataset {d['name']}{subset}, split {d['split']}"
-    skipped = "".join(f", skipping {v['count']} {what} ({', '.join(v['first'])}{', ...' if v['count'] > 3 else ''})"
-                      for what, v in d.get("skipped", {}).items())
-    return f"{d['path']} ({d['files']:,} {d['kind']} file{'' if d['files'] == 1 else 's'}{skipped})"
+    skipped = [f"{v['count']:,} {_one(what) if v['count'] == 1 else what} ({', '.join(v['first'])}"
+               f"{', ...' if v['count'] > 3 else ''})" for what, v in d.get("skipped", {}).items()]
+    listed = ", ".join(skipped[:-1]) + " and " + skipped[-1] if len(skipped) > 1 else "".join(skipped)
+    return f"{d['path']} ({d['files']:,} {d['kind']} file{'' if d['files'] == 1 else 's'}" \
+           f"{', skipping ' + listed if skipped else ''})"
+
+
+def _one(what: str) -> str:
+    """A kind of skipped thing, as the manifest names it (plural), said of one: "broken links" -> "broken link"."""
+    return " ".join({"files": "file", "links": "link"}.get(word, word) for word in what.split(" "))
 
 
 def _counts(manifest: dict) -> str:

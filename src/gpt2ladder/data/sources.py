@@ -11,6 +11,7 @@ what lets `prepare` resume after its last finished shard. Long texts are cut int
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import dataclasses
 import gzip
@@ -29,6 +30,10 @@ READ_BYTES = 4 * 2**20  # a text file is read and cut into pieces this much at a
 MAX_CARRY = 64 * 2**20  # a line longer than this (no safe cut) is cut anyway, as encode_stream does
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
 SNIFF_BYTES = 4096  # how much of each text file is looked at before anything is tokenized
+# `Source.check` reads the first documents up to this many, or this much text: a bad record among them is one
+# line before the banner, not an error after it; one further on is found while tokenizing.
+CHECK_DOCUMENTS = 1000
+CHECK_CHARS = 2**20
 # Files no reader here understands; a source of another suffix is read as UTF-8 text.
 UNKNOWN = {".zst", ".bz2", ".xz", ".zip", ".tar", ".7z", ".arrow", ".feather", ".bin", ".npy", ".pt", ".pkl",
            ".xlsx", ".xls", ".avro", ".orc", ".tfrecord", ".h5"}
@@ -95,17 +100,18 @@ class Source:
         return Cursor(self.read, start)
 
     def check(self) -> None:
-        """Read up to the first piece of text, so a missing column or a source without any text (no documents,
-        or empty ones only) is one line before any work."""
-        cursor = self.pieces()
-        try:
-            while not next(cursor)[0]:
-                pass
-        except StopIteration:
+        """Read the first documents (CHECK_DOCUMENTS, or CHECK_CHARS of text, and at least up to the first text),
+        so a missing column, a line that is no JSON or a field that is no text among them, or a source without any
+        text (no documents, or empty ones only) is one line before any work."""
+        documents = chars = 0
+        with contextlib.closing(self.pieces()) as cursor:
+            for text, starts in cursor:
+                documents, chars = documents + starts, chars + len(text)
+                if chars and (documents >= CHECK_DOCUMENTS or chars >= CHECK_CHARS):
+                    break
+        if not chars:
             raise UsageError(f"{self.description.get('path') or self.description.get('name')} holds no "
-                             "documents, or empty ones only: no text to tokenize") from None
-        finally:
-            cursor.close()
+                             "documents, or empty ones only: no text to tokenize")
 
 
 # --- choosing a reader -------------------------------------------------------------------------
@@ -130,6 +136,10 @@ def format_of(path: Path) -> str:
 
 # What a folder's walk passes over, as the manifest and the banner name them.
 LINK_OUT, LOOP, BROKEN, SPECIAL = "links out of the folder", "links looping back", "broken links", "special files"
+# And the files of a folder that are not read: of a suffix no reader here understands (UNKNOWN), or of another
+# kind than the one read (text files beside records, or files that --format does not name).
+UNREAD, OTHER = "files of a format prepare does not read", "files of another format"
+KIND_NAMES = {"jsonl": "JSON Lines", "csv": "CSV", "parquet": "Parquet"}
 
 
 def _files(folder: Path, follow_links: bool = False) -> tuple[list[Path], dict[str, list[Path]]]:
@@ -171,17 +181,37 @@ def _files(folder: Path, follow_links: bool = False) -> tuple[list[Path], dict[s
     return sorted(found, key=order), {k: sorted(v, key=order) for k, v in skipped.items() if v}
 
 
-def _folder(folder: Path, fmt: str, files: list[Path]) -> tuple[str, list[Path]]:
-    """(format, files) of a folder: its data files if it holds any, else every file as a text document."""
+def _kind(path: Path) -> str:
+    """How a folder's file is read when --format is auto: a kind of records, text, or "unread" (UNKNOWN)."""
+    if _suffix(path) in UNKNOWN or path.suffix.lower() in UNKNOWN:
+        return "unread"
+    return SUFFIXES.get(_suffix(path), "text")
+
+
+def _folder(folder: Path, fmt: str, files: list[Path]) -> tuple[str, list[Path], dict[str, list[Path]]]:
+    """(format, files, what is left out) of a folder: its files of one kind of records if it holds any (beside
+    them, a text file such as a dataset card's README.md is no document), else every file as a text document;
+    with --format, the files of that kind (text: every file). Files of a suffix no reader understands are left
+    out, and so are those of another kind: both are counted, in the banner and the manifest."""
     if fmt == "text":
-        return "text", files
-    data = [p for p in files if _suffix(p) in SUFFIXES]
-    if fmt != "auto":
-        return fmt, [p for p in data if SUFFIXES[_suffix(p)] == fmt]
-    kinds = sorted({SUFFIXES[_suffix(p)] for p in data})
-    if len(kinds) > 1:
-        raise UsageError(f"{folder} holds {' and '.join(kinds)} files; name one with --format")
-    return (kinds[0], data) if kinds else ("text", [p for p in files if _suffix(p) not in UNKNOWN])
+        return "text", files, {}
+    kinds = [_kind(p) for p in files]
+    records = sorted(set(kinds) - {"unread", "text"})
+    if fmt == "auto" and len(records) > 1:
+        raise _mixed(folder, {k: next(p for p, kind in zip(files, kinds) if kind == k) for k in records})
+    if fmt == "auto":
+        fmt = records[0] if records else "text"
+    left_out = {UNREAD: [p for p, kind in zip(files, kinds) if kind == "unread"],
+                OTHER: [p for p, kind in zip(files, kinds) if kind not in (fmt, "unread")]}
+    return fmt, [p for p, kind in zip(files, kinds) if kind == fmt], {k: v for k, v in left_out.items() if v}
+
+
+def _mixed(folder: Path, first: dict[str, Path]) -> UsageError:
+    """A folder holding records of several kinds, each named by its first file, and how to prepare them."""
+    each = [f"{KIND_NAMES[k]} files ({p.relative_to(folder).as_posix()})" for k, p in first.items()]
+    return UsageError(f"{folder} holds {', '.join(each[:-1])} and {each[-1]}, which prepare reads differently; "
+                      "prepare each kind from a folder of its own, or read one kind alone with "
+                      + " or ".join(f"--format {k}" for k in first))
 
 
 def open_source(spec: SourceSpec) -> Source:
@@ -196,13 +226,17 @@ def open_source(spec: SourceSpec) -> Source:
     skipped: dict[str, list[Path]] = {}
     if path.is_dir():
         found, skipped = _files(path, spec.follow_links)
-        fmt, files = _folder(path, spec.format, found)
+        fmt, files, left_out = _folder(path, spec.format, found)
+        skipped.update(left_out)
     elif not path.is_file():  # a FIFO or a device would block or never end
         raise UsageError(f"source {path} is not a regular file (a FIFO, socket or device)")
     else:
         fmt, files = (format_of(path) if spec.format == "auto" else spec.format), [path]
     if not files:
-        raise UsageError(f"source folder {path} holds no {'' if spec.format == 'auto' else spec.format + ' '}files")
+        unread = skipped.get(UNREAD, [])
+        raise UsageError(f"source folder {path} holds no {'' if spec.format == 'auto' else spec.format + ' '}files"
+                         + (f" prepare reads ({len(unread):,} of a format it does not read, such as "
+                            f"{unread[0].relative_to(path).as_posix()})" if unread else ""))
     for f in files:
         if not os.access(f, os.R_OK):
             raise UsageError(f"cannot read {f}: permission denied")

@@ -20,6 +20,7 @@ import math
 import os
 import random
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +209,23 @@ def _starts_as_torch(path: Path) -> bool:
     return not head.strip(b"\0") or head.startswith((b"PK\x03\x04", b"\x80"))
 
 
+def _damage(path: Path) -> str:
+    """Why a file that begins as torch.save's does not load, in a few words of ours: torch's own message for a
+    cut archive is a paragraph of miniz's advice, and cut to a line it stops mid-sentence."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head.strip(b"\0"):
+        return "empty or zeroed, as a crash can leave a file"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            whole = archive.testzip() is None  # every member's CRC: only on this path, where loading failed
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        whole = False
+    if not whole:
+        return "not a whole torch.save archive: truncated or corrupted"
+    return "torch.load cannot read what the archive holds: corrupted, or not written by gpt2ladder"
+
+
 def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...] = ()) -> dict:
     """A verified checkpoint dict holding the keys `needs`, or one line saying why the file cannot be one."""
     path = checkpoint_path(path)
@@ -219,9 +237,7 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
         if not _starts_as_torch(path):  # another kind of file named: a mistake, not damage
             raise NotACheckpoint(f"{path} is not a PyTorch file, so no gpt2ladder checkpoint; give a run "
                                  "directory or its ckpt.pt") from None
-        detail = _first_line(err)
-        raise CheckpointDamaged(f"checkpoint {path} is unreadable (truncated or corrupt)"
-                                + (f": {detail}" if detail else "")) from None
+        raise CheckpointDamaged(f"checkpoint {path} is unreadable ({_damage(path)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise NotACheckpoint(f"{path} is not a gpt2ladder checkpoint")
     if state.get("version") != VERSION:
