@@ -9,6 +9,7 @@ from gpt2ladder.errors import UsageError
 from gpt2ladder.ladder import (
     LADDER,
     available_rungs,
+    declined_by_recipe,
     WRITEUP_RUNGS,
     parse_rungs,
     resolve_rungs,
@@ -257,3 +258,22 @@ def test_a_recipe_that_changes_gpt2s_blocks_keeps_the_generic_rungs_and_says_why
     assert "Muon" in why_unavailable("adamw_kernel", H200_TRITON, recipe=parse_recipe("muon"))
     assert why_unavailable("norm_kernel", H200_TRITON, recipe=parse_recipe("muon")) is None  # GPT-2's own Blocks
     assert why_unavailable("loss_kernel", H200_TRITON, recipe=parse_recipe("softcap")) is None  # a soft-capped form
+
+
+def test_the_rungs_a_recipe_leaves_out_of_auto_are_those_it_declines_each_with_the_reason_a_list_gets():
+    """doctor recommends auto's rungs for the gpt2 recipe; another recipe's auto is that list less the rungs it
+    declines (plus any only it can run), which train, parity and profile name with the reason a --rungs list gets."""
+    from gpt2ladder.model.recipe import parse_recipe
+
+    speedrun, windowed = parse_recipe("speedrun"), parse_recipe("speedrun+doc_windows")
+    assert declined_by_recipe(CPU_CAPS) == {}
+    assert declined_by_recipe(CPU_CAPS, recipe=speedrun) == {
+        "tied_grad": why_unavailable("tied_grad", CPU_CAPS, recipe=speedrun)}
+    assert list(declined_by_recipe(CPU_CAPS, recipe=windowed)) == ["flash", "tied_grad"]
+    assert "doc_windows" in declined_by_recipe(CPU_CAPS, recipe=windowed)["flash"]
+    for caps in (CPU_CAPS, H200_TRITON):
+        for recipe in (speedrun, windowed):
+            declined = declined_by_recipe(caps, recipe=recipe)
+            gpt2 = available_rungs(caps)
+            assert [n for n in gpt2 if n not in declined] == [n for n in available_rungs(caps, recipe=recipe)
+                                                              if n in gpt2]

@@ -636,7 +636,8 @@ def _add_doctor(sub) -> None:
     p = sub.add_parser("doctor", help="which rungs this machine can use, and why not",
                        description="Report the device, memory and versions; whether TF32, bf16, fp16 + GradScaler, "
                        "FP8, torch.compile, CUDA graphs and each attention kernel can run here, each with a "
-                       "one-line reason; the rungs --rungs auto will climb; and, on a GPU, the largest batch per "
+                       "one-line reason; the rungs --rungs auto will climb for the gpt2 recipe (another --recipe "
+                       "may leave some out, and says which); and, on a GPU, the largest batch per "
                        "rung and the micro-batch train will use.")
     _common(p, preset=False)
     p.add_argument("--json", action="store_true", help="print one JSON object, for scripts (off by default: a "

@@ -395,6 +395,14 @@ def left_out_of_auto(caps: Capabilities, strategy: str | None = None, recipe: Re
             if r.pays_with_graph and why_unavailable(r.name, caps, strategy, recipe) is None}
 
 
+def declined_by_recipe(caps: Capabilities, strategy: str | None = None, recipe: Recipe = GPT2) -> dict[str, str]:
+    """The rungs of `auto` for the gpt2 recipe on this machine (what `doctor` recommends) that this recipe's `auto`
+    leaves out, and why: the reason `why_unavailable` gives, as for a --rungs list that names them."""
+    kept = set(available_rungs(caps, strategy=strategy, recipe=recipe))
+    return {name: why_unavailable(name, caps, strategy, recipe) for name in available_rungs(caps, strategy=strategy)
+            if name not in kept}
+
+
 def available_rungs(caps: Capabilities, opt_in: bool = False, strategy: str | None = None,
                     recipe: Recipe = GPT2) -> list[str]:
     """Every rung this machine can run, in ladder order: what `--rungs auto` climbs and `doctor` recommends.

@@ -133,7 +133,9 @@ def test_sample_reads_hugging_face_weights(run_dir, tmp_path, capsys):
 
     save_hf_gpt2(model_from_checkpoint(load_checkpoint(run_dir), torch.device("cpu")), tmp_path / "hf")
     code, from_run, err = _sample(capsys, run_dir, "--temperature", 0, "--prompt", "ROMEO:")
-    assert code == 0 and err == f"gpt2ladder sample: 1 layer, 2 heads, 32 wide, 1.6M parameters from {run_dir / 'ckpt.pt'} (step 1) on cpu\n"
+    # a run names the recipe it trained; Hugging Face weights, which no recipe of ours trained, none
+    assert code == 0 and err == (f"gpt2ladder sample: 1 layer, 2 heads, 32 wide, 1.6M parameters, recipe gpt2 from "
+                                 f"{run_dir / 'ckpt.pt'} (step 1) on cpu\n")
     for path in (tmp_path / "hf", tmp_path / "hf" / "model.safetensors"):
         code, text, err = _sample(capsys, path, "--temperature", 0, "--prompt", "ROMEO:")
         assert code == 0 and text == from_run

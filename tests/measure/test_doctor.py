@@ -162,7 +162,8 @@ def test_report_is_aligned_and_json_ready(caps):
     assert len(features) == 6
     starts = {line.index(c.reason) for line, c in zip(features, feature_checks(caps))}
     assert len(starts) == 1  # every reason starts in the same column
-    assert f"recommended (what --rungs auto runs): {','.join(recommended_rungs(caps))}" in text
+    assert (f"recommended for the gpt2 recipe (what --rungs auto runs; another --recipe may leave some out, and says "
+            f"which): {','.join(recommended_rungs(caps))}") in text
 
 
 def test_marks_fall_back_to_words_where_the_terminal_cannot_show_ticks():
@@ -187,7 +188,8 @@ def test_doctor_human_report_on_this_machine(capsys):
     out = capsys.readouterr().out
     assert out.startswith("gpt2ladder doctor") and "versions   Python" in out and torch.__version__ in out
     assert "attention kernels behind the flash rung (causal, float32, head size 64)" in out
-    assert "recommended (what --rungs auto runs): baseline," in out
+    assert ("recommended for the gpt2 recipe (what --rungs auto runs; another --recipe may leave some out, and says "
+            "which): baseline,") in out
 
 
 def test_doctor_reports_free_disk_for_the_data_cache(capsys, tmp_path, monkeypatch):
@@ -207,6 +209,7 @@ def test_doctor_reports_free_disk_for_the_data_cache(capsys, tmp_path, monkeypat
     (4, "train: 16,384 tokens per step as micro-batch 1 x 16 accumulation steps, without a CUDA graph (it would not "
         "fit beside the step)"),
     (8, "train: 16,384 tokens per step as micro-batch 4 x 4 accumulation steps\n"),
+    (80, "train: 16,384 tokens per step as micro-batch 16 x 1 accumulation step\n"),
 ])
 def test_doctor_says_what_train_does_on_a_small_card(gib, line):
     """The micro-batch and graph `train` chooses (`plan_training`), for a card of `gib` GiB."""

@@ -21,6 +21,7 @@ from gpt2ladder.measure.parity import (
     run_parity,
     verdict,
 )
+from gpt2ladder.model.recipe import parse_recipe
 from gpt2ladder.report import parity as parity_report
 from gpt2ladder.runtime.hardware import detect
 from gpt2ladder.training.schedule import lr_at
@@ -212,6 +213,52 @@ def test_a_run_that_skipped_every_rung_does_not_say_they_passed(record):
                                    for r in record["rungs"]]}
     assert parity_report.verdict_line(skipped) == f"no rung ran; {len(record['rungs'])} skipped on this machine"
     assert "PASS" not in parity_report.format_table(skipped).splitlines()[-1]
+
+
+def test_the_verdict_line_says_which_rungs_the_recipe_left_out_and_how_many_the_machine_could_not_run(record):
+    rows = [{**r, "skipped_by": "recipe"} if r["name"] == "tf32" else r for r in record["rungs"]]
+    machine = sum(r["status"] == "skipped" for r in rows) - 1
+    assert parity_report.verdict_line({**record, "rungs": rows}) == (
+        f"all rungs PASS; 1 skipped by the recipe (tf32); {machine} skipped on this machine")
+
+
+def test_a_recipe_run_names_its_recipe_its_muon_rate_and_the_rung_it_left_out(shakespeare_cache, tmp_path, capsys):
+    """flash declines doc_windows: skipped by the recipe, not by this machine; Muon's rate is given beside AdamW's."""
+    args = ["parity", "--device", "cpu", "--preset", "tiny", "--recipe", "muon,doc_windows", "--rungs",
+            "baseline,flash", "--steps", "1", "--eval-batches", "1", "--batch-size", "2", "--seq-len", "32",
+            "--no-progress", "--out", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["gpt2ladder parity: micro-batch 2 x 1 accumulation step = batch 2",
+                       f"tiny on {CPU_CAPS.name}, recipe muon,doc_windows, batch 2 x 32, 1 step per run, 2 baseline "
+                       "seeds, rungs: baseline, flash"]
+    assert "all rungs PASS; 1 skipped by the recipe (flash)" in out
+    record = json.loads((tmp_path / "parity.json").read_text())
+    assert [r.get("skipped_by") for r in record["rungs"]] == [None, "recipe"]
+    md = (tmp_path / "parity.md").read_text().splitlines()
+    assert md[0] == f"# gpt2ladder parity: tiny on {CPU_CAPS.name}, recipe muon,doc_windows"
+    assert md[2].startswith("- 1 step per run, batch 2 x 32, AdamW lr 0.0006 and Muon lr 0.01 for the Blocks' "
+                            "matrices (warm-up 1, ")
+
+
+def test_the_markdown_names_the_recipe_speedrun_by_name_and_gpt2s_rate_alone(record):
+    md = parity_report.format_markdown(record).splitlines()
+    assert md[0].endswith(", recipe gpt2") and ", lr 0.0006 (warm-up " in md[2] and "Muon" not in md[2]
+    speedrun = {**record, "config": {**record["config"], "recipe": parse_recipe("speedrun").name}}
+    assert parity_report.format_markdown(speedrun).splitlines()[0].endswith(", recipe speedrun")
+
+
+def test_auto_names_the_rungs_the_recipe_leaves_out(capsys):
+    from gpt2ladder.cli import build_parser
+    from gpt2ladder.runtime.hardware import Capabilities
+
+    caps = Capabilities("cpu", "cpu (x86_64)", compile_problem=None)
+    notes = []
+    args = build_parser().parse_args(["parity", "--rungs", "auto", "--recipe", "speedrun"])
+    cfg = parity_command.config_from_args(args, CPU, caps, notes.append)
+    assert "tied_grad" not in cfg.rungs and notes == [
+        "notice: leaving out rung tied_grad: the tied_grad rung's graph pass is written for GPT-2's own Blocks; "
+        f"recipe {parse_recipe('speedrun').name} changes them"]
 
 
 # --- failures -------------------------------------------------------------------------------------

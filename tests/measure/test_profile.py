@@ -272,11 +272,45 @@ def _warmup(*compiled):
     return [{"ms": 100.0 * (i + 1), "compiled": c} for i, c in enumerate(compiled)]
 
 
-def test_the_unprofiled_time_comes_from_the_later_steps_after_the_last_compile():
+def test_the_unprofiled_time_comes_from_the_later_steps_after_the_first_and_the_last_compile():
     assert settled_steps(_warmup(False, False, False, False)) == [300.0, 400.0]
     assert settled_steps(_warmup(True, False, False, False, False)) == [400.0, 500.0]
     assert settled_steps(_warmup(True, True, False)) == [300.0]
     assert settled_steps(_warmup(False, False, True)) == [] and settled_steps([]) == []
+    # The first step is cold without a compile too (a CPU's, an eager rung's): alone, it gives no figure.
+    assert settled_steps(_warmup(False)) == [] and settled_steps(_warmup(False, False)) == [200.0]
+
+
+def test_one_warm_up_step_of_an_eager_rung_gives_no_unprofiled_time(shakespeare_cache):
+    cfg = ProfileConfig(rungs=("baseline",), batch_size=2, seq_len=16, steps=1, warmup=1)
+    record = run_profile(cfg, CPU, progress=False, caps=CPU_CAPS)
+    (row,) = record["rungs"]
+    assert not row["warmup_steps"][0]["compiled"] and row["unprofiled_ms_per_step"] is None
+    table = profile_report.format_table(record)
+    assert table.splitlines()[1].split()[-1] == "n/a"
+    assert ("'unprofiled' = median of the later warm-up steps after the first and after the last one that compiled, "
+            "without the profiler; n/a: no warm-up step came after those, raise --warmup") in table
+
+
+def test_profile_names_the_recipe_and_the_rungs_it_leaves_out_of_auto(shakespeare_cache, tmp_path, capsys,
+                                                                       monkeypatch):
+    from gpt2ladder.model.recipe import parse_recipe
+
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "eager")
+    monkeypatch.setattr("gpt2ladder.commands.profile.detect", lambda device: dataclasses.replace(
+        CPU_CAPS, compile_problem=None))  # a CPU where the model compiles: auto holds tied_grad
+    args = ["profile", "--device", "cpu", "--preset", "tiny", "--recipe", "speedrun", "--rungs", "auto",
+            "--last-only", "--steps", "1", "--warmup", "1", "--batch-size", "2", "--seq-len", "16",
+            "--out", str(tmp_path), "--no-progress"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"gpt2ladder profile: tiny on {CPU_CAPS.name}, recipe speedrun, batch 2 x 16, 1 profiled "
+                             "step after 1 warm-up, rungs: baseline, compile, flash, vocab, fused_adamw, fused_loss")
+    assert out[1] == ("notice: leaving out rung tied_grad: the tied_grad rung's graph pass is written for GPT-2's own "
+                      f"Blocks; recipe {parse_recipe('speedrun').name} changes them")
+    md = (tmp_path / "profile.md").read_text().splitlines()
+    assert md[0] == f"# gpt2ladder profile: tiny on {CPU_CAPS.name}, recipe speedrun"
+    assert md[2].startswith("- batch 2 x 16, 1 profiled step after 1 warm-up; categories by ")
 
 
 def test_a_compiled_rung_is_timed_unprofiled_only_after_compiling(shakespeare_cache):

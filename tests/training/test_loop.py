@@ -525,6 +525,38 @@ def test_a_target_stops_at_the_first_validation_at_or_below_it_and_logs_what_it_
     assert "capture" not in out  # a CPU captures no CUDA graph
 
 
+def test_the_target_line_says_what_its_warm_up_steps_did_after_one_step_or_several():
+    from types import SimpleNamespace
+
+    from gpt2ladder.model.setup import Setup
+    from gpt2ladder.training.run import _target_text
+
+    def text(warm: int, device: str, **setup) -> str:
+        got = {"step": 4, "from_step": 0, "train_s": 1.0, "warmup_s": 2.0, "warmup_steps": warm, "wall_s": 4.0,
+               "tokens": 256}
+        return _target_text(SimpleNamespace(cfg=SimpleNamespace(target_val_loss=5.0), reached=got, last_val_loss=4.9,
+                                            step=4, engine=SimpleNamespace(setup=Setup(**setup)),
+                                            device=torch.device(device)))
+
+    assert "(the timed steps; 2.0 s more in 1 warm-up step, which compiled), " in text(1, "cpu", compile=True)
+    assert "2.0 s more in 2 warm-up steps, which compiled and captured), " in text(
+        2, "cuda", compile=True, cuda_graph=True)
+    assert "2.0 s more in 1 warm-up step, which captured), " in text(1, "cuda", cuda_graph=True)
+    assert "2.0 s more in 1 warm-up step), " in text(1, "cpu")
+
+
+def test_the_done_line_lists_every_file_the_session_wrote(tmp_path, capsys, vals):
+    """ckpt.prev.pt and best.pt too; ckpt.pt with its step where it does not hold the last (a run that saves nothing
+    at its end, here the target's step 4 after a checkpoint at step 3)."""
+    _train(_cfg(steps=4, eval_every=2, ckpt_every=2), tmp_path / "run")
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert done.endswith(f"; wrote {tmp_path / 'run'}/log.jsonl, ckpt.pt, ckpt.prev.pt, best.pt, loss.png")
+    _train(_cfg(steps=8, eval_every=2, ckpt_every=3, lr=3e-3, target_val_loss=vals[1]["val_loss"],
+                save_at_end=False), tmp_path / "kept")
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert done.endswith(f"; wrote {tmp_path / 'kept'}/log.jsonl, ckpt.pt (step 3), best.pt, loss.png")
+
+
 def test_a_session_of_one_step_gives_no_ms_per_step_its_warm_up_is_not_a_timed_step(tmp_path, capsys):
     """The first step of a session is its warm-up (compile, capture): with no other, no median is made of it."""
     _train(_cfg(steps=1), tmp_path)

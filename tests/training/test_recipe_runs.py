@@ -74,6 +74,26 @@ def test_sample_and_the_api_load_the_modern_model(modern_run, capsys):
     assert code == 0 and "ROMEO:" in out
 
 
+def test_a_run_names_its_recipe_when_it_starts_when_it_resumes_and_when_it_is_sampled(tmp_path, capsys):
+    """speedrun by that name (its parts exactly), any other recipe by its parts."""
+    def args(recipe, out):
+        given = [a if a != RECIPE else recipe for a in _args(out, "--tokens-per-step", "64")]
+        given[given.index("--steps") + 1] = "1"
+        return given
+
+    out = tmp_path / "run"
+    code, text, _ = _cli(capsys, args("speedrun", out))
+    assert code == 0 and " on cpu, recipe speedrun, rungs: baseline; 1 step of 64 tokens (2 x 32 x 1 " in text
+    code, text, _ = _cli(capsys, ["train", "--device", "cpu", "--resume", "--steps", "2", "--no-progress",
+                                  "--out", str(out)])
+    assert code == 0 and " on cpu, recipe speedrun, rungs: baseline; 2 steps of 64 tokens" in text
+    code, _, err = _cli(capsys, ["sample", str(out), "--num-tokens", "2", "--device", "cpu"])
+    assert code == 0 and f", recipe speedrun from {out / 'ckpt.pt'} (step 2) on cpu" in err
+    code, text, _ = _cli(capsys, args("speedrun-wsd", tmp_path / "other"))
+    assert code == 0 and " on cpu, recipe muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap," \
+                         "value_embeds, rungs: baseline;" in text
+
+
 def test_export_to_hugging_faces_gpt2_is_refused_in_one_line(modern_run, tmp_path, capsys):
     code, _, err = _cli(capsys, ["export", str(modern_run), str(tmp_path / "hf")])
     assert code == 2 and _one_line_error(err) and "recipe parts" in err

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpt2ladder import cli, data
@@ -295,6 +296,23 @@ def test_resume_refuses_another_text_unless_allowed(run, tmp_path, capsys):
                                       "--allow-data-change"))
     assert code == 0 and "notice: resuming on another text" in out
     assert load_checkpoint(run)["data_source"]["source"] == "other.txt"
+
+
+def test_resume_refuses_another_corpus_before_it_checks_or_says_anything(run, tmp_path, capsys):
+    """A corpus of shards not yet checked says so and scans every token: a --resume on another text than the
+    checkpoint's is refused first (exit 2, before anything is printed), not after that scan."""
+    from gpt2ladder.data import shards as fmt
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    fmt.write_shard(corpus / fmt.shard_name("c", "val", 0), np.arange(2000, dtype=np.uint16))
+    fmt.write_shard(corpus / fmt.shard_name("c", "train", 1), np.arange(8000, dtype=np.uint16))
+    before = _files(run)
+    code, out, err = _cli(capsys, _args(run, "--resume", "--steps", "8", "--data", corpus))
+    assert code == 2 and out == "" and _one_line_error(err, "another text", "tinyshakespeare", "--allow-data-change")
+    assert _files(run) == before
+    code, out, _ = _cli(capsys, _args(run, "--resume", "--steps", "3", "--data", corpus, "--allow-data-change"))
+    assert code == 0 and out.startswith("checking the tokens of corpus") and "notice: resuming on another text" in out
 
 
 def test_a_text_too_short_for_validation_counts_the_whole_text(tmp_path, capsys):

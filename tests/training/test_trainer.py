@@ -130,6 +130,33 @@ def test_rungs_this_machine_cannot_run_are_left_out_with_a_reason():
     assert len(notes) == 1 and "tf32" in notes[0] and "CUDA" in notes[0]
 
 
+def test_auto_says_which_of_its_rungs_the_recipe_leaves_out_as_a_list_that_names_them_does():
+    """--rungs auto for a recipe is doctor's list (the gpt2 recipe's) less the rungs the recipe declines: each is
+    said once, in the words an explicit --rungs list gets (here on a CPU where the model compiles)."""
+    from gpt2ladder.commands.train import usable_rungs
+    from gpt2ladder.model.recipe import parse_recipe
+    from gpt2ladder.runtime.hardware import Capabilities
+
+    caps = Capabilities("cpu", "cpu (x86_64)", compile_problem=None)
+    speedrun = parse_recipe("speedrun")
+    tied = ("notice: leaving out rung tied_grad: the tied_grad rung's graph pass is written for GPT-2's own Blocks; "
+            f"recipe {speedrun.name} changes them")
+    notes = []
+    assert "tied_grad" not in usable_rungs("auto", caps, None, notes.append, speedrun) and notes == [tied]
+    listed = []
+    usable_rungs(",".join(resolve_rungs("auto", caps)), caps, None, listed.append, speedrun)
+    assert listed == notes
+    windowed = parse_recipe("speedrun+doc_windows")
+    notes = []
+    assert "flash" not in usable_rungs("auto", caps, None, notes.append, windowed)
+    assert notes == ["notice: leaving out rung flash: the flash rung's causal SDPA is replaced by doc_windows' "
+                     "attention within documents and a window (FlexAttention where compiled on a GPU)",
+                     tied.replace(speedrun.name, windowed.name)]
+    notes = []
+    usable_rungs("auto", caps, None, notes.append)  # the gpt2 recipe: doctor's list itself
+    assert notes == []
+
+
 # --- learning -------------------------------------------------------------------------------------
 
 

@@ -19,8 +19,9 @@ from gpt2ladder.measure.harness import climb
 from gpt2ladder.measure.parity import ParityConfig, merge_shards, parity_tokens, run_parity
 from gpt2ladder.model.config import preset
 from gpt2ladder.model.recipe import parse_recipe
+from gpt2ladder.report.notices import recipe_left_out
 from gpt2ladder.report.parity import format_table, write_outputs
-from gpt2ladder.report.records import output_dir, prepare_out_dir, write_json
+from gpt2ladder.report.records import output_dir, prepare_out_dir, recipe_label, write_json
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.training.outdirs import check_own_out
@@ -28,12 +29,17 @@ from gpt2ladder.training.outdirs import check_own_out
 OWN_FILES = r"parity\.(json|md|png)|parity-shard-\d+-of-\d+\.json"  # what parity writes in --out (shards too)
 
 
-def config_from_args(args, device: torch.device, caps) -> ParityConfig:
+def config_from_args(args, device: torch.device, caps, notify=lambda line: None) -> ParityConfig:
+    """The flags and this device's defaults decided into the config; `notify` hears the rungs of `auto` that the
+    recipe leaves out (said once the command starts)."""
     d = defaults("parity", device)
     name = args.preset or d["preset"]
     shape = preset(name)
+    spec, recipe = args.rungs or d["rungs"], parse_recipe(args.recipe)
+    for line in recipe_left_out(spec, caps, recipe):
+        notify(line)
     return ParityConfig(
-        preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs or d["rungs"], caps, recipe=parse_recipe(args.recipe))), recipe=args.recipe,
+        preset=name, model=shape, rungs=tuple(resolve_rungs(spec, caps, recipe=recipe)), recipe=args.recipe,
         batch_size=args.batch_size or d["batch_size"],
         seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps or d["steps"],
         seeds=args.seeds, tolerance=args.tolerance, lr=args.lr, eval_every=args.eval_every,
@@ -79,21 +85,26 @@ def parity_command(args) -> int:
         return _merge_command(args)
     device = resolve_device(args.device)
     caps = cap_memory(device, detect(device), args.gpu_memory)
-    cfg = config_from_args(args, device, caps)
+    notices: list[str] = []  # said after the lines that name the runs
+    cfg = config_from_args(args, device, caps, notices.append)
     check_size(cfg, caps)
     shard = parse_shard(args.shard)
     with output_dir(args.out) as out:  # removed again if the run fails before writing anything there
         tokens = parity_tokens(cfg)  # a bad --data fails here, before anything is printed
-        return _run(args, cfg, caps, device, shard, out, tokens)
+        return _run(args, cfg, caps, device, shard, out, tokens, notices)
 
 
-def _run(args, cfg: ParityConfig, caps, device: torch.device, shard: tuple[int, int], out: Path, tokens) -> int:
+def _run(args, cfg: ParityConfig, caps, device: torch.device, shard: tuple[int, int], out: Path, tokens,
+         notices: list[str] = ()) -> int:
     cfg, plan = _plan(cfg, device, caps)
-    print(f"gpt2ladder parity: micro-batch {cfg.micro} x {cfg.batch_size // cfg.micro} accumulation steps = "
+    accum = cfg.batch_size // cfg.micro
+    print(f"gpt2ladder parity: micro-batch {cfg.micro} x {accum} accumulation step{'s' if accum != 1 else ''} = "
           f"batch {cfg.batch_size}" + (f"; {plan.reason()}" if plan else ""), flush=True)
-    print(f"{cfg.preset} on {caps.name}, batch {cfg.batch_size} x {cfg.seq_len}, "
-          f"{cfg.steps} steps per run, {cfg.seeds} baseline seeds, rungs: {', '.join(cfg.rungs)}"
-          + (f", shard {shard[0]} of {shard[1]}" if shard[1] > 1 else ""), flush=True)
+    print(f"{cfg.preset} on {caps.name}, recipe {recipe_label(cfg.recipe)}, batch {cfg.batch_size} x {cfg.seq_len}, "
+          f"{cfg.steps} step{'s' if cfg.steps != 1 else ''} per run, {cfg.seeds} baseline seeds, "
+          f"rungs: {', '.join(cfg.rungs)}" + (f", shard {shard[0]} of {shard[1]}" if shard[1] > 1 else ""), flush=True)
+    for line in notices:
+        print(line, flush=True)
     record = run_parity(cfg, device, progress=not args.no_progress, shard=shard, caps=caps, tokens=tokens)
     if plan:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}

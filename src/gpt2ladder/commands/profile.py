@@ -17,9 +17,9 @@ from gpt2ladder.measure.profile import ProfileConfig, run_profile
 from gpt2ladder.model.config import preset
 from gpt2ladder.model.recipe import parse_recipe
 from gpt2ladder.model.setup import Setup
-from gpt2ladder.report.notices import nothing_measured
+from gpt2ladder.report.notices import nothing_measured, recipe_left_out
 from gpt2ladder.report.profile import format_table, write_outputs
-from gpt2ladder.report.records import output_dir
+from gpt2ladder.report.records import output_dir, recipe_label
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 from gpt2ladder.training.outdirs import check_own_out
 
@@ -55,7 +55,9 @@ def profile_command(args) -> int:
 
 def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
     shape = preset(name)
-    cfg = ProfileConfig(preset=name, model=shape, rungs=tuple(resolve_rungs(args.rungs or d["rungs"], caps, recipe=parse_recipe(args.recipe))),
+    spec, recipe = args.rungs or d["rungs"], parse_recipe(args.recipe)
+    notices = recipe_left_out(spec, caps, recipe)  # said after the line that names the rungs
+    cfg = ProfileConfig(preset=name, model=shape, rungs=tuple(resolve_rungs(spec, caps, recipe=recipe)),
                         recipe=args.recipe,
                         batch_size=args.batch_size or d["batch_size"],
                         seq_len=args.seq_len or d["seq_len"] or shape.block_size, steps=args.steps,
@@ -70,9 +72,11 @@ def _run(args, device, caps, d: dict, name: str, out: Path) -> int:
     cfg, plan = _plan(cfg, args, device, caps)
     if plan:
         print(f"gpt2ladder profile: {plan.reason()}", flush=True)
-    print(f"{'' if plan else 'gpt2ladder profile: '}{cfg.preset} on {caps.name}, "
-          f"batch {cfg.batch_size} x {cfg.seq_len}, {cfg.steps} profiled steps after {cfg.warmup} warm-up, "
-          f"rungs: {', '.join(cfg.rungs)}", flush=True)
+    print(f"{'' if plan else 'gpt2ladder profile: '}{cfg.preset} on {caps.name}, recipe {recipe_label(cfg.recipe)}, "
+          f"batch {cfg.batch_size} x {cfg.seq_len}, {cfg.steps} profiled step{'s' if cfg.steps != 1 else ''} after "
+          f"{cfg.warmup} warm-up, rungs: {', '.join(cfg.rungs)}", flush=True)
+    for line in notices:
+        print(line, flush=True)
     record = run_profile(cfg, device, progress=not args.no_progress, caps=caps, tokens=tokens)
     if plan:
         record["batch_plan"] = {**plan.to_dict(), "reason": plan.reason()}

@@ -17,6 +17,7 @@ from gpt2ladder.defaults import DEFAULTS
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.generate import stream
 from gpt2ladder.model.gpt import GPT, describe_shape
+from gpt2ladder.report.records import recipe_label
 from gpt2ladder.runtime.hardware import detect, resolve_device
 from gpt2ladder.training.loading import load_model
 
@@ -60,6 +61,18 @@ def _trained_len(state: dict | None) -> int | None:
     return seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None
 
 
+def _recipe(state: dict | None) -> str:
+    """", recipe speedrun": the recipe a run trained (a checkpoint from before recipes trained gpt2's); nothing for
+    Hugging Face weights, which no recipe of this gpt2ladder trained."""
+    if state is None:
+        return ""
+    name = (state.get("train_config") or {}).get("recipe")
+    try:
+        return f", recipe {recipe_label(name)}"
+    except (UsageError, AttributeError):  # a name no version of gpt2ladder wrote: as the checkpoint has it
+        return f", recipe {name}"
+
+
 def notices(prompt_len: int, num_tokens: int, context: int, trained: int | None) -> list[str]:
     """What a user should know before reading the sample: a prompt cut to the context, and positions the
     run never trained (a CPU tiny run trains at 128 of its 256)."""
@@ -88,8 +101,8 @@ def sample_command(args) -> int:
     loaded = load_model(args.checkpoint, device)
     model, setup = loaded.model, loaded.setup
     num_tokens = _num_tokens(args.num_tokens, model.config.block_size)
-    print(f"gpt2ladder sample: {describe_shape(model)} from {loaded.description} on {device}", file=sys.stderr,
-          flush=True)
+    print(f"gpt2ladder sample: {describe_shape(model)}{_recipe(loaded.state)} from {loaded.description} on {device}",
+          file=sys.stderr, flush=True)
     forward = _compiled(model, device) if args.compile else model
     enc = get_tokenizer()
     given = encode_text(args.prompt)

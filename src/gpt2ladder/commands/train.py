@@ -32,6 +32,7 @@ from gpt2ladder.model.config import ModelConfig, preset
 from gpt2ladder.model.modern import block_mask_problem
 from gpt2ladder.model.recipe import GPT2, WSD_DECAY_FRACTION, Recipe, parse_recipe
 from gpt2ladder.model.setup import Setup
+from gpt2ladder.report.notices import left_out, recipe_left_out
 from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.engine import built_model_config
@@ -41,6 +42,7 @@ from gpt2ladder.runtime.memory import check_fits
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.outdirs import check_run_out
 from gpt2ladder.training.run import Saved, claimed, prepared_hellaswag, saved_run, train_claimed
+from gpt2ladder.training.trainer import data_change
 
 # The settings a resumed run keeps unless their flag is given (the micro-batch is re-planned on a GPU:
 # it changes how a step runs, not what it computes).
@@ -99,7 +101,7 @@ def _train(request: TrainRequest, saved: Saved | None, device: torch.device, cap
     size checked, then trained."""
     cfg = request.cfg
     tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent,  # no random stand-in
-                                  check=lambda t: data_mod.check_splits(t, cfg.seq_len, bool(cfg.eval_every)))
+                                  check=lambda t: check_text(request, saved, t))
     refuse_idle_flags(request, tokens)
     cfg, plan = planned_config(request, device, caps, dist, notices.append)
     setup = setup_for(list(cfg.rungs))  # once: the size check and the run take the same
@@ -119,6 +121,14 @@ def _train(request: TrainRequest, saved: Saved | None, device: torch.device, cap
 
 def _silent(*args, **kwargs) -> None:
     """The notices of ranks other than 0 (every rank finds the same)."""
+
+
+def check_text(request: TrainRequest, saved: Saved | None, tokens: data_mod.TokenData) -> None:
+    """The text as soon as it is known, before a corpus's tokens are checked (which says so, and may take long): a
+    UsageError for another text than the resumed checkpoint's (unless --allow-data-change), or one too short."""
+    if saved is not None:
+        data_change(saved.state, saved.path, tokens, request.allow_data_change)
+    data_mod.check_splits(tokens, request.cfg.seq_len, bool(request.cfg.eval_every))
 
 
 # Settings a resumed run cannot change, and why: taking the flag would announce a change that never
@@ -240,16 +250,18 @@ def model_shape(preset_name: str, init_from: str | None) -> ModelConfig:
 
 
 def usable_rungs(spec: str, caps, strategy: str | None = None, notify=print, recipe: Recipe = GPT2) -> tuple[str, ...]:
-    """The requested rungs less those this machine (or the data-parallel strategy) cannot run, each
-    named with its reason."""
+    """The requested rungs less those this machine (or the data-parallel strategy, or the recipe) cannot run, each
+    named with its reason; under `auto`, also those of the gpt2 recipe's `auto` that the recipe leaves out."""
     usable = []
     if spec == "auto":
         for name, why in left_out_of_auto(caps, strategy, recipe).items():
             notify(f"notice: auto leaves out rung {name}: {why}")
+    for line in recipe_left_out(spec, caps, recipe, strategy):
+        notify(line)
     for name in resolve_rungs(spec, caps, strategy, recipe):
         reason = why_unavailable(name, caps, strategy, recipe)
         if reason:
-            notify(f"notice: leaving out rung {name}: {reason}")
+            notify(left_out(name, reason))
         else:
             usable.append(name)
     return tuple(usable) or ("baseline",)

@@ -29,7 +29,7 @@ import torch
 from gpt2ladder import data as data_mod
 from gpt2ladder import defaults
 from gpt2ladder.errors import LadderError, UsageError
-from gpt2ladder.ladder import setup_for, why_unavailable
+from gpt2ladder.ladder import RUNGS_BY_NAME, setup_for, why_unavailable
 from gpt2ladder.measure.harness import Row, climb, guarded
 from gpt2ladder.model.recipe import WSD_DECAY_FRACTION, parse_recipe, with_recipe
 from gpt2ladder.model.config import ModelConfig, preset
@@ -266,7 +266,7 @@ def assemble(cfg: ParityConfig, results: dict[str, dict], skipped: dict[str, str
     rows = []
     for row in _rows(cfg, skipped.get):
         if row.reason:
-            rows.append(row.skipped())
+            rows.append(skipped_row(row, cfg.recipe))
             continue
         setup = setup_for(list(row.applied))
         result = results.get(row.name, missing) if _trains(row) else reference
@@ -280,6 +280,13 @@ def assemble(cfg: ParityConfig, results: dict[str, dict], skipped: dict[str, str
     return {"command": "parity", "config": cfg.to_dict(), "schedule": _schedule(cfg),
             "model": cfg.model.to_dict(), "rule": rule, "baseline_runs": runs, "rungs": rows,
             "passed": passed}
+
+
+def skipped_row(row: Row, recipe: str) -> dict:
+    """A rung that did not run, with `skipped_by`: "recipe" where the recipe leaves it out (its reason is the rung's
+    own for this recipe: no machine would run it), else "machine"."""
+    by = "recipe" if row.reason == RUNGS_BY_NAME[row.name].declines(parse_recipe(recipe)) else "machine"
+    return {**row.skipped(), "skipped_by": by}
 
 
 def judge(rows: list[dict], reference: dict, spread: float, cfg: ParityConfig) -> None:

@@ -250,9 +250,10 @@ KINETO_LINE = re.compile(rb"(USDT|STAGE|INFO|WARNING):?\S*\s*\d{4}-\d\d-\d\d [^\
 
 
 def settled_steps(warmup: list[dict]) -> list[float]:
-    """The warm-up steps an un-profiled step time may be taken from: the later half of those after the
-    last step that compiled or captured a graph (the first steps after it still grow the allocator)."""
-    last = max((i for i, step in enumerate(warmup) if step["compiled"]), default=-1)
+    """The warm-up steps an un-profiled step time may be taken from: the later half of those after the first
+    step and after the last step that compiled or captured a graph. The first step is cold wherever it runs (on
+    a CPU too: the allocator grows in it), and the first steps after a compile still grow the allocator."""
+    last = max((i for i, step in enumerate(warmup) if step["compiled"]), default=0)
     after = [step["ms"] for step in warmup[last + 1:]]
     return after[len(after) // 2:]
 

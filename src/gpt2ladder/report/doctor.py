@@ -6,6 +6,12 @@ from __future__ import annotations
 from gpt2ladder.errors import SMALLER_STEP
 
 
+# The rungs doctor recommends are auto's for the gpt2 recipe: a rung may decline another recipe (tied_grad an untied
+# head, flash doc_windows' attention), and train, parity and profile name each one they leave out so.
+RECOMMENDED = ("recommended for the gpt2 recipe (what --rungs auto runs; another --recipe may leave some out, and "
+               "says which)")
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -37,7 +43,7 @@ def format_report(d: dict, marks: tuple[str, str, str] = ("✓", "✗", "?")) ->
     lines += _section("features", d["features"], marks)
     lines += _section(f"attention kernels behind the flash rung{probe}", d["sdpa"]["backends"], marks)
     lines += _section("rungs", d["rungs"], marks)
-    lines += ["", f"recommended (what --rungs auto runs): {','.join(d['recommended_rungs'])}"]
+    lines += ["", f"{RECOMMENDED}: {','.join(d['recommended_rungs'])}"]
     if d.get("race"):
         lines += _section("race rungs (gpt2ladder race: rung k adds its part to the rungs before it)", d["race"],
                           marks)
@@ -65,7 +71,7 @@ def _memory(m: dict) -> list[str]:
     if t["micro_batch"]:
         graph = ", without a CUDA graph (it would not fit beside the step)" if t.get("cuda_graph_left_out") else ""
         lines.append(f"train: {t['tokens_per_step']:,} tokens per step as micro-batch {t['micro_batch']} x "
-                     f"{t['accumulation']} accumulation steps{graph}")
+                     f"{t['accumulation']} accumulation step{'s' if t['accumulation'] != 1 else ''}{graph}")
     else:
         lines.append(f"train: not even one sequence fits at the top rung; {SMALLER_STEP}")
     return lines

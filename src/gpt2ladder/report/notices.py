@@ -1,5 +1,6 @@
 """What the measuring commands tell people beyond their tables: the warning before a GPT-2-sized bench
-on a CPU, why a bench or profile measured nothing at all, and what a run's first step did."""
+on a CPU, why a bench or profile measured nothing at all, the rungs a command leaves out, and what a run's
+first step did."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from pathlib import Path
 import torch
 
 from gpt2ladder.errors import out_of_memory_advice
+from gpt2ladder.ladder import declined_by_recipe
 from gpt2ladder.model.config import ModelConfig
+from gpt2ladder.model.recipe import Recipe, parse_recipe
 from gpt2ladder.model.setup import Setup
-from gpt2ladder.runtime.hardware import matmul_rate
+from gpt2ladder.runtime.hardware import Capabilities, matmul_rate
 from gpt2ladder.runtime.memory import parameters
 from gpt2ladder.runtime.metrics import flops_per_token
 
@@ -19,6 +22,28 @@ def first_step_work(compiles: bool, captures: bool) -> str | None:
     """What a session's first step, left out of the training time, paid for: "compile and capture", "compile" or
     "capture"; None where it did neither (a warm-up alone, as on a CPU without compile)."""
     return {(True, True): "compile and capture", (True, False): "compile", (False, True): "capture"}.get(
+        (compiles, captures))
+
+
+def left_out(name: str, why: str) -> str:
+    """The notice for a rung a command leaves out, and why: one a --rungs list names, or one of `auto`'s."""
+    return f"notice: leaving out rung {name}: {why}"
+
+
+def recipe_left_out(spec: str, caps: Capabilities, recipe: str | Recipe, strategy: str | None = None) -> list[str]:
+    """Under --rungs auto, a notice for each rung of the gpt2 recipe's `auto` (what `doctor` recommends) that this
+    recipe leaves out, worded as for a list that names it, so that none goes without a word; none for another
+    --rungs."""
+    if spec != "auto":
+        return []
+    recipe = parse_recipe(recipe) if isinstance(recipe, str) else recipe
+    return [left_out(name, why) for name, why in declined_by_recipe(caps, strategy, recipe).items()]
+
+
+def first_step_did(compiles: bool, captures: bool) -> str | None:
+    """`first_step_work` as what a run's warm-up steps did, which reads right after one step or several:
+    "compiled and captured", "compiled" or "captured"; None where they did neither."""
+    return {(True, True): "compiled and captured", (True, False): "compiled", (False, True): "captured"}.get(
         (compiles, captures))
 
 

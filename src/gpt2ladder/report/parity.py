@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from gpt2ladder.report.plots import pyplot, save_figure
-from gpt2ladder.report.records import write_record
+from gpt2ladder.report.records import recipe_label, write_record
 from gpt2ladder.report.tables import markdown_table, rung_rows, signed, text_table
 
 HEADERS = ["rung", "train loss", "Δ train", "val loss", "Δ val", "Δ val %", "step-0 Δ", "verdict"]
@@ -29,12 +29,15 @@ def _summary_lines(record: dict) -> list[str]:
 
 
 def verdict_line(record: dict) -> str:
-    """One line: whether every rung that ran passed, and how many this machine skipped (a skipped rung is not judged,
-    so a run that skipped them all has nothing to pass)."""
-    skipped = sum(r["status"] == "skipped" for r in record["rungs"])
-    judged = len(record["rungs"]) - skipped
-    aside = f"; {skipped} skipped on this machine" if skipped else ""
-    if not judged:
+    """One line: whether every rung that ran passed, and which were skipped and why: those the recipe leaves out by
+    name, then how many this machine cannot run (a skipped rung is not judged, so a run that skipped them all has
+    nothing to pass). A record without `skipped_by` (an older one) skipped them all on its machine."""
+    skipped = [r for r in record["rungs"] if r["status"] == "skipped"]
+    by_recipe = [r["name"] for r in skipped if r.get("skipped_by") == "recipe"]
+    on_machine = len(skipped) - len(by_recipe)
+    aside = f"; {len(by_recipe)} skipped by the recipe ({', '.join(by_recipe)})" if by_recipe else ""
+    aside += f"; {on_machine} skipped on this machine" if on_machine else ""
+    if len(skipped) == len(record["rungs"]):
         return f"no rung ran{aside}"
     return ("all rungs PASS" if record["passed"] else "NOT every rung passes") + aside
 
@@ -43,12 +46,21 @@ def format_table(record: dict) -> str:
     return "\n".join([text_table(HEADERS, table_rows(record), right=True), ""] + _summary_lines(record) + [verdict_line(record)])
 
 
+def rates(record: dict) -> str:
+    """The peak learning rates the runs trained at, which the schedule scales alike: --lr alone under AdamW; under
+    Muon, AdamW's (embeddings, head, biases and gains) with Muon's for the Blocks' matrices beside it."""
+    lr, optimizer = record["config"]["lr"], record["schedule"].get("optimizer") or {}
+    if optimizer.get("name") != "muon":
+        return f"lr {lr:g}"
+    return f"AdamW lr {lr:g} and Muon lr {optimizer['muon_lr']:g} for the Blocks' matrices"
+
+
 def format_markdown(record: dict) -> str:
     cfg, dev = record["config"], record["device"]
-    head = [f"# gpt2ladder parity: {cfg['preset']} on {dev['name']}", "",
-            f"- {cfg['steps']} steps per run, batch {cfg['batch_size']} x {cfg['seq_len']}, lr {cfg['lr']:g} "
-            f"(warm-up {record['schedule']['warmup_steps']}, {record['schedule']['decay']}); "
-            f"data: {record['data']['source']}",
+    head = [f"# gpt2ladder parity: {cfg['preset']} on {dev['name']}, recipe {recipe_label(cfg.get('recipe'))}", "",
+            f"- {cfg['steps']} step{'s' if cfg['steps'] != 1 else ''} per run, batch {cfg['batch_size']} x "
+            f"{cfg['seq_len']}, {rates(record)} (warm-up {record['schedule']['warmup_steps']}, "
+            f"{record['schedule']['decay']}); data: {record['data']['source']}",
             f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; "
             f"gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; {record['date']}"]
     head += [f"- {line}" for line in _summary_lines(record)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpt2ladder.report.plots import pyplot, save_figure
-from gpt2ladder.report.records import write_record
+from gpt2ladder.report.records import recipe_label, write_record
 from gpt2ladder.report.tables import markdown_table, rung_rows, text_table
 
 COLOURS = {"matmul": "#4C72B0", "attention": "#8172B3", "elementwise": "#55A868", "loss": "#C44E52",
@@ -24,8 +24,8 @@ def _ms(value: float | None) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
-UNPROFILED = ("'unprofiled' = median of the later warm-up steps after the last one that compiled, without "
-              "the profiler; n/a: no warm-up step came after compiling, raise --warmup")
+UNPROFILED = ("'unprofiled' = median of the later warm-up steps after the first and after the last one that "
+              "compiled, without the profiler; n/a: no warm-up step came after those, raise --warmup")
 
 
 def _unprofiled(row: dict) -> str:
@@ -50,9 +50,10 @@ def _timed_by(record: dict) -> str:
 
 def format_markdown(record: dict) -> str:
     cfg, dev = record["config"], record["device"]
-    lines = [f"# gpt2ladder profile: {cfg['preset']} on {dev['name']}", "",
-             f"- batch {cfg['batch_size']} x {cfg['seq_len']}, {cfg['steps']} profiled steps after "
-             f"{cfg['warmup']} warm-up; categories by {_timed_by(record)}; idle = step time not covered",
+    lines = [f"# gpt2ladder profile: {cfg['preset']} on {dev['name']}, recipe {recipe_label(cfg.get('recipe'))}", "",
+             f"- batch {cfg['batch_size']} x {cfg['seq_len']}, {cfg['steps']} profiled "
+             f"step{'s' if cfg['steps'] != 1 else ''} after {cfg['warmup']} warm-up; categories by "
+             f"{_timed_by(record)}; idle = step time not covered",
              f"- {UNPROFILED}",
              f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; "
              f"gpt2ladder {record['gpt2ladder']} at {record['git_sha']}; {record['date']}", "",

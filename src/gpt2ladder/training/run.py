@@ -38,8 +38,8 @@ from gpt2ladder.evals import runner
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.gpt import describe_shape
 from gpt2ladder.model.setup import Setup
-from gpt2ladder.report.notices import first_step_work
-from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
+from gpt2ladder.report.notices import first_step_did
+from gpt2ladder.report.records import prepare_out_dir, recipe_label, record_header, write_json
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.training import lock
@@ -254,8 +254,9 @@ def _model_label(trainer: Trainer) -> str:
 
 def _announce(report: Reporter, trainer: Trainer, changed: list[str], resume: bool) -> None:
     cfg = trainer.cfg
-    report.message(f"model: {_model_label(trainer)} on {trainer.device}, "
-                   f"rungs: {', '.join(cfg.rungs)}; {cfg.steps} steps of {cfg.tokens_per_step:,} tokens "
+    report.message(f"model: {_model_label(trainer)} on {trainer.device}, recipe {recipe_label(cfg.recipe)}, "
+                   f"rungs: {', '.join(cfg.rungs)}; {cfg.steps} step{'s' if cfg.steps != 1 else ''} of "
+                   f"{cfg.tokens_per_step:,} tokens "
                    f"({cfg.batch_size} x {cfg.seq_len} x {trainer.accum} micro-batches"
                    f"{f' x {trainer.dist.world_size} processes, {trainer.strategy}' if trainer.strategy else ''}); "
                    f"data: {trainer.tokens.source}")
@@ -302,9 +303,10 @@ def _finish(report: Reporter, trainer: Trainer, code: int, signum: int | None, e
 
 
 def _wrote(trainer: Trainer, *more: str) -> str:
-    """The done line's list of files written: the log, the checkpoint where this session saved this step's
-    weights, and `more`."""
-    saved = ("ckpt.pt",) if trainer.saved_now and trainer.saved_step == trainer.step else ()
+    """The done line's list of files written: the log, every checkpoint file this session wrote (ckpt.pt with its
+    step where that is not the run's last: a run that saves nothing at its end), and `more`."""
+    held = f" (step {trainer.saved_step})" if trainer.saved_step != trainer.step else ""
+    saved = [name + held * (name == FILENAME) for name in (FILENAME, PREVIOUS, BEST) if name in trainer.written]
     return f"; wrote {trainer.out}/" + ", ".join(("log.jsonl", *saved, *more))
 
 
@@ -318,7 +320,7 @@ def _target_text(trainer: Trainer) -> str:
     since = f" since step {got['from_step']}" if got["from_step"] else ""
     warm = got["warmup_steps"]
     setup = trainer.engine.setup
-    work = first_step_work(setup.compile, setup.cuda_graph and trainer.device.type == "cuda")
+    work = first_step_did(setup.compile, setup.cuda_graph and trainer.device.type == "cuda")
     does = f", which {work}" if work else ""
     return (f"done: val loss {trainer.last_val_loss:.4f} reached the target {target:g} at step {got['step']}: "
             f"{got['train_s']:.1f} s of training{since} (the timed steps; {got['warmup_s']:.1f} s more in {warm} "

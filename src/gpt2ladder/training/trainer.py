@@ -140,6 +140,21 @@ def rows_that_fit(run, seq_len: int) -> int:
     return int(distributed.reduce_floats([rows], run.dist, "min")[0])
 
 
+def data_change(state: dict, path: Path, tokens: data_mod.TokenData, allowed: bool = False) -> str | None:
+    """How `tokens` differ from the text the checkpoint (`state`, read from `path`) was trained on, or None where
+    they are the same (or it names none); a UsageError unless the change is `allowed`. `train` asks this as soon as
+    the new text is known (before a corpus's tokens are checked), the loop again when it resumes."""
+    saved = state.get("data_source") or {}
+    if not saved.get("sha256") or saved["sha256"] == tokens.sha256:
+        return None
+    change = (f"{saved.get('source')} (sha256 {saved['sha256'][:12]}...) -> {tokens.source} "
+              f"(sha256 {tokens.sha256[:12]}...)")
+    if not allowed:
+        raise UsageError(f"--resume: {path} was trained on another text than this run's ({change}); pass "
+                         "--allow-data-change to continue on the new one, or give the run's own --data")
+    return change
+
+
 class Trainer:
     """The loop's state: engine, batches, step; `run` trains to cfg.steps, a signal or the target."""
 
@@ -166,7 +181,7 @@ class Trainer:
         self.step = 0  # steps queued; the engine's weights are this step's
         self.first_step = 1  # this session's first, which compiles and captures
         self.saved_step: int | None = None  # the step the checkpoint on disk holds
-        self.saved_now = False  # this session wrote it
+        self.written: set[str] = set()  # the names of the checkpoint files this session wrote (on rank 0)
         self.kept_path = self.ckpt_path  # where it is (ckpt.prev.pt after resuming from that)
         raw = self.engine.raw_model
         self.flops_per_token = flops_per_token(raw.config, cfg.seq_len, raw.num_params())
@@ -215,8 +230,10 @@ class Trainer:
             self._check_loss("the loss of these weights on one batch", self._mean_loss(self._probe_batch()))
         state = self.state()  # every rank: under FSDP2 gathering the full state is a collective
         if self.dist.is_main:
+            moved = self.ckpt_path.exists()  # the checkpoint before this one becomes ckpt.prev.pt
             save_checkpoint(self.ckpt_path, state, previous=self.out / PREVIOUS)
-        self.saved_step, self.kept_path, self.saved_now = self.step, self.ckpt_path, True
+            self.written.update((FILENAME, PREVIOUS) if moved else (FILENAME,))
+        self.saved_step, self.kept_path = self.step, self.ckpt_path
         self.clock.add_between("checkpoints", time.perf_counter() - started)
 
     def save_best(self) -> None:
@@ -225,6 +242,7 @@ class Trainer:
         state = self.weights_state()  # a collective under FSDP2, as state()
         if self.dist.is_main:
             save_checkpoint(self.out / BEST, state)
+            self.written.add(BEST)
         self.clock.add_between("checkpoints", time.perf_counter() - started)
 
     def _kept(self) -> str:
@@ -291,14 +309,9 @@ class Trainer:
 
     def _check_data(self, state: dict, path: Path, allowed: bool) -> bool:
         """Whether the text differs from the checkpoint's; a UsageError unless that is allowed."""
-        saved = state.get("data_source") or {}
-        if not saved.get("sha256") or saved["sha256"] == self.tokens.sha256:
+        change = data_change(state, path, self.tokens, allowed)
+        if change is None:
             return False
-        change = (f"{saved.get('source')} (sha256 {saved['sha256'][:12]}...) -> {self.tokens.source} "
-                  f"(sha256 {self.tokens.sha256[:12]}...)")
-        if not allowed:
-            raise UsageError(f"--resume: {path} was trained on another text than this run's ({change}); pass "
-                             "--allow-data-change to continue on the new one, or give the run's own --data")
         self.notices.append(f"notice: resuming on another text than the checkpoint's: {change}; "
                             "the best validation loss starts again")
         return True
