@@ -247,3 +247,6 @@ def test_a_run_of_an_initialisation_only_recipe_exports_the_same_logits(zero_ini
     with no_warnings():
         hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
     torch.testing.assert_close(_logits(hf, _ids(4)), _logits(model, _ids(4)), rtol=1e-5, atol=1e-5)
+    card = (folder / "README.md").read_text()
+    assert "| recipe | muon,zero_init,wsd (Muon for the Blocks' matrices, AdamW for the rest; linear warm-up, then " \
+           "stable, then linear decay) |" in card

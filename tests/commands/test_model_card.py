@@ -22,12 +22,12 @@ SMALL = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)
 LOG = [{"step": 2, "loss": 9.5, "val_loss": 9.25}, {"step": 4, "loss": 8.5, "val_loss": 8.75}]
 
 
-def make_run(folder, log=LOG, init_from=None, step=4, seed=3):
+def make_run(folder, log=LOG, init_from=None, step=4, seed=3, recipe=None):
     """A run directory as `train` leaves it, made by hand: a checkpoint, its log.jsonl and config.json."""
     folder.mkdir(parents=True)
     model = init_weights(GPT(SMALL), seed=seed)
     train = {"steps": 4, "tokens_per_step": 64, "seed": 0, "init_from": init_from, "rungs": ["baseline"],
-             "eval_batches": 2, "batch_size": 2, "seq_len": 32}
+             "eval_batches": 2, "batch_size": 2, "seq_len": 32, **({"recipe": recipe} if recipe else {})}
     save_checkpoint(folder / "ckpt.pt", {"model": model.state_dict(), "model_config": SMALL.to_dict(), "setup": {},
                                          "step": step, "train_config": train,
                                          "data_source": {"source": "tinyshakespeare", "sha256": "ab" * 32}})
@@ -282,3 +282,17 @@ def test_bad_export_options_are_one_line_before_any_work(tmp_path, capsys, argv,
     code, _, err = export(capsys, make_run(tmp_path / "run"), tmp_path / "hf", *argv)
     _one_line(code, err, 2)
     assert words in err and not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("recipe, row", [
+    ("gpt2", "| recipe | gpt2 (AdamW; linear warm-up, then cosine decay) |"),
+    ("muon,wsd", "| recipe | muon,wsd (Muon for the Blocks' matrices, AdamW for the rest; linear warm-up, then stable, "
+                 "then linear decay) |"),
+    (None, None),  # a run that recorded no recipe: no row, not a guess
+    ("muon,nope", None)])  # one this version cannot read: no row either
+def test_the_card_says_which_recipe_trained_the_weights(tmp_path, capsys, recipe, row):
+    run = make_run(tmp_path / "run", recipe=recipe)
+    assert export(capsys, run, tmp_path / "hf")[0] == 0
+    _, text, _ = card(tmp_path / "hf")
+    lines = [line for line in text.splitlines() if line.startswith("| recipe |")]
+    assert lines == ([row] if row else [])

@@ -193,7 +193,7 @@ def source_facts(loaded: LoadedModel) -> dict:
 # The type of every fact a run records, as the model card prints it; a value of another type (a file
 # edited by hand, or written by another tool) is left out of the card, never printed or guessed.
 TRAIN_FACTS = {"steps": int, "tokens_per_step": int, "init_from": str, "seed": int, "rungs": list,
-               "eval_batches": int, "batch_size": int, "seq_len": int}
+               "eval_batches": int, "batch_size": int, "seq_len": int, "recipe": str}
 DATA_FACTS = {"source": str, "sha256": str, "n_tokens": int}
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from gpt2ladder.report.records import recipe_label
+
 # Data sources whose text is a dataset on the hub, by the name a run records.
 HUB_DATASETS = {"tinyshakespeare": ("karpathy/tiny_shakespeare", "Tiny Shakespeare")}
 PLACEHOLDER_REPO = "your-name/{name}"
@@ -94,6 +96,7 @@ def _rows(f: dict) -> list[tuple[str, str]]:
         extra += [f"sha256 {data['sha256'][:16]}…"] if data.get("sha256") else []
         rows.append(("data", data["source"] + (f" ({', '.join(extra)})" if extra else "")))
     if f.get("step") is not None:
+        rows += _recipe(f.get("recipe"))
         rows.append(("steps", _steps(f)))
     if f.get("step") is None:
         rows.append(("weights", f"those of {f['base_model']}" if f.get("base_model") else "a Hugging Face folder"))
@@ -113,6 +116,24 @@ def _rows(f: dict) -> list[tuple[str, str]]:
                                   "examples (completion style, as build-nanogpt and llm.c score it)"))
     rows += _where(f)
     return rows
+
+
+def _recipe(name: str | None) -> list[tuple[str, str]]:
+    """The recipe row: what trained the weights (the model is GPT-2's whatever the recipe, or it would not export);
+    none for a recipe the run recorded in a form this version does not read."""
+    from gpt2ladder.errors import UsageError
+    from gpt2ladder.model.recipe import parse_recipe
+
+    if name is None:  # a run from before recipes recorded none: left out, not guessed
+        return []
+    try:
+        recipe = parse_recipe(name)
+    except UsageError:
+        return []
+    optimizer = ("Muon for the Blocks' matrices, AdamW for the rest" if recipe.optimizer == "muon" else "AdamW")
+    schedule = ("linear warm-up, then stable, then linear decay" if recipe.schedule == "wsd"
+                else "linear warm-up, then cosine decay")
+    return [("recipe", f"{recipe_label(recipe.name)} ({optimizer}; {schedule})")]
 
 
 def _steps(f: dict) -> str:
