@@ -3,6 +3,7 @@ HellaSwag file the test writes; eval.json's fields; and the bad inputs, each one
 
 import json
 import shutil
+import zipfile
 
 import pytest
 import torch
@@ -148,6 +149,7 @@ def test_bad_inputs_are_one_line_and_leave_no_output(setup, tmp_path, capsys, mo
     ("a text file", "is not a PyTorch file, so no gpt2ladder checkpoint"),
     ("an empty folder", "nor Hugging Face weights in"),
     ("a missing file", "no such file or folder"),
+    ("a zip of other files", "is a zip archive that torch.save did not write"),
 ])
 def test_a_model_that_is_none_is_refused_before_the_task_data_is_downloaded(tmp_path, capsys, monkeypatch, what,
                                                                               words):
@@ -161,11 +163,14 @@ def test_a_model_that_is_none_is_refused_before_the_task_data_is_downloaded(tmp_
     monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(hellaswag.urllib.request, "urlopen", no_download)
     model = {"a text file": tmp_path / "notes.txt", "an empty folder": tmp_path / "empty",
-             "a missing file": tmp_path / "missing.txt"}[what]
+             "a missing file": tmp_path / "missing.txt", "a zip of other files": tmp_path / "notes.zip"}[what]
     if what == "a text file":
         model.write_text("not a model\n")
     elif what == "an empty folder":
         model.mkdir()
+    elif what == "a zip of other files":
+        with zipfile.ZipFile(model, "w") as archive:
+            archive.writestr("notes.txt", "not a model")
     code, out, err = _eval(capsys, model, "--out", tmp_path / "o")
     _one_line(code, err, 2, words, str(model))
     assert out == "" and not (tmp_path / "o").exists() and not (tmp_path / "cache").exists()

@@ -122,8 +122,14 @@ def test_a_written_recipe_that_cannot_be_read_is_one_line(spec, says):
     assert "\n" not in str(err.value)
 
 
-def test_a_race_rungs_settings_given_to_recipe_point_to_the_flags():
-    with pytest.raises(UsageError, match="recipe 'speedrun@muon_lr=0.03': @ gives a race rung settings of its own; "
-                                         "a run takes them as flags: --recipe speedrun --muon-lr X") as err:
-        parse_recipe("speedrun@muon_lr=0.03")
+@pytest.mark.parametrize("spec, says", [
+    ("speedrun@muon_lr=0.03", "train takes them as flags: --recipe speedrun --muon-lr 0.03"),
+    ("speedrun@tokens_per_step=8192@steps=3000", "train takes them as flags: --recipe speedrun --tokens-per-step 8192 "
+                                                 "--steps 3000"),
+    ("speedrun@", "written name@key=value; train takes them as flags (--recipe speedrun --muon-lr 0.03)"),
+    ("@steps=3", "written name@key=value"), ("speedrun@steps", "written name@key=value")])
+def test_a_race_rungs_settings_given_to_recipe_point_to_the_flags(spec, says):
+    with pytest.raises(UsageError, match=f"recipe '{re.escape(spec)}': @ gives a race rung settings of its own"
+                                         f".*{re.escape(says)}") as err:
+        parse_recipe(spec)
     assert "\n" not in str(err.value)

@@ -67,7 +67,8 @@ def test_missing_file_is_a_one_line_usage_error(tmp_path):
     assert _one_line(err.value)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_tensor_bytes", "text_file", "empty", "other_zip"])
+@pytest.mark.parametrize("damage", ["truncate", "flip_tensor_bytes", "text_file", "empty", "other_zip",
+                                    "garbled_pickle"])
 def test_damaged_file_is_a_one_line_error(tmp_path, damage):
     path = save_checkpoint(tmp_path / "ckpt.pt", _state())
     raw = bytearray(path.read_bytes())
@@ -84,6 +85,10 @@ def test_damaged_file_is_a_one_line_error(tmp_path, damage):
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("notes.txt", "hello")
         raw = bytearray(path.read_bytes())
+    elif damage == "garbled_pickle":  # torch.save's layout, whole, but a pickle torch.load cannot read
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("ckpt/data.pkl", b"\x80\x02not a pickle")
+        raw = bytearray(path.read_bytes())
     else:
         raw = bytearray()
     path.write_bytes(bytes(raw))
@@ -93,12 +98,13 @@ def test_damaged_file_is_a_one_line_error(tmp_path, damage):
     expected = {"flip_tensor_bytes": "do not match their sha256", "text_file": "is not a PyTorch file",
                 "truncate": f"checkpoint {path} is unreadable (not a whole torch.save archive: truncated or corrupted)",
                 "empty": f"checkpoint {path} is unreadable (empty or zeroed, as a crash can leave a file)",
-                "other_zip": f"checkpoint {path} is unreadable (torch.load cannot read what the archive holds: "
-                             "corrupted, or not written by gpt2ladder)"}
+                "other_zip": f"{path} is a zip archive that torch.save did not write, so no gpt2ladder checkpoint",
+                "garbled_pickle": f"checkpoint {path} is unreadable (torch.load cannot read what the archive holds: "
+                                  "corrupted, or not written by gpt2ladder)"}
     assert expected[damage] in str(err.value)
     if "unreadable" in expected[damage]:  # our reason whole, nothing of torch's after it
         assert str(err.value) == expected[damage]
-    assert isinstance(err.value, UsageError) is (damage == "text_file")  # another kind of file: a mistake
+    assert isinstance(err.value, UsageError) is (damage in ("text_file", "other_zip"))  # another kind: a mistake
 
 
 def test_foreign_torch_file_is_rejected(tmp_path):

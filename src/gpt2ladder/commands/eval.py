@@ -24,7 +24,7 @@ from gpt2ladder.model.hub import repo_id
 from gpt2ladder.report.progress import on_terminal
 from gpt2ladder.report.records import output_dir, record_header, write_json
 from gpt2ladder.runtime.hardware import detect, resolve_device
-from gpt2ladder.training.checkpoint import state_digest
+from gpt2ladder.training.checkpoint import foreign_archive, state_digest
 from gpt2ladder.training.loading import LoadedModel, check_source, is_run, load_model
 
 DEFAULT_OUT = "runs/eval"
@@ -71,7 +71,8 @@ def check_model(source: str) -> None:
     is checked. (A file of torch.save's old format, no zip, is read here and again after the data.)"""
     check_source(source)
     path = Path(source).expanduser()
-    if not path.exists() or is_hf_weights(path) or (is_run(path) and (path.is_dir() or zipfile.is_zipfile(path))):
+    if not path.exists() or is_hf_weights(path) or (is_run(path) and (path.is_dir() or (
+            zipfile.is_zipfile(path) and not foreign_archive(path)))):
         return
     load_model(source, torch.device("cpu"))  # its one line: no model there (exit 2), or a damaged file (exit 1)
 

@@ -54,7 +54,7 @@ from gpt2ladder.training.runlog import read_log
 
 # The race's order: GPT-2, then each part on top, then `speedrun` (the recipe of that name, whatever rungs it follows).
 RACE_RUNGS = ("gpt2", *(p.name for p in PARTS), "speedrun")
-# A rung of its own recipe, written as parts joined by this (`speedrun+value_embeds`), or taken away by DROP from
+# A rung of its own recipe, written as parts joined by this (`speedrun+unet_skips`), or taken away by DROP from
 # the parts before (`speedrun-wsd`: an ablation of the race's top): the recipe's own signs (`model/recipe.py`).
 STACK, DROP, _SIGNS = ADD, TAKE, SIGNS
 # `--target-val-loss gpt2`: the target is the gpt2 rung's validation loss at the end of its planned steps.
@@ -132,7 +132,7 @@ _NUMBER = {int: r"[0-9]+", float: r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?
 
 def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
     """`all` (or None): every rung; else a comma list of race rungs, put in the race's order, then the rungs written
-    with `+` and `-` (`speedrun+value_embeds`, `speedrun-wsd`: each a recipe of its own, as `speedrun` is), in the
+    with `+` and `-` (`speedrun+unet_skips`, `speedrun-wsd`: each a recipe of its own, as `speedrun` is), in the
     order given."""
     if spec is None or spec.strip() == "all":
         return RACE_RUNGS
@@ -149,7 +149,7 @@ def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
     if unknown or not names:
         raise UsageError(f"unknown race rung {', '.join(unknown) or repr(spec)}; choose from: all, "
                          f"{', '.join(RACE_RUNGS)}, or parts joined by {STACK} or taken away by {DROP} "
-                         f"(speedrun{STACK}value_embeds, speedrun{DROP}wsd), or a rung with settings of its own "
+                         f"(speedrun{STACK}unet_skips, speedrun{DROP}wsd), or a rung with settings of its own "
                          f"(speedrun{SET}muon_lr=0.03)")
     for name in stacked:
         base, _ = split_settings(name)
@@ -164,7 +164,7 @@ def parse_race_rungs(spec: str | None) -> tuple[str, ...]:
 
 
 def _spelled(name: str) -> str:
-    """A rung's name as its folder is named: `speedrun + value_embeds - wsd` is `speedrun+value_embeds-wsd`, and
+    """A rung's name as its folder is named: `speedrun + unet_skips - wsd` is `speedrun+unet_skips-wsd`, and
     `speedrun @ muon_lr = 0.03` is `speedrun@muon_lr=0.03`."""
     base, *given = (piece.strip() for piece in name.split(SET))
     if given:
@@ -175,13 +175,13 @@ def _spelled(name: str) -> str:
     pieces = _SIGNS.split(name)  # [first, sign, piece, sign, piece, ...]
     if not all(pieces):
         raise UsageError(f"race rung {name!r} has an empty part beside a {STACK} or {DROP} sign; write parts joined "
-                         f"by {STACK} or taken away by {DROP}, such as speedrun{STACK}value_embeds or speedrun{DROP}wsd")
+                         f"by {STACK} or taken away by {DROP}, such as speedrun{STACK}unet_skips or speedrun{DROP}wsd")
     return "".join(pieces)
 
 
 def stacked_recipe(name: str):
     """The recipe of a rung written with `+` and `-`, read left to right (`recipe.written_parts`):
-    `speedrun+value_embeds` is speedrun's parts and value_embeds; `speedrun-wsd` speedrun's parts but wsd."""
+    `speedrun+unet_skips` is speedrun's parts and unet_skips; `speedrun-wsd` speedrun's parts but wsd."""
     try:
         return parse_recipe(",".join(written_parts(name)))
     except UsageError as err:
@@ -1004,8 +1004,8 @@ def spread(values: list, reached: bool) -> dict:
 def base_row(rows: list[dict], i: int) -> dict | None:
     """The row that row i's gain is read against: the row before it, except for a rung written with `+` or `-`, which
     is read against the longest start of its name the race has raced before it: the rung its last part is added to
-    or taken from (`speedrun+value_embeds+doc_windows` against `speedrun+value_embeds`, not against a
-    `speedrun+value_embeds+unet_skips` raced between them; `speedrun-wsd` against `speedrun`), else the one before
+    or taken from (`speedrun+unet_skips+doc_windows` against `speedrun+unet_skips`, not against a
+    `speedrun+unet_skips+polar_express` raced between them; `speedrun-wsd` against `speedrun`), else the one before
     that (`speedrun-rope-qk_norm` against `speedrun` where no `speedrun-rope` ran)."""
     if i == 0:
         return None

@@ -137,11 +137,15 @@ def parse_recipe(spec: str | None) -> Recipe:
         return GPT2
     if spec.strip() == "speedrun":
         return Recipe(SPEEDRUN)
-    if "@" in spec:  # a race rung's settings (speedrun@muon_lr=0.03): a run takes them as flags
-        name, setting = spec.split("@", 1)
-        flag = "--" + setting.split("=", 1)[0].strip().replace("_", "-")
-        raise UsageError(f"recipe {spec.strip()!r}: @ gives a race rung settings of its own; a run takes them as "
-                         f"flags: --recipe {name.strip()} {flag} X")
+    if "@" in spec:  # a race rung's settings (speedrun@muon_lr=0.03): train takes them as flags
+        name, *settings = (piece.strip() for piece in spec.split("@"))
+        pairs = [tuple(p.strip() for p in setting.split("=", 1)) for setting in settings]
+        said = f"recipe {spec.strip()!r}: @ gives a race rung settings of its own"
+        if not name or any(len(pair) != 2 or not all(pair) for pair in pairs):
+            raise UsageError(f"{said}, written name@key=value; train takes them as flags (--recipe speedrun "
+                             "--muon-lr 0.03)")
+        flags = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in pairs)
+        raise UsageError(f"{said}; train takes them as flags: --recipe {name} {flags}")
     items = [n.strip() for n in spec.split(",") if n.strip()]
     unknown = [n for n in items if not SIGNS.search(n) and n not in NAMES]
     if unknown or not items:

@@ -260,7 +260,7 @@ def _bar(ax, i: int, row: dict, colour, before: dict | None) -> None:
             .replace("under one validation", "under one\nvalidation")
             .replace("earlier validation in ", "earlier in\n"))
     head, vs, against = gain.rpartition("\nvs ")
-    if vs:  # a recipe read against, one line per part it adds, takes away or sets (speedrun / +value_embeds / @steps=)
+    if vs:  # a recipe read against, one line per part it adds, takes away or sets (speedrun / +unet_skips / @steps=)
         gain = head + vs + re.sub(r"(?<=.)(?<![0-9][eE])([+@-])", r"\n\1", against)  # not a number's exponent, 1e-3
     label = f"{t['median']:.1f}" + ("" if row.get("gain_vs_prev") is None else f"\n{gain}")
     ax.annotate(label, (i, t["max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")

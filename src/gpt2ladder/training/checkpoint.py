@@ -209,6 +209,17 @@ def _starts_as_torch(path: Path) -> bool:
     return not head.strip(b"\0") or head.startswith((b"PK\x03\x04", b"\x80"))
 
 
+def foreign_archive(path: Path) -> bool:
+    """Whether `path` is a whole zip archive that torch.save did not write (no `data.pkl` member, which every
+    torch.save archive holds): another kind of file named by mistake, not a damaged checkpoint."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return False  # not a zip, or a cut one: damage where it begins as torch.save's
+    return not any(name == "data.pkl" or name.endswith("/data.pkl") for name in names)
+
+
 def _damage(path: Path) -> str:
     """Why a file that begins as torch.save's does not load, in a few words of ours: torch's own message for a
     cut archive is a paragraph of miniz's advice, and cut to a line it stops mid-sentence."""
@@ -237,6 +248,9 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
         if not _starts_as_torch(path):  # another kind of file named: a mistake, not damage
             raise NotACheckpoint(f"{path} is not a PyTorch file, so no gpt2ladder checkpoint; give a run "
                                  "directory or its ckpt.pt") from None
+        if foreign_archive(path):
+            raise NotACheckpoint(f"{path} is a zip archive that torch.save did not write, so no gpt2ladder "
+                                 "checkpoint; give a run directory or its ckpt.pt") from None
         raise CheckpointDamaged(f"checkpoint {path} is unreadable ({_damage(path)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise NotACheckpoint(f"{path} is not a gpt2ladder checkpoint")
