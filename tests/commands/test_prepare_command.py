@@ -372,25 +372,33 @@ def test_a_corpus_too_short_to_train_on_says_so_instead_of_suggesting_it(tmp_pat
     last = stdout.strip().splitlines()[-1]
     assert last.startswith(f"wrote {tmp_path / 'out'}: 2 documents, 9 tokens: validation 0, training 9 in 1 shard")
     assert last.endswith("; too small for train's shortest default sequence, 129 tokens (--seq-len 128 on a CPU, plus "
-                         "the next token): validation holds 0 tokens and training holds 9; prepare a longer source, "
-                         "or train with --eval-every 0 and a --seq-len below 9")
+                         "the next token): validation holds 0 tokens and training holds 9; prepare again into "
+                         "another OUT from a longer source, or train with --eval-every 0 and a --seq-len below 9")
     assert "--data" not in last
 
 
-@pytest.mark.parametrize("val, train, says", [
-    (200, [300], "train on it with --data OUT"),
-    (50, [300], "validation holds 50 tokens; prepare a longer source, or train with --eval-every 0 or a --seq-len "
-                "below 50"),
-    (0, [300], "validation holds 0 tokens; prepare a longer source, or train with --eval-every 0"),
-    (200, [100, 100], "no training shard holds that many (the largest 100; a sequence never spans shards); prepare it "
-                      "into another OUT with a larger --shard-tokens, or train with a --seq-len below 100"),
-    (40, [1], "validation holds 40 tokens and training holds 1; prepare a longer source"),
+@pytest.mark.parametrize("val, train, val_tokens, says", [
+    (200, [300], 1000, "train on it with --data OUT"),
+    (50, [300], 1000, "validation holds 50 tokens; prepare again into another OUT from a longer source, or train "
+                      "with --eval-every 0 or a --seq-len below 50"),
+    (50, [300], 50, "validation holds 50 tokens; prepare again into another OUT with a larger --val-tokens, or "
+                    "train with --eval-every 0 or a --seq-len below 50"),
+    (0, [300], 1000, "validation holds 0 tokens; prepare again into another OUT from a longer source, or train with "
+                     "--eval-every 0"),
+    (200, [100, 100], 1000, "no training shard holds that many (the largest 100; a sequence never spans shards); "
+                            "prepare again into another OUT with a larger --shard-tokens, or train with a --seq-len "
+                            "below 100"),
+    (45, [100, 100, 100], 45, "validation holds 45 tokens and no training shard holds that many (the largest 100; a "
+                              "sequence never spans shards); prepare again into another OUT with a larger "
+                              "--val-tokens and with a larger --shard-tokens, or train with a --seq-len below 45"),
+    (40, [1], 1000, "validation holds 40 tokens and training holds 1; prepare again into another OUT from a longer "
+                    "source"),
 ])
-def test_the_last_line_says_when_train_would_refuse_the_corpus(val, train, says):
+def test_the_last_line_says_when_train_would_refuse_the_corpus(val, train, val_tokens, says):
     from gpt2ladder.commands.prepare import _next_step
 
     shards = [{"split": "val", "n_tokens": val}] + [{"split": "train", "n_tokens": n} for n in train]
-    got = _next_step(Path("OUT"), {"shards": shards})
+    got = _next_step(Path("OUT"), {"shards": shards}, val_tokens)
     assert got.endswith(says) and (got == says) is (says.startswith("train on it"))
 
 

@@ -64,9 +64,9 @@ def test_a_rung_of_parts_joined_by_plus_is_its_own_recipe_after_the_race_order_i
         with pytest.raises(UsageError, match="has an empty part beside a \\+ or - sign"):
             race.parse_race_rungs(spec)
     for spec, twins in [("speedrun,speedrun+muon", "speedrun and speedrun+muon"),
-                        ("speedrun,speedrun+value_embeds", "speedrun and speedrun+value_embeds"), ("gpt2,muon,gpt2+muon",
-                        "muon and gpt2+muon"), ("unet_skips+speedrun,speedrun+unet_skips", "unet_skips+speedrun "
-                        "and speedrun+unet_skips")]:
+                        ("speedrun,speedrun+value_embeds", "speedrun and speedrun+value_embeds"),
+                        ("gpt2,muon,gpt2+muon", "muon and gpt2+muon"),
+                        ("unet_skips+speedrun,speedrun+unet_skips", "unet_skips+speedrun and speedrun+unet_skips")]:
         with pytest.raises(UsageError, match=f"race rungs {re.escape(twins)} both train recipe"):
             race.race_rungs(race.parse_race_rungs(spec))
     assert len(race.race_rungs(race.RACE_RUNGS)) == len(race.RACE_RUNGS)  # every rung its own recipe

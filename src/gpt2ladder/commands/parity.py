@@ -18,10 +18,10 @@ from gpt2ladder.measure.batch import check_sizes, plan_batch
 from gpt2ladder.measure.harness import climb
 from gpt2ladder.measure.parity import ParityConfig, merge_shards, parity_tokens, run_parity
 from gpt2ladder.model.config import preset
-from gpt2ladder.model.recipe import parse_recipe
+from gpt2ladder.model.recipe import parse_recipe, recipe_label
 from gpt2ladder.report.notices import recipe_left_out
 from gpt2ladder.report.parity import format_table, write_outputs
-from gpt2ladder.report.records import output_dir, prepare_out_dir, recipe_label, write_json
+from gpt2ladder.report.records import output_dir, prepare_out_dir, write_json
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.training.outdirs import check_own_out

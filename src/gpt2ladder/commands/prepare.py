@@ -87,35 +87,38 @@ def _prepare(args, cfg: PrepareConfig, source: Source) -> int:
         bar.close()
     seconds = time.perf_counter() - t0
     print(f"wrote {cfg.out}: {_counts(manifest)}, in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s "
-          f"on {cfg.workers} worker{'' if cfg.workers == 1 else 's'}); {_next_step(cfg.out, manifest)}")
+          f"on {cfg.workers} worker{'' if cfg.workers == 1 else 's'}); {_next_step(cfg.out, manifest, cfg.val_tokens)}")
     return 0
 
 
-def _next_step(out: Path, manifest: dict) -> str:
+def _next_step(out: Path, manifest: dict, val_tokens: int) -> str:
     """What to do with the corpus: train on it, or, where train as it runs by default would refuse it (the rule
     of `data/batches.check_splits`, for the shortest sequence of train's defaults: --seq-len on a CPU, plus the
-    next token), which split is too short and what to do instead."""
+    next token), which split is too short, how to prepare it again (`val_tokens`: the --val-tokens it was prepared
+    with, which caps the validation split), and what train takes instead."""
     seq_len = DEFAULTS["train"]["cpu"]["seq_len"]
     need = seq_len + 1
     val = sum(s["n_tokens"] for s in manifest["shards"] if s["split"] == "val")
     train = [s["n_tokens"] for s in manifest["shards"] if s["split"] == "train"]
     largest = max(train, default=0)
-    short = [f"validation holds {_many(val, 'token')}"] if val < need else []
+    short, again = [], []
+    if val < need:
+        short.append(f"validation holds {_many(val, 'token')}")
+        again.append("with a larger --val-tokens" if val >= val_tokens else "from a longer source")
     if sum(train) < need:
         short.append(f"training holds {sum(train):,}")
+        again.append("from a longer source")
     elif largest < need:
         short.append(f"no training shard holds that many (the largest {largest:,}; a sequence never spans shards)")
+        again.append("with a larger --shard-tokens")
     if not short:
         return f"train on it with --data {out}"
+    remedy = "prepare again into another OUT " + " and ".join(dict.fromkeys(again))
     if largest >= need:  # only validation is short
-        remedy = "prepare a longer source, or train with --eval-every 0" + (f" or a --seq-len below {val:,}"
-                                                                           if val >= 2 else "")
-    else:
-        remedy = ("prepare a longer source" if sum(train) < need or val < need else
-                  "prepare it into another OUT with a larger --shard-tokens")
-        if largest >= 2:
-            remedy += (f", or train with --eval-every 0 and a --seq-len below {largest:,}" if val < 2 else
-                       f", or train with a --seq-len below {min(largest, val):,}")
+        remedy += ", or train with --eval-every 0" + (f" or a --seq-len below {val:,}" if val >= 2 else "")
+    elif largest >= 2:
+        remedy += (f", or train with --eval-every 0 and a --seq-len below {largest:,}" if val < 2 else
+                   f", or train with a --seq-len below {min(largest, val):,}")
     return (f"too small for train's shortest default sequence, {need} tokens (--seq-len {seq_len} on a CPU, plus "
             f"the next token): {' and '.join(short)}; {remedy}")
 

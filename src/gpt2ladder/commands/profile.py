@@ -15,11 +15,11 @@ from gpt2ladder.measure.batch import check_sizes, plan_batch
 from gpt2ladder.measure.harness import climb, tokens_for
 from gpt2ladder.measure.profile import ProfileConfig, run_profile
 from gpt2ladder.model.config import preset
-from gpt2ladder.model.recipe import parse_recipe
+from gpt2ladder.model.recipe import parse_recipe, recipe_label
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.notices import nothing_measured, recipe_left_out
 from gpt2ladder.report.profile import format_table, write_outputs
-from gpt2ladder.report.records import output_dir, recipe_label
+from gpt2ladder.report.records import output_dir
 from gpt2ladder.runtime.hardware import cap_memory, detect, resolve_device
 from gpt2ladder.training.outdirs import check_own_out
 

@@ -17,7 +17,7 @@ from gpt2ladder.defaults import DEFAULTS
 from gpt2ladder.errors import UsageError
 from gpt2ladder.model.generate import stream
 from gpt2ladder.model.gpt import GPT, describe_shape
-from gpt2ladder.report.records import recipe_label
+from gpt2ladder.model.recipe import recipe_label
 from gpt2ladder.runtime.hardware import detect, resolve_device
 from gpt2ladder.training.loading import load_model
 

@@ -167,6 +167,13 @@ def parse_recipe(spec: str | None) -> Recipe:
     return Recipe(tuple(sorted(dict.fromkeys(names), key=order.__getitem__)))
 
 
+
+def recipe_label(recipe: str | None) -> str:
+    """How a run or a report names its recipe (`--recipe`, or a record's canonical name) to a person: speedrun where
+    it is exactly speedrun's parts, else its canonical name (gpt2, or the parts in order)."""
+    parsed = parse_recipe(recipe)
+    return "speedrun" if parsed.parts == SPEEDRUN else parsed.name
+
 # A recipe's name written with signs, read left to right: `+` adds the parts of the name after it, `-` takes them
 # away (`speedrun-relu2+unet_skips`). The race names the rungs of such recipes so.
 ADD, TAKE = "+", "-"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from gpt2ladder.report.records import recipe_label
+from gpt2ladder.errors import UsageError
+from gpt2ladder.model.recipe import parse_recipe, recipe_label
 
 # Data sources whose text is a dataset on the hub, by the name a run records.
 HUB_DATASETS = {"tinyshakespeare": ("karpathy/tiny_shakespeare", "Tiny Shakespeare")}
@@ -121,9 +122,6 @@ def _rows(f: dict) -> list[tuple[str, str]]:
 def _recipe(name: str | None) -> list[tuple[str, str]]:
     """The recipe row: what trained the weights (the model is GPT-2's whatever the recipe, or it would not export);
     none for a recipe the run recorded in a form this version does not read."""
-    from gpt2ladder.errors import UsageError
-    from gpt2ladder.model.recipe import parse_recipe
-
     if name is None:  # a run from before recipes recorded none: left out, not guessed
         return []
     try:

@@ -43,8 +43,8 @@ def recipe_left_out(spec: str, caps: Capabilities, recipe: str | Recipe, strateg
 def first_step_did(compiles: bool, captures: bool) -> str | None:
     """`first_step_work` as what a run's warm-up steps did, which reads right after one step or several:
     "compiled and captured", "compiled" or "captured"; None where they did neither."""
-    return {(True, True): "compiled and captured", (True, False): "compiled", (False, True): "captured"}.get(
-        (compiles, captures))
+    work = first_step_work(compiles, captures)
+    return work and work.replace("compile", "compiled").replace("capture", "captured")
 
 
 def cpu_warning(model_cfg: ModelConfig, cfg, n_rungs: int, rate: float | None = None) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from gpt2ladder.model.recipe import recipe_label
 from gpt2ladder.report.plots import pyplot, save_figure
-from gpt2ladder.report.records import recipe_label, write_record
+from gpt2ladder.report.records import write_record
 from gpt2ladder.report.tables import markdown_table, rung_rows, signed, text_table
 
 HEADERS = ["rung", "train loss", "Δ train", "val loss", "Δ val", "Δ val %", "step-0 Δ", "verdict"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpt2ladder.model.recipe import recipe_label
 from gpt2ladder.report.plots import pyplot, save_figure
-from gpt2ladder.report.records import recipe_label, write_record
+from gpt2ladder.report.records import write_record
 from gpt2ladder.report.tables import markdown_table, rung_rows, text_table
 
 COLOURS = {"matmul": "#4C72B0", "attention": "#8172B3", "elementwise": "#55A868", "loss": "#C44E52",

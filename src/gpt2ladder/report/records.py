@@ -21,7 +21,6 @@ import torch
 
 from gpt2ladder.data.files import atomic_path, beside, write_atomic
 from gpt2ladder.errors import UsageError
-from gpt2ladder.model.recipe import SPEEDRUN, parse_recipe
 from gpt2ladder.version import __version__
 
 
@@ -39,13 +38,6 @@ def record_header(caps, device: torch.device) -> dict:
                      "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None},
         "host": {"os": platform.system(), "machine": platform.machine(), "cpus": os.cpu_count()},
     }
-
-
-def recipe_label(recipe: str | None) -> str:
-    """How a run or a report names its recipe (`--recipe`, or a record's canonical name) to a person: speedrun where
-    it is exactly speedrun's parts, else its canonical name (gpt2, or the parts in order)."""
-    parsed = parse_recipe(recipe)
-    return "speedrun" if parsed.parts == SPEEDRUN else parsed.name
 
 
 def git_sha() -> str | None:

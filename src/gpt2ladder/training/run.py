@@ -37,9 +37,10 @@ from gpt2ladder.errors import LadderError, UsageError
 from gpt2ladder.evals import runner
 from gpt2ladder.ladder import setup_for
 from gpt2ladder.model.gpt import describe_shape
+from gpt2ladder.model.recipe import recipe_label
 from gpt2ladder.model.setup import Setup
 from gpt2ladder.report.notices import first_step_did
-from gpt2ladder.report.records import prepare_out_dir, recipe_label, record_header, write_json
+from gpt2ladder.report.records import prepare_out_dir, record_header, write_json
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.hardware import Capabilities
 from gpt2ladder.training import lock
