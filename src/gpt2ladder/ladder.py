@@ -15,7 +15,7 @@ from typing import Callable
 
 from gpt2ladder.errors import UsageError
 from gpt2ladder.runtime.hardware import Capabilities
-from gpt2ladder.model.recipe import GPT2, Recipe
+from gpt2ladder.model.recipe import GPT2, Recipe, recipe_label
 from gpt2ladder.model.setup import Setup
 
 
@@ -163,7 +163,7 @@ def _gpt2_blocks(what: str) -> Callable[[Recipe], str | None]:
     def check(recipe: Recipe) -> str | None:
         if recipe.family == "gpt2":
             return None
-        return f"{what} is written for GPT-2's own Blocks; recipe {recipe.name} changes them"
+        return f"{what} is written for GPT-2's own Blocks; recipe {recipe_label(recipe.name)} changes them"
 
     return check
 
@@ -171,7 +171,7 @@ def _gpt2_blocks(what: str) -> Callable[[Recipe], str | None]:
 def _rotary_parts(recipe: Recipe) -> str | None:
     if recipe.has("rope") or recipe.has("qk_norm"):
         return None
-    return f"the rotary_kernel rung acts on rotary positions and QK-norm; recipe {recipe.name} has neither"
+    return f"the rotary_kernel rung acts on rotary positions and QK-norm; recipe {recipe_label(recipe.name)} has neither"
 
 
 def _adamw_only(recipe: Recipe) -> str | None:
@@ -181,7 +181,7 @@ def _adamw_only(recipe: Recipe) -> str | None:
 def _muon_only(recipe: Recipe) -> str | None:
     if recipe.optimizer == "muon":
         return None
-    return f"the ns_kernel rung computes Muon's Newton-Schulz products; recipe {recipe.name} has no muon part"
+    return f"the ns_kernel rung computes Muon's Newton-Schulz products; recipe {recipe_label(recipe.name)} has no muon part"
 
 
 def _causal_attention(recipe: Recipe) -> str | None:
