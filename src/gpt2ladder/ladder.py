@@ -171,7 +171,8 @@ def _gpt2_blocks(what: str) -> Callable[[Recipe], str | None]:
 def _rotary_parts(recipe: Recipe) -> str | None:
     if recipe.has("rope") or recipe.has("qk_norm"):
         return None
-    return f"the rotary_kernel rung acts on rotary positions and QK-norm; recipe {recipe_label(recipe.name)} has neither"
+    return (f"the rotary_kernel rung acts on rotary positions and QK-norm; recipe {recipe_label(recipe.name)} has "
+            "neither")
 
 
 def _adamw_only(recipe: Recipe) -> str | None:
@@ -181,7 +182,8 @@ def _adamw_only(recipe: Recipe) -> str | None:
 def _muon_only(recipe: Recipe) -> str | None:
     if recipe.optimizer == "muon":
         return None
-    return f"the ns_kernel rung computes Muon's Newton-Schulz products; recipe {recipe_label(recipe.name)} has no muon part"
+    return (f"the ns_kernel rung computes Muon's Newton-Schulz products; recipe {recipe_label(recipe.name)} has no "
+            "muon part")
 
 
 def _causal_attention(recipe: Recipe) -> str | None:
