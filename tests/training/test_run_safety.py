@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from gpt2ladder import cli, data
+from gpt2ladder.data import cache_dir
 from gpt2ladder.errors import UsageError
 from gpt2ladder.runtime.distributed import Dist
 from gpt2ladder.runtime.engine import Engine
@@ -287,14 +288,19 @@ def test_a_checkpoint_with_odd_contents_cannot_be_resumed_in_one_line(run, capsy
 
 
 def test_resume_refuses_another_text_unless_allowed(run, tmp_path, capsys):
-    (tmp_path / "other.txt").write_text(TEXT)
-    before = _files(run)
-    code, _, err = _cli(capsys, _args(run, "--resume", "--steps", "8", "--data", tmp_path / "other.txt"))
-    assert code == 2 and _one_line_error(err, "another text", "tinyshakespeare", "other.txt", "--allow-data-change")
+    """A text never tokenized says so and tokenizes it: a --resume on another text than the checkpoint's is refused
+    first (exit 2, before anything is printed or cached), not after that."""
+    (tmp_path / "other.txt").write_text(TEXT + "A text the cache has not seen.\n")
+    before, cached = _files(run), sorted((cache_dir() / "tokens").glob("*"))
+    code, out, err = _cli(capsys, _args(run, "--resume", "--steps", "8", "--data", tmp_path / "other.txt"))
+    assert code == 2 and out == "" and _one_line_error(err, "another text", "tinyshakespeare", "other.txt",
+                                                       "--allow-data-change")
     assert _files(run) == before  # config.json too: its data hash is the checkpoint's
+    assert sorted((cache_dir() / "tokens").glob("*")) == cached
     code, out, _ = _cli(capsys, _args(run, "--resume", "--steps", "3", "--data", tmp_path / "other.txt",
                                       "--allow-data-change"))
     assert code == 0 and "notice: resuming on another text" in out
+    assert len(sorted((cache_dir() / "tokens").glob("*"))) == len(cached) + 2  # its bin and record, now
     assert load_checkpoint(run)["data_source"]["source"] == "other.txt"
 
 

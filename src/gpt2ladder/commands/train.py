@@ -101,7 +101,8 @@ def _train(request: TrainRequest, saved: Saved | None, device: torch.device, cap
     size checked, then trained."""
     cfg = request.cfg
     tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent,  # no random stand-in
-                                  check=lambda t: check_text(request, saved, t))
+                                  check=lambda t: check_text(request, saved, t),
+                                  identify=lambda source, sha256: check_source(request, saved, source, sha256))
     refuse_idle_flags(request, tokens)
     cfg, plan = planned_config(request, device, caps, dist, notices.append)
     setup = setup_for(list(cfg.rungs))  # once: the size check and the run take the same
@@ -123,11 +124,17 @@ def _silent(*args, **kwargs) -> None:
     """The notices of ranks other than 0 (every rank finds the same)."""
 
 
+def check_source(request: TrainRequest, saved: Saved | None, source: str, sha256: str) -> None:
+    """A UsageError for another text than the resumed checkpoint's (unless --allow-data-change), asked as soon as
+    a text's sha256 is known: before it is tokenized, which says so and may take long."""
+    if saved is not None:
+        data_change(saved.state, saved.path, source, sha256, request.allow_data_change)
+
+
 def check_text(request: TrainRequest, saved: Saved | None, tokens: data_mod.TokenData) -> None:
     """The text as soon as it is known, before a corpus's tokens are checked (which says so, and may take long): a
     UsageError for another text than the resumed checkpoint's (unless --allow-data-change), or one too short."""
-    if saved is not None:
-        data_change(saved.state, saved.path, tokens, request.allow_data_change)
+    check_source(request, saved, tokens.source, tokens.sha256)
     data_mod.check_splits(tokens, request.cfg.seq_len, bool(request.cfg.eval_every))
 
 

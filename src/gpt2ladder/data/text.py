@@ -166,13 +166,14 @@ def text_chunks(f: BinaryIO, path: Path, block: int | None = None) -> Iterator[s
 
 
 def load_text(text_path: Path | str | None = None, *, download: bool = True, notify=print,
-              check=None) -> TokenData:
+              check=None, identify=None) -> TokenData:
     """Tokens of a text file (None: Tiny Shakespeare), tokenized once and then memory-mapped from cache.
 
     The cache is keyed by the sha256 of the file's bytes, so an edited file is tokenized again; a cache
     that does not match its record is rebuilt, and `notify` says so. `check` (a TokenData -> None that
-    raises, e.g. `check_splits`) sees the tokens before they are handed back. Records (JSON Lines, Parquet,
-    CSV) are refused: `prepare` reads them.
+    raises, e.g. `check_splits`) sees the tokens before they are handed back; `identify` (source, sha256 -> None
+    that raises) sees the text's name and sha256 before a text not yet cached is tokenized (and `notify` says so).
+    Records (JSON Lines, Parquet, CSV) are refused: `prepare` reads them.
     """
     if text_path is None:
         path, source = fetch_tinyshakespeare(download), "tinyshakespeare"
@@ -182,6 +183,8 @@ def load_text(text_path: Path | str | None = None, *, download: bool = True, not
         refuse_records(path)
     with open_text(path) as f:
         digest = sha256_stream(f, READ_BYTES)
+        if identify is not None:
+            identify(source, digest)
         tokens = token_cache.load_or_build(cache_dir() / "tokens", digest, lambda: text_chunks(f, path),
                                            os.fstat(f.fileno()).st_size, notify)
     data = _split(tokens, source, digest)

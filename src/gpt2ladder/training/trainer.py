@@ -140,15 +140,15 @@ def rows_that_fit(run, seq_len: int) -> int:
     return int(distributed.reduce_floats([rows], run.dist, "min")[0])
 
 
-def data_change(state: dict, path: Path, tokens: data_mod.TokenData, allowed: bool = False) -> str | None:
-    """How `tokens` differ from the text the checkpoint (`state`, read from `path`) was trained on, or None where
-    they are the same (or it names none); a UsageError unless the change is `allowed`. `train` asks this as soon as
-    the new text is known (before a corpus's tokens are checked), the loop again when it resumes."""
+def data_change(state: dict, path: Path, source: str, sha256: str, allowed: bool = False) -> str | None:
+    """How the text `source` (with this sha256) differs from the one the checkpoint (`state`, read from `path`) was
+    trained on, or None where they are the same (or it names none); a UsageError unless the change is `allowed`.
+    `train` asks this as soon as the new text is known (before a text is tokenized or a corpus's tokens are
+    checked), the loop again when it resumes."""
     saved = state.get("data_source") or {}
-    if not saved.get("sha256") or saved["sha256"] == tokens.sha256:
+    if not saved.get("sha256") or saved["sha256"] == sha256:
         return None
-    change = (f"{saved.get('source')} (sha256 {saved['sha256'][:12]}...) -> {tokens.source} "
-              f"(sha256 {tokens.sha256[:12]}...)")
+    change = f"{saved.get('source')} (sha256 {saved['sha256'][:12]}...) -> {source} (sha256 {sha256[:12]}...)"
     if not allowed:
         raise UsageError(f"--resume: {path} was trained on another text than this run's ({change}); pass "
                          "--allow-data-change to continue on the new one, or give the run's own --data")
@@ -309,7 +309,7 @@ class Trainer:
 
     def _check_data(self, state: dict, path: Path, allowed: bool) -> bool:
         """Whether the text differs from the checkpoint's; a UsageError unless that is allowed."""
-        change = data_change(state, path, self.tokens, allowed)
+        change = data_change(state, path, self.tokens.source, self.tokens.sha256, allowed)
         if change is None:
             return False
         self.notices.append(f"notice: resuming on another text than the checkpoint's: {change}; "
