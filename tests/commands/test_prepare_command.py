@@ -350,6 +350,23 @@ def test_a_bad_record_past_the_first_lines_stops_the_run_with_nothing_claimed(tm
     assert not (tmp_path / "out").exists()
 
 
+def test_a_bad_record_after_finished_shards_says_they_are_kept_and_what_to_do(tmp_path, capsys, monkeypatch):
+    """The shards finished before a bad record stay (with the partial manifest), and the one line says so: the source
+    mended is another source, which they cannot continue."""
+    from gpt2ladder.data import prepare, sources
+
+    monkeypatch.setattr(sources, "CHECK_DOCUMENTS", 2)
+    monkeypatch.setattr(prepare, "BATCH_CHARS", 64)  # a batch of a few records, so shards finish before line 61
+    source = _write(tmp_path / "x.jsonl", '{"text": "hello there, world of records"}\n' * 60 + '{"text": 5}\n')
+    code, stdout, err = run(capsys, "prepare", source, tmp_path / "out", "--workers", "1", "--no-progress",
+                            "--val-tokens", "8", "--shard-tokens", "40")
+    one_line(code, err, 2, "x.jsonl line 61: field 'text' is int, not text")
+    kept = sorted(p.name for p in (tmp_path / "out").glob("*.bin"))
+    assert len(kept) >= 2 and (tmp_path / "out" / "manifest.partial.json").is_file()
+    assert f"; {tmp_path / 'out'} keeps the {len(kept)} shards finished before it, which a mended source" in err
+    assert "another OUT, or empty this one first" in err and "wrote" not in stdout
+
+
 def test_skipped_files_of_a_folder_are_counted_in_the_banner_and_manifest(tmp_path, capsys):
     folder = _mkdir(tmp_path / "f")
     _write(folder / "a.txt", "a text")

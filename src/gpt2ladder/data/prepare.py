@@ -455,6 +455,14 @@ def run(cfg: PrepareConfig, source: Source, planned: Plan, progress: Callable[[i
         if documents == 0:
             raise UsageError(f"{source.description.get('path') or source.description.get('name')} holds no documents")
         return _write(sink.finish, cfg, sink, documents)
+    except UsageError as e:  # a bad record found while tokenizing: this source can never be finished
+        sink.abort()
+        if not sink.done:
+            raise
+        kept = len(sink.done)
+        raise UsageError(f"{e}; {cfg.out} keeps the {kept} shard{'' if kept == 1 else 's'} finished before it, "
+                         "which a mended source (another source to prepare) does not continue: prepare that into "
+                         "another OUT, or empty this one first") from None
     except BaseException:
         sink.abort()
         raise
