@@ -63,7 +63,8 @@ def problems(name: str, record: dict, folder: Path | None = None) -> list[str]:
     if not isinstance(record["result"].get("summary"), str):
         found.append("result.summary missing")
     spread = record["result"].get("spread")
-    if spread is not None and not (isinstance(spread, list) and len(spread) == 2 and record["result"].get("spread_kind")):
+    if spread is not None and not (isinstance(spread, list) and len(spread) == 2
+                                   and record["result"].get("spread_kind")):
         found.append("result.spread must be [low, high] with a spread_kind")
     if not isinstance(record["device"].get("name"), str):
         found.append("device.name missing")
@@ -77,7 +78,8 @@ def problems(name: str, record: dict, folder: Path | None = None) -> list[str]:
     if jobs_file is not None and not (HERE.parent / jobs_file).is_file():
         found.append(f"jobs_file {jobs_file} does not exist")
     if folder is not None:
-        found += [f"lists {f}, which is not in its folder" for f in record.get("files", {}) if not (folder / f).is_file()]
+        found += [f"lists {f}, which is not in its folder" for f in record.get("files", {})
+                  if not (folder / f).is_file()]
     return found
 
 

@@ -13,7 +13,8 @@ CFG = dataclasses.replace(PRESETS["tiny"], attention="sdpa", low_precision_resid
 
 
 def rewired_models(monkeypatch, before, variants: dict) -> dict:
-    """{key: a tiny GPT-2 with the rewrites in `before` ("gelu_kernel", "fp32_wgrad", "qkv_grad"), then use_norm_kernel(model,
+    """{key: a tiny GPT-2 with the rewrites in `before` ("gelu_kernel", "fp32_wgrad", "qkv_grad"),
+    then use_norm_kernel(model,
     **variants[key])}, all from the same weights; kernels_run patched so that AddNorm runs on a CPU."""
     import gpt2ladder.speedups.norm_block as nb
     from gpt2ladder.speedups.fp32_wgrad import use_fp32_wgrad

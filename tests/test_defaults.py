@@ -61,7 +61,8 @@ def test_the_optimizer_settings_are_the_tables():
 
 
 CONFIGS = {"training/config.py": "TrainConfig", "runtime/engine.py": "OptimConfig",
-           "measure/parity.py": "ParityConfig", "measure/profile.py": "ProfileConfig", "measure/bench.py": "BenchConfig"}
+           "measure/parity.py": "ParityConfig", "measure/profile.py": "ProfileConfig",
+           "measure/bench.py": "BenchConfig"}
 
 
 def literal_numbers(source: str, name: str) -> list[str]:

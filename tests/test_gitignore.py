@@ -39,6 +39,7 @@ def test_benchmark_runs_land_where_git_does_not_look():
     """benchmarks/run.sh's results folders hold raw logs and dumps; only benchmarks/records/ is committed."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    ignored = subprocess.run(["git", "check-ignore", "--no-index", "-q", "benchmarks/results/NAME/logs/bench.log"], cwd=ROOT)
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "-q", "benchmarks/results/NAME/logs/bench.log"],
+                             cwd=ROOT)
     kept = subprocess.run(["git", "check-ignore", "--no-index", "-q", "benchmarks/records/NAME/record.json"], cwd=ROOT)
     assert ignored.returncode == 0 and kept.returncode == 1

@@ -169,7 +169,8 @@ def test_opt_in_rungs_are_climbed_by_all_and_tried_by_best_but_not_auto():
     assert opt_in == ["qkv_grad", "fp8_proj", "fp8_forward", "ns_kernel"]
     assert not set(opt_in) & set(resolve_rungs("auto", H200_TRITON))  # what train uses and doctor recommends
     assert resolve_rungs("auto", H200_TRITON)[-11:] == ["fp32_wgrad", "weight_cast", "norm_kernel", "proj_bias",
-                                                        "fp8_fc", "fp8_dgrad", "adamw_kernel", "memset_fill", "cublaslt",
+                                                        "fp8_fc", "fp8_dgrad", "adamw_kernel",
+                                                        "memset_fill", "cublaslt",
                                                         "bias_in_wgrad", "tied_grad"]
     assert [n for n in resolve_rungs("best", H200_TRITON) if n in opt_in] == opt_in[:3]  # measured; kept if they pay
     assert [n for n in resolve_rungs("all", H200_TRITON) if n in opt_in] == opt_in  # ns_kernel: Muon's (it declines)

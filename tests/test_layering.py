@@ -89,11 +89,13 @@ def test_no_source_file_cites_a_dated_results_folder():
     import re
 
     for path in MODULES:
-        assert not re.search(r"(results|records)/20\d\d-", path.read_text()), f"{path.relative_to(PACKAGE)} cites a dated record"
+        assert not re.search(r"(results|records)/20\d\d-", path.read_text()), \
+            f"{path.relative_to(PACKAGE)} cites a dated record"
 
 
 # What a measurement looks like in prose: a time in ms or us, a GPU named as where it ran, the results pages.
-MEASURED = re.compile(r"\b\d+(\.\d+)? ?(ms|us|µs)\b|\bon (an|the|two|one) H\d00s?\b|H\d00's|docs/(results|experiments|diary)\.md")
+MEASURED = re.compile(r"\b\d+(\.\d+)? ?(ms|us|µs)\b|\bon (an|the|two|one) H\d00s?\b|H\d00's|"
+                      r"docs/(results|experiments|diary)\.md")
 
 
 def measured_figures(text: str) -> list[str]:

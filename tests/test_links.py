@@ -56,7 +56,8 @@ def _exists(base: Path, path: str) -> bool:
 
 
 def _slug(heading: str) -> str:
-    """GitHub's anchor for a heading: the text of its links and code, lower case, punctuation dropped, spaces to hyphens."""
+    """GitHub's anchor for a heading: the text of its links and code, lower case, punctuation dropped,
+    spaces to hyphens."""
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).replace("`", "").replace("*", "")
     return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
 
@@ -131,7 +132,8 @@ def test_the_documents_links_and_paths_are_found():
     targets = [target for target, _, _ in links(readme)]
     assert "docs/results.md" in targets and any(t.endswith(".png") and "records/" in t for t in targets)
     assert ("src/gpt2ladder/", ROOT) in code_paths(readme)
-    assert {ROOT / "docs" / "results.md", ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "RECORDS.md"} <= set(DOCS)
+    assert ({ROOT / "docs" / "results.md", ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "RECORDS.md"}
+            <= set(DOCS))
     assert all(links(doc) or code_paths(doc) for doc in DOCS)
 
 

@@ -22,7 +22,8 @@ def _records_module():
 records = _records_module()
 FOLDERS = sorted(p for p in records.RECORDS.iterdir() if p.is_dir())
 
-RACE = {"date": "2026-12-10", "kind": "race", "claim": "auto reaches val 3.28 on FineWeb sooner than the write-up's rungs",
+RACE = {"date": "2026-12-10", "kind": "race",
+        "claim": "auto reaches val 3.28 on FineWeb sooner than the write-up's rungs",
         "judge": "time to val loss 3.28 over three seeds", "baseline": "the write-up's last rung",
         "result": {"summary": "412 s (mean of 3 seeds)", "value": 412.0, "unit": "s", "spread": [405.0, 420.0],
                    "spread_kind": "min to max over seeds", "target_val_loss": 3.28, "seeds": [0, 1, 2]},

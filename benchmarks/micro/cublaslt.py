@@ -200,13 +200,15 @@ def matmul_t(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, b_transpose
 
 # Reference expressions: what the epilogue matmuls compute, in PyTorch (off CUDA, and the yardstick).
 
-def gelu_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gelu_linear_reference(x: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gelu(h), h) for h = x W^T + b, in x's dtype (the matmul in fp32 inside)."""
     h = (x.float() @ weight.float().t() + bias.float())
     return F.gelu(h, approximate="tanh").to(x.dtype), h.to(x.dtype)
 
 
-def dgelu_matmul_reference(grad: torch.Tensor, weight: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def dgelu_matmul_reference(grad: torch.Tensor, weight: torch.Tensor,
+                           h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dh, its column sums in fp32) for dh = (grad @ W) * gelu'(h): grad (N, C), W (C, M), h (N, M)."""
     zero_bias = torch.zeros(h.shape[-1], dtype=torch.float32, device=h.device)
     return gelu_grad_reference(grad.float() @ weight.float(), h, zero_bias)

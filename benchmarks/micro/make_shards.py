@@ -36,7 +36,8 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(args.seed)
-    sizes = [args.val_tokens] + [min(args.shard_tokens, args.tokens - at) for at in range(0, args.tokens, args.shard_tokens)]
+    sizes = [args.val_tokens] + [min(args.shard_tokens, args.tokens - at)
+                                 for at in range(0, args.tokens, args.shard_tokens)]
     t0 = time.perf_counter()
     for index, n in enumerate(sizes):
         path = args.out / fmt.shard_name(args.name, "val" if index == 0 else "train", index)

@@ -135,8 +135,10 @@ def _table(result: dict) -> str:
              "prepare, shards written (steady) | ratio (steady) | worker start-up |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['workers']} | {r['tiktoken_tokens_per_s']:,.0f} | {r['tokenize_tokens_per_s']:,.0f} "
-                     f"({r['tokenize_steady_tokens_per_s']:,.0f}) | {r['ratio_tokenize']:.2f} ({r['ratio_tokenize_steady']:.2f}) "
-                     f"| {r['prepare_tokens_per_s']:,.0f} ({r['prepare_steady_tokens_per_s']:,.0f}) | {r['ratio_prepare']:.2f} "
+                     f"({r['tokenize_steady_tokens_per_s']:,.0f}) | {r['ratio_tokenize']:.2f} "
+                     f"({r['ratio_tokenize_steady']:.2f}) "
+                     f"| {r['prepare_tokens_per_s']:,.0f} ({r['prepare_steady_tokens_per_s']:,.0f}) "
+                     f"| {r['ratio_prepare']:.2f} "
                      f"({r['ratio_prepare_steady']:.2f}) | {r['startup_s']:.2f} s |")
     return "\n".join(lines)
 

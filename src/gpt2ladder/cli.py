@@ -497,7 +497,8 @@ def _add_race(sub) -> None:
 
     p = sub.add_parser("race", help="the recipes' ladder: training time to a target validation loss, per rung",
                        description="Train each rung of the race (GPT-2, then one recipe part more per rung: "
-                       f"gpt2, {', '.join(p.name for p in PARTS)}) from the same seeds on the same data, at the top of the step "
+                       f"gpt2, {', '.join(p.name for p in PARTS)}) from the same seeds on the same data, "
+                       "at the top of the step "
                        "ladder this machine supports for its recipe, until its first validation at or below the "
                        "target or the end of its planned steps; report per rung the training seconds to the target "
                        "(timed steps only; compile and capture, and validation, apart), wall seconds, tokens and "

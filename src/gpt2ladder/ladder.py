@@ -176,7 +176,8 @@ def _rotary_parts(recipe: Recipe) -> str | None:
 
 
 def _adamw_only(recipe: Recipe) -> str | None:
-    return None if recipe.optimizer == "adamw" else "the adamw_kernel rung updates by AdamW alone; this recipe uses Muon"
+    return (None if recipe.optimizer == "adamw"
+            else "the adamw_kernel rung updates by AdamW alone; this recipe uses Muon")
 
 
 def _muon_only(recipe: Recipe) -> str | None:

@@ -301,7 +301,8 @@ def test_out_of_memory_at_an_unknown_batch_names_both_ways_out():
     from gpt2ladder.cli import _out_of_memory_line
 
     line = _out_of_memory_line(torch.OutOfMemoryError("CUDA out of memory"))
-    assert "a smaller --batch-size" in line and "at batch size 1: a smaller --seq-len, fewer --rungs or --preset tiny" in line
+    assert ("a smaller --batch-size" in line
+            and "at batch size 1: a smaller --seq-len, fewer --rungs or --preset tiny" in line)
 
 
 @pytest.mark.parametrize("error", [

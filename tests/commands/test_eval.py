@@ -112,7 +112,8 @@ def test_eval_of_a_hub_name_from_the_cache(setup, tmp_path, capsys, monkeypatch)
     code, out, _ = _eval(capsys, "someone/tiny", "--task-data", root / "hellaswag.jsonl", "--out", tmp_path / "o")
     assert code == 0 and "someone/tiny (" in out
     record = json.loads((tmp_path / "o" / "eval.json").read_text())
-    assert record["model"]["repo_id"] == "someone/tiny" and record["acc"] == _expected(model, root / "hellaswag.jsonl").acc
+    assert (record["model"]["repo_id"] == "someone/tiny"
+            and record["acc"] == _expected(model, root / "hellaswag.jsonl").acc)
 
 
 def _one_line(code, err, expected_code, *words):
@@ -219,7 +220,8 @@ def test_settings_are_the_runs_precision_on_a_gpu(device, kind, setup, expected)
     args = SimpleNamespace(batch_size=None, no_compile=False)
     got = _settings(loaded, torch.device(device), SimpleNamespace(compile_problem=None), args)
     assert (got["autocast"], got["matmul_precision"], got["compiled"], got["batch_size"]) == expected
-    assert _settings(loaded, torch.device(device), SimpleNamespace(compile_problem="no compiler"), args)["compiled"] is False
+    assert _settings(loaded, torch.device(device), SimpleNamespace(compile_problem="no compiler"),
+                     args)["compiled"] is False
 
 
 MODERN = "rope,relu2,rmsnorm,untied_head,softcap"

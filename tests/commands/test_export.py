@@ -111,7 +111,8 @@ def test_a_folder_that_is_not_empty_needs_force(run, tmp_path, capsys):
 
 def test_an_out_dir_that_is_a_file_or_under_one_is_one_line(run, tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("keep me")
-    for target, words in ((tmp_path / "notes.txt", "is not a folder"), (tmp_path / "notes.txt" / "hf", "cannot write to")):
+    for target, words in ((tmp_path / "notes.txt", "is not a folder"),
+                          (tmp_path / "notes.txt" / "hf", "cannot write to")):
         code, _, err = _export(capsys, run, target, "--force")
         assert _one_line_error(err, code, 2) and words in err
     assert (tmp_path / "notes.txt").read_text() == "keep me"

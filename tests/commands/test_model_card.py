@@ -253,7 +253,8 @@ def fake_api(monkeypatch):
 
 def test_push_to_hub_creates_the_repository_and_uploads_the_folder(tmp_path, capsys, fake_api):
     code, out, _ = export(capsys, make_run(tmp_path / "run"), tmp_path / "hf", "--push-to-hub", "shakespeare")
-    assert code == 0 and out.splitlines()[-1] == f"gpt2ladder export: pushed {tmp_path / 'hf'} to https://huggingface.co/me/shakespeare"
+    assert code == 0 and out.splitlines()[-1] == (f"gpt2ladder export: pushed {tmp_path / 'hf'} "
+                                                  "to https://huggingface.co/me/shakespeare")
     assert fake_api.calls[0] == ("create_repo", "shakespeare", "model", True)
     assert fake_api.calls[1][:2] == ("upload_folder", "me/shakespeare") and "README.md" in fake_api.calls[1][2]
     assert 'repo = "shakespeare"' in card(tmp_path / "hf")[1]

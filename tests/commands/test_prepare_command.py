@@ -101,7 +101,8 @@ def _parquet(path):
 CASES = [  # (id, make the source in tmp_path -> SOURCE, extra flags, exit code, fragments of the one line)
     ("empty jsonl", lambda d: _write(d / "x.jsonl", ""), [], 2, ["holds no documents"]),
     ("empty folder", lambda d: _mkdir(d / "empty"), [], 2, ["holds no files"]),
-    ("missing field", lambda d: _write(d / "x.jsonl", '{"body": "a"}\n'), [], 2, ["has no field 'text'", "--text-field"]),
+    ("missing field", lambda d: _write(d / "x.jsonl", '{"body": "a"}\n'), [], 2,
+     ["has no field 'text'", "--text-field"]),
     ("parquet without the column", lambda d: _parquet(d / "x.parquet"), [], 2, ["has no column 'text'"]),
     ("unknown suffix", lambda d: _write(d / "x.tar", "x"), [], 2, ["of a format prepare does not read"]),
     ("unknown --format", lambda d: _write(d / "x.txt", "x"), ["--format", "xml"], 2, ["--format: invalid choice"]),
@@ -212,7 +213,8 @@ def test_ctrl_c_leaves_only_whole_shards_and_the_same_command_finishes(tmp_path,
     left = sorted(p.name for p in out.iterdir())
     assert not [n for n in left if n.startswith(".")]  # no temporary file, no spool
     assert {s["name"] for s in kept} <= set(left) and "manifest.json" not in left
-    for name in [n for n in left if n.endswith(".bin")]:  # every shard whole (one closed just before its record counts), the recorded ones verified
+    # every shard whole (one closed just before its record counts), the recorded ones verified
+    for name in [n for n in left if n.endswith(".bin")]:
         assert fmt.open_shard(out / name, fmt.LLMC).n_tokens > 0
     assert all(fmt.file_sha256(out / s["name"]) == s["sha256"] for s in kept)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)

@@ -139,7 +139,8 @@ def test_sample_reads_hugging_face_weights(run_dir, tmp_path, capsys):
     for path in (tmp_path / "hf", tmp_path / "hf" / "model.safetensors"):
         code, text, err = _sample(capsys, path, "--temperature", 0, "--prompt", "ROMEO:")
         assert code == 0 and text == from_run
-        assert err == f"gpt2ladder sample: 1 layer, 2 heads, 32 wide, 1.6M parameters from {tmp_path / 'hf' / 'model.safetensors'} on cpu\n"
+        assert err == ("gpt2ladder sample: 1 layer, 2 heads, 32 wide, 1.6M parameters from "
+                       f"{tmp_path / 'hf' / 'model.safetensors'} on cpu\n")
 
 
 def test_sample_of_weights_without_config_json_is_one_line(run_dir, tmp_path, capsys):

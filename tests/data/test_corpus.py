@@ -107,7 +107,8 @@ def test_build_nanogpt_npy_shards(tmp_path):
 @pytest.mark.parametrize("make, spec, says", [
     (lambda d: None, "{d}/*.bin", "matches no files"),
     (lambda d: (d / "x.bin").write_bytes(b"\1" * 2048), "{d}", "has magic number"),
-    (lambda d: (fmt.write_shard(d / "a_train_000001.bin", np.zeros(3, np.uint16)), np.save(d / "b.npy", np.zeros(3, np.uint16))),
+    (lambda d: (fmt.write_shard(d / "a_train_000001.bin", np.zeros(3, np.uint16)),
+                np.save(d / "b.npy", np.zeros(3, np.uint16))),
      "{d}", "holds both .bin and .npy"),
     (lambda d: fmt.write_shard(d / "a_train_000001.bin", np.array([1, 2, 60000], np.uint16)), "{d}",
      "holds token id 60000 at position 2, outside GPT-2's vocabulary"),

@@ -42,7 +42,8 @@ def reference(docs) -> np.ndarray:
 
 
 def config(source_file, out, **kw) -> P.PrepareConfig:
-    return P.PrepareConfig(SourceSpec(str(source_file)), out, "plays", **{"val_tokens": 400, "shard_tokens": 2500, **kw})
+    return P.PrepareConfig(SourceSpec(str(source_file)), out, "plays",
+                           **{"val_tokens": 400, "shard_tokens": 2500, **kw})
 
 
 def prepare(cfg, progress=None) -> dict:

@@ -117,7 +117,8 @@ def test_gelu_forward_kernel_matches_the_expressions_at_gpt2_size():
     # Where the two differ, the kernel is the closer: the tanh form loses bits in GELU's negative tail
     # (1 + tanh(z) cancels), the sigmoid form does not.
     assert (a != ref).any()
-    assert (a.double() != exact.to(torch.bfloat16).double()).sum() <= (ref.double() != exact.to(torch.bfloat16).double()).sum()
+    assert ((a.double() != exact.to(torch.bfloat16).double()).sum()
+            <= (ref.double() != exact.to(torch.bfloat16).double()).sum())
 
 
 @needs_cuda

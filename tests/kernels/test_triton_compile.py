@@ -1,7 +1,8 @@
 """Every Triton kernel of the package compiles for the GPUs it targets, here on a machine without one.
 
 The CPU interpreter (tests/kernels/test_loss_kernel.py, test_gelu_kernel.py, test_qkv_kernel.py,
-test_adamw_kernel.py, test_weight8_kernel.py, test_gram_kernel.py) checks what the kernels compute, but it runs them as Python and accepts
+test_adamw_kernel.py, test_weight8_kernel.py, test_gram_kernel.py) checks what the kernels compute, but it runs them
+as Python and accepts
 code the compiler rejects (a kernel reading a plain module global, for one). Compiling to a cubin for sm_80 (A100),
 sm_90 (H100, H200) and sm_120 (the RTX 50 series) needs only the triton package.
 """

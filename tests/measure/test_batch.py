@@ -32,7 +32,8 @@ def hopper(gib: float, capped: bool = False) -> Capabilities:
 
 def _rows(spec: str, caps: Capabilities):
     return [(r.name, setup_for(list(r.applied))) for r in climb(resolve_rungs(spec, caps),
-                                                                 lambda n: why_unavailable(n, caps)) if r.reason is None]
+                                                                 lambda n: why_unavailable(n, caps))
+            if r.reason is None]
 
 
 @pytest.mark.parametrize("caps, heaviest, batch", [

@@ -59,4 +59,5 @@ def test_the_summary_and_the_markdown_say_it_too():
               "versions": {"torch": "2.13", "cuda": None, "triton": None}, "gpt2ladder": "0.1", "git_sha": "x"}
     assert f"- {best['too_noisy']}" in format_markdown(record)
     best["too_noisy"] = None
-    assert "too noisy" not in format_markdown(record) and "too noisy" not in best_summary({"rungs": LOADED, "best": best})
+    assert ("too noisy" not in format_markdown(record)
+            and "too noisy" not in best_summary({"rungs": LOADED, "best": best}))

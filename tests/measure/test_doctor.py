@@ -29,7 +29,8 @@ from gpt2ladder.runtime.hardware import (
 
 def gpu(name, cc, os="Linux", triton="3.6.0", **kw):
     """A simulated CUDA machine; compile_problem comes from the real rule, so the chain is tested."""
-    return Capabilities("cuda", name, cc, 80 * 2**30, compile_problem("cuda", os, triton, capability=cc, cc="gcc"), os=os,
+    return Capabilities("cuda", name, cc, 80 * 2**30,
+                        compile_problem("cuda", os, triton, capability=cc, cc="gcc"), os=os,
                         triton_version=triton, torch_version="2.11.0", cuda_version="13.0", **kw)
 
 

@@ -1,4 +1,5 @@
-"""Tests for measure/parity.py and its report: every rung trains to the baseline's loss, the verdict rule, the outputs."""
+"""Tests for measure/parity.py and its report: every rung trains to the baseline's loss, the verdict rule,
+the outputs."""
 
 import dataclasses
 import json

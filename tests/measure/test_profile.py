@@ -1,4 +1,5 @@
-"""Tests for measure/profile.py and its report: the kernel-name categorizer, the attribution of step time, the outputs."""
+"""Tests for measure/profile.py and its report: the kernel-name categorizer, the attribution of step time,
+the outputs."""
 
 import dataclasses
 import json

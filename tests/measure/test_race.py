@@ -82,7 +82,8 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     assert names == ("gpt2", "speedrun", "speedrun-wsd", "speedrun-rope-qk_norm", "speedrun+unet_skips-wsd")
     got = dict(race.race_rungs(names))
     assert got["speedrun-wsd"] == parse_recipe(",".join(p for p in SPEEDRUN if p != "wsd")).name
-    assert got["speedrun-rope-qk_norm"] == parse_recipe(",".join(p for p in SPEEDRUN if p not in ("rope", "qk_norm"))).name
+    assert got["speedrun-rope-qk_norm"] == parse_recipe(",".join(p for p in SPEEDRUN
+                                                                 if p not in ("rope", "qk_norm"))).name
     assert got["speedrun+unet_skips-wsd"] == parse_recipe("speedrun,unet_skips").name.replace(",wsd", "")
     assert race.stacked_recipe("momentum_warmup+speedrun").momentum_warmup  # checked whole, not piece by piece
     for spec, says in [("speedrun-unet_skips", "takes away unet_skips, which the parts before it do not have"),
@@ -100,11 +101,13 @@ def test_a_rung_written_with_minus_takes_parts_away_and_is_read_against_what_it_
     assert [r["gain_vs"] for r in rows] == [None, "gpt2", "speedrun", "speedrun", "speedrun"]
     with pytest.raises(UsageError, match="--rungs all stands alone"):
         race.parse_race_rungs("all,speedrun-wsd")
-    assert f", {11.1 / 13.1:.2f}x against speedrun, earlier validation in 0/3 seeds, 1 tokens" in report.progress_line(rows[3], 9.0)
+    assert f", {11.1 / 13.1:.2f}x against speedrun, earlier validation in 0/3 seeds, 1 tokens" in \
+        report.progress_line(rows[3], 9.0)
     for row in rows:
         row["read_every"] = 200
     race.add_gains(rows)  # 200 steps of 11 ms: 2.2 s, more than the 2 s between the medians
-    assert f", {11.1 / 13.1:.2f}x against speedrun, under one validation, earlier validation in 0/3 seeds, 1 tokens" in \
+    assert (f", {11.1 / 13.1:.2f}x against speedrun, under one validation, "
+            "earlier validation in 0/3 seeds, 1 tokens") in \
         report.progress_line(rows[3], 9.0)
     with pytest.raises(UsageError, match="race rungs value_embeds and speedrun-wsd both train recipe"):
         race.race_rungs(race.parse_race_rungs("gpt2,muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,"
@@ -245,7 +248,8 @@ def test_a_row_is_the_median_and_range_over_the_seeds_and_its_gain_over_the_rung
     assert muon["gain_vs_prev"] == pytest.approx(20.0 / 6.0) and muon["within_noise_of_prev"] is False
     assert rope["gain_vs_prev"] == pytest.approx(6.0 / 5.0) and rope["within_noise_of_prev"] is True  # 4-7 meets 5-8
     assert report.vs_prev(muon) == "3.33x, earlier validation in 3/3 seeds"
-    assert report.vs_prev(rope) == "within noise, earlier validation in 2/3 seeds"  # seeds 0 and 2: 4 against 8, 5 against 6
+    # seeds 0 and 2: 4 against 8, 5 against 6
+    assert report.vs_prev(rope) == "within noise, earlier validation in 2/3 seeds"
     assert report.time_text(muon) == "6.0 (5.0-8.0)"
 
 
@@ -255,7 +259,8 @@ def test_a_plus_rung_is_read_against_the_rung_it_adds_its_last_part_to():
     against speedrun; a + rung no start of which the race has is read against the row above."""
     names = ("gpt2", "speedrun", "speedrun+unet_skips", "speedrun+unet_skips+bf16_tables",
              "speedrun+unet_skips+doc_windows", "speedrun+bf16_tables+doc_windows", "momentum_warmup+speedrun")
-    cfg = dataclasses.replace(_cfg(), rungs=tuple(race.RaceRung(n, r, ("baseline",), 2) for n, r in race.race_rungs(names)))
+    cfg = dataclasses.replace(_cfg(), rungs=tuple(race.RaceRung(n, r, ("baseline",), 2)
+                                                  for n, r in race.race_rungs(names)))
     times = (40.0, 20.0, 19.0, 25.0, 18.0, 30.0, 21.0)
     rows = [race.rung_row(r, [_run(s, t + s / 10) for s in range(3)], cfg) for r, t in zip(cfg.rungs, times)]
     race.add_gains(rows)
@@ -308,7 +313,8 @@ def test_a_gain_finer_than_one_validation_interval_is_marked(eval_every, under):
         [_run(0, 20.0), _run(1, 20.1), _run(2, 20.2)], [_run(0, 19.0), _run(1, 19.05), _run(2, 19.1)]))]
     race.add_gains(rows, eval_every)
     assert rows[1]["within_noise_of_prev"] is False and rows[1]["within_one_validation_of_prev"] is under
-    assert report.vs_prev(rows[1]) == "1.06x" + (", under one validation" if under else "") + ", earlier validation in 3/3 seeds"
+    assert report.vs_prev(rows[1]) == ("1.06x" + (", under one validation" if under else "")
+                                       + ", earlier validation in 3/3 seeds")
 
 
 def test_the_seeds_count_the_validations_alone_and_only_seeds_both_rungs_reached():
@@ -323,7 +329,8 @@ def test_the_seeds_count_the_validations_alone_and_only_seeds_both_rungs_reached
     race.add_gains(rows)
     assert rows[1]["seeds_earlier"] == {"earlier": 1, "of": 3}
     assert report.seeds_text(rows[1]) == ", earlier validation in 1/3 seeds"
-    assert race.seeds_earlier(rows[1], {"runs": [_run(1, 10.0), _run(2, 5.0, reached=False)]}) == {"earlier": 1, "of": 1}
+    assert (race.seeds_earlier(rows[1], {"runs": [_run(1, 10.0), _run(2, 5.0, reached=False)]})
+            == {"earlier": 1, "of": 1})
     assert race.seeds_earlier(rows[1], {"runs": [_run(5, 10.0)]}) is None
     assert report.seeds_text({"seeds_earlier": {"earlier": 1, "of": 1}}) == ""  # one seed: the gain says it all
 
@@ -377,7 +384,8 @@ def test_a_run_read_back_from_its_log_to_the_target_or_to_its_end():
 
 def test_a_resumed_runs_curve_leaves_out_each_sessions_first_step_as_the_trainers_clock_does():
     cfg = TrainConfig(batch_size=2, seq_len=32, tokens_per_step=64, steps=4, eval_every=2)
-    log = [{"step": 1, "ms": 900.0, "mfu": None, "warmup": True}, {"step": 2, "ms": 100.0, "mfu": None, "val_loss": 9.5},
+    log = [{"step": 1, "ms": 900.0, "mfu": None, "warmup": True},
+           {"step": 2, "ms": 100.0, "mfu": None, "val_loss": 9.5},
            {"step": 3, "ms": 800.0, "mfu": None, "warmup": True},  # resumed here: compiled again
            {"step": 4, "ms": 110.0, "mfu": None, "val_loss": 8.9}]
     got = race.run_result(log, cfg, 0, "d")
@@ -499,7 +507,8 @@ def test_a_race_to_the_gpt2_rungs_own_loss(shakespeare_cache, tmp_path, monkeypa
     assert record["target_val_loss"] == last["val_loss"] and "gpt2 rung" in record["target_source"]
     assert record["config"]["settings"]["target_val_loss"] == "gpt2"
     assert gpt2["runs"][0]["steps_run"] == 4 and gpt2["reached"]  # it ran all its planned steps
-    assert gpt2["steps"]["median"] == next(p["step"] for p in gpt2["runs"][0]["curve"] if p["val_loss"] <= last["val_loss"])
+    assert gpt2["steps"]["median"] == next(p["step"] for p in gpt2["runs"][0]["curve"]
+                                           if p["val_loss"] <= last["val_loss"])
     assert muon["status"] == "ok" and muon["reached"] == (muon["runs"][0]["curve"][-1]["val_loss"] <= last["val_loss"])
     assert f"target: validation loss {last['val_loss']:g}, the gpt2 rung's after 4 steps" in text
     (run,) = gpt2["runs"]  # timed from the run's clock at the validation that met the target
@@ -549,7 +558,8 @@ def test_a_race_at_several_budgets_writes_each_race_and_compares_them(shakespear
     monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
     monkeypatch.setattr(urllib.request, "urlopen", _no_network)
     small = [a for a in SMALL if a not in ("--steps", "4")]
-    argv = ["race", "--rungs", "gpt2,muon", "--target-val-loss", "gpt2", "--steps", "8,4", "--out", str(tmp_path), *small]
+    argv = ["race", "--rungs", "gpt2,muon", "--target-val-loss", "gpt2", "--steps", "8,4", "--out", str(tmp_path),
+            *small]
     code, text = _main(argv)
     assert code == 0, text
     assert text.index("budget: runs planned for 4 steps") < text.index("budget: runs planned for 8 steps")
@@ -557,7 +567,8 @@ def test_a_race_at_several_budgets_writes_each_race_and_compares_them(shakespear
     assert [b["steps"] for b in record["budgets"]] == [4, 8] and not record["partial"]
     for budget in record["budgets"]:
         raced = json.loads((tmp_path / f"steps-{budget['steps']}" / "race.json").read_text())
-        assert raced["config"]["settings"]["steps"] == budget["steps"] and budget["planned_tokens"] == budget["steps"] * 64
+        assert (raced["config"]["settings"]["steps"] == budget["steps"]
+                and budget["planned_tokens"] == budget["steps"] * 64)
         assert budget["target_val_loss"] == raced["target_val_loss"] is not None
         gpt2, muon = budget["rungs"]
         assert gpt2["train_seconds"] == raced["rungs"][0]["train_seconds"] and gpt2["share_of_first"] == 1.0
@@ -615,7 +626,8 @@ def _budget(steps, *seconds, eval_every=10, ms=10.0):
     for i, secs in enumerate(seconds):
         reached = None not in secs
         rows.append({"name": f"r{i}", "recipe": f"r{i}", "reached": reached, "status": "ok", "ms_per_step": ms,
-                     "tokens": race.spread([1] * len(secs), reached), "train_seconds": race.spread(list(secs), reached)})
+                     "tokens": race.spread([1] * len(secs), reached),
+                     "train_seconds": race.spread(list(secs), reached)})
     return {"config": {"settings": {"steps": steps, "tokens_per_step": 64, "eval_every": eval_every}},
             "target_val_loss": 3.0, "target_source": "given", "partial": False, "cards": ["cpu"], "rungs": rows}
 
@@ -912,7 +924,8 @@ def test_a_rung_with_settings_is_read_against_its_base_rung_and_no_other_rung_ag
     ("gpt2,gpt2@lr=1@lr=2", "lr is set twice"),
     ("gpt2,gpt2@", "@ sets no known setting"),
     ("gpt2,@lr=1", "race rung @lr=1 names no rung before its @"),
-    ("gpt2,gpt2@lr=\u0661", "lr must be a positive number"),  # an Arabic-Indic one: float() reads it, a folder would not
+    # an Arabic-Indic one: float() reads it, a folder would not
+    ("gpt2,gpt2@lr=\u0661", "lr must be a positive number"),
     ("gpt2,gpt2@lr=1_0", "lr must be a positive number"),
     ("gpt2,gpt2@warmup_steps=-1", "warmup_steps must be a whole number of steps, 0 to"),
     ("gpt2,speedrun,speedrun@steps=0", "steps must be a whole number of steps, 1 to 1,000,000,000, got '0'"),
@@ -1152,7 +1165,8 @@ def test_reuse_miss_says_why_a_folder_gives_none_of_a_races_runs(tmp_path):
     held["data"]["sha256"] = "abc"
     (where / "config.json").write_text(json.dumps(held))
     assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") == "its muon seed 0 did not finish"  # no log
-    (where / "log.jsonl").write_text(json.dumps({"step": 2, "loss": 8.6, "ms": 1.0, "val_loss": 8.5, "target": {}}) + "\n")
+    (where / "log.jsonl").write_text(json.dumps({"step": 2, "loss": 8.6, "ms": 1.0, "val_loss": 8.5, "target": {}})
+                                     + "\n")
     assert race.reuse_miss(tmp_path, cfg, 9.0, "abc") is None  # finished: the race would copy it once it got there
     # a run is copied onto its own card alone: seconds from two cards are not one race's
     (where / "config.json").write_text(json.dumps({**held, "cards": ["H100"], "device": {"name": "H100"}}))

@@ -93,7 +93,8 @@ def test_config_json_gives_the_shape(tmp_path, source_model):
 
 
 def test_missing_file_says_what_loads(tmp_path):
-    with pytest.raises(UsageError, match="no GPT-2 weights at .*model.safetensors: no such file or folder \\(give a Hugging Face folder") as err:
+    with pytest.raises(UsageError, match="no GPT-2 weights at .*model.safetensors: no such file or folder "
+                                         "\\(give a Hugging Face folder") as err:
         load_hf_gpt2(tmp_path / "model.safetensors", GPT(SHAPE))
     assert "\n" not in str(err.value) and "hub name" in str(err.value)
 
@@ -233,7 +234,8 @@ def test_train_init_from_a_folder_names_the_shape_it_read(tmp_path, source_model
     monkeypatch.setenv("GPT2LADDER_CACHE", str(tmp_path / "cache"))  # the test text's tokens stay private
     (tmp_path / "text.txt").write_text("To be, or not to be, that is the question.\n" * 200)
     write_hf_gpt2(source_model, tmp_path / "gpt2")
-    code = cli.main(["train", "--device", "cpu", "--init-from", str(tmp_path / "gpt2"), "--data", str(tmp_path / "text.txt"),
+    code = cli.main(["train", "--device", "cpu", "--init-from", str(tmp_path / "gpt2"),
+                     "--data", str(tmp_path / "text.txt"),
                      "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--rungs", "baseline", "--eval-every", "0",
                      "--out", str(tmp_path / "run"), "--no-progress"])
     out = capsys.readouterr().out

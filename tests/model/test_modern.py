@@ -12,7 +12,8 @@ from gpt2ladder.errors import UsageError
 from gpt2ladder.model import family, modern
 from gpt2ladder.model.config import PRESETS, ModelConfig
 from gpt2ladder.model.gpt import GPT, init_weights
-from gpt2ladder.model.modern import (ModernGPT, doc_window_block_mask, doc_window_mask, doc_window_tiles, document_ids, masked_attention,
+from gpt2ladder.model.modern import (ModernGPT, doc_window_block_mask, doc_window_mask, doc_window_tiles,
+                                     document_ids, masked_attention,
                                      mix_values, qk_norm, relu2, rotary_tables, rotate, value_embed_tables)
 from gpt2ladder.model.recipe import MODEL_PARTS, SOFTCAP
 

@@ -80,7 +80,8 @@ def test_momentum_warmup_rises_linearly_from_085_to_095_over_300_steps_then_stay
 
 @pytest.mark.parametrize("spec, says", [("momentum_warmup", "momentum_warmup warms Muon's momentum"),
                                          ("rope,momentum_warmup", "momentum_warmup warms Muon's momentum"),
-                                         ("speedrun-muon+polar_express", "polar_express changes Muon's orthogonalisation")])
+                                         ("speedrun-muon+polar_express",
+                                          "polar_express changes Muon's orthogonalisation")])
 def test_a_part_of_muon_without_muon_is_refused_in_one_line(spec, says):
     with pytest.raises(UsageError, match=re.escape(says) + ".*add muon") as err:
         parse_recipe(spec)

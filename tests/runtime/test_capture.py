@@ -29,7 +29,8 @@ def test_the_snapshot_holds_copies_not_the_tensors():
     saved = list(snapshot["params"].values()) + [v for s in snapshot["state"].values() for v in s.values()
                                                  if torch.is_tensor(v)]
     assert saved and all(t.device.type == "cpu" for t in saved)
-    live = {t.untyped_storage().data_ptr() for t in list(engine.raw_model.parameters()) + state_tensors(engine.optimizer)}
+    live = {t.untyped_storage().data_ptr()
+            for t in list(engine.raw_model.parameters()) + state_tensors(engine.optimizer)}
     assert not live & {t.untyped_storage().data_ptr() for t in saved}  # copies, not the tensors themselves
 
 

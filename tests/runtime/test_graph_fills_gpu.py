@@ -58,7 +58,8 @@ def test_memsets_become_fills_that_store_the_same_bytes_in_the_same_order():
 
 @needs_cuda
 def test_beside_hangs_a_fill_off_the_last_cublas_kernel_before_it():
-    """mm, two elementwise kernels, mm: the second matmul's fill (rewrite_memsets's `beside`) waits only for the first matmul,
+    """mm, two elementwise kernels, mm: the second matmul's fill (rewrite_memsets's `beside`)
+    waits only for the first matmul,
     the matmul for both; the graph computes what eager PyTorch does, to bf16's rounding."""
     g = torch.Generator(device="cuda").manual_seed(0)
     a, w, w2 = (torch.randn(n, 768, device=GPU, dtype=torch.bfloat16, generator=g) for n in (4096, 768, 768))

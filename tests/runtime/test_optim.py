@@ -259,7 +259,8 @@ def test_the_engine_warms_muons_momentum_through_one_tensor_and_resumes_it_exact
 
 
 def _muon_weights(engine) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for g in engine.optimizer.param_groups if g.get("muon") for p in g["params"]])
+    return torch.cat([p.detach().flatten()
+                      for g in engine.optimizer.param_groups if g.get("muon") for p in g["params"]])
 
 
 def test_a_tensor_momentum_trains_as_that_fixed_momentum_does_and_the_value_reaches_muon():

@@ -1,5 +1,6 @@
 """A modern recipe at the top of `auto` on a GPU: the rungs that apply to it (compile, SDPA, the soft-capped fused
-loss, its float8 head and its kernels, the CUDA graph with Muon inside it, the bf16 residual, the rotary kernels) train as its eager fp32 step does."""
+loss, its float8 head and its kernels, the CUDA graph with Muon inside it, the bf16 residual, the rotary kernels)
+train as its eager fp32 step does."""
 
 import dataclasses
 
@@ -24,7 +25,8 @@ def _losses(setup, batches, **optim):
 
 def test_the_top_of_auto_for_a_modern_recipe_trains_as_its_fp32_step_does():
     names = resolve_rungs("auto", detect(GPU), recipe=RECIPE)
-    assert {"compile", "flash", "fused_loss", "loss_kernel", "cuda_graph", "bf16_residual", "rotary_kernel"} <= set(names)
+    assert ({"compile", "flash", "fused_loss", "loss_kernel", "cuda_graph", "bf16_residual", "rotary_kernel"}
+            <= set(names))
     assert "norm_kernel" not in names and "adamw_kernel" not in names
     batches = random_batches(1) * 8  # one batch again and again: a model that learns lowers its loss
     top, engine = _losses(setup_for(names), batches)

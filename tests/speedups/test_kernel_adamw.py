@@ -117,7 +117,8 @@ def test_the_engine_trains_with_the_kernel_as_with_fused_adamw(triton_interpret)
     assert result["worst"] <= 1
 
 
-# What the engine scripts below share, run with TRITON_INTERPRET=1: the kernel's path on CPU tensors, a narrower tiny model with a
+# What the engine scripts below share, run with TRITON_INTERPRET=1: the kernel's path on CPU tensors,
+# a narrower tiny model with a
 # small vocabulary (the interpreter is slow), one batch, and an engine that clips (so the kernel gets a grad_scale).
 ENGINE_PRELUDE = r"""
 import dataclasses, json, sys, torch
@@ -166,7 +167,8 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package (its interpreter)")
 def test_copies_written_by_the_kernel_are_the_copies_the_step_would_make(triton_interpret):
-    """Given the copies (as the engine gives them) the kernel writes the weight_cast rung's bfloat16 copies beside its update, so the
+    """Given the copies (as the engine gives them) the kernel writes the weight_cast rung's bfloat16 copies
+    beside its update, so the
     step makes them only at the first step, and the training is the same bit for bit."""
     result = triton_interpret(CASTS_SCRIPT, [])
     copying, writing = result["False"], result["True"]

@@ -212,7 +212,8 @@ def test_adamw_kernel_clips_through_its_grad_scale_in_the_graphed_step(monkeypat
 @needs_triton
 @pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(), reason="needs bfloat16")
 def test_adamw_kernel_writing_the_weight_casts_computes_the_same_graphed_steps():
-    """Given the copies (as the engine gives them) the kernel writes weight_cast's bf16 copies beside its update, and the captured step
+    """Given the copies (as the engine gives them) the kernel writes weight_cast's bf16 copies beside its update,
+    and the captured step
     makes none of its own: the same losses as the step that copies them (the same rounding, to nearest even), each
     copy its weight in bf16 after the last replay, and training moves."""
     from gpt2ladder.ladder import setup_for

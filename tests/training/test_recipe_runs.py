@@ -14,7 +14,8 @@ from gpt2ladder.training.schedule import momentum_at
 from training_support import one_line_error, real_text_offline, run_cli  # noqa: F401  (the real text, offline)
 
 RECIPE = (
-    "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,value_embeds,unet_skips,doc_windows,wsd,momentum_warmup,polar_express")
+    "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,value_embeds,unet_skips,doc_windows,wsd,"
+    "momentum_warmup,polar_express")
 
 
 def _args(out, *extra):
@@ -107,7 +108,8 @@ def test_gpt2_weights_cannot_start_a_modern_model(tmp_path, capsys):
 
 def test_bench_times_a_recipe_and_records_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GPT2LADDER_COMPILE_BACKEND", "eager")
-    code, out, err = _cli(capsys, ["bench", "--device", "cpu", "--recipe", "relu2,softcap", "--rungs", "baseline,flash,fused_loss",
+    code, out, err = _cli(capsys, ["bench", "--device", "cpu", "--recipe", "relu2,softcap",
+                                   "--rungs", "baseline,flash,fused_loss",
                                    "--steps", "2", "--warmup", "1", "--batch-size", "1", "--seq-len", "16",
                                    "--no-progress", "--out", str(tmp_path / "b")])
     assert code == 0, err

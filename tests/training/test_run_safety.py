@@ -221,7 +221,8 @@ def test_best_pt_holds_the_lowest_validation_loss_across_a_resume(tmp_path, caps
     monkeypatch.setattr(Trainer, "_mean_loss", lambda self, batches, stop=None: scripted.get(self.step, 9.5))
     run, validate = tmp_path / "run", ["--eval-every", "1", "--eval-batches", "1"]
     assert _cli(capsys, _args(run, "--ckpt-every", "2", *validate))[0] == 0
-    assert load_checkpoint(run / "best.pt")["step"] == 1 and load_checkpoint(run)["best"] == {"step": 1, "val_loss": 7.0}
+    assert (load_checkpoint(run / "best.pt")["step"] == 1
+            and load_checkpoint(run)["best"] == {"step": 1, "val_loss": 7.0})
     assert _cli(capsys, _args(run, "--resume", "--steps", "3", *validate))[0] == 0
     assert load_checkpoint(run / "best.pt")["step"] == 1
     assert _cli(capsys, _args(run, "--resume", "--steps", "4", *validate))[0] == 0

@@ -1,4 +1,5 @@
-"""Tests for training/ and `gpt2ladder train`: schedule, config, learning on real text, exact resume, failures, signals."""
+"""Tests for training/ and `gpt2ladder train`: schedule, config, learning on real text, exact resume, failures,
+signals."""
 
 import json
 import math

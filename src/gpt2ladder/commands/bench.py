@@ -165,7 +165,8 @@ def _choose_batch(request: BenchRequest, device, caps: Capabilities, dist: distr
 def _rungs_run(cfg: BenchConfig, caps: Capabilities) -> list[tuple[str, Setup]]:
     """(name, setup) of every row the climb times here; a rung this machine skips holds no memory."""
     return [(r.name, setup_for(list(r.applied)))
-            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, cfg.strategy, parse_recipe(cfg.recipe)), cfg.last_only, cfg.start)
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, cfg.strategy, parse_recipe(cfg.recipe)),
+                           cfg.last_only, cfg.start)
             if r.reason is None]
 
 

@@ -51,7 +51,9 @@ def config_from_args(args, device: torch.device, caps, notify=lambda line: None)
 def _runs(cfg: ParityConfig, caps) -> list[tuple[str, Setup]]:
     """(name, setup) of every training run parity makes here: the fp32 baseline and each rung that runs."""
     return [("baseline", Setup())] + [(r.name, setup_for(list(r.applied)))
-                                     for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, recipe=parse_recipe(cfg.recipe))) if r.reason is None]
+                                     for r in climb(cfg.rungs,
+                                                    lambda n: why_unavailable(n, caps, recipe=parse_recipe(cfg.recipe)))
+                                     if r.reason is None]
 
 
 def check_size(cfg: ParityConfig, caps) -> None:

@@ -29,7 +29,9 @@ OWN_FILES = r"profile\.(json|md|png)|trace-.+\.json"  # what profile writes in -
 def _rungs_run(cfg: ProfileConfig, caps) -> list[tuple[str, Setup]]:
     """(name, setup) of every row the climb profiles here; a rung this machine skips holds no memory."""
     return [(r.name, setup_for(list(r.applied)))
-            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, recipe=parse_recipe(cfg.recipe)), cfg.last_only) if r.reason is None]
+            for r in climb(cfg.rungs, lambda n: why_unavailable(n, caps, recipe=parse_recipe(cfg.recipe)),
+                           cfg.last_only)
+            if r.reason is None]
 
 
 def _plan(cfg: ProfileConfig, args, device, caps):

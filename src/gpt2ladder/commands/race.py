@@ -157,7 +157,8 @@ def check_budgets(out: Path, budgets: tuple[int, ...], resume: bool) -> None:
     missing = [n for n in held if n not in budgets]
     if missing:
         raise UsageError(f"{out} holds races at budgets {', '.join(map(str, held))}, and --steps leaves out "
-                         f"{', '.join(map(str, missing))}; give --steps {','.join(map(str, sorted({*held, *budgets})))}")
+                         f"{', '.join(map(str, missing))}; give --steps "
+                         f"{','.join(map(str, sorted({*held, *budgets})))}")
 
 
 def _earlier(out: Path) -> dict | None:

@@ -1,5 +1,6 @@
 """Text and corpora into training batches: the GPT-2 tokenizer (`tokenizer`), one text (`text`) and its
-token cache (`cache`), either of them by name (`load`), prepared corpora (`sources` -> `prepare` -> `shards`, read back by `corpus`),
+token cache (`cache`), either of them by name (`load`), prepared corpora (`sources` -> `prepare` -> `shards`,
+read back by `corpus`),
 safe file writes (`files`), the batch samplers (`batches` for a text, `loader` for a corpus) and the
 host-to-device prefetcher (`prefetch`). Deterministic, and offline once the data is on disk.
 

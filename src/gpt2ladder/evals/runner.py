@@ -81,7 +81,8 @@ def prepare(task: str, task_data=None, limit: int | None = None, download: bool 
             flag: str = "--task-data FILE") -> Prepared:
     """Read a task's examples (the first `limit`; its official data unless `task_data` names a file) and
     tokenize them; every input problem is raised here, before any model runs. `flag` is how to give another
-    file (`eval`'s --task-data FILE, `train`'s --hellaswag-data FILE, the API's task_data=FILE) in what is said when data is missing."""
+    file (`eval`'s --task-data FILE, `train`'s --hellaswag-data FILE, the API's task_data=FILE) in what is said
+    when data is missing."""
     module = task_module(task)
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit must be a positive integer, got {limit}")

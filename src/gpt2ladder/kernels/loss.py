@@ -18,7 +18,8 @@ Here the work is split at the one true dependency, the log-sum-exp:
 Bytes moved at GPT-2's shape: 1.65 GB + 1.65 GB read, 0.83 GB written in float8 (1.65 GB in bf16), and for
 float8 0.83 + 0.83 GB more by the transpose. The gradient kernel can also write the transposed tile itself
 (`WRITE_T`): fewer bytes, but its two stores together ran slower than the gradient pass and the transpose
-apart, each near the card's copy rate (benchmarks/micro/loss_transpose.py). Offsets are 32-bit below 2^31 elements (as at GPT-2's
+apart, each near the card's copy rate (benchmarks/micro/loss_transpose.py). Offsets are 32-bit below 2^31
+elements (as at GPT-2's
 shape): fewer integer instructions per element.
 
 `logit_grad` is a custom op, so torch.compile and CUDA graphs treat it as one opaque call. Off CUDA, or

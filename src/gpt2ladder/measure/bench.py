@@ -84,7 +84,8 @@ def run_bench(cfg: BenchConfig, device: torch.device, dist: distributed.Dist = d
     tokens = tokens_for(cfg.data, cfg.seed, notify) if tokens is None else tokens
     rule = rule or StepRule.fixed(cfg.steps)
     rows = []
-    for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, cfg.strategy, parse_recipe(cfg.recipe)), cfg.last_only, cfg.start):
+    for row in climb(cfg.rungs, lambda name: why_unavailable(name, caps, cfg.strategy, parse_recipe(cfg.recipe)),
+                     cfg.last_only, cfg.start):
         rows.append(measure_rung(row, cfg, tokens, device, caps, dist, progress, rule))
         add_speedups(rows)
         if on_row is not None:
@@ -131,7 +132,8 @@ def measure_rung(row: Row, cfg: BenchConfig, tokens, device, caps: Capabilities,
 def _time_setup(setup, cfg: BenchConfig, tokens, device, dist: distributed.Dist, progress: bool, label: str,
                 rule: StepRule) -> dict:
     engine = Engine(cfg.model, setup, device, seed=cfg.seed, compile_backend=cfg.compile_backend,
-                    optim=OptimConfig.of(parse_recipe(cfg.recipe)), parallelize=distributed.parallelize_for(dist, cfg.strategy))
+                    optim=OptimConfig.of(parse_recipe(cfg.recipe)),
+                    parallelize=distributed.parallelize_for(dist, cfg.strategy))
     # --batch-size is per GPU: this rank reads its share of a global batch W times larger.
     batches = data_mod.Batches(tokens.train, cfg.batch_size * dist.world_size, cfg.seq_len, seed=cfg.seed,
                                rank=dist.rank, world_size=dist.world_size)

@@ -250,7 +250,8 @@ def race_rungs(names: tuple[str, ...]) -> list[tuple[str, str]]:
     try:
         recipes = {**dict(zip(parts, race_recipes(parts))), **own}
     except UsageError as err:  # a rung trains the parts of the rungs before it, and those make no recipe
-        raise UsageError(f"race rungs {','.join(parts)}: each trains the parts of the rungs before it, and {err}") from None
+        raise UsageError(f"race rungs {','.join(parts)}: each trains the parts of the rungs before it, "
+                         f"and {err}") from None
     for name in names:  # a rung with settings of its own trains its base rung's recipe
         if SET in name:
             base, settings = split_settings(name)

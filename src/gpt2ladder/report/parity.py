@@ -44,7 +44,8 @@ def verdict_line(record: dict) -> str:
 
 
 def format_table(record: dict) -> str:
-    return "\n".join([text_table(HEADERS, table_rows(record), right=True), ""] + _summary_lines(record) + [verdict_line(record)])
+    return "\n".join([text_table(HEADERS, table_rows(record), right=True), ""] + _summary_lines(record)
+                     + [verdict_line(record)])
 
 
 def rates(record: dict) -> str:

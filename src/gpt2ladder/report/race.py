@@ -48,7 +48,8 @@ def vs_prev(row: dict, before: dict | None = None) -> str:
     named = "" if against is None or before is None or against == before["name"] else f" vs {against}"
     if row["within_noise_of_prev"]:
         return "within noise" + seeds_text(row) + named
-    return (f"{row['gain_vs_prev']:.2f}x" + (", under one validation" if row.get("within_one_validation_of_prev") else "")
+    return (f"{row['gain_vs_prev']:.2f}x"
+            + (", under one validation" if row.get("within_one_validation_of_prev") else "")
             + seeds_text(row) + named)
 
 
@@ -82,7 +83,8 @@ def rows(record: dict) -> list[list[str]]:
         elif not r["reached"]:
             out.append([r["name"], not_reached(r)])
         else:
-            out.append([r["name"], time_text(r), vs_prev(r, rungs[i - 1] if i else None), _median(r, "wall_seconds", ".1f"),
+            out.append([r["name"], time_text(r), vs_prev(r, rungs[i - 1] if i else None),
+                        _median(r, "wall_seconds", ".1f"),
                         _median(r, "tokens", ",.0f"), _median(r, "steps", ".0f"), fmt(r["ms_per_step"], ".1f"),
                         fmt(r["mfu"] and 100 * r["mfu"], ".1f"), _median(r, "warmup_seconds", ".1f"),
                         _median(r, "validation_seconds", ".1f")])
@@ -326,8 +328,10 @@ def format_budgets_table(record: dict) -> str:
 
 def format_budgets(record: dict) -> str:
     first = record["budgets"][0]["rungs"][0]["name"] if record["budgets"] and record["budgets"][0]["rungs"] else "-"
-    cards = list(dict.fromkeys(c for b in record["budgets"] for c in b.get("cards") or [])) or [record["device"]["name"]]
-    where = cards[0] if len(cards) == 1 else f"{' and '.join(cards)} (mixed cards: seconds from two cards are not one race's)"
+    cards = (list(dict.fromkeys(c for b in record["budgets"] for c in b.get("cards") or []))
+             or [record["device"]["name"]])
+    where = (cards[0] if len(cards) == 1
+             else f"{' and '.join(cards)} (mixed cards: seconds from two cards are not one race's)")
     head = [f"# gpt2ladder race at {len(record['budgets'])} budgets, on {where}", "",
             "- each column is a race whose runs were all planned for that many steps (its schedule spanning them), "
             "to that budget's target; its race.md (steps-N/) has every figure, range and seed",

@@ -28,9 +28,9 @@ The fixed part:
   Block parameter (fitted to the top of auto's peak with and without it, a little under a byte per Block
   parameter; the casts autocast makes without it are held for the backward too, so not all 2 bytes add);
 - a CUDA graph: 0.1 GiB (fitted to the graphed rung's peak above the rung before it, less a copy
-  of the weights the capture once kept on the GPU and keeps in host memory now). Its memory pool holds the step's activations between steps and lends nothing to
-  anything else, so validation beside it needs room of its own for at least one sequence
-  (`eval_bytes_per_sequence`, derived).
+  of the weights the capture once kept on the GPU and keeps in host memory now). Its memory pool holds the step's
+  activations between steps and lends nothing to anything else, so validation beside it needs room of its own for
+  at least one sequence (`eval_bytes_per_sequence`, derived).
 
 The estimate picks a batch; a probe of the heaviest rung confirms it (`measure/batch.py`). It plans
 against what the card's allocator can hold (`hardware.allocator_memory`), with HEADROOM kept free.
