@@ -354,19 +354,42 @@ def test_a_bad_record_past_the_first_lines_stops_the_run_with_nothing_claimed(tm
 
 def test_a_bad_record_after_finished_shards_says_they_are_kept_and_what_to_do(tmp_path, capsys, monkeypatch):
     """The shards finished before a bad record stay (with the partial manifest), and the one line says so: the source
-    mended is another source, which they cannot continue."""
+    mended is another source, which they cannot continue, and a rerun into the same OUT is refused saying so."""
     from gpt2ladder.data import prepare, sources
 
     monkeypatch.setattr(sources, "CHECK_DOCUMENTS", 2)
     monkeypatch.setattr(prepare, "BATCH_CHARS", 64)  # a batch of a few records, so shards finish before line 61
-    source = _write(tmp_path / "x.jsonl", '{"text": "hello there, world of records"}\n' * 60 + '{"text": 5}\n')
-    code, stdout, err = run(capsys, "prepare", source, tmp_path / "out", "--workers", "1", "--no-progress",
-                            "--val-tokens", "8", "--shard-tokens", "40")
+    record = '{"text": "hello there, world of records"}\n'
+    source = _write(tmp_path / "x.jsonl", record * 60 + '{"text": 5}\n')
+    args = ("prepare", source, tmp_path / "out", "--workers", "1", "--no-progress", "--val-tokens", "8",
+            "--shard-tokens", "40")
+    code, stdout, err = run(capsys, *args)
     one_line(code, err, 2, "x.jsonl line 61: field 'text' is int, not text")
     kept = sorted(p.name for p in (tmp_path / "out").glob("*.bin"))
     assert len(kept) >= 2 and (tmp_path / "out" / "manifest.partial.json").is_file()
-    assert f"; {tmp_path / 'out'} keeps the {len(kept)} shards finished before it, which a mended source" in err
+    assert f"; {tmp_path / 'out'} keeps the {len(kept)} shards finished before it, which the source mended" in err
     assert "another OUT, or empty this one first" in err and "wrote" not in stdout
+    _write(source, record * 61)  # mended
+    code, _, err = run(capsys, *args)
+    one_line(code, err, 2, "holds an unfinished prepare of another source", "or empty this one")
+
+
+def test_a_bad_document_of_a_hub_dataset_after_finished_shards_says_they_are_kept(tmp_path, capsys, monkeypatch):
+    """A Hub dataset is known by its name, not by its files, so nothing is said of a mended one."""
+    pytest.importorskip("datasets")
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    from gpt2ladder.data import prepare, sources
+
+    monkeypatch.setattr(sources, "CHECK_DOCUMENTS", 2)
+    monkeypatch.setattr(prepare, "BATCH_CHARS", 64)
+    (tmp_path / "ds").mkdir()
+    pq.write_table(pa.table({"text": ["hello there, world of records"] * 60 + [None]}),
+                   tmp_path / "ds" / "train-00000.parquet")
+    code, _, err = run(capsys, "prepare", tmp_path / "ds", tmp_path / "out", "--format", "hf", "--workers", "1",
+                       "--no-progress", "--val-tokens", "8", "--shard-tokens", "40")
+    one_line(code, err, 2, "document 60 of", "field 'text' is NoneType, not text", "with manifest.partial.json")
+    kept = len(list((tmp_path / "out").glob("*.bin")))
+    assert kept >= 2 and f"keeps the {kept} shards finished before it" in err and "mended" not in err
 
 
 def test_skipped_files_of_a_folder_are_counted_in_the_banner_and_manifest(tmp_path, capsys):

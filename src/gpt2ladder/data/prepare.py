@@ -34,7 +34,7 @@ import numpy as np
 from gpt2ladder.data import manifest as manifest_mod
 from gpt2ladder.data import shards as fmt
 from gpt2ladder.data.files import open_new, temp_of
-from gpt2ladder.data.sources import Piece, Source, SourceSpec
+from gpt2ladder.data.sources import BadDocument, Piece, Source, SourceSpec
 from gpt2ladder.data.tokenizer import GPT2_EOT, encode_bounded, get_tokenizer, tokenizer_id
 from gpt2ladder.errors import LadderError, UsageError
 
@@ -382,7 +382,7 @@ def plan(cfg: PrepareConfig, source: Source, notify=print) -> Plan:
         found = manifest_mod.read(out / manifest_mod.PARTIAL)
         if not _same(found, base):
             raise UsageError(f"{out} holds an unfinished prepare of another source or with other settings; rerun "
-                             "that command to finish it, or give another OUT")
+                             "that command to finish it, or give another OUT or empty this one")
         return Plan(base, _verified(cfg, found["shards"], notify))
     if out.is_dir() and any(not p.name.startswith(".") for p in out.iterdir()):
         raise UsageError(f"{out} is not empty and holds no gpt2ladder prepare; give an empty or new folder")
@@ -455,14 +455,15 @@ def run(cfg: PrepareConfig, source: Source, planned: Plan, progress: Callable[[i
         if documents == 0:
             raise UsageError(f"{source.description.get('path') or source.description.get('name')} holds no documents")
         return _write(sink.finish, cfg, sink, documents)
-    except UsageError as e:  # a bad record found while tokenizing: this source can never be finished
+    except BadDocument as e:  # found while tokenizing: this source, as it is, can never be finished
         sink.abort()
         if not sink.done:
             raise
-        kept = len(sink.done)
-        raise UsageError(f"{e}; {cfg.out} keeps the {kept} shard{'' if kept == 1 else 's'} finished before it, "
-                         "which a mended source (another source to prepare) does not continue: prepare that into "
-                         "another OUT, or empty this one first") from None
+        kept = f"{cfg.out} keeps the {len(sink.done)} shard{'' if len(sink.done) == 1 else 's'} finished before it"
+        if "fingerprint" not in source.description:  # a Hub dataset: named, not fingerprinted
+            raise BadDocument(f"{e}; {kept}, with {manifest_mod.PARTIAL}") from None
+        raise BadDocument(f"{e}; {kept}, which the source mended (another source to prepare) does not continue: "
+                          "prepare that into another OUT, or empty this one first") from None
     except BaseException:
         sink.abort()
         raise

@@ -38,6 +38,11 @@ CHECK_CHARS = 2**20
 UNKNOWN = {".zst", ".bz2", ".xz", ".zip", ".tar", ".7z", ".arrow", ".feather", ".bin", ".npy", ".pt", ".pkl",
            ".xlsx", ".xls", ".avro", ".orc", ".tfrecord", ".h5"}
 EXTRA = "pip install 'gpt2ladder[corpus]' (datasets and pyarrow)"
+
+
+class BadDocument(UsageError):
+    """The source holds something prepare cannot take as a document's text (a record without its text field, bytes
+    that are no UTF-8, a damaged file): mended, the source is another one."""
 TRUE = ("1", "ON", "YES", "TRUE")
 
 Piece = tuple[str, bool]  # (text, whether it starts a document)
@@ -296,7 +301,7 @@ def _check_text_start(path: Path, in_folder: bool) -> None:
     except UnicodeError:
         text = "\0"
     if "\0" in text:
-        raise UsageError(f"{path} is not UTF-8 text" + ("; a folder's files are read as text documents: move it "
+        raise BadDocument(f"{path} is not UTF-8 text" + ("; a folder's files are read as text documents: move it "
                                                          "out, or give the text files alone" if in_folder else ""))
 
 
@@ -326,11 +331,12 @@ def _text_pieces(path: Path, i: int, offset: int, mark) -> Iterator[Piece]:
             try:
                 data = f.read(READ_BYTES)
                 text = carry + decoder.decode(data, final=not data)
-            except (UnicodeError, EOFError, OSError) as e:
-                raise UsageError(f"{path} is not {'readable' if isinstance(e, OSError) else 'UTF-8 text'}"
-                                 f"{': ' + (e.strerror or str(e)) if isinstance(e, OSError) else ''}") from None
+            except OSError as e:
+                raise UsageError(f"{path} is not readable: {e.strerror or e}") from None
+            except (UnicodeError, EOFError):
+                raise BadDocument(f"{path} is not UTF-8 text") from None
             if "\0" in text:  # valid UTF-8 can still be binary; text has no NUL
-                raise UsageError(f"{path} is not UTF-8 text")
+                raise BadDocument(f"{path} is not UTF-8 text")
             cut = len(text) if not data else safe_cut(text) or (len(text) if len(text) > MAX_CARRY else 0)
             if cut or (new and not data):  # an empty file is an empty document
                 piece, carry = text[:cut], text[cut:]
@@ -349,13 +355,13 @@ def _text_pieces(path: Path, i: int, offset: int, mark) -> Iterator[Piece]:
 
 def _text_of(record, field: str, where: str) -> str:
     if not isinstance(record, dict):
-        raise UsageError(f"{where} is not a JSON object; JSON Lines hold one object per line")
+        raise BadDocument(f"{where} is not a JSON object; JSON Lines hold one object per line")
     if field not in record:
         keys = _quoted(list(record)[:8])
-        raise UsageError(f"{where} has no field {field!r} (its fields: {keys}); name the text's with --text-field")
+        raise BadDocument(f"{where} has no field {field!r} (its fields: {keys}); name the text's with --text-field")
     value = record[field]
     if not isinstance(value, str):
-        raise UsageError(f"{where}: field {field!r} is {type(value).__name__}, not text")
+        raise BadDocument(f"{where}: field {field!r} is {type(value).__name__}, not text")
     return value
 
 
@@ -374,7 +380,7 @@ def _jsonl_reader(files: list[Path], field: str) -> Callable:
                     try:
                         record = json.loads(raw)
                     except ValueError:
-                        raise UsageError(f"{where} is not valid JSON (JSON Lines hold one object per line)") from None
+                        raise BadDocument(f"{where} is not valid JSON (JSON Lines hold one object per line)") from None
                     text = _text_of(record, field, where)
                     mark({"file": i, "byte": byte, "line": line})
                     yield text, True
@@ -401,14 +407,14 @@ def _csv_reader(files: list[Path], field: str) -> Callable:
                 try:
                     for row_number, row in enumerate(rows, 1):
                         if row_number == 1 and field not in row:
-                            raise UsageError(f"{files[i]} has no column {field!r} (its columns: "
+                            raise BadDocument(f"{files[i]} has no column {field!r} (its columns: "
                                              f"{_quoted(rows.fieldnames or [])}); name it with --text-field")
                         if row_number <= skip:
                             continue
                         mark({"file": i, "row": row_number})
                         yield row[field] or "", True
                 except (UnicodeError, csv.Error) as e:
-                    raise UsageError(f"{files[i]} is not a readable UTF-8 CSV file: {e}") from None
+                    raise BadDocument(f"{files[i]} is not a readable UTF-8 CSV file: {e}") from None
             mark({"file": i + 1, "row": 0})
     return read
 
@@ -426,10 +432,10 @@ def _parquet_file(path: Path, field: str):
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow's ArrowInvalid and friends: not a Parquet file, or damaged
-        raise UsageError(f"{path} is not a readable Parquet file: {' '.join(str(e).split())[:200]}") from None
+        raise BadDocument(f"{path} is not a readable Parquet file: {' '.join(str(e).split())[:200]}") from None
     names = pf.schema_arrow.names
     if field not in names:
-        raise UsageError(f"{path} has no column {field!r} (its columns: {', '.join(names[:8])}); name it with "
+        raise BadDocument(f"{path} has no column {field!r} (its columns: {', '.join(names[:8])}); name it with "
                          "--text-field")
     return pf
 
@@ -465,7 +471,7 @@ def _parquet_texts(pf, field: str, skip: int, path: Path) -> Iterator[str]:
         start, seen = max(0, skip - seen), seen + len(values)
         for value in values[start:]:
             if not isinstance(value, str):
-                raise UsageError(f"{path}: column {field!r} holds {type(value).__name__}, not text")
+                raise BadDocument(f"{path}: column {field!r} holds {type(value).__name__}, not text")
             yield value
 
 
