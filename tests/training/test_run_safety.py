@@ -305,6 +305,22 @@ def test_resume_refuses_another_text_unless_allowed(run, tmp_path, capsys):
     assert load_checkpoint(run)["data_source"]["source"] == "other.txt"
 
 
+def test_the_api_resume_refuses_another_text_before_tokenizing_it(run, tmp_path):
+    """run_training(resume=True), the API's train, refuses another text as `train --resume` does: before it is
+    tokenized (nothing new cached), unless the change is allowed."""
+    from training_support import small_config, train_in
+
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT + "Another text the cache has not seen.\n")
+    cfg = small_config(batch_size=2, seq_len=32, tokens_per_step=64, steps=3, ckpt_every=1, data=str(other))
+    cached = sorted((cache_dir() / "tokens").glob("*"))
+    with pytest.raises(UsageError, match="was trained on another text than this run's"):
+        train_in(cfg, run, resume=True)
+    assert sorted((cache_dir() / "tokens").glob("*")) == cached
+    assert train_in(cfg, run, resume=True, allow_data_change=True).exit_code == 0
+    assert load_checkpoint(run)["data_source"]["source"] == "other.txt"
+
+
 def test_resume_refuses_another_corpus_before_it_checks_or_says_anything(run, tmp_path, capsys):
     """A corpus of shards not yet checked says so and scans every token: a --resume on another text than the
     checkpoint's is refused first (exit 2, before anything is printed), not after that scan."""

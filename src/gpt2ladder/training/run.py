@@ -50,7 +50,7 @@ from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.runlog import Reporter
 from gpt2ladder.training.schedule import lr_at
 from gpt2ladder.training.signals import StopSignals
-from gpt2ladder.training.trainer import Trainer
+from gpt2ladder.training.trainer import Trainer, data_change
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,13 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
     check_run_out(out)
     with claimed(out, dist):
         saved = saved_run(out, dist, resume)
-        tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent) if tokens is None else tokens
+        if tokens is None:
+            def refuse(source: str, sha256: str) -> None:  # another text than the checkpoint's: before it is read
+                if saved is not None:
+                    data_change(saved.state, saved.path, source, sha256, allow_data_change)
+
+            tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent, identify=refuse,
+                                          check=lambda t: refuse(t.source, t.sha256))
         return train_claimed(cfg, device, out, saved, tokens=tokens, progress=progress, dist=dist, strategy=strategy,
                              allow_data_change=allow_data_change, caps=caps,
                              hellaswag=prepared_hellaswag(cfg, dist))
