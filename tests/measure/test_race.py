@@ -357,6 +357,23 @@ def test_a_rung_not_reached_by_every_seed_has_no_time_and_says_in_how_many_token
     assert "not reached in 256 tokens" in report.progress_line(muon, 9.0)
 
 
+def test_a_median_of_two_seeds_steps_is_shown_as_race_json_holds_it():
+    """Two seeds at steps 180 and 190: the median is 185; at 180 and 195, 187.5, not a step rounded to (no step was
+    measured there)."""
+    for steps, shown in (((180, 190), "185"), ((180, 195), "187.5")):
+        runs = [{**_run(seed, 1.8 + seed), "steps": n, "tokens": 64 * n} for seed, n in enumerate(steps)]
+        (row,) = _rows(runs, seeds=2)
+        cells = report.rows({"rungs": [row]})[0]
+        assert cells[report.HEADERS.index("steps")] == shown
+        assert cells[report.HEADERS.index("tokens")] == f"{64 * sum(steps) / 2:,.0f}"
+
+
+def test_a_run_stopped_before_its_first_step_says_so():
+    """Its reason names no step 0, and says --resume trains it (there is no checkpoint to continue)."""
+    row = {"name": "muon", "status": "stopped", "reason": "before its first step; --resume trains it"}
+    assert report.rows({"rungs": [row]}) == [["muon", "stopped: before its first step; --resume trains it"]]
+
+
 def test_a_failed_seed_is_its_rows_reason():
     (row,) = _rows([_run(0, 3.0), _run(1, 0, status="failed")], seeds=2)
     assert row["status"] == "failed" and not row["reached"] and "exploded" in row["reason"]
@@ -475,6 +492,8 @@ def test_a_race_stopped_resumed_read_back_and_refused_over_again(shakespeare_cac
         assert code == 130 and "the race stopped; --resume continues it" in text
         record = json.loads((tmp_path / "race.json").read_text())
         assert record["partial"] and [(r["name"], r["status"]) for r in record["rungs"]] == [("gpt2", "stopped")]
+        assert "gpt2  stopped: at step 1; --resume continues it" in text  # said once, with its step
+        assert "a row it did not finish says so" in (tmp_path / "race.md").read_text()
         code, text = _main([*argv, "--resume"])
     finally:
         set_rng_state(saved)
@@ -819,6 +838,8 @@ def _corpus(folder, train_tokens=2000):
     (["--rungs", "muon", "--target-val-loss", "gpt2"], "--rungs must start with gpt2"),
     (["--target-val-loss", "abc"], "expected a positive number or gpt2, got abc"),
     (["--data", "TEXT"], "no --target-val-loss, and text.txt has no known target"),
+    (["--data", "SHORT", "--target-val-loss", "5"], "too few for one sequence of 33; use a longer text or a smaller "
+     "--seq-len"),  # and not --eval-every 0, which a race refuses
     (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "100"], "fewer than one rung's 6,400"),
     (["--data", "CORPUS", "--target-val-loss", "5", "--steps", "20", "--rungs", "gpt2,speedrun,speedrun@steps=100"],
      "fewer than one rung's 6,400 (rung speedrun@steps=100's 100 steps of 64 tokens)"),
@@ -838,14 +859,16 @@ def _corpus(folder, train_tokens=2000):
 def test_bad_input_is_one_line_and_exit_2_before_anything_starts(argv, says, tmp_path, capsys, shakespeare_cache):
     (tmp_path / "text.txt").write_text("To be, or not to be, that is the question. " * 40)
     corpus = _corpus(tmp_path / "corpus")
-    argv = [str(tmp_path / "text.txt") if a == "TEXT" else str(corpus) if a == "CORPUS" else a for a in argv]
+    (tmp_path / "short.txt").write_text("To be, or not to be. " * 8)  # about 56 tokens: 5 for validation
+    files = {"TEXT": tmp_path / "text.txt", "CORPUS": corpus, "SHORT": tmp_path / "short.txt"}
+    argv = [str(files[a]) if a in files else a for a in argv]
     out = tmp_path / "out"
     says = says.replace("OUT", str(out))
     small = ["--batch-size", "2", "--seq-len", "32", "--device", "cpu"]
     assert cli.main(["race", *small, "--out", str(out), *argv]) == 2
     captured = capsys.readouterr()
     assert says in captured.err and len(captured.err.strip().splitlines()) == 1 and "race:" not in captured.out
-    assert not out.exists()
+    assert not out.exists() and "--eval-every 0" not in captured.err
 
 
 @pytest.mark.parametrize("rungs, says", [
@@ -1442,6 +1465,7 @@ def test_a_dry_run_says_what_each_run_would_be_and_changes_nothing(tmp_path, mon
     code, text = _main(["race", "--rungs", "gpt2", "--out", str(tmp_path / "budgets"), "--dry-run",
                         "--target-val-loss", "gpt2", *SMALL[2:], "--steps", "4,6"])
     assert code == 0 and text.count("budget: runs planned for") == 2 and text.count("gpt2 seed 0: trains") == 2, text
+    assert "gpt2ladder race --dry-run: 1 rung x 1 seed," in text
     assert not (tmp_path / "budgets").exists() and trained == ["muon,rope"]
     assert "dry run: 1 run: 1 to train;" in text
     # the checks of a real race are made: an --out that cannot be a folder is one line, exit 2

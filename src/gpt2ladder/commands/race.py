@@ -278,7 +278,7 @@ def race_rung(name: str, recipe: str, train: TrainConfig, args, device, caps: Ca
 def check_corpus(cfg: race.RaceConfig, tokens: data_mod.TokenData) -> None:
     """A UsageError unless the data holds what one rung needs: a sequence for training and one for validation
     and, for a corpus of shards (read without replacement), every token of a rung's planned steps."""
-    data_mod.check_splits(tokens, cfg.train.seq_len, validate=True)
+    data_mod.check_splits(tokens, cfg.train.seq_len, validate=True, skippable=False)  # a race validates
     runs = [(cfg.run_config(r, 0), r.name) for r in cfg.rungs]
     need, steps, per_step, rung = max((run.steps * run.tokens_per_step, run.steps, run.tokens_per_step, name)
                                       for run, name in runs)
@@ -296,7 +296,8 @@ def _announce(args, cfg: race.RaceConfig, caps, tokens, out: Path, earlier: dict
     goal = "gpt2's" if cfg.target is None else f"{cfg.target:g}"
     near = f" (every {s.near_every} within {s.eval_near:g} of the target)" if s.eval_near else ""
     own_batch = " (an @tokens_per_step rung of its own, validated after the same tokens)" * bool(cfg.own_batch_rungs)
-    say(f"gpt2ladder race{' --dry-run' * dry}: {len(cfg.rungs)} rungs x {cfg.seeds} seed{'s' if cfg.seeds > 1 else ''},"
+    say(f"gpt2ladder race{' --dry-run' * dry}: {len(cfg.rungs)} rung{'s' * (len(cfg.rungs) != 1)} x {cfg.seeds} "
+        f"seed{'s' if cfg.seeds > 1 else ''},"
         f" model {s.preset} on {caps.name}, to validation loss {goal} ({cfg.target_source}); each run planned for "
         f"{s.steps} steps"
         f"{' (an @steps rung for its own)' if any('steps' in r.settings for r in cfg.rungs) else ''} "

@@ -27,9 +27,10 @@ def _check_batch_args(n_tokens: int, batch_size: int, seq_len: int,
         )
 
 
-def check_splits(tokens, seq_len: int, validate: bool) -> None:
+def check_splits(tokens, seq_len: int, validate: bool, skippable: bool = True) -> None:
     """A UsageError unless the text (a TokenData) holds one sequence of seq_len + 1 tokens in its training
-    split and, when there is validation, in its validation split; the message counts the whole text."""
+    split and, when there is validation, in its validation split; the message counts the whole text, and offers
+    --eval-every 0 where validation is `skippable` (not in a race, which times the runs to a validation loss)."""
     need = seq_len + 1
     corpus = not isinstance(tokens.train, np.ndarray)  # a corpus of shards: its splits are files, not shares
     where = ("training shards", "validation (*_val_*) shards") if corpus else ("first 90%", "last 10%")
@@ -42,7 +43,7 @@ def check_splits(tokens, seq_len: int, validate: bool) -> None:
                 "split (the "
                 f"{place}) {len(part):,}: too few for one sequence of {need}; use a "
                 f"{'larger corpus' if corpus else 'longer text'} or a smaller --seq-len"
-                + (", or --eval-every 0" if name == "validation" else ""))
+                + (", or --eval-every 0" if name == "validation" and skippable else ""))
     if corpus and len(tokens.train) and max(len(a) for a in tokens.train.arrays) < need:  # no window spans shards
         raise UsageError(f"no shard of the corpus holds one sequence of {need} tokens (its largest training shard "
                          f"holds {max(len(a) for a in tokens.train.arrays):,}); use a smaller --seq-len")

@@ -663,7 +663,8 @@ def train_run(cfg: TrainConfig, device, where: Path, caps, tokens, seed: int, re
             return 0, {"seed": seed, "dir": str(where), "status": "failed", "reason": str(err)}
         if result.exit_code:
             return result.exit_code, {"seed": seed, "dir": str(where), "status": "stopped",
-                                      "reason": f"stopped at step {result.step}; --resume continues it"}
+                                      "reason": f"at step {result.step}; --resume continues it" if result.step else
+                                      "before its first step; --resume trains it"}
         if not cfg.save_at_end:
             drop_checkpoints(where)
     return 0, run_result(read_log(where / "log.jsonl"), cfg, seed, where)

@@ -74,6 +74,12 @@ def _median(row: dict, key: str, spec: str) -> str:
     return fmt(row[key]["median"], spec)
 
 
+def _count_median(row: dict, key: str) -> str:
+    """A median of counts (steps, tokens): whole, or with its half where an even number of seeds gives one."""
+    value = row[key]["median"]
+    return _median(row, key, ",.0f" if value is None or float(value).is_integer() else ",.1f")
+
+
 def rows(record: dict) -> list[list[str]]:
     """One table row per rung: its figures, or why it has none (not reached, failed, cut off)."""
     out, rungs = [], record["rungs"]
@@ -85,7 +91,7 @@ def rows(record: dict) -> list[list[str]]:
         else:
             out.append([r["name"], time_text(r), vs_prev(r, rungs[i - 1] if i else None),
                         _median(r, "wall_seconds", ".1f"),
-                        _median(r, "tokens", ",.0f"), _median(r, "steps", ".0f"), fmt(r["ms_per_step"], ".1f"),
+                        _count_median(r, "tokens"), _count_median(r, "steps"), fmt(r["ms_per_step"], ".1f"),
                         fmt(r["mfu"] and 100 * r["mfu"], ".1f"), _median(r, "warmup_seconds", ".1f"),
                         _median(r, "validation_seconds", ".1f")])
     return out
@@ -192,7 +198,7 @@ def format_markdown(record: dict) -> str:
         "validation a rung's time was read at, at its step; the longer of the two), finer than the reading can "
         "tell; 'earlier validation in k/n seeds': in k of the n seeds both rungs reached the target in, this "
         "rung's run reached it at an earlier validation (on fewer tokens) than the same seed's run of the rung it "
-        "is read against (the noise rule does not read it)",
+        "is read against (the noise rule does not read it; given for two seeds or more)",
         f"- torch {record['versions']['torch']}, CUDA {record['versions']['cuda']}; gpt2ladder "
         f"{record['gpt2ladder']} at {record['git_sha']}",
         f"- {record['date']}",
@@ -200,7 +206,7 @@ def format_markdown(record: dict) -> str:
         *reused_line(record),
     ]
     if record.get("partial"):
-        head.append("- partial: the race stopped before every rung had run; the rows below are the ones it finished")
+        head.append("- partial: the race stopped before every rung had run; a row it did not finish says so")
     steps = ["", "| rung | recipe | step rungs | micro-batch |", "|---|---|---|---|"]
     steps += [f"| {r['name']} | {r['recipe']} | {', '.join(r['step_rungs'])} | {r['batch_size']} |"
               for r in record["rungs"]]
@@ -332,7 +338,8 @@ def format_budgets(record: dict) -> str:
              or [record["device"]["name"]])
     where = (cards[0] if len(cards) == 1
              else f"{' and '.join(cards)} (mixed cards: seconds from two cards are not one race's)")
-    head = [f"# gpt2ladder race at {len(record['budgets'])} budgets, on {where}", "",
+    n = len(record["budgets"])
+    head = [f"# gpt2ladder race at {n} budget{'s' * (n != 1)}, on {where}", "",
             "- each column is a race whose runs were all planned for that many steps (its schedule spanning them), "
             "to that budget's target; its race.md (steps-N/) has every figure, range and seed",
             f"- a cell: the median training seconds to the target and, in brackets, that median over {first}'s "
