@@ -41,8 +41,7 @@ from gpt2ladder.runtime.hardware import cap_memory, detect
 from gpt2ladder.runtime.memory import check_fits
 from gpt2ladder.training.config import TrainConfig
 from gpt2ladder.training.outdirs import check_run_out
-from gpt2ladder.training.run import Saved, claimed, prepared_hellaswag, saved_run, train_claimed
-from gpt2ladder.training.trainer import data_change
+from gpt2ladder.training.run import Saved, claimed, other_text_refused, prepared_hellaswag, saved_run, train_claimed
 
 # The settings a resumed run keeps unless their flag is given (the micro-batch is re-planned on a GPU:
 # it changes how a step runs, not what it computes).
@@ -102,7 +101,7 @@ def _train(request: TrainRequest, saved: Saved | None, device: torch.device, cap
     cfg = request.cfg
     tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent,  # no random stand-in
                                   check=lambda t: check_text(request, saved, t),
-                                  identify=lambda source, sha256: check_source(request, saved, source, sha256))
+                                  identify=other_text_refused(saved, request.allow_data_change))
     refuse_idle_flags(request, tokens)
     cfg, plan = planned_config(request, device, caps, dist, notices.append)
     setup = setup_for(list(cfg.rungs))  # once: the size check and the run take the same
@@ -124,17 +123,10 @@ def _silent(*args, **kwargs) -> None:
     """The notices of ranks other than 0 (every rank finds the same)."""
 
 
-def check_source(request: TrainRequest, saved: Saved | None, source: str, sha256: str) -> None:
-    """A UsageError for another text than the resumed checkpoint's (unless --allow-data-change), asked as soon as
-    a text's sha256 is known: before it is tokenized, which says so and may take long."""
-    if saved is not None:
-        data_change(saved.state, saved.path, source, sha256, request.allow_data_change)
-
-
 def check_text(request: TrainRequest, saved: Saved | None, tokens: data_mod.TokenData) -> None:
     """The text as soon as it is known, before a corpus's tokens are checked (which says so, and may take long): a
     UsageError for another text than the resumed checkpoint's (unless --allow-data-change), or one too short."""
-    check_source(request, saved, tokens.source, tokens.sha256)
+    other_text_refused(saved, request.allow_data_change)(tokens.source, tokens.sha256)
     data_mod.check_splits(tokens, request.cfg.seq_len, bool(request.cfg.eval_every))
 
 

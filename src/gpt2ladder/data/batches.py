@@ -40,8 +40,7 @@ def check_splits(tokens, seq_len: int, validate: bool, skippable: bool = True) -
             plural = "" if tokens.n_tokens == 1 else "s"
             raise UsageError(
                 f"the {'corpus' if corpus else 'text'} has {tokens.n_tokens:,} token{plural}, and its {name} "
-                "split (the "
-                f"{place}) {len(part):,}: too few for one sequence of {need}; use a "
+                f"split (the {place}) {len(part):,}: too few for one sequence of {need}; use a "
                 f"{'larger corpus' if corpus else 'longer text'} or a smaller --seq-len"
                 + (", or --eval-every 0" if name == "validation" and skippable else ""))
     if corpus and len(tokens.train) and max(len(a) for a in tokens.train.arrays) < need:  # no window spans shards

@@ -84,15 +84,21 @@ def run_training(cfg: TrainConfig, device: torch.device, out: Path, *, resume: b
     with claimed(out, dist):
         saved = saved_run(out, dist, resume)
         if tokens is None:
-            def refuse(source: str, sha256: str) -> None:  # another text than the checkpoint's: before it is read
-                if saved is not None:
-                    data_change(saved.state, saved.path, source, sha256, allow_data_change)
-
+            refuse = other_text_refused(saved, allow_data_change)
             tokens = data_mod.load_tokens(cfg.data, notify=print if dist.is_main else _silent, identify=refuse,
                                           check=lambda t: refuse(t.source, t.sha256))
         return train_claimed(cfg, device, out, saved, tokens=tokens, progress=progress, dist=dist, strategy=strategy,
                              allow_data_change=allow_data_change, caps=caps,
                              hellaswag=prepared_hellaswag(cfg, dist))
+
+
+def other_text_refused(saved: Saved | None, allowed: bool):
+    """(source, sha256) -> None: a UsageError for another text than the resumed checkpoint's (unless `allowed`),
+    asked as soon as a text's sha256 is known, before it is tokenized or a corpus's tokens are checked."""
+    def refuse(source: str, sha256: str) -> None:
+        if saved is not None:
+            data_change(saved.state, saved.path, source, sha256, allowed)
+    return refuse
 
 
 def prepared_hellaswag(cfg: TrainConfig, dist=distributed.SINGLE) -> runner.Prepared | None:
