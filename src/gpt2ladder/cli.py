@@ -279,7 +279,7 @@ def _add_train(sub) -> None:
     p.add_argument("--hellaswag-data", metavar="FILE", help="with --hellaswag-every: a file in HellaSwag's JSONL "
                    "format to score instead of the official set (default: the official validation set)")
     p.add_argument("--target-val-loss", type=_positive_float, metavar="X", help="stop at the first validation at "
-                   "or below X (above 0, below ln 50257 = 10.82), and log the training time (the timed steps, "
+                   "or below X (above 0, below ln 50257 = 10.8249), and log the training time (the timed steps, "
                    "compile and capture apart), the wall time and the tokens it took; needs validation (off by "
                    "default: all --steps)")
     p.add_argument("--eval-near", type=float, metavar="X", help="with --target-val-loss: "
@@ -515,7 +515,7 @@ def _add_race(sub) -> None:
                    "of its own, validated after the race's tokens, speedrun@tokens_per_step=8192@steps=3000) "
                    "(default: all)")
     p.add_argument("--target-val-loss", type=_race_target, metavar="X", help="the validation loss to reach, "
-                   "above 0 and below an untrained model's (ln 50257 = 10.82); or gpt2: the gpt2 "
+                   "above 0 and below an untrained model's (ln 50257 = 10.8249); or gpt2: the gpt2 "
                    "rung's validation loss after all its planned steps, the highest over its seeds (it then runs "
                    "first, to its last step) (default: FineWeb's 3.28 on a corpus prepared from "
                    "HuggingFaceFW/fineweb; a demo value on Tiny Shakespeare; none otherwise)")
