@@ -1,9 +1,12 @@
 """Shared pytest fixtures."""
 
+import contextlib
 import gc
+import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +23,13 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_collection_modifyitems(items):
+    """Modules that hold a slow test run first, each as a whole (its module fixtures made once): pytest-xdist hands
+    out the tests in this order, so the workers end together on quick ones, not one of them on a slow test alone."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 def _real_text() -> Path | None:
@@ -81,22 +91,84 @@ def module_tmp(tmp_path_factory, request):
         shutil.rmtree(root, ignore_errors=True)
 
 
+# The process the scripts of `triton_interpret` are forked from: it has imported PyTorch and Triton under
+# TRITON_INTERPRET=1, as each script's own process would first (about 1.7 s a script), and each script runs in a
+# child of its own that ends with it. A request is a line of JSON; its answers are two: the child's pid, then its
+# exit status.
+_INTERPRETER = r"""
+import json, os, sys, traceback
+import torch, triton, triton.language
+for line in sys.stdin:
+    request = json.loads(line)
+    child = os.fork()
+    if child == 0:
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        sys.argv, code = ["-c", request["arg"]], 0
+        try:
+            exec(compile(request["script"], "<string>", "exec"), {"__name__": "__main__"})
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
+    print(child, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
+"""
+
+
+@pytest.fixture(scope="session")
+def _triton_interpreter(tmp_path_factory):
+    """(the interpreter process, a folder for its scripts' output, a count of the scripts), started once for the
+    session."""
+    src = str(Path(__file__).parents[1] / "src")
+    # One intra-op thread: on a 2-thread CPU, PyTorch sometimes computed a reference's tanh in its second thread
+    # to less precision (the GELU test's lower rows, about one run in six), so the references are made alike
+    # every run.
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", _INTERPRETER], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    yield proc, tmp_path_factory.mktemp("triton-interpret"), itertools.count()
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture
-def triton_interpret():
-    """run(script, cases): `script` in a subprocess under Triton's CPU interpreter (TRITON_INTERPRET=1 is
-    read at import, hence the subprocess), with the JSON of `cases` as its argument; returns the JSON
-    it printed last."""
+def triton_interpret(_triton_interpreter):
+    """run(script, cases): `script` in a process of its own under Triton's CPU interpreter (TRITON_INTERPRET=1 is
+    read at import, hence the process), with the JSON of `cases` as its argument; returns the JSON it printed
+    last."""
+    proc, folder, scripts = _triton_interpreter
+
+    def answer() -> int:
+        line = proc.stdout.readline()
+        assert line, f"the Triton interpreter's process ended (exit status {proc.poll()})"
+        return int(line)
+
     def run(script: str, cases: list):
-        src = str(Path(__file__).parents[1] / "src")
-        # One intra-op thread: on a 2-thread CPU, PyTorch sometimes computed a reference's tanh in its second thread
-        # to less precision (the GELU test's lower rows, about one run in six), so the references are made alike
-        # every run.
-        env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-        proc = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], env=env, capture_output=True,
-                              text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        n = next(scripts)
+        out, err = folder / f"{n}.out", folder / f"{n}.err"
+        proc.stdin.write(json.dumps({"script": script, "arg": json.dumps(cases), "stdout": str(out),
+                                     "stderr": str(err)}) + "\n")
+        proc.stdin.flush()
+        child = answer()
+        try:
+            code = answer()
+        except BaseException:  # the test ended first (its timeout): so does the script
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+            answer()
+            raise
+        assert code == 0, err.read_text()[-2000:]
+        return json.loads(out.read_text().strip().splitlines()[-1])
 
     return run
 

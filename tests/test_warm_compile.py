@@ -24,6 +24,7 @@ def test_only_the_rungs_whose_setup_compiles_are_warmed_each_with_the_rungs_belo
     assert warm.compiled_prefixes(["baseline", "tf32", "bf16"]) == []
 
 
+@pytest.mark.slow
 def test_each_run_is_bench_for_one_step_without_inductors_tuning_cache(warm, tmp_path):
     cmd = warm.command(["baseline", "compile"], "cpu", str(tmp_path / "out"), ["--preset", "tiny"])
     assert cmd[cmd.index("--rungs") + 1] == "baseline,compile" and cmd[-2:] == ["--preset", "tiny"]

@@ -11,6 +11,7 @@ import statistics
 import types
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -449,6 +450,33 @@ def _main(argv):
     with contextlib.redirect_stdout(said):
         code = cli.main(argv)
     return code, said.getvalue()
+
+
+# The race that the tests of reuse, --resume and targets that fall start from: gpt2 and muon to gpt2's own loss.
+GPT2_MUON = ["--rungs", "gpt2,muon", "--target-val-loss", "gpt2", *SMALL]
+
+
+def _race_once(module_tmp, name: str, *extra: str) -> Path:
+    out = module_tmp(name) / "race"
+    assert _main(["race", *GPT2_MUON, "--out", str(out), *extra])[0] == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt2_muon_race(shakespeare_cache, module_tmp) -> Path:
+    """The GPT2_MUON race, finished (run once: the tests race on from copies of it)."""
+    return _race_once(module_tmp, "gpt2-muon")
+
+
+@pytest.fixture(scope="module")
+def gpt2_muon_race_kept(shakespeare_cache, module_tmp) -> Path:
+    """The GPT2_MUON race run with --keep-weights, finished (run once: the tests race on from copies of it)."""
+    return _race_once(module_tmp, "gpt2-muon-kept", "--keep-weights")
+
+
+def _copy(race_dir: Path, out: Path) -> Path:
+    """A finished race copied to `out`: what the same race run at `out` would have left there."""
+    return shutil.copytree(race_dir, out)
 
 
 def _signal_at_first_step(monkeypatch, at: int = 1) -> list:
@@ -1236,11 +1264,11 @@ def _counting_trains(monkeypatch) -> list:
 
 
 def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_the_rest(tmp_path, monkeypatch,
-                                                                                          capsys, shakespeare_cache):
+                                                                                          capsys, gpt2_muon_race):
     tmp_path = tmp_path.resolve()  # the runs name their source resolved
     first, second, other = tmp_path / "first", tmp_path / "second", tmp_path / "other"
     base = ["--target-val-loss", "gpt2", *SMALL]
-    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    _copy(gpt2_muon_race, first)
     (first / "gpt2" / "seed0" / "ckpt.pt").write_bytes(b"a kept checkpoint")  # as --keep-weights would leave one
     trained = _counting_trains(monkeypatch)
     code, text = _main(["race", "--rungs", "gpt2,rope", "--out", str(second), "--reuse", str(first), *base])
@@ -1288,14 +1316,14 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     assert "--reuse" in err and "is not a folder" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_race_reuses_the_runs_a_record_holds_without_their_folders(tmp_path, monkeypatch, shakespeare_cache):
+def test_a_race_reuses_the_runs_a_record_holds_without_their_folders(tmp_path, monkeypatch, gpt2_muon_race):
     """--reuse DIR where DIR holds a race.json alone (a record): its runs of this race's very settings, as that race
     planned them, serve this race; a race-wide setting a run does not read (Muon's rate, for gpt2) is no
     difference, one it reads is; the reusing race's own race.json keeps them for --resume."""
     tmp_path = tmp_path.resolve()
     first, record, second = tmp_path / "first", tmp_path / "record", tmp_path / "second"
     base = ["--target-val-loss", "gpt2", *SMALL]
-    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    _copy(gpt2_muon_race, first)
     record.mkdir()
     shutil.copyfile(first / "race.json", record / "race.json")
     held = json.loads((record / "race.json").read_text())
@@ -1419,7 +1447,7 @@ def test_recorded_unlike_plans_the_records_runs_apart_from_this_races_other_rung
     assert race.recorded_unlike(tmp_path, cfg, rungs[2], 0, "abc", "H200")[0] is None  # the reason is its own row's
 
 
-def test_a_dry_run_says_what_each_run_would_be_and_changes_nothing(tmp_path, monkeypatch, shakespeare_cache):
+def test_a_dry_run_says_what_each_run_would_be_and_changes_nothing(tmp_path, monkeypatch, gpt2_muon_race):
     tmp_path = tmp_path.resolve()
     first, record = tmp_path / "first", tmp_path / "record"
     base = ["--target-val-loss", "gpt2", *SMALL]
@@ -1429,7 +1457,7 @@ def test_a_dry_run_says_what_each_run_would_be_and_changes_nothing(tmp_path, mon
     assert code == 0 and trained == [] and not fresh.exists(), text
     assert "gpt2 seed 0: trains" in text and "1 run of the rungs after gpt2 waits on its target" in text
     assert "dry run: 2 runs: 1 to train, 1 waiting on the target; nothing trained or written" in text
-    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    _copy(gpt2_muon_race, first)
     record.mkdir()
     shutil.copyfile(first / "race.json", record / "race.json")
     trained.clear()
@@ -1475,12 +1503,12 @@ def test_a_dry_run_says_what_each_run_would_be_and_changes_nothing(tmp_path, mon
 
 
 def test_a_dry_run_says_a_run_whose_target_fell_trains_again_from_its_start(tmp_path, monkeypatch,
-                                                                              shakespeare_cache):
+                                                                              gpt2_muon_race_kept):
     """A run kept with its weights stopped at the target of its day; gpt2's runs, edited to end lower, now set a
     lower one: the race trains it again from its start, its checkpoint no start for it, and the dry run says so."""
     out = tmp_path / "out"
     base = ["--rungs", "gpt2,muon", "--target-val-loss", "gpt2", "--out", str(out), "--keep-weights", *SMALL]
-    assert _main(["race", *base])[0] == 0
+    _copy(gpt2_muon_race_kept, out)
     assert (race.run_dir(out, "muon", 0) / "ckpt.pt").is_file()
     log = race.run_dir(out, "gpt2", 0) / "log.jsonl"
     entries = [json.loads(line) for line in log.read_text().splitlines()]
@@ -1496,13 +1524,13 @@ def test_a_dry_run_says_a_run_whose_target_fell_trains_again_from_its_start(tmp_
     assert code == 0 and trained == ["muon"], text  # as the dry run said
 
 
-def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys, shakespeare_cache):
+def test_a_race_continues_from_its_record_alone_on_the_same_corpus(tmp_path, monkeypatch, capsys, gpt2_muon_race):
     """race.json keeps every finished run's figures: --resume in a folder that holds only a race's race.json (its
     record, carried to another machine without the run folders) reads those runs from it and trains the rest. A
     record of another corpus is refused in one line; one that names no corpus trains its runs again."""
     first, carried = tmp_path / "first", tmp_path / "carried"
     base = ["--target-val-loss", "gpt2", *SMALL]
-    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    _copy(gpt2_muon_race, first)
     record = json.loads((first / "race.json").read_text())
     assert len(record["data"]["sha256"]) == 64
     carried.mkdir()
@@ -1676,19 +1704,20 @@ def test_a_run_read_back_is_timed_to_a_target_that_moved_since_it_stopped():
     assert race.to_target(stopped, 10.25, steps=4) is stopped
 
 
-def test_a_run_that_stopped_at_a_target_that_fell_since_is_trained_again(tmp_path, monkeypatch, shakespeare_cache):
+def test_a_run_that_stopped_at_a_target_that_fell_since_is_trained_again(tmp_path, monkeypatch,
+                                                                          gpt2_muon_race, gpt2_muon_race_kept):
     """A gpt2 run trained again is not bit for bit the run before, so the target it sets can fall below the loss at
     which a later rung's run stopped: that run is trained again, not read back as reaching a target it never did."""
     first, carried = tmp_path / "first", tmp_path / "carried"
     base = ["--target-val-loss", "gpt2", *SMALL]
-    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(first), *base])[0] == 0
+    _copy(gpt2_muon_race, first)
     record = json.loads((first / "race.json").read_text())
     gpt2, muon = record["rungs"][0]["runs"][0], record["rungs"][1]["runs"][0]
     assert muon["reached"] and muon["curve"][-1]["step"] < 4  # it stopped at the target, short of its steps
     lower = muon["curve"][-1]["val_loss"] - 0.01
     reusing, kept = tmp_path / "reusing", tmp_path / "kept"
     assert _main(["race", "--rungs", "gpt2,muon", "--out", str(reusing), "--reuse", str(first), *base])[0] == 0
-    assert _main(["race", "--rungs", "gpt2,muon", "--out", str(kept), "--keep-weights", *base])[0] == 0
+    _copy(gpt2_muon_race_kept, kept)
 
     def lower_gpt2(out):  # as a gpt2 run trained again, lower, would leave its log
         log = race.run_dir(out, "gpt2", 0) / "log.jsonl"

@@ -34,6 +34,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_sigterm_to_the_group_during_a_compile_leaves_its_workers_to_finish():
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}

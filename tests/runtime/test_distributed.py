@@ -17,7 +17,6 @@ from gpt2ladder.cli import main
 from gpt2ladder.errors import UsageError
 from gpt2ladder.ladder import Setup
 from gpt2ladder.measure.scaling import add_scaling, load_baseline
-from gpt2ladder.model.config import preset
 from gpt2ladder.report.bench import format_scaling
 from gpt2ladder.runtime import distributed
 from gpt2ladder.runtime.distributed import SINGLE, Dist
@@ -47,7 +46,7 @@ def ranks_result(module_tmp):
 
 
 def single_process_step(accum: int = 1, setup: Setup = Setup()) -> dict:
-    engine = Engine(preset("tiny"), setup, torch.device("cpu"), seed=0, optim=worker.OPTIM, compile_backend="eager")
+    engine = Engine(worker.MODEL, setup, torch.device("cpu"), seed=0, optim=worker.OPTIM, compile_backend="eager")
     x, y = worker.micro_batches(SINGLE, accum)
     loss = engine.step(x, y)
     return {"loss": float(loss), "grads": {n: p.grad.clone() for n, p in engine.raw_model.named_parameters()},
@@ -248,6 +247,7 @@ def test_a_baseline_of_another_step_is_refused(tmp_path):
         load_baseline(tmp_path / "bad.json", {})
 
 
+@pytest.mark.slow
 def test_bench_under_torchrun(shakespeare_cache, tmp_path):
     """Every rank runs the rungs, rank 0 alone prints and writes; the global batch is per-GPU x ranks."""
     common = ["--rungs", "baseline", "--batch-size", "2", "--seq-len", "32", "--steps", "2", "--warmup", "1",
@@ -301,6 +301,7 @@ def one_process_run(shakespeare_cache, module_tmp):
     return out
 
 
+@pytest.mark.slow
 def test_two_process_training_follows_the_one_process_curve(one_process_run, tmp_path):
     out = tmp_path / "ddp"
     proc = torchrun([*TRAIN, "--steps", "6", "--out", str(out)])
@@ -312,6 +313,7 @@ def test_two_process_training_follows_the_one_process_curve(one_process_run, tmp
     assert "(2 x 32 x 2 micro-batches x 2 processes, ddp)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_two_fsdp_ranks_resumes_on_one_process(one_process_run, tmp_path):
     out = tmp_path / "fsdp-then-one"
     proc = torchrun([*TRAIN, "--strategy", "fsdp", "--steps", "3", "--out", str(out)])

@@ -73,7 +73,7 @@ def test_add_norm_hands_out_its_output_as_a_view_of_the_widened_tensor():
         assert torch.equal(plain, widened)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_every_block_after_the_first_sums_c_attns_bias_through_the_ones(monkeypatch, compiled):
     """As in `auto`: the GELU kernel's MLP, fp32_wgrad's Linears, the projections' biases deferred to the norms."""
     import gpt2ladder.speedups.fp32_wgrad as fw

@@ -90,6 +90,7 @@ def test_anything_else_is_left_alone(fn):
     assert [str(n.format_node()) for n in gm.graph.nodes] == before
 
 
+@pytest.mark.slow
 def test_the_compiled_step_folds_the_tied_weights_add_and_keeps_its_losses():
     """Inductor on the CPU, its caches off so that the pass runs: one add folded (the tied weight's; the position
     embedding's scatter is its gradient as it is), and three steps give the same losses and weights. The tokens come

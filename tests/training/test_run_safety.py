@@ -312,7 +312,8 @@ def test_the_api_resume_refuses_another_text_before_tokenizing_it(run, tmp_path)
 
     other = tmp_path / "other.txt"
     other.write_text(TEXT + "Another text the cache has not seen.\n")
-    cfg = small_config(batch_size=2, seq_len=32, tokens_per_step=64, steps=3, ckpt_every=1, data=str(other))
+    cfg = small_config(preset="tiny", batch_size=2, seq_len=32, tokens_per_step=64, steps=3, ckpt_every=1,
+                       data=str(other))
     cached = sorted((cache_dir() / "tokens").glob("*"))
     with pytest.raises(UsageError, match="was trained on another text than this run's"):
         train_in(cfg, run, resume=True)

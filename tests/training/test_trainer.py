@@ -162,8 +162,8 @@ def test_auto_says_which_of_its_rungs_the_recipe_leaves_out_as_a_list_that_names
 
 
 def test_training_lowers_the_validation_loss_on_tiny_shakespeare(tmp_path):
-    cfg = _cfg(batch_size=4, seq_len=32, tokens_per_step=128, steps=24, lr=3e-3, min_lr=3e-4, warmup_steps=3,
-               eval_every=8, eval_batches=4)
+    cfg = _cfg(preset="tiny", batch_size=4, seq_len=32, tokens_per_step=128, steps=24, lr=3e-3, min_lr=3e-4,
+               warmup_steps=3, eval_every=8, eval_batches=4)
     result = _train(cfg, tmp_path)
     log = read_log(tmp_path / "log.jsonl")
     assert [e["step"] for e in log] == list(range(1, 25))
