@@ -187,6 +187,8 @@ def test_a_target_no_run_can_be_timed_to_is_refused(bad):
     race.check_target(3.28)  # FineWeb's
     race.check_target(10.8)
     race.check_target(10.8248)  # below the bound the message names
+    with pytest.raises(UsageError, match=r"below 10\.8249 .*got 10\.82491$"):  # not rounded to the bound
+        race.check_target(10.82491)
 
 
 def test_fineweb_is_known_by_its_prepared_manifests_source_name(tmp_path):

@@ -192,7 +192,7 @@ def check_target(target: float) -> None:
     """A UsageError for a target no run can be timed to."""
     if not 0 < target < UNTRAINED_LOSS:  # about an untrained model's score: its time would say little
         raise UsageError(f"--target-val-loss must be above 0 and below {UNTRAINED_LOSS:.4f} (ln 50257, about an "
-                         f"untrained model's loss), got {target:g}")
+                         f"untrained model's loss), got {target:.10g}")
 
 
 def known_target(source_name: str | None) -> float | None:

@@ -116,7 +116,7 @@ class TrainConfig:
             return
         if not (math.isfinite(target) and 0 < target < UNTRAINED_LOSS):
             raise UsageError(f"--target-val-loss must be a finite number above 0 and below {UNTRAINED_LOSS:.4f} (ln "
-                             f"50257, about an untrained model's loss), got {target:g}")
+                             f"50257, about an untrained model's loss), got {target:.10g}")
         if not self.eval_every:
             raise UsageError("--target-val-loss needs validation: give --eval-every N (not 0)")
 
