@@ -1294,24 +1294,34 @@ def test_a_race_reuses_another_races_runs_of_the_very_same_settings_and_trains_t
     code, text = _main(["race", "--rungs", "gpt2", "--out", str(tmp_path / "kept"), "--reuse", str(first),
                         "--keep-weights", *base])
     assert code == 0 and trained == ["gpt2"] and (tmp_path / "kept" / "gpt2" / "seed0" / "ckpt.pt").is_file()
-    assert (f"notice: --reuse {first}: no run copied from it: under --keep-weights every run is trained, since no "
-            "weights are copied") in text
+    notice = (f"notice: --reuse {first}: no run will be copied from it: under --keep-weights every run is trained, "
+              "since no weights are copied")
+    assert notice in text and text.index(notice) < text.index("gpt2 seed 0")  # before the run it cannot serve
+    assert text.count("notice: --reuse") == 1  # not said again once the race is done
     trained.clear()
     code, text = _main(["race", "--rungs", "gpt2", "--lr", "0.002", "--out", str(other), "--reuse", str(first), *base])
     assert code == 0 and trained == ["gpt2"] and "reused" not in text
-    assert f"notice: --reuse {first}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)" \
-        in text
+    assert f"notice: --reuse {first}: no run will be copied from it: its gpt2 seed 0 ran with other settings (lr, " \
+        "min_lr)" in text
     # a folder whose gpt2 run ran at another rate, beside one that served: a notice for the first alone
     trained.clear()
     code, text = _main(["race", "--rungs", "gpt2,qk_norm", "--out", str(tmp_path / "third"), "--reuse", str(other),
                         "--reuse", str(first), *base])
     assert code == 0 and trained == ["qk_norm"] and text.count("notice: --reuse") == 1
-    assert f"notice: --reuse {other}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)" \
-        in text
+    # said before training, of the gpt2 rung, whose runs it was checked for (the others wait on gpt2's target)
+    assert f"notice: --reuse {other}: no run will be copied from it for the gpt2 rung: its gpt2 seed 0 ran with " \
+        "other settings (lr, min_lr)" in text
     # a race that trains nothing (every run finished earlier) gives no notice: the folders cost it nothing
     code, text = _main(["race", "--rungs", "gpt2,qk_norm", "--out", str(tmp_path / "third"), "--resume", "--reuse",
                         str(other), *base])
     assert code == 0 and text.count("(finished earlier)") == 1 and "notice: --reuse" not in text
+    # continued (--resume) with a rung to train, the notice comes once the race knows which runs it trained
+    trained.clear()
+    code, text = _main(["race", "--rungs", "gpt2,qk_norm,relu2", "--out", str(tmp_path / "third"), "--resume",
+                        "--reuse", str(other), *base])
+    assert code == 0 and trained == ["qk_norm,relu2"] and text.count("notice: --reuse") == 1
+    notice = f"notice: --reuse {other}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)"
+    assert notice in text and text.index(notice) > text.index("wrote ")
     capsys.readouterr()
     assert cli.main(["race", "--out", str(tmp_path / "x"), "--reuse", str(tmp_path / "none"), *SMALL]) == 2
     err = capsys.readouterr().err
@@ -1351,8 +1361,8 @@ def test_a_race_reuses_the_runs_a_record_holds_without_their_folders(tmp_path, m
     code, text = _main(["race", "--rungs", "gpt2", "--lr", "0.002", "--out", str(tmp_path / "lr"), "--reuse",
                         str(record), *base])
     assert code == 0 and trained == ["gpt2"]
-    assert f"notice: --reuse {record}: no run copied from it: its gpt2 seed 0 ran with other settings (lr, min_lr)" \
-        in text
+    assert f"notice: --reuse {record}: no run will be copied from it: its gpt2 seed 0 ran with other settings (lr, " \
+        "min_lr)" in text
     # the second race's muon ran at 0.03 as the race's rate: a race of muon@muon_lr=0.03 reads it from that row
     trained.clear()
     shutil.copyfile(second / "race.json", record / "race.json")

@@ -355,6 +355,13 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
             say(report.progress_line(next(r for r in record["rungs"] if r["name"] == name), target[0]), flush=True)
 
     reuse = _reuse_dirs(args, s.steps)
+    told = {}  # what each --reuse folder that can serve none of the runs checkable before training was told
+    for source in reuse if not args.resume else ():  # said now, before the runs it cannot serve cost their time
+        why = race.reuse_miss(source, cfg, cfg.target, tokens.sha256, caps.name)
+        if why:
+            told[source] = why
+            which = "" if cfg.target is not None or len(cfg.rungs) == 1 else f" for the {cfg.rungs[0].name} rung"
+            say(f"notice: --reuse {source}: no run will be copied from it{which}: {why}", flush=True)
     record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
                                  on_record=on_rung, on_run=on_run, reuse=reuse,
                                  recorded=race.recorded_runs(earlier, tokens.sha256, cfg.rungs))
@@ -363,7 +370,7 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
     say(f"wrote {', '.join(str(p) for p in paths)}")
     for source in reuse if any(trained) else ():  # a folder that could serve no run: why, as the runs cost time
         why = race.reuse_miss(source, cfg, record.get("target_val_loss"), tokens.sha256, caps.name)
-        if why:
+        if why and why != told.get(source):
             say(f"notice: --reuse {source}: no run copied from it: {why}", flush=True)
     if code:
         say("the race stopped; --resume continues it from the runs it finished")
