@@ -1415,6 +1415,19 @@ def test_recorded_unlike_names_what_differs_and_passes_a_damaged_record_over(tmp
     (tmp_path / "race.json").write_text(json.dumps(other))  # it validated by a target race.json may not hold
     assert race.recorded_unlike(tmp_path, near, muon, 0, "abc", "H100")[0].startswith(
         "validated more often near its race's target then")
+    # under --target-val-loss gpt2 the gpt2 rung's runs knew no target, so --eval-near did nothing to them: they serve
+    # a race with or without it; the runs after them, which validated near the target, do not
+    baseline = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, target_val_loss=None), from_baseline=True)
+    other = json.loads(json.dumps(record))
+    other["config"] = json.loads(json.dumps(dataclasses.replace(baseline, train=dataclasses.replace(
+        baseline.train, eval_near=0.5)).to_dict()))
+    (tmp_path / "race.json").write_text(json.dumps(other))
+    for near, why in ((0.0, "ran with other settings (eval_near)"), (0.5, "validated more often near its race's "
+                                                                      "target then (--eval-near), which race.json does "
+                                                                      "not keep")):
+        here = dataclasses.replace(baseline, train=dataclasses.replace(baseline.train, eval_near=near))
+        assert race.recorded_unlike(tmp_path, here, cfg.rungs[0], 0, "abc", "H100")[0] == ""
+        assert race.recorded_unlike(tmp_path, here.with_target(9.0), muon, 0, "abc", "H100")[0] == why
     other = json.loads(json.dumps(record))
     other["rungs"][1]["runs"][0]["cards"] = [None, "H100"]  # a damaged card is passed over, never raises
     served = {**other["rungs"][1]["runs"][0], "reused_from": str((tmp_path / "race.json").resolve())}
@@ -1826,3 +1839,8 @@ def test_a_race_near_its_target_validates_its_runs_more_often(tmp_path, shakespe
     config = json.loads((race.run_dir(out, "muon", 0) / "config.json").read_text())["train_config"]
     assert config["eval_near"] == 50
     assert "validated every 8 steps (every 1 within 50 nats of the target)" in (out / "race.md").read_text()
+    # its gpt2 run, validated on the grid, serves a race without --eval-near; its muon run, validated near, does not
+    code, text = _main(["race", "--rungs", "gpt2,muon", "--target-val-loss", "gpt2", "--out", str(tmp_path / "again"),
+                        "--steps", "16", "--eval-every", "8", "--reuse", str(out), "--dry-run", *SMALL[4:]])
+    assert code == 0, text
+    assert f"gpt2 seed 0: reused from {out.resolve() / 'gpt2' / 'seed0'}" in text and "muon seed 0: trains" in text

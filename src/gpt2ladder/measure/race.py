@@ -700,6 +700,12 @@ def finished_run(where: Path, cfg: TrainConfig, seed: int, tidy: bool = True) ->
 # A run's settings that another race's run may differ in and still be this run: how it saves itself, and where its
 # corpus lies (its identity is the sha256 its config.json records).
 REUSE_IGNORES = (*SAVING, "data")
+
+
+def _as_run(settings: dict) -> dict:
+    """A run's settings as they act: without a target (the gpt2 rung's runs under --target-val-loss gpt2) there is
+    nothing to validate near, so its eval_near is no difference."""
+    return {**settings, "eval_near": 0.0} if settings.get("target_val_loss") is None else settings
 # What a reused run's folder gets from the run it copies: no weights, nothing else; log.jsonl last, since a log that
 # ends finished is what makes a run finished.
 REUSED_FILES = ("config.json", "train.txt", "loss.png", "log.jsonl")
@@ -762,8 +768,9 @@ def recorded_unlike(source: Path, cfg: RaceConfig, rung: RaceRung, seed: int, da
     A row's run is planned as the recorded race planned it (`plan_run` on its settings, with the row's own), so a
     race-wide setting that this rung's run does not read (Muon's rates for an AdamW rung) is no difference. Its
     target is the record's, but for the runs of the race's first rung under `--target-val-loss gpt2`, which ran
-    without one. A race that validated more often near its target (--eval-near) serves none: when a run ran, the
-    race's target may have been another, and race.json does not say."""
+    without one. A race that validated more often near its target (--eval-near) serves none of the runs that had
+    one: when a run ran, the race's target may have been another, and race.json does not say; its gpt2 runs that set
+    the target validated on the grid, and serve."""
     try:
         record = json.loads((source / RECORD).read_text(encoding="utf-8"))
         config = record["config"]
@@ -775,7 +782,7 @@ def recorded_unlike(source: Path, cfg: RaceConfig, rung: RaceRung, seed: int, da
     if not isinstance(settings, dict):
         return None, None
     runs = _finished_runs(record)
-    wanted = json.loads(json.dumps(cfg.run_config(rung, seed).to_dict()))
+    wanted = _as_run(json.loads(json.dumps(cfg.run_config(rung, seed).to_dict())))
     why = None
     for row in sorted(rows, key=lambda r: r["name"] != rung.name):  # its own row first: its why is the one told
         run = runs.get((row["name"], seed))
@@ -814,6 +821,7 @@ def _row_unlike(row: dict, run: dict, rung: RaceRung, seed: int, wanted: dict, c
     ran = _recorded_run_config(cfg, own, seed, config, record.get("target_val_loss"), first)
     if isinstance(ran, str):
         return ran
+    ran = _as_run(ran)
     other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and ran.get(k) != v)
     if other:
         return f"ran with other settings ({', '.join(other)})"
@@ -858,8 +866,8 @@ def _unlike(found: Path, cfg: TrainConfig, data_sha256: str, card: str | None = 
     data = held.get("data") if isinstance(held, dict) else None
     if not isinstance(settings, dict):
         return None
-    wanted = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it
-    ran = with_defaults(settings)  # a setting the run's version had no key for: its default
+    wanted = _as_run(json.loads(json.dumps(cfg.to_dict())))  # as config.json holds it
+    ran = _as_run(with_defaults(settings))  # a setting the run's version had no key for: its default
     other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and ran.get(k) != v)
     if other:
         return f"ran with other settings ({', '.join(other)})"
