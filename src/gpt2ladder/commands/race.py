@@ -355,13 +355,14 @@ def _race(args, cfg: race.RaceConfig, device, caps, tokens, out: Path, earlier: 
             say(report.progress_line(next(r for r in record["rungs"] if r["name"] == name), target[0]), flush=True)
 
     reuse = _reuse_dirs(args, s.steps)
-    told = {}  # what each --reuse folder that can serve none of the runs checkable before training was told
-    for source in reuse if not args.resume else ():  # said now, before the runs it cannot serve cost their time
+    # A fresh race that knows every run it plans (its target given, or gpt2 its only rung) names a folder that can
+    # serve none of them now, before they cost their time; else once it is done, knowing which runs it trained.
+    told = {}
+    for source in reuse if not args.resume and (cfg.target is not None or len(cfg.rungs) == 1) else ():
         why = race.reuse_miss(source, cfg, cfg.target, tokens.sha256, caps.name)
         if why:
             told[source] = why
-            which = "" if cfg.target is not None or len(cfg.rungs) == 1 else f" for the {cfg.rungs[0].name} rung"
-            say(f"notice: --reuse {source}: no run will be copied from it{which}: {why}", flush=True)
+            say(f"notice: --reuse {source}: no run will be copied from it: {why}", flush=True)
     record, code = race.run_race(cfg, device, out, caps, tokens, resume=args.resume, progress=not args.no_progress,
                                  on_record=on_rung, on_run=on_run, reuse=reuse,
                                  recorded=race.recorded_runs(earlier, tokens.sha256, cfg.rungs))
