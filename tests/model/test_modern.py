@@ -34,12 +34,21 @@ def test_with_no_part_on_it_is_gpt2_weight_for_weight_and_logit_for_logit():
     assert family.build(PRESETS["tiny"]).__class__ is GPT  # GPT-2 itself is built as GPT
 
 
+# The parts whose model starts as the one without them (their learned weights make them the identity at the start):
+# they change the function once those weights move.
+STARTS_AS_WITHOUT = {"embed_skips": "embed_mix"}
+
+
 @pytest.mark.parametrize("part", MODEL_PARTS)
 def test_each_part_alone_changes_the_function_and_trains(part):
     x = torch.randint(0, 300, (2, 12))
     x[:, 5] = SHAPE.vocab_size - 1  # <|endoftext|>: a second document begins (doc_windows)
     base_loss = _model()(x, x)[1]
     model = _model(part)
+    if part in STARTS_AS_WITHOUT:
+        assert torch.equal(model(x, x)[1], base_loss)
+        with torch.no_grad():
+            getattr(model, STARTS_AS_WITHOUT[part]).fill_(0.5)
     loss = model(x, x)[1]
     assert math.isfinite(loss.item()) and loss.item() != pytest.approx(base_loss.item(), abs=1e-7)
     loss.backward()
@@ -47,7 +56,8 @@ def test_each_part_alone_changes_the_function_and_trains(part):
 
 
 @pytest.mark.parametrize("parts", [(), ("rope",), ("rmsnorm",), ("untied_head",), ("value_embeds",), ("unet_skips",),
-                                   ("doc_windows",), ("rmsnorm", "value_embeds", "unet_skips"), tuple(MODEL_PARTS)])
+                                   ("doc_windows",), ("embed_skips",), ("rmsnorm", "value_embeds", "unet_skips"),
+                                   tuple(MODEL_PARTS)])
 def test_the_parameter_count_from_the_shape_is_the_built_models(parts):
     for multiple in (1, 128):
         cfg = dataclasses.replace(SHAPE, parts=parts, vocab_multiple=multiple)
@@ -183,6 +193,34 @@ def test_unet_skips_add_the_first_halfs_outputs_in_reverse_each_scaled_by_its_we
     with torch.no_grad():
         model.skip_weights.zero_()
     assert torch.equal(model(idx, idx)[1], _model(shape=shape)(idx, idx)[1])  # no skip: the model without the part
+
+
+# --- embed_skips ---------------------------------------------------------------------------------------------
+
+
+def test_embed_skips_mix_the_embedded_tokens_into_every_blocks_input_after_the_unet_skip():
+    shape = dataclasses.replace(SHAPE, n_layer=3)
+    model = _model("embed_skips", "unet_skips", shape=shape)
+    assert model.residual_mix.tolist() == [1.0] * 3 and model.embed_mix.tolist() == [0.0] * 3
+    a, b = torch.tensor([0.9, 1.2, 0.7]), torch.tensor([0.3, -0.2, 0.5])
+    with torch.no_grad():
+        model.residual_mix.copy_(a)
+        model.embed_mix.copy_(b)
+        model.skip_weights.fill_(0.4)
+    idx = torch.randint(0, 300, (2, 12))
+    h = model.transformer.h
+    x0 = model.embed(idx)
+    o0 = h[0](a[0] * x0 + b[0] * x0)
+    o1 = h[1](a[1] * o0 + b[1] * x0)  # the middle Block of three: no skip
+    o2 = h[2](a[2] * (o1 + 0.4 * o0) + b[2] * x0)  # the skip first, then the mix
+    torch.testing.assert_close(model.hidden(idx), model.transformer.ln_f(o2))
+    # both are learned from the first step, b though it starts at zero
+    fresh = _model("embed_skips", shape=shape)
+    fresh(idx, idx)[1].backward()
+    assert fresh.embed_mix.grad.abs().min() > 0 and fresh.residual_mix.grad.abs().min() > 0
+    # in a bf16 residual stream the mix stays bf16
+    mixed = modern.embed_skip(torch.randn(2, 3, dtype=torch.bfloat16), torch.randn(2, 3), a[0], b[0])
+    assert mixed.dtype == torch.bfloat16
 
 
 def test_unet_skips_need_two_halves():

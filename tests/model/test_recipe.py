@@ -59,10 +59,11 @@ def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
 def test_the_new_model_parts_race_after_softcap_and_the_speedrun_is_the_list_the_race_has_shown():
     names = [p.name for p in PARTS]
     assert names[names.index("softcap"):] == ["softcap", "value_embeds", "unet_skips", "doc_windows", "wsd",
-                                              "momentum_warmup", "polar_express", "bf16_tables"]
+                                              "momentum_warmup", "polar_express", "bf16_tables", "embed_skips"]
     assert SPEEDRUN == ("muon", "rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head", "softcap",
                         "value_embeds", "wsd")
-    assert not {"unet_skips", "doc_windows", "momentum_warmup", "polar_express", "bf16_tables"} & set(SPEEDRUN)
+    assert not {"unet_skips", "doc_windows", "momentum_warmup", "polar_express", "bf16_tables", "embed_skips"} & set(
+        SPEEDRUN)
     recipe = parse_recipe("doc_windows,value_embeds,unet_skips")
     assert recipe.model_parts == ("value_embeds", "unet_skips", "doc_windows") and recipe.family == "modern"
 

@@ -3,7 +3,8 @@
 Each part is a small named unit below (rotary positions, QK-norm, ReLU^2, RMS norm without gains and no
 biases, zero-initialised output projections, an untied head, soft-capped logits, value embeddings mixed into
 the attention's values, U-Net skips from the first half of the Blocks to the second, attention within
-documents and a sliding window); `ModelConfig.parts` says which are on. With none on, `ModernGPT` builds the
+documents and a sliding window, the embedded tokens mixed into every Block's input); `ModelConfig.parts` says
+which are on. With none on, `ModernGPT` builds the
 same modules, in the same order and under the same names, as `GPT`, draws the same initial weights and
 computes the same function: each part is then the only difference from GPT-2 (a test holds both). The module
 names stay GPT-2's (`c_attn`, `c_fc`, `c_proj`, `ln_1`, ...), so the generic step rungs find the same seams;
@@ -30,6 +31,9 @@ VALUE_MIX_INIT = (0.5, 0.5)
 # The unet_skips part's weights at the start: each kept output is added whole, as the residual stream carries it,
 # so the skips act from the first step (the vectors' learning rate moves a weight slowly).
 SKIP_INIT = 1.0
+# The embed_skips part's (a, b) in x <- a x + b x0 at the start: the residual stream whole and none of the embedding,
+# so the model starts as the one without the part and learns how much of x0 each Block takes.
+EMBED_MIX_INIT = (1.0, 0.0)
 
 
 class RMSNorm(nn.Module):
@@ -305,6 +309,9 @@ class ModernGPT(GPT):
                 table.token_table = True  # drawn as the token embedding is (`gpt.init_weights`)
         if cfg.has("unet_skips"):  # one weight per kept output, set by init_modern_weights
             self.skip_weights = nn.Parameter(torch.full((cfg.n_layer // 2,), SKIP_INIT))
+        if cfg.has("embed_skips"):  # each Block's a and b, two vectors (so AdamW's undecayed vectors take them)
+            self.residual_mix = nn.Parameter(torch.full((cfg.n_layer,), EMBED_MIX_INIT[0]))
+            self.embed_mix = nn.Parameter(torch.full((cfg.n_layer,), EMBED_MIX_INIT[1]))
         if cfg.has("bf16_tables"):  # from the start, so a model built to load a checkpoint into has them too
             for table in self.lookup_tables():
                 table.to(torch.bfloat16)
@@ -331,15 +338,19 @@ class ModernGPT(GPT):
 
     def run_blocks(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """The Blocks, with what the parts give them beside x: each its value embedding of idx (value_embeds), the
-        batch's attention mask (doc_windows), the first half's outputs kept for the second's inputs (unet_skips)."""
+        batch's attention mask (doc_windows), the first half's outputs kept for the second's inputs (unet_skips), the
+        residual stream's start mixed into each input (embed_skips, after the skip a Block's input takes)."""
         values = [table(idx) for table in self.value_embeds] if self.config.has("value_embeds") else []
         mask = self.attention_mask(idx) if self.config.has("doc_windows") else None
         n = len(self.transformer.h)
         half = n // 2 if self.config.has("unet_skips") else 0
+        x0 = x if self.config.has("embed_skips") else None
         kept = []
         for i, block in enumerate(self.transformer.h):
             if i >= n - half:  # the second half: the first half's outputs, the last kept first
                 x = unet_skip(x, kept.pop(), self.skip_weights[n - 1 - i])
+            if x0 is not None:
+                x = embed_skip(x, x0, self.residual_mix[i], self.embed_mix[i])
             table = self.value_embed_of[i]
             x = block(x, None if table is None else values[table], mask)
             if i < half:
@@ -374,6 +385,12 @@ def unet_skip(x: torch.Tensor, kept: torch.Tensor, weight: torch.Tensor) -> torc
     return x + weight.to(x.dtype) * kept.to(x.dtype)
 
 
+def embed_skip(x: torch.Tensor, x0: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The embed_skips part: a Block's input x mixed with the residual stream's start x0 (the embedded tokens),
+    a x + b x0 with the Block's learned a and b, in x's dtype (a bf16 residual stream stays bf16)."""
+    return a.to(x.dtype) * x + b.to(x.dtype) * x0.to(x.dtype)
+
+
 def parameter_count(cfg: ModelConfig, padded_vocab: int) -> int:
     """Parameters of the model this shape builds (a tied classifier counted once), from the shape alone: what
     the batch planner reads before any model exists."""
@@ -388,6 +405,8 @@ def parameter_count(cfg: ModelConfig, padded_vocab: int) -> int:
         n += value_embed_count(cfg.n_layer) * padded_vocab * C + 2 * uses
     if cfg.has("unet_skips"):
         n += cfg.n_layer // 2
+    if cfg.has("embed_skips"):  # each Block's (a, b)
+        n += 2 * cfg.n_layer
     return n
 
 
@@ -405,13 +424,17 @@ def init_modern_weights(model: ModernGPT, seed: int) -> ModernGPT:
     """GPT-2's initialisation (`gpt.init_weights`: the same draws in the same order, then the value embeddings'
     tables as the token embedding's), then the parts' own: zero output projections (zero_init; drawn first, so the
     other weights keep GPT-2's numbers), a zero classifier (untied_head), the value mixes at VALUE_MIX_INIT
-    (value_embeds) and the skip weights at SKIP_INIT (unet_skips)."""
+    (value_embeds), the skip weights at SKIP_INIT (unet_skips) and the embedding mixes at EMBED_MIX_INIT
+    (embed_skips)."""
     init_weights(model, seed)
     for module in model.modules():
         if isinstance(module, ModernAttention) and hasattr(module, "value_mix"):
             module.value_mix.copy_(torch.tensor(VALUE_MIX_INIT))
     if model.config.has("unet_skips"):
         model.skip_weights.fill_(SKIP_INIT)
+    if model.config.has("embed_skips"):
+        model.residual_mix.fill_(EMBED_MIX_INIT[0])
+        model.embed_mix.fill_(EMBED_MIX_INIT[1])
     if model.config.has("zero_init"):
         for module in model.modules():
             if isinstance(module, nn.Linear) and getattr(module, "residual_scaled", False):

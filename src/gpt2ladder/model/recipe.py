@@ -66,6 +66,9 @@ PARTS: tuple[Part, ...] = (
     Part("bf16_tables", "model", "The tables that are only looked up (the untied token embedding, the position table, "
          "the value embeddings' tables) are kept in bf16, and so their gradients and AdamW's moments: half the bytes "
          "their update reads and writes (it needs muon, which decays no table, and untied_head)."),
+    Part("embed_skips", "model", "Every Block's input mixes in the embedded tokens, x <- a x + b x0 (x0 the residual "
+         "stream's start), with a (from 1) and b (from 0) learned per Block, so each layer can read the tokens "
+         "themselves again."),
 )
 
 PARTS_BY_NAME = {p.name: p for p in PARTS}

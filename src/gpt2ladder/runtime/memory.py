@@ -84,13 +84,14 @@ def _bytes_per_element(setup: Setup) -> tuple[int, int, int]:
     return block, attention, head
 
 
-# What the modern family's parts save for backward beyond GPT-2's Block, per channel element in 16 bits: rope's
-# rotated q and k (2 + 2), qk_norm's normalised q and k (2 + 2), relu2's ReLU output over the 4C-wide hidden (8),
-# value_embeds' looked-up value embedding and the mixed v (2 + 2, counted in every Block though at most six use one),
-# unet_skips' kept first-half outputs, held until the second half adds them (4: one fp32 copy, though the Blocks
-# save most of them anyway). Not fitted to a measurement: an allowance that errs high (an eager step keeps more of
-# each part's temporaries than a compiled one, and the batch planner's probe of an eager step must pass).
-MODERN_PART_BYTES = {"rope": 4, "qk_norm": 4, "relu2": 8, "value_embeds": 4, "unet_skips": 4}
+# What the modern family's parts save for backward beyond GPT-2's Block, per channel element in 16 bits: rope's rotated
+# q and k (2 + 2), qk_norm's normalised q and k (2 + 2), relu2's ReLU output over the 4C-wide hidden (8), value_embeds'
+# looked-up value embedding and the mixed v (2 + 2, counted in every Block though at most six use one), unet_skips' kept
+# first-half outputs, held until the second half adds them (4: one fp32 copy, though the Blocks save most of them
+# anyway), embed_skips' unmixed input of each Block, which a's gradient reads (4: one fp32 copy; x0 itself is held
+# once). Not fitted to a measurement: an allowance that errs high (an eager step keeps more of each part's temporaries
+# than a compiled one, and the batch planner's probe of an eager step must pass).
+MODERN_PART_BYTES = {"rope": 4, "qk_norm": 4, "relu2": 8, "value_embeds": 4, "unet_skips": 4, "embed_skips": 4}
 
 
 def _modern_block_bytes(cfg: ModelConfig, setup: Setup) -> int:
