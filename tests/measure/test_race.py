@@ -1413,9 +1413,10 @@ def test_recorded_unlike_names_what_differs_and_passes_a_damaged_record_over(tmp
     other["config"]["settings"]["eval_near"] = 0.5
     assert unlike(other)[0] == "ran with other settings (eval_near)"
     near = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_near=0.5))
-    (tmp_path / "race.json").write_text(json.dumps(other))  # it validated by a target race.json may not hold
-    assert race.recorded_unlike(tmp_path, near, muon, 0, "abc", "H100")[0].startswith(
-        "validated more often near its race's target then")
+    (tmp_path / "race.json").write_text(json.dumps(other))  # a given target, kept in its settings: it serves
+    assert race.recorded_unlike(tmp_path, near, muon, 0, "abc", "H100")[0] == ""
+    assert race.recorded_unlike(tmp_path, near.with_target(8.9), muon, 0, "abc", "H100")[0] == (
+        "ran with other settings (target_val_loss)")
     # under --target-val-loss gpt2 the gpt2 rung's runs knew no target, so --eval-near did nothing to them: they serve
     # a race with or without it; the runs after them, which validated near the target, do not
     baseline = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, target_val_loss=None), from_baseline=True)

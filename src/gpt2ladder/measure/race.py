@@ -768,9 +768,10 @@ def recorded_unlike(source: Path, cfg: RaceConfig, rung: RaceRung, seed: int, da
     A row's run is planned as the recorded race planned it (`plan_run` on its settings, with the row's own), so a
     race-wide setting that this rung's run does not read (Muon's rates for an AdamW rung) is no difference. Its
     target is the record's, but for the runs of the race's first rung under `--target-val-loss gpt2`, which ran
-    without one. A race that validated more often near its target (--eval-near) serves none of the runs that had
-    one: when a run ran, the race's target may have been another, and race.json does not say; its gpt2 runs that set
-    the target validated on the grid, and serve."""
+    without one. Of a race to gpt2's loss that validated more often near its target (--eval-near), the runs after
+    its gpt2 rung serve none: when a run ran, the target read off gpt2's runs may have been another, and race.json
+    does not say; its gpt2 runs validated on the grid, and serve. A race to a given target keeps it in its settings
+    (--resume refuses another), so its runs serve a race to the same target, --eval-near or not."""
     try:
         record = json.loads((source / RECORD).read_text(encoding="utf-8"))
         config = record["config"]
@@ -825,7 +826,7 @@ def _row_unlike(row: dict, run: dict, rung: RaceRung, seed: int, wanted: dict, c
     other = sorted(k for k, v in wanted.items() if k not in REUSE_IGNORES and ran.get(k) != v)
     if other:
         return f"ran with other settings ({', '.join(other)})"
-    if ran.get("eval_near"):
+    if ran.get("eval_near") and config["settings"].get("target_val_loss") == BASELINE_TARGET:
         return "validated more often near its race's target then (--eval-near), which race.json does not keep"
     return ""
 
