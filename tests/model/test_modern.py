@@ -214,7 +214,16 @@ def test_embed_skips_mix_the_embedded_tokens_into_every_blocks_input_after_the_u
     o1 = h[1](a[1] * o0 + b[1] * x0)  # the middle Block of three: no skip
     o2 = h[2](a[2] * (o1 + 0.4 * o0) + b[2] * x0)  # the skip first, then the mix
     torch.testing.assert_close(model.hidden(idx), model.transformer.ln_f(o2))
-    # both are learned from the first step, b though it starts at zero
+    # x0 carries the gradient back to the token embedding, as the written-out expression does
+    table = model.transformer.wte.weight
+    probe = torch.randn(2, 12, 32)  # a plain sum of a normed output has no gradient to speak of
+    ours = torch.autograd.grad((model.hidden(idx) * probe).sum(), table)
+    x0 = model.embed(idx)
+    o0 = h[0](a[0] * x0 + b[0] * x0)
+    o1 = h[1](a[1] * o0 + b[1] * x0)
+    written = model.transformer.ln_f(h[2](a[2] * (o1 + 0.4 * o0) + b[2] * x0))
+    torch.testing.assert_close(ours, torch.autograd.grad((written * probe).sum(), table))
+    # b is learned though it starts at zero
     fresh = _model("embed_skips", shape=shape)
     fresh(idx, idx)[1].backward()
     assert fresh.embed_mix.grad.abs().min() > 0 and fresh.residual_mix.grad.abs().min() > 0

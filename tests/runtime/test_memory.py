@@ -208,7 +208,7 @@ def test_value_embeds_and_unet_skips_add_their_tables_and_activations():
     gpt2 = preset("gpt2")
     for setup in (setup_for(["baseline"]), setup_for(["baseline", "tf32", "bf16", "compile", "flash", "vocab"])):
         plain = step_memory(gpt2, setup, 1024)
-        for part in ("value_embeds", "unet_skips"):
+        for part in ("value_embeds", "unet_skips", "embed_skips"):
             modern = step_memory(dataclasses.replace(gpt2, parts=(part,)), setup, 1024)
             assert modern.per_sequence > plain.per_sequence
         tables = step_memory(dataclasses.replace(gpt2, parts=("value_embeds",)), setup, 1024)

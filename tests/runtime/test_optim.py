@@ -174,13 +174,14 @@ def test_groups_of_the_muon_recipe_and_their_rates():
 
 
 def test_the_value_embeddings_go_with_the_embeddings_and_the_parts_scalars_with_the_vectors():
-    parts = ("rmsnorm", "value_embeds", "unet_skips", "doc_windows")
+    parts = ("rmsnorm", "value_embeds", "unet_skips", "doc_windows", "embed_skips")
     model = family.built(ModelConfig(**{**SHAPE.to_dict(), "parts": parts}), 0)
     groups = optim.param_groups(model, "muon", lr=1e-3, weight_decay=0.1, muon_lr=0.02, embed_lr=0.3)
     by_scale = {round(g["lr_scale"], 6): g for g in groups}
     tables = {id(t.weight) for t in [*model.value_embeds, model.transformer.wte, model.transformer.wpe]}
     assert {id(p) for p in by_scale[300.0]["params"]} == tables and by_scale[300.0]["weight_decay"] == 0.0
-    scalars = {id(model.skip_weights)} | {id(b.attn.value_mix) for b in model.transformer.h}
+    scalars = {id(model.skip_weights), id(model.residual_mix), id(model.embed_mix)} | {
+        id(b.attn.value_mix) for b in model.transformer.h}
     vectors = by_scale[1.0]
     assert {id(p) for p in vectors["params"]} == scalars and not vectors.get("muon") and vectors["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in by_scale[20.0]["params"]) and by_scale[20.0]["muon"]

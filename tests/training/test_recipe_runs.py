@@ -15,7 +15,7 @@ from training_support import one_line_error, real_text_offline, run_cli  # noqa:
 
 RECIPE = (
     "muon,rope,qk_norm,relu2,rmsnorm,zero_init,untied_head,softcap,value_embeds,unet_skips,doc_windows,wsd,"
-    "momentum_warmup,polar_express")
+    "momentum_warmup,polar_express,embed_skips")
 
 
 def _args(out, *extra):
@@ -42,9 +42,11 @@ def test_the_run_records_its_recipe_and_trains(modern_run):
     assert rates[:4] == [rates[0]] * 4 and rates[3] > rates[4] > rates[5]  # at 0.4, step 5 would be at the peak
     state = load_checkpoint(modern_run)
     assert state["model_config"]["parts"] == ["rope", "qk_norm", "relu2", "rmsnorm", "zero_init", "untied_head",
-                                              "softcap", "value_embeds", "unet_skips", "doc_windows"]
+                                              "softcap", "value_embeds", "unet_skips", "doc_windows",
+                                              "embed_skips"]
     assert "transformer.wpe.weight" not in state["model"] and "lm_head.weight" in state["model"]
-    assert {"value_embeds.0.weight", "skip_weights", "transformer.h.1.attn.value_mix"} <= set(state["model"])
+    assert {"value_embeds.0.weight", "skip_weights", "transformer.h.1.attn.value_mix", "residual_mix",
+            "embed_mix"} <= set(state["model"])
     log = read_log(modern_run / "log.jsonl")
     assert log[-1]["step"] == 6 and log[-1]["val_loss"] < log[2]["val_loss"] < 10.9
     assert [e["momentum"] for e in log] == [momentum_at(s) for s in range(6)] and log[0]["momentum"] == 0.85
