@@ -706,6 +706,8 @@ def _as_run(settings: dict) -> dict:
     """A run's settings as they act: without a target (the gpt2 rung's runs under --target-val-loss gpt2) there is
     nothing to validate near, so its eval_near is no difference."""
     return {**settings, "eval_near": 0.0} if settings.get("target_val_loss") is None else settings
+
+
 # What a reused run's folder gets from the run it copies: no weights, nothing else; log.jsonl last, since a log that
 # ends finished is what makes a run finished.
 REUSED_FILES = ("config.json", "train.txt", "loss.png", "log.jsonl")

@@ -4,11 +4,11 @@ Each part is a small named unit below (rotary positions, QK-norm, ReLU^2, RMS no
 biases, zero-initialised output projections, an untied head, soft-capped logits, value embeddings mixed into
 the attention's values, U-Net skips from the first half of the Blocks to the second, attention within
 documents and a sliding window, the embedded tokens mixed into every Block's input); `ModelConfig.parts` says
-which are on. With none on, `ModernGPT` builds the
-same modules, in the same order and under the same names, as `GPT`, draws the same initial weights and
-computes the same function: each part is then the only difference from GPT-2 (a test holds both). The module
-names stay GPT-2's (`c_attn`, `c_fc`, `c_proj`, `ln_1`, ...), so the generic step rungs find the same seams;
-the rewrites written for GPT-2's exact blocks decline this family in one line (`ladder.py`).
+which are on. With none on, `ModernGPT` builds the same modules, in the same order and under the same names,
+as `GPT`, draws the same initial weights and computes the same function: each part is then the only
+difference from GPT-2 (a test holds both). The module names stay GPT-2's (`c_attn`, `c_fc`, `c_proj`,
+`ln_1`, ...), so the generic step rungs find the same seams; the rewrites written for GPT-2's exact blocks
+decline this family in one line (`ladder.py`).
 """
 
 from __future__ import annotations
